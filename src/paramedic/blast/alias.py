@@ -1,0 +1,47 @@
+"""BLAST+ alias files and ordinal-id masks: how a fragment or a subset reports whole-database statistics.
+
+An alias with `NSEQ` and `LENGTH` of the whole database makes BLAST+ compute e-values (blastp and blastn)
+and print size lines exactly as for the whole database; `OIDLIST` restricts a search to a bit mask of
+ordinal ids without copying any sequence (see DESIGN.md, "Statistics and merge").
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def write_alias(
+    path: Path,
+    dblist: Iterable[str],
+    *,
+    title: str,
+    nseq: int,
+    length: int,
+    oidlist: str | None = None,
+) -> None:
+    """Write an alias file (path ends in .pal or .nal); written whole, then renamed into place."""
+    lines = [f"TITLE {title}", "DBLIST " + " ".join(_quote(d) for d in dblist)]
+    if oidlist is not None:
+        lines.append(f"OIDLIST {_quote(oidlist)}")
+    lines += [f"NSEQ {nseq}", f"LENGTH {length}"]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def _quote(entry: str) -> str:
+    # BLAST+ splits DBLIST on spaces unless the entry is double-quoted.
+    return f'"{entry}"' if " " in entry else entry
+
+
+def oid_mask(oids: Iterable[int], nseq: int) -> bytes:
+    """The OIDLIST mask format: 4-byte big-endian count of ids, then one bit per id, MSB first."""
+    bits = bytearray((nseq + 7) // 8)
+    for oid in oids:
+        if not 0 <= oid < nseq:
+            raise ValueError(f"ordinal id {oid} outside the database (0..{nseq - 1})")
+        bits[oid >> 3] |= 0x80 >> (oid & 7)
+    return struct.pack(">I", nseq) + bytes(bits)

@@ -1,0 +1,166 @@
+"""BLAST+ command-line options, spelled and validated as BLAST+ itself does.
+
+The set of valid options and which of them take a value is read from the program's own `-help`, so a
+BLAST+ command line works unchanged after `paramedic search`, and an unknown option is refused up front
+instead of failing on every worker.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+from dataclasses import dataclass, field
+
+from paramedic.blast.tools import require_tool
+from paramedic.errors import BlastError, UsageError
+
+_OPTION_LINE = re.compile(r"^ -([A-Za-z0-9_]+)(\s+<.*)?$")
+
+# Options that restrict or replace the database, or talk to NCBI: they would make fragment searches
+# disagree with the whole database, so the engine refuses them instead of giving subtly wrong output.
+UNSUPPORTED = {
+    "subject": "the engine searches a formatted database (-db); use plain BLAST+ for -subject",
+    "subject_loc": "the engine searches a formatted database (-db)",
+    "remote": "the engine runs BLAST+ locally",
+    "gilist": "database subsets are not supported yet",
+    "seqidlist": "database subsets are not supported yet",
+    "negative_gilist": "database subsets are not supported yet",
+    "negative_seqidlist": "database subsets are not supported yet",
+    "taxids": "database subsets are not supported yet",
+    "negative_taxids": "database subsets are not supported yet",
+    "taxidlist": "database subsets are not supported yet",
+    "negative_taxidlist": "database subsets are not supported yet",
+    "ipglist": "database subsets are not supported yet",
+    "negative_ipglist": "database subsets are not supported yet",
+    "entrez_query": "database subsets are not supported yet",
+    "db_soft_mask": "database masks are not kept by `paramedic format`",
+    "db_hard_mask": "database masks are not kept by `paramedic format`",
+    "import_search_strategy": "give the options on the command line instead",
+    "export_search_strategy": "not supported by the parallel engine",
+    "query_loc": "not supported by the parallel engine",
+    "mt_mode": "-mt_mode 1 changes the output framing; the engine parallelises itself",
+}
+
+# Options that only shape the report: dropped from fragment searches, kept for regeneration.
+FORMATTING_ONLY = (
+    "outfmt",
+    "out",
+    "html",
+    "show_gis",
+    "num_descriptions",
+    "num_alignments",
+    "line_length",
+    "sorthits",
+    "sorthsps",
+    "parse_deflines",
+)
+
+
+@functools.cache
+def known_options(program: str) -> dict[str, bool]:
+    """Map option name -> takes a value, read from `<program> -help`."""
+    exe = require_tool(program)
+    try:
+        text = subprocess.run([exe, "-help"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise BlastError(f"cannot run `{program} -help`: {exc}") from exc
+    options: dict[str, bool] = {}
+    for line in text.splitlines():
+        m = _OPTION_LINE.match(line)
+        if m:
+            options[m.group(1)] = m.group(2) is not None
+    if "db" not in options or "query" not in options:
+        raise BlastError(f"`{program} -help` did not list -query and -db: unexpected BLAST+ version?")
+    return options
+
+
+@dataclass
+class BlastOptions:
+    """An ordered BLAST+ option list: name -> value (None for flags)."""
+
+    items: dict[str, str | None] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, program: str, argv: list[str]) -> BlastOptions:
+        """Parse single-dash BLAST+ options; refuse unknown, repeated, value-less and unsupported ones."""
+        known = known_options(program)
+        items: dict[str, str | None] = {}
+        i = 0
+        while i < len(argv):
+            arg = argv[i]
+            if not arg.startswith("-") or arg.startswith("--") or len(arg) == 1:
+                raise UsageError(f"unexpected argument {arg!r} (BLAST+ options look like -evalue 1e-5)")
+            name = arg[1:]
+            if name not in known:
+                raise UsageError(f"unknown {program} option -{name} (see `{program} -help`)")
+            if name in UNSUPPORTED:
+                raise UsageError(f"-{name} is not supported: {UNSUPPORTED[name]}")
+            if name in items:
+                raise UsageError(f"option -{name} given twice")
+            if known[name]:
+                if i + 1 >= len(argv):
+                    raise UsageError(f"option -{name} needs a value")
+                items[name] = argv[i + 1]
+                i += 2
+            else:
+                items[name] = None
+                i += 1
+        return cls(items)
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self.items.get(name, default)
+
+    def has(self, name: str) -> bool:
+        return name in self.items
+
+    def without(self, *names: str) -> BlastOptions:
+        return BlastOptions({k: v for k, v in self.items.items() if k not in names})
+
+    def with_(self, **values: str | None) -> BlastOptions:
+        items = dict(self.items)
+        items.update(values)
+        return BlastOptions(items)
+
+    def argv(self) -> list[str]:
+        out: list[str] = []
+        for name, value in self.items.items():
+            out.append(f"-{name}")
+            if value is not None:
+                out.append(value)
+        return out
+
+    def outfmt(self) -> str:
+        return (self.get("outfmt") or "0").strip()
+
+    def outfmt_number(self) -> int:
+        token = self.outfmt().split()[0] if self.outfmt() else "0"
+        try:
+            return int(token)
+        except ValueError as exc:
+            raise UsageError(f"-outfmt must start with a format number, got {self.outfmt()!r}") from exc
+
+    def hitlist_size(self) -> int:
+        """How many subjects BLAST+ keeps per query, as BLAST+ decides it.
+
+        -max_target_seqs when given; for the report formats (outfmt 0-4) without it, the larger of
+        -num_descriptions (default 500) and -num_alignments (default 250); otherwise 500.
+        """
+        value = self.get("max_target_seqs")
+        if value is not None:
+            return _positive_int("max_target_seqs", value)
+        if self.outfmt_number() <= 4 and (self.has("num_descriptions") or self.has("num_alignments")):
+            desc = _positive_int("num_descriptions", self.get("num_descriptions") or "500", allow_zero=True)
+            aln = _positive_int("num_alignments", self.get("num_alignments") or "250", allow_zero=True)
+            return max(desc, aln, 1)
+        return 500
+
+
+def _positive_int(name: str, value: str, allow_zero: bool = False) -> int:
+    try:
+        number = int(value)
+    except ValueError as exc:
+        raise UsageError(f"-{name} must be an integer, got {value!r}") from exc
+    if number < (0 if allow_zero else 1):
+        raise UsageError(f"-{name} must be {'>= 0' if allow_zero else '>= 1'}, got {value}")
+    return number

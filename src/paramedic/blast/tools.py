@@ -1,0 +1,62 @@
+"""Finding and running BLAST+ executables, with failures turned into one-line errors."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from paramedic.errors import BlastError
+
+
+@functools.cache
+def require_tool(name: str) -> str:
+    """Absolute path of a BLAST+ executable, or a clear error naming the package to install."""
+    path = shutil.which(name)
+    if path is None:
+        raise BlastError(
+            f"{name} not found on PATH: install NCBI BLAST+ (Debian: apt-get install ncbi-blast+)"
+        )
+    return path
+
+
+@functools.cache
+def blast_version() -> str:
+    """The BLAST+ version string, e.g. '2.12.0+', recorded in manifests and run records."""
+    out = run_tool(["blastn", "-version"]).stdout.decode()
+    first = out.splitlines()[0] if out else ""
+    return first.split(":", 1)[-1].strip()
+
+
+def run_tool(
+    argv: Sequence[str],
+    cwd: str | os.PathLike[str] | None = None,
+    stdout_path: Path | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a BLAST+ program; a non-zero exit (even with empty output) becomes a BlastError.
+
+    BLAST+ exits 255 with empty output on some database errors, so the exit code is always checked.
+    """
+    exe = require_tool(argv[0])
+    try:
+        if stdout_path is not None:
+            with open(stdout_path, "wb") as out:
+                proc = subprocess.run([exe, *argv[1:]], cwd=cwd, stdout=out, stderr=subprocess.PIPE)
+        else:
+            proc = subprocess.run([exe, *argv[1:]], cwd=cwd, capture_output=True)
+    except OSError as exc:
+        raise BlastError(f"cannot run {argv[0]}: {exc}") from exc
+    if proc.returncode != 0:
+        raise BlastError(f"{argv[0]} failed (exit {proc.returncode}): {_first_error_line(proc.stderr)}")
+    return proc
+
+
+def _first_error_line(stderr: bytes) -> str:
+    lines = [ln.strip() for ln in stderr.decode(errors="replace").splitlines() if ln.strip()]
+    for ln in lines:
+        if "error" in ln.lower():
+            return ln
+    return lines[0] if lines else "no message"

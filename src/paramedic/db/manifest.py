@@ -1,0 +1,97 @@
+"""The manifest of a formatted database: totals, fragments, checksums, tool versions.
+
+It is the contract between `format`, `search` and (later) a storage site's replica: a search refuses a
+database whose manifest is missing or whose files do not match it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from paramedic.errors import DatabaseError
+
+MANIFEST_NAME = "manifest.json"
+SEQUENCES_NAME = "sequences.tsv"
+WHOLE_NAME = "whole"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Fragment:
+    name: str  # alias name inside the database directory (whole-database statistics)
+    volume: str  # makeblastdb volume name inside the database directory
+    nseq: int
+    length: int
+    sha256: str  # over the volume's files, in name order
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    dbtype: str  # "prot" or "nucl"
+    title: str
+    nseq: int
+    length: int
+    whole: str  # volume of the whole database in original order
+    whole_sha256: str
+    fragments: list[Fragment]
+    input_path: str
+    content_sha256: str  # of the sequences as read (normalised FASTA)
+    tools: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        data = json.loads(text)
+        data["fragments"] = [Fragment(**f) for f in data["fragments"]]
+        return cls(**data)
+
+    def checksum(self) -> str:
+        """Identity of the database content: equal checksums mean identical search results."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+
+def load_manifest(db_dir: Path) -> Manifest:
+    path = db_dir / MANIFEST_NAME
+    try:
+        text = path.read_text()
+    except FileNotFoundError as exc:
+        raise DatabaseError(
+            f"{db_dir}: not a paramedic database (no {MANIFEST_NAME}); run `paramedic format`"
+        ) from exc
+    try:
+        manifest = Manifest.from_json(text)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise DatabaseError(f"{path}: corrupt manifest ({exc})") from exc
+    if manifest.format_version != FORMAT_VERSION:
+        raise DatabaseError(f"{path}: database format {manifest.format_version}, expected {FORMAT_VERSION}")
+    return manifest
+
+
+def volume_sha256(db_dir: Path, volume: str) -> str:
+    """SHA-256 over a makeblastdb volume's files (name and bytes, in name order)."""
+    files = sorted(
+        p for p in db_dir.iterdir() if p.name.startswith(volume + ".") and p.suffix not in (".pal", ".nal")
+    )
+    if not files:
+        raise DatabaseError(f"{db_dir}: volume {volume} is missing")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
