@@ -44,6 +44,14 @@ class OutputError(ParamedicError):
 
 
 class JobError(ParamedicError):
-    """The parallel job failed on some rank (the message names the rank and the cause)."""
+    """The parallel job failed on some rank (the message names the rank and the cause).
+
+    It carries the exit code of the error on the failing rank, so a BLAST+ failure on a worker exits 5.
+    """
 
     exit_code = 7
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code

@@ -1,0 +1,5 @@
+import sys
+
+from paramedic.cli import main
+
+sys.exit(main())

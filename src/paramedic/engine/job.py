@@ -1,0 +1,154 @@
+"""Everything a search job needs, checked before any rank starts work.
+
+`prepare_job` turns typed settings into a Job: queries read and validated, database resolved as BLAST+
+would resolve -db and checked against its manifest, options checked, output path tested for writability.
+Every problem a user can cause surfaces here as one clear error, before the parallel part begins.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paramedic.blast.options import BlastOptions
+from paramedic.blast.programs import PROGRAMS, alias_suffix
+from paramedic.blast.run import Database
+from paramedic.blast.tools import run_tool
+from paramedic.db.fasta import read_fasta
+from paramedic.db.manifest import load_manifest
+from paramedic.engine.plan import make_plan
+from paramedic.engine.scheduler import Plan
+from paramedic.errors import DatabaseError, OutputError, UsageError
+from paramedic.output.stitch import can_stitch
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    program: str
+    blast_args: list[str]
+    batch: int | None = None  # queries per search task (default: sized from start-up cost)
+    regen_group: int | None = None  # queries per regeneration run
+    quiet: bool = False
+    record: Path | None = None  # run record path (default: <out>.run.json)
+    cwd: Path = field(default_factory=Path.cwd)
+
+
+@dataclass(frozen=True)
+class Job:
+    program: str
+    options: BlastOptions
+    db: Database
+    queries: list[tuple[str, str]]
+    out: Path | None  # None: standard output
+    record: Path | None
+    plan_inputs: dict[str, object]
+    quiet: bool
+    manifest_checksum: str
+
+    def plan(self, workers: int) -> Plan:
+        return make_plan(workers=workers, **self.plan_inputs)  # type: ignore[arg-type]
+
+
+def prepare_job(settings: SearchSettings) -> Job:
+    program = PROGRAMS.get(settings.program)
+    if program is None:
+        raise UsageError(f"unknown program {settings.program!r}: choose one of {', '.join(PROGRAMS)}")
+    options = BlastOptions.parse(program.name, settings.blast_args)
+    for required in ("query", "db"):
+        if not options.get(required):
+            raise UsageError(f"-{required} is required")
+    cwd = settings.cwd
+    query_path = _resolve(cwd, options.get("query") or "")
+    queries = [(r.header, r.sequence) for r in read_fasta(query_path, program.query_type)]
+    db = resolve_database(options.get("db") or "", cwd)
+    if db.dbtype != program.db_type:
+        kind = {"prot": "protein", "nucl": "nucleotide"}
+        raise UsageError(
+            f"{program.name} searches a {kind[program.db_type]} database; {db.arg} is {kind[db.dbtype]}"
+        )
+    out = options.get("out")
+    out_path = _resolve(cwd, out) if out and out != "-" else None
+    if out_path is not None:
+        check_writable(out_path)
+    record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
+    manifest = load_manifest(db.directory)
+    plan_inputs = {
+        "program": program.name,
+        "query_lengths": [len(s) for _, s in queries],
+        "fragment_residues": [f.length for f in manifest.fragments],
+        "hitlist_size": options.hitlist_size(),
+        "startup_seconds": measure_startup(program.name),
+        "stitchable": can_stitch(options.outfmt()),
+        "batch": settings.batch,
+        "regen_group": settings.regen_group,
+    }
+    return Job(
+        program=program.name,
+        options=options,
+        db=db,
+        queries=queries,
+        out=out_path,
+        record=record,
+        plan_inputs=plan_inputs,
+        quiet=settings.quiet,
+        manifest_checksum=manifest.checksum(),
+    )
+
+
+def _resolve(cwd: Path, path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else cwd / p
+
+
+def resolve_database(arg: str, cwd: Path) -> Database:
+    """Find the database as BLAST+ does (current directory, then $BLASTDB) and check it is complete."""
+    candidates = [_resolve(cwd, arg)]
+    if not Path(arg).is_absolute():
+        candidates += [Path(d) / arg for d in os.environ.get("BLASTDB", "").split(":") if d]
+    directory = next((c for c in candidates if (c / "manifest.json").is_file()), None)
+    if directory is None:
+        if any(c.with_name(c.name + suffix).exists() for c in candidates for suffix in (".pal", ".nal")):
+            raise DatabaseError(f"{arg}: a BLAST+ database but not one made by `paramedic format`")
+        raise DatabaseError(f"database {arg!r} not found (looked in {', '.join(str(c) for c in candidates)})")
+    directory = directory.resolve()
+    manifest = load_manifest(directory)
+    missing = [
+        name
+        for name in [manifest.whole, *(f.name for f in manifest.fragments)]
+        if not list(directory.glob(name + ".*"))
+    ]
+    if missing:
+        raise DatabaseError(f"{arg}: incomplete database, missing {', '.join(missing)}")
+    top_alias = directory.with_name(directory.name + alias_suffix(manifest.dbtype))
+    if not top_alias.is_file():
+        raise DatabaseError(f"{arg}: incomplete database, missing {top_alias.name}")
+    return Database(
+        arg=arg,
+        directory=directory,
+        dbtype=manifest.dbtype,
+        title=manifest.title,
+        nseq=manifest.nseq,
+        length=manifest.length,
+        whole=manifest.whole,
+        fragments=tuple(f.name for f in manifest.fragments),
+    )
+
+
+def check_writable(path: Path) -> None:
+    """Fail now, not after the search, when the output cannot be created."""
+    parent = path.parent
+    if path.is_dir():
+        raise OutputError(f"-out {path}: is a directory")
+    if not parent.is_dir():
+        raise OutputError(f"-out {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise OutputError(f"-out {path}: directory {parent} is not writable")
+
+
+def measure_startup(program: str) -> float:
+    """Seconds to start a BLAST+ process on this machine (the floor of every task)."""
+    start = time.perf_counter()
+    run_tool([program, "-version"])
+    return 2 * (time.perf_counter() - start)  # opening a database costs about as much again

@@ -1,0 +1,178 @@
+"""The MPI roles: one master (scheduling, merging, writing) and workers (BLAST+ runs).
+
+Rank 0 is the master; every other rank is a worker. With a single rank the master runs the tasks itself.
+Waiting is done by probing and sleeping, never in a blocking receive: MPICH busy-polls a core in a blocking
+receive, which on a 2-core machine slowed the workers by 40-55% (DESIGN.md). Any failure on any rank ends
+the whole job with the failing rank's message: workers report errors to the master, which aborts.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from mpi4py import MPI
+
+from paramedic.blast.run import regenerate, search_fragment
+from paramedic.engine.job import Job
+from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask, Task
+from paramedic.errors import JobError, ParamedicError
+from paramedic.output.writer import OrderedWriter
+from paramedic.report.progress import Progress
+from paramedic.report.record import RankStats, RunRecord
+
+POLL_SECONDS = 0.002
+TAG_READY, TAG_RESULT, TAG_ERROR, TAG_TASK, TAG_STOP, TAG_STATS = range(6)
+
+
+def patient_recv(comm: MPI.Comm, source: int = MPI.ANY_SOURCE) -> tuple[Any, int, int]:
+    """Receive without busy-polling a core: (message, source rank, tag)."""
+    status = MPI.Status()
+    while not comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
+        time.sleep(POLL_SECONDS)
+    message = comm.recv(source=status.Get_source(), tag=status.Get_tag())
+    return message, status.Get_source(), status.Get_tag()
+
+
+def execute(task: Task, job: Job, plan: Plan, workdir: Path, stats: RankStats) -> Any:
+    """Run one task on this rank; returns the payload the master needs."""
+    if isinstance(task, SearchTask):
+        batch = plan.batches[task.batch]
+        hits, run = search_fragment(
+            job.program, job.options, job.db, task.fragment, job.queries[batch.start : batch.stop], workdir
+        )
+        stats.add("search", run.seconds)
+        stats.tasks["search"] += 1
+        stats.fragments.append(task.fragment)
+        stats.search_output_bytes += run.output_bytes
+        return hits
+    queries = job.queries[task.first_query : task.first_query + task.n_queries]
+    data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir)
+    stats.add("regenerate", run.seconds)
+    stats.tasks["regenerate"] += 1
+    stats.report_bytes += run.output_bytes
+    return data
+
+
+def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
+    """Run the job on this rank; the master returns the run record, workers return None."""
+    workers = max(1, comm.Get_size() - 1)
+    plan = job.plan(workers)
+    workdir = Path(tempfile.mkdtemp(prefix=f"paramedic-rank{comm.Get_rank()}-"))
+    try:
+        if comm.Get_rank() == 0:
+            return _master(job, plan, comm, workdir, command)
+        _worker(job, plan, comm, workdir)
+        return None
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path) -> None:
+    stats = RankStats(rank=comm.Get_rank(), role="worker")
+    comm.send(None, dest=0, tag=TAG_READY)
+    while True:
+        task, _, tag = patient_recv(comm, source=0)
+        if tag == TAG_STOP:
+            break
+        try:
+            payload = execute(task, job, plan, workdir, stats)
+        except ParamedicError as exc:
+            comm.send((str(exc), exc.exit_code), dest=0, tag=TAG_ERROR)
+            return
+        except Exception as exc:  # a bug: still end the whole job with a message, never hang
+            comm.send((f"internal error: {type(exc).__name__}: {exc}", 1), dest=0, tag=TAG_ERROR)
+            return
+        comm.send((task, payload), dest=0, tag=TAG_RESULT)
+    stats.measure_memory()
+    comm.send(stats, dest=0, tag=TAG_STATS)
+
+
+def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[str]) -> RunRecord:
+    start = time.perf_counter()
+    size = comm.Get_size()
+    stats = RankStats(rank=0, role="master" if size > 1 else "master+worker")
+    scheduler = Scheduler(plan)
+    writer = OrderedWriter(job.out, job.options.outfmt(), plan.pieces)
+    progress = Progress(len(job.queries), quiet=job.quiet)
+    try:
+
+        def accept(task: Task, payload: Any) -> None:
+            if isinstance(task, SearchTask):
+                t = time.perf_counter()
+                scheduler.search_done(task, payload)
+                stats.add("merge", time.perf_counter() - t)
+            else:
+                assert isinstance(task, RegenTask)
+                scheduler.regen_done(task)
+                t = time.perf_counter()
+                progress.advance(writer.add(task.piece, payload))
+                stats.add("write", time.perf_counter() - t)
+
+        if size == 1:
+            while not scheduler.finished:
+                task = scheduler.next_task(0)
+                if task is None:
+                    raise JobError("internal: scheduler stalled with no task for the only rank")
+                accept(task, execute(task, job, plan, workdir, stats))
+            worker_stats: list[RankStats] = []
+        else:
+            idle: deque[int] = deque()
+            busy: dict[int, Task] = {}
+            while not scheduler.finished:
+                message, source, tag = patient_recv(comm)
+                if tag == TAG_ERROR:
+                    text, code = message
+                    raise JobError(f"rank {source}: {text}", code)
+                if tag == TAG_RESULT:
+                    task, payload = message
+                    busy.pop(source, None)
+                    accept(task, payload)
+                idle.append(source)
+                while idle:
+                    task = scheduler.next_task(idle[0])
+                    if task is None:
+                        break
+                    worker = idle.popleft()
+                    busy[worker] = task
+                    comm.send(task, dest=worker, tag=TAG_TASK)
+                if not busy and not scheduler.finished and len(idle) == size - 1:
+                    raise JobError("internal: scheduler stalled with every worker idle")
+            for worker in range(1, size):
+                comm.send(None, dest=worker, tag=TAG_STOP)
+            worker_stats = []
+            while len(worker_stats) < size - 1:
+                message, source, tag = patient_recv(comm)
+                if tag == TAG_STATS:
+                    worker_stats.append(message)
+            worker_stats.sort(key=lambda s: s.rank)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        progress.close()
+    stats.measure_memory()
+    merged = [scheduler.metadata(q) for q in range(len(job.queries))]
+    return RunRecord(
+        program=job.program,
+        command=command,
+        database=job.db.arg,
+        manifest_sha256=job.manifest_checksum,
+        queries=len(job.queries),
+        ranks=size,
+        workers=max(1, size - 1),
+        batches=len(plan.batches),
+        fragments=plan.n_fragments,
+        pieces=len(plan.pieces),
+        wall_seconds=round(time.perf_counter() - start, 3),
+        output=str(job.out) if job.out else "-",
+        output_bytes=writer.bytes_written,
+        metadata_pairs=sum(len(m) for m in merged),
+        queries_with_hits=sum(1 for m in merged if m),
+        ranks_stats=[stats, *worker_stats],
+    )

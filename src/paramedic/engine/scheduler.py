@@ -1,0 +1,156 @@
+"""The master's decisions, as a pure state machine: events in, tasks out. No MPI, no BLAST+.
+
+Work is a grid of search tasks (query batch x fragment) followed, per batch, by regeneration tasks
+(a group of the batch's queries, searched again against a mask of their merged subjects). Keeping the
+scheduler free of I/O lets tests and simulators drive it in virtual time at any scale.
+
+Policy for an idle worker:
+1. a ready regeneration task first (output flows early and merged hits are freed);
+2. otherwise a search task from the earliest open batches (a window of `window` batches, so batches
+   complete in order and regeneration overlaps the search), preferring a fragment the worker already
+   has cached, then a fragment no other worker holds, then any.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from paramedic.blast.hits import Hit
+from paramedic.engine.merge import merge_hits
+
+
+@dataclass(frozen=True)
+class SearchTask:
+    batch: int
+    fragment: int
+
+
+@dataclass(frozen=True)
+class RegenTask:
+    piece: int  # position of this piece in the output
+    first_query: int  # global query index of the first query
+    subjects: tuple[tuple[int, ...], ...]  # merged global subject ids per query, in BLAST order
+
+    @property
+    def n_queries(self) -> int:
+        return len(self.subjects)
+
+
+Task = SearchTask | RegenTask
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The shape of the job, fixed before it starts."""
+
+    batches: tuple[range, ...]  # query index ranges, consecutive, covering all queries
+    n_fragments: int
+    pieces: tuple[range, ...]  # query index ranges of the regeneration pieces, consecutive
+    hitlist_size: int
+
+    def __post_init__(self) -> None:
+        _check_cover(self.batches, "batches")
+        _check_cover(self.pieces, "pieces")
+        if self.n_fragments < 1:
+            raise ValueError("need at least one fragment")
+
+    @property
+    def n_queries(self) -> int:
+        return self.batches[-1].stop
+
+
+def _check_cover(ranges: tuple[range, ...], what: str) -> None:
+    if (
+        not ranges
+        or ranges[0].start != 0
+        or any(a.stop != b.start for a, b in zip(ranges, ranges[1:], strict=False))
+    ):
+        raise ValueError(f"{what} must be consecutive ranges starting at query 0")
+    if any(len(r) == 0 for r in ranges):
+        raise ValueError(f"{what} must not be empty")
+
+
+@dataclass
+class Scheduler:
+    plan: Plan
+    window: int = 2
+    _pending: list[set[int]] = field(init=False)  # per batch: fragments not yet handed out
+    _waiting: list[int] = field(init=False)  # per batch: fragment results still missing
+    _hits: dict[int, list[list[list[Hit]]]] = field(init=False)  # batch -> per query -> per fragment hits
+    _merged: dict[int, list[int]] = field(init=False)  # global query -> merged subject ids
+    _ready: deque[RegenTask] = field(init=False)
+    _unreleased: set[int] = field(init=False)  # pieces not yet made ready
+    _done_pieces: set[int] = field(init=False)
+    cache: dict[int, set[int]] = field(init=False)  # worker -> fragments it holds
+
+    def __post_init__(self) -> None:
+        nf = self.plan.n_fragments
+        self._pending = [set(range(nf)) for _ in self.plan.batches]
+        self._waiting = [nf] * len(self.plan.batches)
+        self._hits = {}
+        self._merged = {}
+        self._ready = deque()
+        self._done_pieces = set()
+        self._unreleased = set(range(len(self.plan.pieces)))
+        self.cache = {}
+
+    # -- events -------------------------------------------------------------------------------------
+    def next_task(self, worker: int) -> Task | None:
+        """The task for an idle worker, or None when nothing can be handed out right now."""
+        if self._ready:
+            return self._ready.popleft()
+        open_batches = [b for b, pending in enumerate(self._pending) if pending][: self.window]
+        if not open_batches:
+            return None
+        held = self.cache.setdefault(worker, set())
+        held_by_others = set().union(*(f for w, f in self.cache.items() if w != worker))
+        choice = None
+        for prefer in (lambda f: f in held, lambda f: f not in held_by_others, lambda f: True):
+            for batch in open_batches:
+                fragments = sorted(f for f in self._pending[batch] if prefer(f))
+                if fragments:
+                    choice = SearchTask(batch, fragments[0])
+                    break
+            if choice:
+                break
+        assert choice is not None
+        self._pending[choice.batch].discard(choice.fragment)
+        held.add(choice.fragment)
+        return choice
+
+    def search_done(self, task: SearchTask, hits: list[list[Hit]]) -> None:
+        """Record one fragment's hits for a batch; when the batch is complete, merge it."""
+        batch = self.plan.batches[task.batch]
+        if len(hits) != len(batch):
+            raise ValueError(
+                f"search of batch {task.batch} returned {len(hits)} queries, expected {len(batch)}"
+            )
+        per_query = self._hits.setdefault(task.batch, [[] for _ in batch])
+        for q, query_hits in enumerate(hits):
+            per_query[q].append(query_hits)
+        self._waiting[task.batch] -= 1
+        if self._waiting[task.batch] == 0:
+            for q, fragments in zip(batch, self._hits.pop(task.batch), strict=True):
+                self._merged[q] = [h.gid for h in merge_hits(fragments, self.plan.hitlist_size)]
+            self._release_pieces()
+
+    def regen_done(self, task: RegenTask) -> None:
+        self._done_pieces.add(task.piece)
+
+    # -- state --------------------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return len(self._done_pieces) == len(self.plan.pieces)
+
+    def metadata(self, query: int) -> list[int]:
+        return self._merged[query]
+
+    def _release_pieces(self) -> None:
+        """A piece becomes ready as soon as all its queries are merged (the writer restores order)."""
+        for index in sorted(self._unreleased):
+            piece = self.plan.pieces[index]
+            if all(q in self._merged for q in piece):
+                subjects = tuple(tuple(self._merged[q]) for q in piece)
+                self._ready.append(RegenTask(index, piece.start, subjects))
+                self._unreleased.discard(index)

@@ -1,0 +1,85 @@
+"""Writing the report in query order, atomically: a temporary file beside the target, then rename.
+
+Pieces arrive in any order (regeneration runs finish when they finish); the writer keeps the ones that
+are early and passes each to the format's stitcher in order. A failed job removes the temporary file, so
+a user never finds a partial report under the name they asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import BinaryIO
+
+from paramedic.errors import OutputError
+from paramedic.output.stitch import Stitcher
+
+
+class OrderedWriter:
+    def __init__(self, out: Path | None, outfmt: str, pieces: tuple[range, ...]):
+        self.out = out
+        self.pieces = pieces
+        self.total_queries = pieces[-1].stop
+        self.stitcher = Stitcher(outfmt, len(pieces))
+        self.waiting: dict[int, bytes] = {}
+        self.next = 0
+        self.bytes_written = 0
+        self.tmp: Path | None = None
+        self.fh: BinaryIO
+        if out is None:
+            self.fh = sys.stdout.buffer
+        else:
+            self.tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+            try:
+                self.fh = open(self.tmp, "wb")
+            except OSError as exc:
+                raise OutputError(f"cannot write {out}: {exc.strerror}") from exc
+
+    def add(self, index: int, data: bytes) -> int:
+        """Accept piece `index`; return how many queries became written because of it."""
+        self.waiting[index] = data
+        written = 0
+        while self.next in self.waiting:
+            piece = self.pieces[self.next]
+            chunk = self.stitcher.piece(
+                self.next, self.waiting.pop(self.next), piece.start, self.total_queries
+            )
+            try:
+                self.fh.write(chunk)
+            except OSError as exc:
+                raise OutputError(f"cannot write {self.out or 'standard output'}: {exc.strerror}") from exc
+            self.bytes_written += len(chunk)
+            written += len(piece)
+            self.next += 1
+        return written
+
+    @property
+    def complete(self) -> bool:
+        return self.next == len(self.pieces)
+
+    def commit(self) -> None:
+        """Make the report durable under its final name (fsync, rename, fsync the directory)."""
+        if not self.complete:
+            raise OutputError(f"internal: only {self.next} of {len(self.pieces)} pieces written")
+        self.fh.flush()
+        if self.out is None or self.tmp is None:
+            return
+        try:
+            os.fsync(self.fh.fileno())
+            self.fh.close()
+            os.replace(self.tmp, self.out)
+            dir_fd = os.open(self.out.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise OutputError(f"cannot write {self.out}: {exc.strerror}") from exc
+
+    def abort(self) -> None:
+        if self.tmp is not None:
+            try:
+                self.fh.close()
+            finally:
+                self.tmp.unlink(missing_ok=True)

@@ -1,0 +1,80 @@
+"""The run record: per-phase time per rank, tasks, bytes and hits, written as JSON next to the output.
+
+Phases: `search` (fragment searches and reading their hits), `merge` (master), `regenerate` (BLAST+
+writing the report for a query group), `write` (master: stitching and writing pieces in order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PHASES = ("search", "merge", "regenerate", "write")
+
+
+@dataclass
+class RankStats:
+    rank: int
+    role: str
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    tasks: dict[str, int] = field(default_factory=lambda: {"search": 0, "regenerate": 0})
+    fragments: list[int] = field(default_factory=list)  # fragments searched, in order (cache affinity)
+    search_output_bytes: int = 0
+    report_bytes: int = 0
+    peak_rss_mb: float = 0.0  # this rank's Python process
+    peak_blast_rss_mb: float = 0.0  # largest BLAST+ child process of this rank
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] += seconds
+
+    def measure_memory(self) -> None:
+        self.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        self.peak_blast_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+@dataclass
+class RunRecord:
+    program: str
+    command: list[str]
+    database: str
+    manifest_sha256: str
+    queries: int
+    ranks: int
+    workers: int
+    batches: int
+    fragments: int
+    pieces: int
+    wall_seconds: float
+    output: str
+    output_bytes: int
+    metadata_pairs: int  # merged (query, subject) pairs: the size of the semantic metadata
+    queries_with_hits: int
+    ranks_stats: list[RankStats]
+
+    def phase_totals(self) -> dict[str, float]:
+        return {p: round(sum(r.seconds[p] for r in self.ranks_stats), 3) for p in PHASES}
+
+    def write(self, path: Path) -> None:
+        data = asdict(self)
+        data["phase_totals"] = self.phase_totals()
+        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, path)
+
+    def summary(self) -> str:
+        totals = self.phase_totals()
+        lines = [
+            f"paramedic: {self.program} {self.queries} queries x {self.fragments} fragments "
+            f"on {self.workers} workers in {self.wall_seconds:.1f} s",
+            f"  tasks: {sum(r.tasks['search'] for r in self.ranks_stats)} searches in {self.batches} batches, "
+            f"{self.pieces} regenerations",
+            "  CPU-side time per phase (all ranks): " + ", ".join(f"{p} {totals[p]:.1f} s" for p in PHASES),
+            f"  hits: {self.metadata_pairs} query-subject pairs, {self.queries_with_hits} queries with hits",
+            f"  output: {self.output} ({self.output_bytes:,} bytes)",
+        ]
+        peak = max((r.peak_blast_rss_mb for r in self.ranks_stats), default=0.0)
+        lines.append(f"  peak memory: BLAST+ {peak:.0f} MB per process")
+        return "\n".join(lines)
