@@ -20,7 +20,7 @@ from paramedic.errors import ParamedicError, UsageError
 
 # Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
 MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
-ENGINE_OPTIONS_WITH_VALUE = {"--np", "--batch", "--regen-batch", "--record"}
+ENGINE_OPTIONS_WITH_VALUE = {"--np", "--batch", "--regen-batch", "--record", "--metadata", "--from-metadata"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +96,10 @@ def _search(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, help="queries per search task (default: sized automatically)")
     parser.add_argument("--regen-batch", type=int, help="queries per regeneration run (default: 10)")
     parser.add_argument("--record", type=Path, help="run record path (default: <out>.run.json)")
+    parser.add_argument("--metadata", type=Path, help="also save the merged subjects per query (JSON)")
+    parser.add_argument(
+        "--from-metadata", type=Path, help="do not search: regenerate the output from saved --metadata"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     args = parser.parse_args(engine_args)
     for name in ("np", "batch", "regen_batch"):
@@ -113,6 +117,8 @@ def _search(argv: list[str]) -> int:
         regen_group=args.regen_batch,
         quiet=args.quiet,
         record=args.record,
+        save_metadata=args.metadata,
+        from_metadata=args.from_metadata,
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
 

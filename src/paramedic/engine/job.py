@@ -18,6 +18,7 @@ from paramedic.blast.run import Database
 from paramedic.blast.tools import run_tool
 from paramedic.db.fasta import read_fasta
 from paramedic.db.manifest import load_manifest
+from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.errors import DatabaseError, OutputError, UsageError
@@ -32,6 +33,8 @@ class SearchSettings:
     regen_group: int | None = None  # queries per regeneration run
     quiet: bool = False
     record: Path | None = None  # run record path (default: <out>.run.json)
+    save_metadata: Path | None = None  # write the merged subjects per query here
+    from_metadata: Path | None = None  # skip the search: regenerate from saved metadata
     cwd: Path = field(default_factory=Path.cwd)
 
 
@@ -46,6 +49,9 @@ class Job:
     plan_inputs: dict[str, object]
     quiet: bool
     manifest_checksum: str
+    identity: SearchIdentity
+    save_metadata: Path | None
+    preloaded: list[list[int]] | None  # metadata loaded with --from-metadata
 
     def plan(self, workers: int) -> Plan:
         return make_plan(workers=workers, **self.plan_inputs)  # type: ignore[arg-type]
@@ -84,6 +90,13 @@ def prepare_job(settings: SearchSettings) -> Job:
         "batch": settings.batch,
         "regen_group": settings.regen_group,
     }
+    identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
+    save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None
+    if save_path is not None:
+        check_writable(save_path)
+    preloaded = None
+    if settings.from_metadata is not None:
+        preloaded = load_metadata(_resolve(cwd, str(settings.from_metadata)), identity, len(queries), db.nseq)
     return Job(
         program=program.name,
         options=options,
@@ -94,6 +107,9 @@ def prepare_job(settings: SearchSettings) -> Job:
         plan_inputs=plan_inputs,
         quiet=settings.quiet,
         manifest_checksum=manifest.checksum(),
+        identity=identity,
+        save_metadata=save_path,
+        preloaded=preloaded,
     )
 
 

@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 from paramedic.blast.run import regenerate, search_fragment
 from paramedic.engine.job import Job
+from paramedic.engine.metadata import save_metadata
 from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask, Task
 from paramedic.errors import JobError, ParamedicError
 from paramedic.output.writer import OrderedWriter
@@ -97,6 +98,8 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
     size = comm.Get_size()
     stats = RankStats(rank=0, role="master" if size > 1 else "master+worker")
     scheduler = Scheduler(plan)
+    if job.preloaded is not None:
+        scheduler.preload(job.preloaded)
     writer = OrderedWriter(job.out, job.options.outfmt(), plan.pieces)
     progress = Progress(len(job.queries), quiet=job.quiet)
     try:
@@ -158,6 +161,8 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
         progress.close()
     stats.measure_memory()
     merged = [scheduler.metadata(q) for q in range(len(job.queries))]
+    if job.save_metadata is not None:
+        save_metadata(job.save_metadata, job.identity, merged)
     return RunRecord(
         program=job.program,
         command=command,

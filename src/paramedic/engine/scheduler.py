@@ -95,6 +95,15 @@ class Scheduler:
         self._unreleased = set(range(len(self.plan.pieces)))
         self.cache = {}
 
+    def preload(self, merged: list[list[int]]) -> None:
+        """Start from known metadata (a saved search): no search tasks, only regeneration."""
+        if len(merged) != self.plan.n_queries:
+            raise ValueError(f"metadata has {len(merged)} queries, the job {self.plan.n_queries}")
+        self._merged = dict(enumerate(merged))
+        self._pending = [set() for _ in self.plan.batches]
+        self._waiting = [0] * len(self.plan.batches)
+        self._release_pieces()
+
     # -- events -------------------------------------------------------------------------------------
     def next_task(self, worker: int) -> Task | None:
         """The task for an idle worker, or None when nothing can be handed out right now."""

@@ -46,15 +46,14 @@ _KINDS: dict[int, str] = {
     10: "plain",
     15: "json",
     16: "xml2",
-    18: "organism",
 }
 
-# A query's section in the text reports (0-4, 18); -html writes the tag in bold.
+# A query's section in the text reports (0-4); -html writes the tag in bold.
 _REPORT_QUERY = re.compile(rb"^(?:Query=|<b>Query=</b>)(?: |$)", re.M)
 # The database summary that starts the footer of the text reports (0-4).
 _REPORT_FOOTER = b"\n  Database: "
 _XML_ITERATIONS = b"<BlastOutput_iterations>\n"
-_XML_END = b"</BlastOutput_iterations>\n</BlastOutput>\n"
+_XML_END = re.compile(rb"</BlastOutput_iterations>\n</BlastOutput>\n+\Z")
 _XML_ITERATION = re.compile(rb"^<Iteration>\n", re.M)
 _XML_ITER_NUM = re.compile(rb"^  <Iteration_iter-num>(\d+)</Iteration_iter-num>\n", re.M)
 _XML_QUERY_ID = re.compile(rb"^  <Iteration_query-ID>([^<]*)</Iteration_query-ID>\n", re.M)
@@ -67,6 +66,7 @@ _JSON_REPORT = re.compile(rb'^\{\n    "report": \{\n', re.M)
 _JSON_QUERY_ID = re.compile(rb'^          "query_id": "((?:[^"\\]|\\.)*)",\n', re.M)
 _XML2_REPORT = re.compile(rb"^<BlastOutput2>\n", re.M)
 _XML2_END = b"</BlastXML2>\n"
+_XML2_SEPARATOR = b"\n"
 _XML2_QUERY_ID = re.compile(rb"^              <query-id>([^<]*)</query-id>\n", re.M)
 _COMMENT_QUERY = re.compile(rb"^# Query:", re.M)
 _COMMENT_PROCESSED = re.compile(rb"# BLAST processed (\d+) queries\n\Z")
@@ -196,7 +196,9 @@ class Stitcher:
         if kept is None:
             setattr(self, slot, mine)
         elif mine != kept:
-            raise ValueError(f"piece {index}: its {what} differs from the first piece's (other options or db?)")
+            raise ValueError(
+                f"piece {index}: its {what} differs from the first piece's (other options or db?)"
+            )
 
     # --- per format: each returns (bytes to write, number of queries in the piece or None) ---
 
@@ -205,13 +207,6 @@ class Stitcher:
         if data and not data.endswith(b"\n"):
             raise ValueError(f"piece {index}: tabular output does not end with a newline (truncated?)")
         return data, None
-
-    def _organism(self, index: int, data: bytes, offset: int, first: bool, last: bool) -> tuple[bytes, int]:
-        """Organism report (18): one self-contained block per query, nothing per run."""
-        count = len(_REPORT_QUERY.findall(data))
-        if not data.endswith(b"\n"):
-            raise ValueError(f"piece {index}: organism report does not end with a newline (truncated?)")
-        return data, count
 
     def _commented(self, index: int, data: bytes, offset: int, first: bool, last: bool) -> tuple[bytes, int]:
         """Commented tabular (7): per-query comment blocks, then `# BLAST processed N queries`."""
@@ -242,15 +237,14 @@ class Stitcher:
     def _anchored(self, index: int, data: bytes, offset: int, first: bool, last: bool) -> tuple[bytes, int]:
         """Query-anchored text (1-4): as 0, plus the query's row label `Query_N` in the alignment."""
         header, sections, footer = self._split_report(index, data)
-        found = []
-        for pos, section in enumerate(sections, 1):
-            label = _anchored_label(section)
-            if label is not None:
-                found.append((pos, label))
+        labels = [_anchored_label(section) for section in sections]
+        found = [(pos, label) for pos, label in enumerate(labels, 1) if label is not None]
         if self._ids.decide(found, index) and offset:
             sections = [
                 _relabel_anchored(index, section, b"Query_%d" % pos, b"Query_%d" % (pos + offset))
-                for pos, section in enumerate(sections, 1)
+                if label is not None
+                else section
+                for pos, (section, label) in enumerate(zip(sections, labels, strict=True), 1)
             ]
         return self._join_report(index, header, sections, footer, first, last), len(sections)
 
@@ -258,7 +252,9 @@ class Stitcher:
         starts = [m.start() for m in _REPORT_QUERY.finditer(data)]
         end = data.rfind(_REPORT_FOOTER) + 1
         if not starts or end <= starts[-1]:
-            raise ValueError(f"piece {index}: not a BLAST+ text report (no 'Query=' section before the footer)")
+            raise ValueError(
+                f"piece {index}: not a BLAST+ text report (no 'Query=' section before the footer)"
+            )
         header, footer = data[: starts[0]], data[end:]
         sections = [data[a:b] for a, b in zip(starts, starts[1:] + [end], strict=True)]
         return header, sections, footer
@@ -273,11 +269,13 @@ class Stitcher:
     def _xml(self, index: int, data: bytes, offset: int, first: bool, last: bool) -> tuple[bytes, int]:
         """XML (5): BlastOutput header naming the first query, one <Iteration> per query."""
         start = data.find(_XML_ITERATIONS)
-        if start < 0 or not data.endswith(_XML_END):
+        end = _XML_END.search(data)
+        if start < 0 or end is None:
             raise ValueError(f"piece {index}: not a complete BLAST XML document (outfmt 5)")
         start += len(_XML_ITERATIONS)
-        header, body = data[:start], data[start : len(data) - len(_XML_END)]
+        header, body, footer = data[:start], data[start : end.start()], data[end.start() :]
         self._same(index, "header", _XML_FIRST_QUERY.sub(b"", header), "_header")
+        self._same(index, "footer", footer, "_footer")
         units = _units(index, body, _XML_ITERATION, "<Iteration>")
         ids = []
         for pos, unit in enumerate(units, 1):
@@ -293,7 +291,7 @@ class Stitcher:
             units = [
                 _renumber_xml(unit, pos, pos + offset, renumber_ids) for pos, unit in enumerate(units, 1)
             ]
-        out = (header if first else b"") + b"".join(units) + (_XML_END if last else b"")
+        out = (header if first else b"") + b"".join(units) + (footer if last else b"")
         return out, len(units)
 
     def _json(self, index: int, data: bytes, offset: int, first: bool, last: bool) -> tuple[bytes, int]:
@@ -301,12 +299,7 @@ class Stitcher:
         if not data.startswith(_JSON_START) or not data.endswith(_JSON_END):
             raise ValueError(f"piece {index}: not a complete BlastOutput2 JSON document (outfmt 15)")
         body = data[len(_JSON_START) : len(data) - len(_JSON_END)]
-        units = _units(index, body, _JSON_REPORT, "report")
-        # Reports are separated by ",\n": all but the last unit end with it.
-        for pos, unit in enumerate(units, 1):
-            if unit.endswith(_JSON_SEPARATOR) != (pos < len(units)):
-                raise ValueError(f"piece {index}: unexpected separator after JSON report {pos}")
-        units[-1] += _JSON_SEPARATOR
+        units = _separated_units(index, body, _JSON_REPORT, "JSON report", _JSON_SEPARATOR)
         ids = []
         for pos, unit in enumerate(units, 1):
             found = _JSON_QUERY_ID.findall(unit)
@@ -316,7 +309,10 @@ class Stitcher:
         if self._ids.decide(ids, index) and offset:
             units = [
                 _replace_once(
-                    index, unit, b'"query_id": "Query_%d",\n' % pos, b'"query_id": "Query_%d",\n' % (pos + offset)
+                    index,
+                    unit,
+                    b'"query_id": "Query_%d",\n' % pos,
+                    b'"query_id": "Query_%d",\n' % (pos + offset),
                 )
                 for pos, unit in enumerate(units, 1)
             ]
@@ -332,7 +328,7 @@ class Stitcher:
             raise ValueError(f"piece {index}: not a complete BlastXML2 document (outfmt 16)")
         header, body = data[: m.start()], data[m.start() : len(data) - len(_XML2_END)]
         self._same(index, "header", header, "_header")
-        units = _units(index, body, _XML2_REPORT, "<BlastOutput2>")
+        units = _separated_units(index, body, _XML2_REPORT, "<BlastOutput2>", _XML2_SEPARATOR)
         ids = []
         for pos, unit in enumerate(units, 1):
             found = _XML2_QUERY_ID.findall(unit)
@@ -349,7 +345,9 @@ class Stitcher:
                 )
                 for pos, unit in enumerate(units, 1)
             ]
-        out = (header if first else b"") + b"".join(units) + (_XML2_END if last else b"")
+        out = (header if first else b"") + b"".join(units)
+        if last:
+            out = out[: -len(_XML2_SEPARATOR)] + _XML2_END
         return out, len(units)
 
 
@@ -359,6 +357,17 @@ def _units(index: int, body: bytes, start: re.Pattern[bytes], what: str) -> list
     if not starts or starts[0] != 0:
         raise ValueError(f"piece {index}: expected the query blocks to start with {what}")
     return [body[a:b] for a, b in zip(starts, starts[1:] + [len(body)], strict=True)]
+
+
+def _separated_units(index: int, body: bytes, start: re.Pattern[bytes], what: str, sep: bytes) -> list[bytes]:
+    """Per-query units of a list whose items are separated by `sep`: each unit is returned with the
+    separator after it, so the joined pieces need only the last one dropped."""
+    units = _units(index, body, start, what)
+    for pos, unit in enumerate(units, 1):
+        if unit.endswith(b"\n" + sep) != (pos < len(units)):
+            raise ValueError(f"piece {index}: unexpected text between {what} {pos} and the next")
+    units[-1] += sep
+    return units
 
 
 def _replace_once(index: int, unit: bytes, old: bytes, new: bytes) -> bytes:
@@ -459,7 +468,7 @@ def _relabel_anchored(index: int, section: bytes, old: bytes, new: bytes) -> byt
 
 def _block_width(index: int, block: list[bytes], old: bytes, previous: int | None) -> int:
     """W: where the start coordinates begin, read off the rows of the block that print one."""
-    widths = {m.end(1) + len(m.group(2)) for row in block if (m := _ROW_START.match(row))}
+    widths = {m.end(2) for row in block if (m := _ROW_START.match(row))}
     if len(widths) > 1:
         raise ValueError(f"piece {index}: rows of an alignment block of {old.decode()} are not aligned")
     width = widths.pop() if widths else previous

@@ -1,0 +1,73 @@
+"""Saving and loading a search's metadata: per query, the merged global subject ids.
+
+With the metadata, any output format can be regenerated later without searching again (`paramedic
+search ... --from-metadata FILE`): the ParaMEDIC idea in its simplest, local form. The file records what
+the subjects depend on (database manifest, queries, search options) and loading refuses a mismatch, so a
+regeneration can never silently produce output for another search.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
+from paramedic.errors import InputError, UsageError
+
+KIND = "paramedic-metadata"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class SearchIdentity:
+    """Everything the merged subjects depend on."""
+
+    program: str
+    search_options: list[str]  # options that shape the search, without formatting, -query, -db, -out
+    hitlist_size: int
+    manifest_sha256: str
+    queries_sha256: str
+
+    @classmethod
+    def of(
+        cls, program: str, options: BlastOptions, manifest_sha256: str, queries: list[tuple[str, str]]
+    ) -> SearchIdentity:
+        digest = hashlib.sha256()
+        for header, sequence in queries:
+            digest.update(f">{header}\n{sequence}\n".encode())
+        shaping = options.without(*FORMATTING_ONLY, "query", "db", "max_target_seqs", "num_threads")
+        return cls(program, shaping.argv(), options.hitlist_size(), manifest_sha256, digest.hexdigest())
+
+
+def save_metadata(path: Path, identity: SearchIdentity, subjects: list[list[int]]) -> None:
+    data = {"kind": KIND, "version": VERSION, **asdict(identity), "subjects": subjects}
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    tmp.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+
+
+def load_metadata(path: Path, expected: SearchIdentity, n_queries: int, nseq: int) -> list[list[int]]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise InputError(f"--from-metadata {path}: no such file") from exc
+    except (ValueError, OSError) as exc:
+        raise InputError(f"--from-metadata {path}: not a metadata file ({exc})") from exc
+    if not isinstance(data, dict) or data.get("kind") != KIND or data.get("version") != VERSION:
+        raise InputError(f"--from-metadata {path}: not a version {VERSION} paramedic metadata file")
+    for name, value in asdict(expected).items():
+        if data.get(name) != value:
+            raise UsageError(f"--from-metadata {path}: made with a different {name.replace('_', ' ')}")
+    subjects = data.get("subjects")
+    if (
+        not isinstance(subjects, list)
+        or len(subjects) != n_queries
+        or not all(
+            isinstance(s, list) and all(isinstance(g, int) and 0 <= g < nseq for g in s) for s in subjects
+        )
+    ):
+        raise InputError(f"--from-metadata {path}: malformed subject lists")
+    return subjects
