@@ -26,7 +26,9 @@ def _per_query(tabular: bytes) -> dict[str, list[tuple[str, float]]]:
     return hits
 
 
-def assert_equal_or_better_when_capped(site: Path, outfmt: str, expected: bytes, actual: bytes, cap: int) -> None:
+def assert_equal_or_better_when_capped(
+    site: Path, outfmt: str, expected: bytes, actual: bytes, cap: int
+) -> None:
     if outfmt != "6":
         # The subjects are those of the outfmt 6 run, checked there; here: same size class of output.
         assert abs(len(actual) - len(expected)) < 0.05 * len(expected)
@@ -37,6 +39,10 @@ def assert_equal_or_better_when_capped(site: Path, outfmt: str, expected: bytes,
         mine, theirs = ours.get(query, []), ref.get(query, [])
         assert len(theirs) == cap, f"{query}: differs but the reference has {len(theirs)} < {cap} hits"
         assert len(mine) == cap, f"{query}: merged list has {len(mine)} hits, cap {cap}"
-        for rank, (a, b) in enumerate(zip(sorted(e for _, e in mine), sorted(e for _, e in theirs), strict=True)):
+        for rank, (a, b) in enumerate(
+            zip(sorted(e for _, e in mine), sorted(e for _, e in theirs), strict=True)
+        ):
             assert a <= b * (1 + 1e-6), f"{query}: merged hit {rank + 1} e-value {a} worse than BLAST's {b}"
-    print(f"{len(differing)} of {len(ref)} queries reached the cap of {cap} and differ; merged lists are better")
+    print(
+        f"{len(differing)} of {len(ref)} queries reached the cap of {cap} and differ; merged lists are better"
+    )

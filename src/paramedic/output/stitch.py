@@ -71,13 +71,12 @@ _XML2_QUERY_ID = re.compile(rb"^              <query-id>([^<]*)</query-id>\n", r
 _COMMENT_QUERY = re.compile(rb"^# Query:", re.M)
 _COMMENT_PROCESSED = re.compile(rb"# BLAST processed (\d+) queries\n\Z")
 _COMMENT_PROGRAM = re.compile(rb"^# [A-Z]+ \S+\n", re.M)
-_LOCAL_ID = re.compile(rb"Query_(\d+)\Z")
 
 
 def _format_number(outfmt: str) -> int | None:
     tokens = outfmt.split()
     if not tokens:
-        return 0  # BLAST+'s default
+        return None
     try:
         return int(tokens[0])
     except ValueError:
@@ -103,7 +102,7 @@ class _QueryIds:
         """`found`: (1-based position in the piece, id as printed). Returns whether to renumber."""
         if not found:
             return bool(self.positional)
-        matches = [_LOCAL_ID.match(ident) is not None and int(ident[6:]) == pos for pos, ident in found]
+        matches = [ident == b"Query_%d" % pos for pos, ident in found]
         if all(matches):
             verdict = True
         elif not any(matches):
@@ -455,8 +454,9 @@ def _relabel_anchored(index: int, section: bytes, old: bytes, new: bytes) -> byt
             if row.startswith(b" "):
                 lines[a + k] = b" " * grow + row
                 continue
-            label, pad = row[:width].rstrip(b" "), row[:width]
-            if b" " in label or pad[len(label) :].strip(b" "):
+            head = row[:width]
+            label = head.rstrip(b" ")
+            if not head.endswith(b"  ") or b" " in label:
                 raise ValueError(f"piece {index}: misaligned row in the alignment of {old.decode()}")
             if k == 0:
                 label = new

@@ -1,0 +1,111 @@
+"""paramedic search == one BLAST+ run on the unsplit database (blastn, real genomes, real MPI ranks).
+
+The database: every genome and contig set of ragout-examples (E. coli, H. pylori, S. aureus, V. cholerae),
+65 Mbp. Queries: 60 pieces of 300-3000 bp cut from those genomes at seeded random places, half reverse
+complemented, so many queries hit several strains with equal scores: the tie rule (ordinal id descending)
+is exercised. Same matrix and rules as the blastp test.
+"""
+
+from __future__ import annotations
+
+import gzip
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import blast, paramedic, without_posted_date
+from tests.integration.capped import assert_equal_or_better_when_capped
+
+pytestmark = pytest.mark.integration
+
+TITLE = "ragout-examples genomes and contigs"
+FORMATS = ["6", "7", "0", "5"]
+MAX_TARGET = [None, "10"]
+DIRECT = {(4, None): "5", (4, "10"): "0", (7, None): "6", (7, "10"): "7"}
+_references: dict[tuple[str | None, str], bytes] = {}
+COMPLEMENT = str.maketrans("ACGTNacgtn", "TGCANtgcan")
+
+
+def read_gz_fasta(path: Path) -> list[tuple[str, str]]:
+    records = []
+    for chunk in gzip.open(path, "rt").read().split(">")[1:]:
+        header, _, seq = chunk.partition("\n")
+        records.append((header, seq.replace("\n", "")))
+    return records
+
+
+@pytest.fixture(scope="module")
+def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("blastn")
+    sources = sorted((data_dir / "ragout").glob("*/*.fasta.gz")) + sorted(
+        (data_dir / "ragout").glob("*/references/*.fasta.gz")
+    )
+    records = [r for path in sources for r in read_gz_fasta(path)]
+    with open(root / "genomes.fasta", "w") as fh:
+        for header, seq in records:
+            fh.write(f">{header}\n{seq}\n")
+    rng = random.Random(20261121)
+    genomes = [r for r in records if len(r[1]) > 1_000_000]
+    with open(root / "queries.fasta", "w") as fh:
+        for i in range(60):
+            header, seq = rng.choice(genomes)
+            length = rng.randint(300, 3000)
+            start = rng.randrange(0, len(seq) - length)
+            piece = seq[start : start + length]
+            if i % 2:
+                piece = piece.translate(COMPLEMENT)[::-1]
+            fh.write(f">q{i + 1} {header.split()[0]}:{start + 1}-{start + length}\n{piece}\n")
+    (root / "ref").mkdir()
+    blast(
+        "makeblastdb", "-in", str(root / "genomes.fasta"), "-dbtype", "nucl", "-parse_seqids",
+        "-out", "genomes", "-title", TITLE, cwd=root / "ref",
+    )  # fmt: skip
+    for n in (4, 7):
+        paramedic(
+            "format", "--in", str(root / "genomes.fasta"), "--dbtype", "nucl", "--fragments", str(n),
+            "--out", str(root / f"p{n}" / "genomes"), "--title", TITLE, "--quiet",
+        )  # fmt: skip
+    return root
+
+
+def reference(site: Path, max_target: str | None, outfmt: str) -> bytes:
+    key = (max_target, outfmt)
+    if key not in _references:
+        out = site / f"ref-{max_target}-{outfmt}.out"
+        extra = ["-max_target_seqs", max_target] if max_target else []
+        blast(
+            "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", outfmt,
+            *extra, "-out", str(out), cwd=site / "ref",
+        )  # fmt: skip
+        _references[key] = out.read_bytes()
+    return _references[key]
+
+
+def search(site: Path, fragments: int, max_target: str | None, outfmt: str) -> Path:
+    metadata = site / f"p{fragments}-{max_target}.metadata.json"
+    direct = DIRECT[(fragments, max_target)]
+    if not metadata.exists() and outfmt != direct:
+        search(site, fragments, max_target, direct)
+    out = site / f"p{fragments}-{max_target}-{outfmt}.out"
+    extra = ["-max_target_seqs", max_target] if max_target else []
+    how = ["--metadata", str(metadata)] if outfmt == direct else ["--from-metadata", str(metadata)]
+    paramedic(
+        "search", "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", outfmt,
+        *extra, "-out", str(out), "--np", "2", "--quiet", *how, cwd=site / f"p{fragments}",
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("outfmt", FORMATS)
+@pytest.mark.parametrize("max_target", MAX_TARGET, ids=["default", "mts10"])
+@pytest.mark.parametrize("fragments", [4, 7])
+def test_blastn_matches_blast(site: Path, fragments: int, max_target: str | None, outfmt: str) -> None:
+    out = search(site, fragments, max_target, outfmt)
+    expected = reference(site, max_target, outfmt)
+    actual = out.read_bytes()
+    if outfmt == "0":
+        expected, actual = without_posted_date(expected), without_posted_date(actual)
+    if actual != expected:
+        assert max_target is not None, "outputs differ and no query can have reached the default cap"
+        assert_equal_or_better_when_capped(site, outfmt, expected, actual, int(max_target))

@@ -1,0 +1,71 @@
+import gzip
+
+import pytest
+
+from paramedic.blast.alias import oid_mask
+from paramedic.blast.options import BlastOptions
+from paramedic.cli import split_engine_options
+from paramedic.db.fasta import read_fasta
+from paramedic.errors import InputError, UsageError
+
+
+def write(tmp_path, text, name="x.fa"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_headers_kept_exactly_and_gzip_read(tmp_path):
+    p = tmp_path / "x.fa.gz"
+    p.write_bytes(gzip.compress(b">sp|P1|X desc with trailing blank \nMKV\nLLA\n>q2\nACDE\n"))
+    records = list(read_fasta(p, "prot"))
+    assert records[0].header == "sp|P1|X desc with trailing blank "
+    assert records[0].sequence == "MKVLLA" and records[1].seq_id == "q2"
+
+
+@pytest.mark.parametrize(
+    "text,moltype,message",
+    [
+        ("", "prot", "empty FASTA"),
+        ("hello\n>a\nMKV\n", "prot", "text before the first"),
+        (">a\n\n>b\nMKV\n", "prot", "empty sequence"),
+        ("> \nMKV\n", "prot", "empty sequence id"),
+        (">a\nMKVLLEEPQWRT\n", "nucl", "looks like protein"),
+        (">a\nACGTACGTACGTACGTACGTACGT\n", "prot", "looks like nucleotide"),
+        (">a\nMK1V\n", "prot", "are not protein"),
+    ],
+)
+def test_bad_fasta_is_a_clear_input_error(tmp_path, text, moltype, message):
+    with pytest.raises(InputError, match=message):
+        list(read_fasta(write(tmp_path, text), moltype))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        list(read_fasta(tmp_path / "nope.fa", "prot"))
+
+
+def test_oid_mask_layout():
+    mask = oid_mask([0, 9], 10)
+    assert mask == bytes([0, 0, 0, 10, 0b10000000, 0b01000000])
+    with pytest.raises(ValueError):
+        oid_mask([10], 10)
+
+
+def test_engine_and_blast_options_split():
+    engine, blast = split_engine_options(["-evalue", "1e-5", "--np", "4", "-outfmt", "6 std", "--quiet"])
+    assert engine == ["--np", "4", "--quiet"]
+    assert blast == ["-evalue", "1e-5", "-outfmt", "6 std"]
+
+
+def test_blast_options_parsed_with_blasts_own_rules():
+    opts = BlastOptions.parse("blastp", ["-query", "q", "-db", "d", "-outfmt", "6 std staxid", "-ungapped"])
+    assert opts.outfmt_number() == 6 and opts.get("ungapped") is None and opts.has("ungapped")
+    assert opts.hitlist_size() == 500
+    assert BlastOptions.parse("blastp", ["-num_alignments", "900"]).hitlist_size() == 900
+    with pytest.raises(UsageError, match="unknown blastp option -bogus"):
+        BlastOptions.parse("blastp", ["-bogus", "1"])
+    with pytest.raises(UsageError, match="needs a value"):
+        BlastOptions.parse("blastp", ["-evalue"])
+    with pytest.raises(UsageError, match="not supported"):
+        BlastOptions.parse("blastp", ["-remote"])

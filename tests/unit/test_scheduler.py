@@ -1,0 +1,87 @@
+import pytest
+
+from paramedic.blast.hits import Hit
+from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask
+
+
+def plan(n_queries=6, batch=3, fragments=3, group=2):
+    batches = tuple(range(s, min(n_queries, s + batch)) for s in range(0, n_queries, batch))
+    pieces = tuple(range(s, min(n_queries, s + group)) for s in range(0, n_queries, group))
+    return Plan(batches, fragments, pieces, hitlist_size=2)
+
+
+def fake_hits(task: SearchTask, p: Plan) -> list[list[Hit]]:
+    # query q hits subject 10*q + fragment with an e-value that prefers lower fragments
+    return [[Hit(10.0 ** -(10 - task.fragment), 50, 10 * q + task.fragment)] for q in p.batches[task.batch]]
+
+
+def drive(s: Scheduler, workers: int) -> list[tuple[int, object]]:
+    """Run the scheduler to completion in virtual time, workers taking turns."""
+    log = []
+    while not s.finished:
+        progressed = False
+        for w in range(workers):
+            task = s.next_task(w)
+            if task is None:
+                continue
+            progressed = True
+            log.append((w, task))
+            if isinstance(task, SearchTask):
+                s.search_done(task, fake_hits(task, s.plan))
+            else:
+                s.regen_done(task)
+        assert progressed, "scheduler stalled"
+    return log
+
+
+def test_every_search_task_once_and_every_piece_regenerated():
+    p = plan()
+    log = drive(Scheduler(p), workers=2)
+    searches = [t for _, t in log if isinstance(t, SearchTask)]
+    assert sorted((t.batch, t.fragment) for t in searches) == [(b, f) for b in range(2) for f in range(3)]
+    pieces = sorted(t.piece for _, t in log if isinstance(t, RegenTask))
+    assert pieces == [0, 1, 2]
+
+
+def test_merge_keeps_best_hits_per_query():
+    p = plan()
+    s = Scheduler(p)
+    drive(s, workers=1)
+    # best two e-values come from fragments 0 and 1 (1e-10 and 1e-9)
+    assert s.metadata(4) == [40, 41]
+
+
+def test_regeneration_preferred_once_a_batch_is_merged():
+    p = plan(n_queries=4, batch=2, fragments=1, group=2)
+    s = Scheduler(p)
+    first = s.next_task(0)
+    s.search_done(first, fake_hits(first, p))
+    assert isinstance(s.next_task(0), RegenTask)
+
+
+def test_affinity_prefers_cached_fragment():
+    p = plan(n_queries=9, batch=3, fragments=2, group=3)
+    s = Scheduler(p, window=3)
+    a = s.next_task(0)
+    b = s.next_task(1)
+    assert {a.fragment, b.fragment} == {0, 1}
+    s.search_done(a, fake_hits(a, p))
+    again = s.next_task(0)
+    assert isinstance(again, SearchTask) and again.fragment == a.fragment
+
+
+def test_preload_skips_search():
+    p = plan()
+    s = Scheduler(p)
+    s.preload([[1], [2], [], [3], [4], [5]])
+    tasks = [s.next_task(0) for _ in range(3)]
+    assert all(isinstance(t, RegenTask) for t in tasks)
+    assert tasks[0].subjects == ((1,), (2,))
+
+
+def test_wrong_hit_count_is_an_error():
+    p = plan()
+    s = Scheduler(p)
+    t = s.next_task(0)
+    with pytest.raises(ValueError):
+        s.search_done(t, [])
