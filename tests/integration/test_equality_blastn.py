@@ -109,3 +109,17 @@ def test_blastn_matches_blast(site: Path, fragments: int, max_target: str | None
     if actual != expected:
         assert max_target is not None, "outputs differ and no query can have reached the default cap"
         assert_equal_or_better_when_capped(site, outfmt, expected, actual, int(max_target))
+
+
+@pytest.mark.parametrize("fragments", [4, 7])
+def test_blastn_ties_at_a_tight_cap(site: Path, fragments: int) -> None:
+    """-max_target_seqs 1: strains share identical regions, so equal e-values and scores compete for the
+    last places and BLAST+'s tie rule (higher ordinal id first) decides which subjects are kept.
+    --regen-batch 1 gives each query a mask of exactly its merged subjects, so the merge's choice shows.
+    Strict equality here: a wrong tie rule keeps an equally good but different subject."""
+    out = site / f"p{fragments}-tight.out"
+    paramedic(
+        "search", "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", "6",
+        "-max_target_seqs", "1", "-out", str(out), "--np", "2", "--regen-batch", "1", "--quiet", cwd=site / f"p{fragments}",
+    )  # fmt: skip
+    assert out.read_bytes() == reference(site, "1", "6")

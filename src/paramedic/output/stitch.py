@@ -16,14 +16,16 @@ internally and prints the FASTA id only in deflines and tabular columns):
 * Query-anchored reports (1-4): the query's row label `Query_N`, and the label column is as wide as the
   longest label of the alignment plus two, so `Query_9` -> `Query_10` may widen every line of the block.
 * Commented tabular (7): the closing `# BLAST processed N queries` line.
-* Pairwise (0, also with -html), tabular (6, 10) and the organism report (18): nothing.
+* Pairwise (0, also with -html) and tabular (6, 10): nothing. Tabular output prints the FASTA id; only a
+  query without one would show `Query_N` there, and the FASTA reader refuses such queries.
 
 With -parse_deflines the ids are the FASTA ids and are kept; which of the two cases a job is in is read
 from the first piece that shows a query id, and the later pieces must agree (or the piece is refused).
 
 Not stitchable: 8, 9, 11, 12 (one ASN.1/JSON Seq-annot or archive for the whole run), 13 and 14 (one file
-per query, not stdout) and 17 (SAM: the @SQ header lists every query with hits before any record, and @PG
-holds the command line, which names the batch's query file).
+per query, not stdout), 17 (SAM: the @SQ header lists every query with hits before any record, and @PG
+holds the command line, which names the batch's query file) and 18 (the organism report concatenates
+without taxonomy data, but could not be checked with real taxonomy names here).
 
 Every piece is checked against the structure its format must have (header, one block per query, footer,
 query count); anything unexpected raises ValueError instead of giving silently wrong output.
@@ -126,17 +128,19 @@ class Stitcher:
     """Streams the outputs of consecutive query batches into the output of one BLAST+ run.
 
     Only the first piece's header, the footer and a few counters are kept, never the output itself.
+    A job of one piece (how the engine regenerates formats `can_stitch` refuses) passes through as it is.
     """
 
     def __init__(self, outfmt: str, total_pieces: int):
         number = _format_number(outfmt)
-        if number not in _KINDS:
-            raise ValueError(f"-outfmt {outfmt!r}: outputs of query batches cannot be stitched")
         if total_pieces < 1:
             raise ValueError(f"total_pieces must be >= 1, got {total_pieces}")
+        if number not in _KINDS and total_pieces > 1:
+            raise ValueError(f"-outfmt {outfmt!r}: outputs of query batches cannot be stitched")
         self.outfmt = outfmt
         self.total_pieces = total_pieces
-        self._kind = _KINDS[number]
+        # One piece is the whole run: its output is the report as it is, in any format.
+        self._kind = "whole" if total_pieces == 1 else _KINDS[number]
         self._next_index = 0
         self._next_offset: int | None = 0  # None: this format cannot count its queries
         self._total_queries: int | None = None
@@ -152,7 +156,9 @@ class Stitcher:
         first = index == 0
         last = index == self.total_pieces - 1
         joiner = getattr(self, f"_{self._kind}")
-        out, count = joiner(index, bytes(data), query_offset, first, last)
+        out, count = joiner(
+            index, data if isinstance(data, bytes) else bytes(data), query_offset, first, last
+        )
         if count is None:
             self._next_offset = None
         else:
@@ -200,6 +206,10 @@ class Stitcher:
             )
 
     # --- per format: each returns (bytes to write, number of queries in the piece or None) ---
+
+    def _whole(self, index: int, data: bytes, offset: int, first: bool, last: bool) -> tuple[bytes, None]:
+        """A job regenerated in one run (any format, e.g. one can_stitch refuses): nothing to join."""
+        return data, None
 
     def _plain(self, index: int, data: bytes, offset: int, first: bool, last: bool) -> tuple[bytes, None]:
         """Tabular (6, 10): one line per hit, nothing per run; queries without hits print nothing."""

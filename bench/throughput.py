@@ -1,0 +1,156 @@
+"""bench/throughput: paramedic search vs NCBI BLAST+ on this machine, side by side in one run.
+
+The 500 mmseqs2-examples queries against its 20,000 proteins, outfmt 0:
+  - paramedic search (2 workers, database in --fragments fragments)
+  - blastp -num_threads 2
+  - blastp -num_threads 2 -mt_mode 1
+  - blastp (1 thread)
+Reports wall times, ratios against the best BLAST+ run, paramedic's per-phase split and peak memory per
+rank, and checks that paramedic's output equals BLAST+'s (Posted date line aside). Appends a Markdown
+section to bench/RESULTS.md with the command line. Not a test: timings are noisy (+-10% here).
+
+    .venv/bin/python bench/throughput.py [--queries 500] [--fragments 4] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DATA = Path(os.environ.get("PARAMEDIC_DATA", Path.home() / ".cache/paramedic/data"))
+BIN = Path(sys.executable).parent
+POSTED = re.compile(rb"^  Posted date: .*$", re.M)
+
+
+def timed(cmd: list[str], cwd: Path) -> tuple[float, float]:
+    """(wall seconds, peak RSS MB of the largest process) using GNU time."""
+    start = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr}")
+    peak_kb = int(proc.stderr.strip().splitlines()[-1])
+    return wall, peak_kb / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--queries", type=int, default=500)
+    parser.add_argument("--fragments", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the whole side-by-side set")
+    parser.add_argument("--work", type=Path, default=HERE / "out" / "throughput")
+    parser.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    args = parser.parse_args()
+
+    work = args.work
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "ref").mkdir(parents=True)
+    records = (DATA / "mmseqs2" / "QUERY.fasta").read_text().split("\n>")
+    queries = "\n>".join(records[: args.queries]).rstrip("\n") + "\n"
+    (work / "queries.fasta").write_text(queries if queries.startswith(">") else ">" + queries)
+    db_fasta = DATA / "mmseqs2" / "DB.fasta"
+    title = "mmseqs2-examples DB"
+    subprocess.run(
+        ["makeblastdb", "-in", str(db_fasta), "-dbtype", "prot", "-parse_seqids", "-out", "uniprot", "-title", title],
+        cwd=work / "ref", check=True, capture_output=True,
+    )  # fmt: skip
+    subprocess.run(
+        [str(BIN / "paramedic"), "format", "--in", str(db_fasta), "--dbtype", "prot", "--fragments",
+         str(args.fragments), "--out", "pm/uniprot", "--title", title, "--quiet"],
+        cwd=work, check=True,
+    )  # fmt: skip
+    q = str(work / "queries.fasta")
+    runs = {
+        "paramedic search (2 workers)": (
+            [str(BIN / "paramedic"), "search", "blastp", "-query", q, "-db", "uniprot", "-outfmt", "0",
+             "-out", str(work / "paramedic.out"), "--np", "2", "--quiet"],
+            work / "pm",
+        ),
+        "blastp -num_threads 2": (
+            ["blastp", "-query", q, "-db", "uniprot", "-outfmt", "0", "-num_threads", "2",
+             "-out", str(work / "mt0.out")],
+            work / "ref",
+        ),
+        "blastp -num_threads 2 -mt_mode 1": (
+            ["blastp", "-query", q, "-db", "uniprot", "-outfmt", "0", "-num_threads", "2", "-mt_mode", "1",
+             "-out", str(work / "mt1.out")],
+            work / "ref",
+        ),
+        "blastp (1 thread)": (
+            ["blastp", "-query", q, "-db", "uniprot", "-outfmt", "0", "-out", str(work / "st.out")],
+            work / "ref",
+        ),
+    }  # fmt: skip
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    for round_no in range(args.rounds):
+        for name, (cmd, cwd) in runs.items():
+            wall, peak = timed(cmd, cwd)
+            results[name].append((wall, peak))
+            print(f"round {round_no + 1}: {name}: {wall:.1f} s, peak {peak:.0f} MB", flush=True)
+
+    same = POSTED.sub(b"", (work / "paramedic.out").read_bytes()) == POSTED.sub(
+        b"", (work / "st.out").read_bytes()
+    )
+    record = json.loads((work / "paramedic.out.run.json").read_text())
+    blast_version = subprocess.run(["blastp", "-version"], capture_output=True, text=True).stdout.split()[1]
+    best_name = min((n for n in runs if n.startswith("blastp")), key=lambda n: min(w for w, _ in results[n]))
+    best = min(w for w, _ in results[best_name])
+    lines = [
+        f"## throughput: {args.queries} queries x 20,000 proteins, outfmt 0, {args.fragments} fragments "
+        f"({time.strftime('%Y-%m-%d %H:%M')})",
+        "",
+        f"Command: `.venv/bin/python bench/throughput.py --queries {args.queries} --fragments {args.fragments}"
+        f" --rounds {args.rounds}` (2 cores; BLAST+ {blast_version})",
+        "",
+        "| run | wall s (min of rounds) | vs best BLAST+ | peak RSS MB |",
+        "|---|---|---|---|",
+    ]
+    for name in runs:
+        wall = min(w for w, _ in results[name])
+        peak = max(p for _, p in results[name])
+        lines.append(f"| {name} | {wall:.1f} | {wall / best:.3f} | {peak:.0f} |")
+    totals = record["phase_totals"]
+    search = totals["search"] or 1.0
+    lines += [
+        "",
+        f"Output identical to BLAST+ (Posted date aside): {'yes' if same else 'NO'}. "
+        f"Best BLAST+ run: {best_name}.",
+        "",
+        "paramedic per-phase time (seconds summed over ranks, last round): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in totals.items())
+        + f"; regeneration = {100 * totals['regenerate'] / search:.1f}% of search.",
+        "",
+        "| rank | role | search tasks | regen tasks | search s | regenerate s | merge s | write s | "
+        "peak RSS MB (python) | peak RSS MB (BLAST+) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in record["ranks_stats"]:
+        s = r["seconds"]
+        lines.append(
+            f"| {r['rank']} | {r['role']} | {r['tasks']['search']} | {r['tasks']['regenerate']} | "
+            f"{s['search']:.1f} | {s['regenerate']:.1f} | {s['merge']:.2f} | {s['write']:.2f} | "
+            f"{r['peak_rss_mb']:.0f} | {r['peak_blast_rss_mb']:.0f} |"
+        )
+    lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_record:
+        results_md = HERE / "RESULTS.md"
+        if not results_md.exists():
+            results_md.write_text("# Benchmark results\n\nNewest first within each benchmark.\n\n")
+        with open(results_md, "a") as fh:
+            fh.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
