@@ -123,3 +123,44 @@ def test_blastn_ties_at_a_tight_cap(site: Path, fragments: int) -> None:
         "-max_target_seqs", "1", "-out", str(out), "--np", "2", "--regen-batch", "1", "--quiet", cwd=site / f"p{fragments}",
     )  # fmt: skip
     assert out.read_bytes() == reference(site, "1", "6")
+
+
+@pytest.mark.parametrize(
+    "outfmt",
+    [
+        "10",
+        "15",
+        "16",
+        "17",
+        "11",
+        "1",
+        "3",
+        "6 qseqid sseqid evalue bitscore score nident staxid",
+        "0 -html",
+    ],
+)
+def test_blastn_other_formats_match_blast(site: Path, outfmt: str) -> None:
+    """Every format is written by BLAST+ itself: stitched formats (10, 15, 16, 1, 3, custom tabular, HTML)
+    and formats regenerated as one piece (17 SAM, 11 archive), from the metadata of the 7-fragment search."""
+    fmt, *flags = outfmt.split(" -")
+    flags = [f"-{f}" for f in flags]
+    metadata = site / "p7-None.metadata.json"
+    if not metadata.exists():
+        search(site, 7, None, DIRECT[(7, None)])
+    out = site / f"other-{fmt.replace(' ', '_')}{''.join(flags)}.out"
+    paramedic(
+        "search", "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", fmt, *flags,
+        "-out", str(out), "--np", "2", "--quiet", "--from-metadata", str(metadata), cwd=site / "p7",
+    )  # fmt: skip
+    ref = site / f"ref-other-{fmt.replace(' ', '_')}{''.join(flags)}.out"
+    blast(
+        "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", fmt, *flags,
+        "-out", str(ref), cwd=site / "ref",
+    )  # fmt: skip
+    expected, actual = ref.read_bytes(), out.read_bytes()
+    if fmt.startswith("0"):
+        expected, actual = without_posted_date(expected), without_posted_date(actual)
+    if fmt == "17":  # SAM's @PG line holds the command line, which names the query file
+        expected = b"\n".join(ln for ln in expected.split(b"\n") if not ln.startswith(b"@PG"))
+        actual = b"\n".join(ln for ln in actual.split(b"\n") if not ln.startswith(b"@PG"))
+    assert actual == expected

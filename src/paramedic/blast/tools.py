@@ -6,10 +6,15 @@ import functools
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from paramedic.blast.forkserver import ForkServer, server_for
 from paramedic.errors import BlastError
+
+# The programs run many times per job; makeblastdb and blastdbcmd run a few times and start normally.
+FORK_SERVED = frozenset({"blastn", "blastp", "blastx", "tblastn", "tblastx"})
 
 
 @functools.cache
@@ -39,10 +44,14 @@ def run_tool(
     """Run a BLAST+ program; a non-zero exit (even with empty output) becomes a BlastError.
 
     BLAST+ exits 255 with empty output on some database errors, so the exit code is always checked.
+    Search programs run through this process's fork server when it is available (see forkserver.py).
     """
     exe = require_tool(argv[0])
+    server = server_for(exe) if argv[0] in FORK_SERVED else None
     try:
-        if stdout_path is not None:
+        if server is not None:
+            proc = _run_forked(server, [argv[0], *argv[1:]], cwd, stdout_path)
+        elif stdout_path is not None:
             with open(stdout_path, "wb") as out:
                 proc = subprocess.run([exe, *argv[1:]], cwd=cwd, stdout=out, stderr=subprocess.PIPE)
         else:
@@ -52,6 +61,18 @@ def run_tool(
     if proc.returncode != 0:
         raise BlastError(f"{argv[0]} failed (exit {proc.returncode}): {_first_error_line(proc.stderr)}")
     return proc
+
+
+def _run_forked(
+    server: ForkServer, argv: list[str], cwd: str | os.PathLike[str] | None, stdout_path: Path | None
+) -> subprocess.CompletedProcess[bytes]:
+    with tempfile.TemporaryDirectory(prefix="paramedic-run-") as tmp:
+        out = Path(stdout_path) if stdout_path is not None else Path(tmp) / "stdout"
+        err = Path(tmp) / "stderr"
+        code = server.run(argv, str(Path(cwd or ".").resolve()), str(out.resolve()), str(err))
+        stdout = b"" if stdout_path is not None else out.read_bytes() if out.exists() else b""
+        stderr = err.read_bytes() if err.exists() else b""
+    return subprocess.CompletedProcess(argv, code, stdout, stderr)
 
 
 def _first_error_line(stderr: bytes) -> str:

@@ -164,7 +164,13 @@ def check_writable(path: Path) -> None:
 
 
 def measure_startup(program: str) -> float:
-    """Seconds to start a BLAST+ process on this machine (the floor of every task)."""
+    """Seconds of fixed cost per BLAST+ run on this machine (process start, database open).
+
+    Measured on a second run (the first one may start the fork server). Never taken below 40 ms, the
+    cost of starting BLAST+ without the fork server: batches stay large enough either way, and smaller
+    query batches make BLAST+ scan each subject more often.
+    """
+    run_tool([program, "-version"])
     start = time.perf_counter()
     run_tool([program, "-version"])
-    return 2 * (time.perf_counter() - start)  # opening a database costs about as much again
+    return max(0.04, 2 * (time.perf_counter() - start))

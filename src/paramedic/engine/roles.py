@@ -174,6 +174,9 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
         batches=len(plan.batches),
         fragments=plan.n_fragments,
         pieces=len(plan.pieces),
+        search_batch_queries=len(plan.batches[0]),
+        regen_group_queries=len(plan.pieces[0]),
+        blast_startup_seconds=float(job.plan_inputs["startup_seconds"]),  # type: ignore[arg-type]
         wall_seconds=round(time.perf_counter() - start, 3),
         output=str(job.out) if job.out else "-",
         output_bytes=writer.bytes_written,

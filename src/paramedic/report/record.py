@@ -47,6 +47,9 @@ class RunRecord:
     batches: int
     fragments: int
     pieces: int
+    search_batch_queries: int  # queries per search task (the first batch)
+    regen_group_queries: int  # queries per regeneration run (the first piece)
+    blast_startup_seconds: float  # measured at job start; the floor of every task
     wall_seconds: float
     output: str
     output_bytes: int
@@ -54,12 +57,19 @@ class RunRecord:
     queries_with_hits: int
     ranks_stats: list[RankStats]
 
+    def startup_share(self) -> float:
+        """Estimated share of BLAST+ process start-up in the search phase (goal: under 5%)."""
+        tasks = sum(r.tasks["search"] for r in self.ranks_stats)
+        search = sum(r.seconds["search"] for r in self.ranks_stats)
+        return tasks * self.blast_startup_seconds / search if search else 0.0
+
     def phase_totals(self) -> dict[str, float]:
         return {p: round(sum(r.seconds[p] for r in self.ranks_stats), 3) for p in PHASES}
 
     def write(self, path: Path) -> None:
         data = asdict(self)
         data["phase_totals"] = self.phase_totals()
+        data["search_startup_share"] = round(self.startup_share(), 4)
         tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(tmp, path)
@@ -69,8 +79,9 @@ class RunRecord:
         lines = [
             f"paramedic: {self.program} {self.queries} queries x {self.fragments} fragments "
             f"on {self.workers} workers in {self.wall_seconds:.1f} s",
-            f"  tasks: {sum(r.tasks['search'] for r in self.ranks_stats)} searches in {self.batches} batches, "
-            f"{self.pieces} regenerations",
+            f"  tasks: {sum(r.tasks['search'] for r in self.ranks_stats)} searches in {self.batches} batches "
+            f"of {self.search_batch_queries} queries (start-up ~{100 * self.startup_share():.1f}% of search), "
+            f"{self.pieces} regenerations of {self.regen_group_queries}",
             "  CPU-side time per phase (all ranks): " + ", ".join(f"{p} {totals[p]:.1f} s" for p in PHASES),
             f"  hits: {self.metadata_pairs} query-subject pairs, {self.queries_with_hits} queries with hits",
             f"  output: {self.output} ({self.output_bytes:,} bytes)",

@@ -1,0 +1,121 @@
+/*
+ * A fork server for BLAST+ programs, loaded with LD_PRELOAD.
+ *
+ * Why: a BLAST+ process spends ~35 ms before main() (dynamic linking and the static initialisers of ~90
+ * NCBI C++ Toolkit libraries), while regenerating the report of one query against its own few subjects
+ * takes a few ms in main(). The engine runs hundreds of such small BLAST+ runs, so start-up decided the
+ * cost of regeneration. This shim replaces main() with a loop: after the static initialisation has run
+ * once, each request forks a child that calls the program's real main() with the request's arguments,
+ * exactly as a freshly started process would (no thread exists yet, main() has never run in the parent).
+ * The technique is the one AFL's fork server uses.
+ *
+ * Protocol, on two pipes whose descriptors are given as PARAMEDIC_FORKSERVER_FDS="<in>,<out>":
+ *   request: uint32 length, then `length` bytes of NUL-terminated strings:
+ *            working directory, stdout path ("" = inherit), stderr path ("" = inherit), argv[0], argv[1]...
+ *   reply:   int32 exit status (the exit code, or 128 + signal number).
+ * End of input ends the server. Without PARAMEDIC_FORKSERVER_FDS the program runs normally.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef int (*main_fn)(int, char **, char **);
+typedef int (*start_fn)(main_fn, int, char **, main_fn, void (*)(void), void (*)(void), void *);
+
+extern char **environ;
+static main_fn real_main;
+
+static int read_full(int fd, void *buf, size_t n) {
+    char *p = buf;
+    while (n > 0) {
+        ssize_t got = read(fd, p, n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        p += got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t n) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t put = write(fd, p, n);
+        if (put < 0 && errno == EINTR) continue;
+        if (put <= 0) return -1;
+        p += put;
+        n -= (size_t)put;
+    }
+    return 0;
+}
+
+static void redirect(const char *path, int target) {
+    if (path[0] == '\0') return;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) _exit(125);
+    dup2(fd, target);
+    close(fd);
+}
+
+static int serve(int in_fd, int out_fd) {
+    for (;;) {
+        uint32_t length;
+        if (read_full(in_fd, &length, sizeof length) != 0) return 0; /* end of input: done */
+        if (length == 0 || length > (1u << 20)) return 2;
+        char *buf = malloc(length + 1);
+        if (buf == NULL || read_full(in_fd, buf, length) != 0) return 2;
+        buf[length] = '\0';
+        size_t count = 0;
+        for (uint32_t i = 0; i < length; i++) count += buf[i] == '\0';
+        if (count < 4) return 2;
+        char **fields = calloc(count + 1, sizeof *fields);
+        if (fields == NULL) return 2;
+        char *p = buf;
+        for (size_t i = 0; i < count; i++) {
+            fields[i] = p;
+            p += strlen(p) + 1;
+        }
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(in_fd);
+            close(out_fd);
+            if (chdir(fields[0]) != 0) _exit(126);
+            redirect(fields[1], STDOUT_FILENO);
+            redirect(fields[2], STDERR_FILENO);
+            exit(real_main((int)(count - 3), fields + 3, environ));
+        }
+        int32_t code = 127;
+        if (pid > 0) {
+            int status;
+            while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+            }
+            code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+        free(fields);
+        free(buf);
+        if (write_full(out_fd, &code, sizeof code) != 0) return 2;
+    }
+}
+
+static int wrapped_main(int argc, char **argv, char **envp) {
+    const char *fds = getenv("PARAMEDIC_FORKSERVER_FDS");
+    int in_fd, out_fd;
+    if (fds == NULL || sscanf(fds, "%d,%d", &in_fd, &out_fd) != 2) return real_main(argc, argv, envp);
+    unsetenv("PARAMEDIC_FORKSERVER_FDS");
+    unsetenv("LD_PRELOAD");
+    return serve(in_fd, out_fd);
+}
+
+int __libc_start_main(main_fn main, int argc, char **argv, main_fn init, void (*fini)(void),
+                      void (*rtld_fini)(void), void *stack_end) {
+    start_fn real_start = (start_fn)dlsym(RTLD_NEXT, "__libc_start_main");
+    real_main = main;
+    return real_start(wrapped_main, argc, argv, init, fini, rtld_fini, stack_end);
+}
