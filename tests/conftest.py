@@ -33,10 +33,17 @@ def data_dir() -> Path:
     return DATA
 
 
-def paramedic(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def paramedic(
+    *args: str, cwd: Path | None = None, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the installed `paramedic` command, as a user would."""
     proc = subprocess.run(
-        [str(BIN / "paramedic"), *args], cwd=cwd, capture_output=True, text=True, timeout=900
+        [str(BIN / "paramedic"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=None if env is None else {**os.environ, **env},
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"paramedic {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")

@@ -20,7 +20,15 @@ from paramedic.errors import ParamedicError, UsageError
 
 # Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
 MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
-ENGINE_OPTIONS_WITH_VALUE = {"--np", "--batch", "--regen-batch", "--record", "--metadata", "--from-metadata"}
+ENGINE_OPTIONS_WITH_VALUE = {
+    "--np",
+    "--batch",
+    "--regen-batch",
+    "--record",
+    "--metadata",
+    "--from-metadata",
+    "--strategy",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,6 +101,13 @@ def _search(argv: list[str]) -> int:
     engine_args, blast_args = split_engine_options(rest)
     parser = _parser("search", "Search with BLAST+ in parallel over a formatted database.")
     parser.add_argument("--np", type=int, help="worker processes (default: all local cores)")
+    parser.add_argument(
+        "--strategy",
+        choices=["auto", "fragments", "queries"],
+        default="auto",
+        help="fragments: search fragments, merge, regenerate; queries: whole database per task; "
+        "auto (default): queries when the database fits in a quarter of memory and no metadata is asked",
+    )
     parser.add_argument("--batch", type=int, help="queries per search task (default: sized automatically)")
     parser.add_argument("--regen-batch", type=int, help="queries per regeneration run (default: 10)")
     parser.add_argument("--record", type=Path, help="run record path (default: <out>.run.json)")
@@ -119,6 +134,7 @@ def _search(argv: list[str]) -> int:
         record=args.record,
         save_metadata=args.metadata,
         from_metadata=args.from_metadata,
+        strategy=args.strategy,
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
 

@@ -92,7 +92,8 @@ def search(site: Path, fragments: int, max_target: str | None, outfmt: str) -> P
     how = ["--metadata", str(metadata)] if outfmt == direct else ["--from-metadata", str(metadata)]
     paramedic(
         "search", "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", outfmt,
-        *extra, "-out", str(out), "--np", "2", "--quiet", *how, cwd=site / f"p{fragments}",
+        *extra, "-out", str(out), "--np", "2", "--strategy", "fragments", "--quiet", *how,
+        cwd=site / f"p{fragments}",
     )  # fmt: skip
     return out
 
@@ -116,11 +117,15 @@ def test_blastn_ties_at_a_tight_cap(site: Path, fragments: int) -> None:
     """-max_target_seqs 1: strains share identical regions, so equal e-values and scores compete for the
     last places and BLAST+'s tie rule (higher ordinal id first) decides which subjects are kept.
     --regen-batch 1 gives each query a mask of exactly its merged subjects, so the merge's choice shows.
-    Strict equality here: a wrong tie rule keeps an equally good but different subject."""
+    Strict equality here: a wrong tie rule keeps an equally good but different subject.
+    The 4-fragment run starts BLAST+ normally (no fork server), the 7-fragment one through the fork server."""
     out = site / f"p{fragments}-tight.out"
+    env = {"PARAMEDIC_FORKSERVER": "0"} if fragments == 4 else None
     paramedic(
         "search", "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", "6",
-        "-max_target_seqs", "1", "-out", str(out), "--np", "2", "--regen-batch", "1", "--quiet", cwd=site / f"p{fragments}",
+        "-max_target_seqs", "1", "-out", str(out), "--np", "2", "--regen-batch", "1", "--strategy", "fragments",
+        "--quiet", cwd=site / f"p{fragments}",
+        env=env,
     )  # fmt: skip
     assert out.read_bytes() == reference(site, "1", "6")
 
@@ -163,4 +168,18 @@ def test_blastn_other_formats_match_blast(site: Path, outfmt: str) -> None:
     if fmt == "17":  # SAM's @PG line holds the command line, which names the query file
         expected = b"\n".join(ln for ln in expected.split(b"\n") if not ln.startswith(b"@PG"))
         actual = b"\n".join(ln for ln in actual.split(b"\n") if not ln.startswith(b"@PG"))
+    assert actual == expected
+
+
+@pytest.mark.parametrize("outfmt", ["0", "5", "7"])
+def test_blastn_query_segmentation_matches_blast(site: Path, outfmt: str) -> None:
+    """--strategy queries (whole database per task, no merge, no regeneration) gives the same bytes."""
+    out = site / f"queries-{outfmt}.out"
+    paramedic(
+        "search", "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", outfmt,
+        "-out", str(out), "--np", "2", "--strategy", "queries", "--batch", "7", "--quiet", cwd=site / "p4",
+    )  # fmt: skip
+    expected, actual = reference(site, None, outfmt), out.read_bytes()
+    if outfmt == "0":
+        expected, actual = without_posted_date(expected), without_posted_date(actual)
     assert actual == expected

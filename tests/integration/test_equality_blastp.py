@@ -71,7 +71,8 @@ def search(site: Path, fragments: int, max_target: str | None, outfmt: str) -> P
     how = ["--metadata", str(metadata)] if outfmt == direct else ["--from-metadata", str(metadata)]
     paramedic(
         "search", "blastp", "-query", str(site / "queries.fasta"), "-db", "uniprot", "-outfmt", outfmt,
-        *extra, "-out", str(out), "--np", "2", "--quiet", *how, cwd=site / f"p{fragments}",
+        *extra, "-out", str(out), "--np", "2", "--strategy", "fragments", "--quiet", *how,
+        cwd=site / f"p{fragments}",
     )  # fmt: skip
     return out
 

@@ -117,6 +117,7 @@ def test_corrupt_database_fails_whole_job_without_hanging(small: Path, tmp_path:
     (tmp_path / "c" / "db" / "f001.psq").write_bytes(b"garbage")  # a worker's BLAST+ run will fail
     proc = paramedic(
         "search", "blastp", "-query", str(small / "q.fasta"), "-db", "c/db", "-out", "o.txt", "--np", "2",
+        "--strategy", "fragments",
         cwd=tmp_path, check=False,
     )  # fmt: skip
     assert proc.returncode != 0

@@ -125,7 +125,8 @@ def server_for(executable: str) -> ForkServer | None:
 
 
 @atexit.register
-def _close_all() -> None:
+def close_fork_servers() -> None:
+    """Stop this process's fork servers (they restart on next use)."""
     for server in _servers.values():
         server.close()
     _servers.clear()

@@ -85,7 +85,7 @@ def regenerate(
     options: BlastOptions,
     db: Database,
     queries: Sequence[tuple[str, str]],
-    subjects: Sequence[Sequence[int]],
+    subjects: Sequence[Sequence[int]] | None,
     workdir: Path,
 ) -> tuple[bytes, RunStats]:
     """The user's report for a query group, written by BLAST+ itself against the merged subjects only.
@@ -100,15 +100,17 @@ def regenerate(
     db_name = f"paramedic-db-{secrets.token_hex(6)}" if absolute else db.arg
     alias = run_dir / (db_name + alias_suffix(db.dbtype))
     alias.parent.mkdir(parents=True, exist_ok=True)
-    mask = run_dir / "subjects.msk"
-    mask.write_bytes(oid_mask({gid for group in subjects for gid in group}, db.nseq))
+    mask = None
+    if subjects is not None:
+        mask = run_dir / "subjects.msk"
+        mask.write_bytes(oid_mask({gid for group in subjects for gid in group}, db.nseq))
     write_alias(
         alias,
         [str(db.directory / db.whole)],
         title=db.title,
         nseq=db.nseq,
         length=db.length,
-        oidlist=str(mask),
+        oidlist=str(mask) if mask else None,
     )
     query_file = run_dir / "queries.fasta"
     out_file = run_dir / "report.out"

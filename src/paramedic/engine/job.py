@@ -34,6 +34,7 @@ class SearchSettings:
     quiet: bool = False
     record: Path | None = None  # run record path (default: <out>.run.json)
     save_metadata: Path | None = None  # write the merged subjects per query here
+    strategy: str = "auto"  # "fragments", "queries" or "auto" (see choose_strategy)
     from_metadata: Path | None = None  # skip the search: regenerate from saved metadata
     cwd: Path = field(default_factory=Path.cwd)
 
@@ -80,6 +81,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         check_writable(out_path)
     record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
     manifest = load_manifest(db.directory)
+    direct = choose_strategy(settings, db) == "queries"
     plan_inputs = {
         "program": program.name,
         "query_lengths": [len(s) for _, s in queries],
@@ -89,6 +91,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         "stitchable": can_stitch(options.outfmt()),
         "batch": settings.batch,
         "regen_group": settings.regen_group,
+        "direct": direct,
     }
     identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
     save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None
@@ -150,6 +153,34 @@ def resolve_database(arg: str, cwd: Path) -> Database:
         whole=manifest.whole,
         fragments=tuple(f.name for f in manifest.fragments),
     )
+
+
+# Query segmentation is chosen when the whole database takes at most this share of the machine's memory:
+# its files are mapped read-only, so every worker on a node shares one copy in the page cache.
+QUERIES_STRATEGY_MEMORY_SHARE = 0.25
+
+
+def choose_strategy(settings: SearchSettings, db: Database) -> str:
+    """How to split the work: "fragments" (database segmentation: search fragments, merge, regenerate)
+    or "queries" (query segmentation: each task searches the whole database and writes its report).
+
+    Query segmentation does less work (no merge, no regeneration) but needs the whole database on every
+    node, and produces no metadata; database segmentation is the mpiBLAST engine for databases larger
+    than a node's memory, and the source of the metadata that ParaMEDIC ships.
+    """
+    needs_metadata = settings.save_metadata is not None or settings.from_metadata is not None
+    if settings.strategy == "queries":
+        if needs_metadata:
+            raise UsageError("--strategy queries merges nothing, so it cannot save or use --metadata")
+        return "queries"
+    if settings.strategy == "fragments" or needs_metadata:
+        return "fragments"
+    whole_bytes = sum(p.stat().st_size for p in db.directory.glob(db.whole + ".*"))
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return "fragments"
+    return "queries" if whole_bytes <= QUERIES_STRATEGY_MEMORY_SHARE * memory else "fragments"
 
 
 def check_writable(path: Path) -> None:

@@ -33,8 +33,16 @@ def make_plan(
     stitchable: bool,
     batch: int | None = None,
     regen_group: int | None = None,
+    direct: bool = False,
 ) -> Plan:
     n = len(query_lengths)
+    if direct:
+        # Query segmentation: a piece is one search of the whole database, sized like a search batch.
+        whole = [sum(fragment_residues)]
+        size = batch or search_batch_size(program, query_lengths, whole, workers, startup_seconds)
+        size = size if stitchable else n
+        pieces = tuple(range(s, min(n, s + size)) for s in range(0, n, size))
+        return Plan(pieces, 1, pieces, hitlist_size, direct=True)
     group = max(1, regen_group or DEFAULT_REGEN_GROUP)
     if batch is None:
         batch = search_batch_size(program, query_lengths, fragment_residues, workers, startup_seconds)

@@ -53,8 +53,9 @@ def execute(task: Task, job: Job, plan: Plan, workdir: Path, stats: RankStats) -
         return hits
     queries = job.queries[task.first_query : task.first_query + task.n_queries]
     data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir)
-    stats.add("regenerate", run.seconds)
-    stats.tasks["regenerate"] += 1
+    phase = "search" if task.subjects is None else "regenerate"  # query segmentation searches and writes
+    stats.add(phase, run.seconds)
+    stats.tasks[phase] += 1
     stats.report_bytes += run.output_bytes
     return data
 
@@ -160,7 +161,7 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
     finally:
         progress.close()
     stats.measure_memory()
-    merged = [scheduler.metadata(q) for q in range(len(job.queries))]
+    merged = [scheduler.metadata(q) or [] for q in range(len(job.queries))]
     if job.save_metadata is not None:
         save_metadata(job.save_metadata, job.identity, merged)
     return RunRecord(
@@ -174,13 +175,14 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
         batches=len(plan.batches),
         fragments=plan.n_fragments,
         pieces=len(plan.pieces),
+        strategy="queries" if plan.direct else "fragments",
         search_batch_queries=len(plan.batches[0]),
         regen_group_queries=len(plan.pieces[0]),
         blast_startup_seconds=float(job.plan_inputs["startup_seconds"]),  # type: ignore[arg-type]
         wall_seconds=round(time.perf_counter() - start, 3),
         output=str(job.out) if job.out else "-",
         output_bytes=writer.bytes_written,
-        metadata_pairs=sum(len(m) for m in merged),
-        queries_with_hits=sum(1 for m in merged if m),
+        metadata_pairs=None if plan.direct else sum(len(m) for m in merged),
+        queries_with_hits=None if plan.direct else sum(1 for m in merged if m),
         ranks_stats=[stats, *worker_stats],
     )

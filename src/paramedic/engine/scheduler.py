@@ -28,13 +28,16 @@ class SearchTask:
 
 @dataclass(frozen=True)
 class RegenTask:
+    """Write the report of a group of queries with BLAST+ itself.
+
+    With `subjects`, against a mask of the merged subjects (regeneration); with `subjects=None`, against
+    the whole database (query segmentation: the search and the report in one run).
+    """
+
     piece: int  # position of this piece in the output
     first_query: int  # global query index of the first query
-    subjects: tuple[tuple[int, ...], ...]  # merged global subject ids per query, in BLAST order
-
-    @property
-    def n_queries(self) -> int:
-        return len(self.subjects)
+    n_queries: int
+    subjects: tuple[tuple[int, ...], ...] | None  # merged global subject ids per query, in BLAST order
 
 
 Task = SearchTask | RegenTask
@@ -48,6 +51,7 @@ class Plan:
     n_fragments: int
     pieces: tuple[range, ...]  # query index ranges of the regeneration pieces, consecutive
     hitlist_size: int
+    direct: bool = False  # query segmentation: each piece searched against the whole database, no merge
 
     def __post_init__(self) -> None:
         _check_cover(self.batches, "batches")
@@ -94,6 +98,11 @@ class Scheduler:
         self._done_pieces = set()
         self._unreleased = set(range(len(self.plan.pieces)))
         self.cache = {}
+        if self.plan.direct:
+            self._pending = [set() for _ in self.plan.batches]
+            self._waiting = [0] * len(self.plan.batches)
+            self._ready.extend(RegenTask(i, p.start, len(p), None) for i, p in enumerate(self.plan.pieces))
+            self._unreleased.clear()
 
     def preload(self, merged: list[list[int]]) -> None:
         """Start from known metadata (a saved search): no search tasks, only regeneration."""
@@ -152,8 +161,9 @@ class Scheduler:
     def finished(self) -> bool:
         return len(self._done_pieces) == len(self.plan.pieces)
 
-    def metadata(self, query: int) -> list[int]:
-        return self._merged[query]
+    def metadata(self, query: int) -> list[int] | None:
+        """Merged subject ids of a query (None with query segmentation, which merges nothing)."""
+        return self._merged.get(query)
 
     def _release_pieces(self) -> None:
         """A piece becomes ready as soon as all its queries are merged (the writer restores order)."""
@@ -161,5 +171,5 @@ class Scheduler:
             piece = self.plan.pieces[index]
             if all(q in self._merged for q in piece):
                 subjects = tuple(tuple(self._merged[q]) for q in piece)
-                self._ready.append(RegenTask(index, piece.start, subjects))
+                self._ready.append(RegenTask(index, piece.start, len(piece), subjects))
                 self._unreleased.discard(index)

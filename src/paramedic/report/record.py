@@ -12,6 +12,8 @@ import resource
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from paramedic.blast.forkserver import close_fork_servers
+
 PHASES = ("search", "merge", "regenerate", "write")
 
 
@@ -31,6 +33,9 @@ class RankStats:
         self.seconds[phase] += seconds
 
     def measure_memory(self) -> None:
+        """Peak RSS of this process and of its largest BLAST+ run (fork servers are stopped first, so
+        that their children count as this process's descendants)."""
+        close_fork_servers()
         self.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         self.peak_blast_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
@@ -47,14 +52,15 @@ class RunRecord:
     batches: int
     fragments: int
     pieces: int
+    strategy: str  # "fragments" (search fragments, merge, regenerate) or "queries" (query segmentation)
     search_batch_queries: int  # queries per search task (the first batch)
     regen_group_queries: int  # queries per regeneration run (the first piece)
     blast_startup_seconds: float  # measured at job start; the floor of every task
     wall_seconds: float
     output: str
     output_bytes: int
-    metadata_pairs: int  # merged (query, subject) pairs: the size of the semantic metadata
-    queries_with_hits: int
+    metadata_pairs: int | None  # merged (query, subject) pairs: the size of the semantic metadata
+    queries_with_hits: int | None  # None with query segmentation (nothing is merged)
     ranks_stats: list[RankStats]
 
     def startup_share(self) -> float:
@@ -62,6 +68,16 @@ class RunRecord:
         tasks = sum(r.tasks["search"] for r in self.ranks_stats)
         search = sum(r.seconds["search"] for r in self.ranks_stats)
         return tasks * self.blast_startup_seconds / search if search else 0.0
+
+    def _tasks_line(self) -> str:
+        searches = sum(r.tasks["search"] for r in self.ranks_stats)
+        share = f"start-up ~{100 * self.startup_share():.1f}% of search"
+        if self.strategy == "queries":
+            return f"  tasks: {searches} whole-database searches of {self.search_batch_queries} queries ({share})"
+        return (
+            f"  tasks: {searches} searches in {self.batches} batches of {self.search_batch_queries} queries "
+            f"({share}), {self.pieces} regenerations of {self.regen_group_queries}"
+        )
 
     def phase_totals(self) -> dict[str, float]:
         return {p: round(sum(r.seconds[p] for r in self.ranks_stats), 3) for p in PHASES}
@@ -79,11 +95,14 @@ class RunRecord:
         lines = [
             f"paramedic: {self.program} {self.queries} queries x {self.fragments} fragments "
             f"on {self.workers} workers in {self.wall_seconds:.1f} s",
-            f"  tasks: {sum(r.tasks['search'] for r in self.ranks_stats)} searches in {self.batches} batches "
-            f"of {self.search_batch_queries} queries (start-up ~{100 * self.startup_share():.1f}% of search), "
-            f"{self.pieces} regenerations of {self.regen_group_queries}",
+            self._tasks_line(),
             "  CPU-side time per phase (all ranks): " + ", ".join(f"{p} {totals[p]:.1f} s" for p in PHASES),
-            f"  hits: {self.metadata_pairs} query-subject pairs, {self.queries_with_hits} queries with hits",
+            f"  strategy: {self.strategy}"
+            + (
+                f"; hits: {self.metadata_pairs} query-subject pairs, {self.queries_with_hits} queries with hits"
+                if self.metadata_pairs is not None
+                else " (query segmentation: whole database per task, no merge)"
+            ),
             f"  output: {self.output} ({self.output_bytes:,} bytes)",
         ]
         peak = max((r.peak_blast_rss_mb for r in self.ranks_stats), default=0.0)
