@@ -37,9 +37,12 @@ def make_plan(
 ) -> Plan:
     n = len(query_lengths)
     if direct:
-        # Query segmentation: a piece is one search of the whole database, sized like a search batch.
+        # Query segmentation: a piece is one search of the whole database. BLAST+ gets cheaper per query
+        # as its query batch grows (500 mmseqs2 queries on 2 workers: batches of 9, 63 and 125 took 64.8,
+        # 59.0 and 55.5 s), so pieces are as large as two per worker allow, and never below the start-up rule.
         whole = [sum(fragment_residues)]
-        size = batch or search_batch_size(program, query_lengths, whole, workers, startup_seconds)
+        wanted = search_batch_size(program, query_lengths, whole, workers, startup_seconds)
+        size = batch or max(wanted, math.ceil(n / (2 * max(1, workers))))
         size = size if stitchable else n
         pieces = tuple(range(s, min(n, s + size)) for s in range(0, n, size))
         return Plan(pieces, 1, pieces, hitlist_size, direct=True)
