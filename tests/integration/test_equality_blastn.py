@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import blast, paramedic, without_posted_date
-from tests.integration.capped import assert_equal_or_better_when_capped
+from tests.conftest import paramedic, without_posted_date
+from tests.integration.equality import Site
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,6 @@ TITLE = "ragout-examples genomes and contigs"
 FORMATS = ["6", "7", "0", "5"]
 MAX_TARGET = [None, "10"]
 DIRECT = {(4, None): "5", (4, "10"): "0", (7, None): "6", (7, "10"): "7"}
-_references: dict[tuple[str | None, str], bytes] = {}
 COMPLEMENT = str.maketrans("ACGTNacgtn", "TGCANtgcan")
 
 
@@ -36,7 +35,7 @@ def read_gz_fasta(path: Path) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
     root = tmp_path_factory.mktemp("blastn")
     sources = sorted((data_dir / "ragout").glob("*/*.fasta.gz")) + sorted(
         (data_dir / "ragout").glob("*/references/*.fasta.gz")
@@ -56,78 +55,33 @@ def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
             if i % 2:
                 piece = piece.translate(COMPLEMENT)[::-1]
             fh.write(f">q{i + 1} {header.split()[0]}:{start + 1}-{start + length}\n{piece}\n")
-    (root / "ref").mkdir()
-    blast(
-        "makeblastdb", "-in", str(root / "genomes.fasta"), "-dbtype", "nucl", "-parse_seqids",
-        "-out", "genomes", "-title", TITLE, cwd=root / "ref",
-    )  # fmt: skip
-    for n in (4, 7):
-        paramedic(
-            "format", "--in", str(root / "genomes.fasta"), "--dbtype", "nucl", "--fragments", str(n),
-            "--out", str(root / f"p{n}" / "genomes"), "--title", TITLE, "--quiet",
-        )  # fmt: skip
-    return root
-
-
-def reference(site: Path, max_target: str | None, outfmt: str) -> bytes:
-    key = (max_target, outfmt)
-    if key not in _references:
-        out = site / f"ref-{max_target}-{outfmt}.out"
-        extra = ["-max_target_seqs", max_target] if max_target else []
-        blast(
-            "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", outfmt,
-            *extra, "-out", str(out), cwd=site / "ref",
-        )  # fmt: skip
-        _references[key] = out.read_bytes()
-    return _references[key]
-
-
-def search(site: Path, fragments: int, max_target: str | None, outfmt: str) -> Path:
-    metadata = site / f"p{fragments}-{max_target}.metadata.json"
-    direct = DIRECT[(fragments, max_target)]
-    if not metadata.exists() and outfmt != direct:
-        search(site, fragments, max_target, direct)
-    out = site / f"p{fragments}-{max_target}-{outfmt}.out"
-    extra = ["-max_target_seqs", max_target] if max_target else []
-    how = ["--metadata", str(metadata)] if outfmt == direct else ["--from-metadata", str(metadata)]
-    paramedic(
-        "search", "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", outfmt,
-        *extra, "-out", str(out), "--np", "2", "--strategy", "fragments", "--quiet", *how,
-        cwd=site / f"p{fragments}",
-    )  # fmt: skip
-    return out
+    site = Site(root, "blastn", "genomes", "nucl", TITLE, DIRECT)
+    site.build(root / "genomes.fasta")
+    return site
 
 
 @pytest.mark.parametrize("outfmt", FORMATS)
 @pytest.mark.parametrize("max_target", MAX_TARGET, ids=["default", "mts10"])
 @pytest.mark.parametrize("fragments", [4, 7])
-def test_blastn_matches_blast(site: Path, fragments: int, max_target: str | None, outfmt: str) -> None:
-    out = search(site, fragments, max_target, outfmt)
-    expected = reference(site, max_target, outfmt)
-    actual = out.read_bytes()
-    if outfmt == "0":
-        expected, actual = without_posted_date(expected), without_posted_date(actual)
-    if actual != expected:
-        assert max_target is not None, "outputs differ and no query can have reached the default cap"
-        assert_equal_or_better_when_capped(site, outfmt, expected, actual, int(max_target))
+def test_blastn_matches_blast(site: Site, fragments: int, max_target: str | None, outfmt: str) -> None:
+    site.assert_matches(site.search(fragments, max_target, outfmt), max_target, outfmt)
 
 
 @pytest.mark.parametrize("fragments", [4, 7])
-def test_blastn_ties_at_a_tight_cap(site: Path, fragments: int) -> None:
+def test_blastn_ties_at_a_tight_cap(site: Site, fragments: int) -> None:
     """-max_target_seqs 1: strains share identical regions, so equal e-values and scores compete for the
-    last places and BLAST+'s tie rule (higher ordinal id first) decides which subjects are kept.
+    last place and BLAST+'s tie rule (higher ordinal id first) decides which subject is kept.
     --regen-batch 1 gives each query a mask of exactly its merged subjects, so the merge's choice shows.
     Strict equality here: a wrong tie rule keeps an equally good but different subject.
     The 4-fragment run starts BLAST+ normally (no fork server), the 7-fragment one through the fork server."""
-    out = site / f"p{fragments}-tight.out"
+    out = site.root / f"p{fragments}-tight.out"
     env = {"PARAMEDIC_FORKSERVER": "0"} if fragments == 4 else None
     paramedic(
-        "search", "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", "6",
+        "search", "blastn", "-query", str(site.root / "queries.fasta"), "-db", "genomes", "-outfmt", "6",
         "-max_target_seqs", "1", "-out", str(out), "--np", "2", "--regen-batch", "1", "--strategy", "fragments",
-        "--quiet", cwd=site / f"p{fragments}",
-        env=env,
+        "--quiet", cwd=site.root / f"p{fragments}", env=env,
     )  # fmt: skip
-    assert out.read_bytes() == reference(site, "1", "6")
+    assert out.read_bytes() == site.reference("1", "6")
 
 
 @pytest.mark.parametrize(
@@ -144,25 +98,13 @@ def test_blastn_ties_at_a_tight_cap(site: Path, fragments: int) -> None:
         "0 -html",
     ],
 )
-def test_blastn_other_formats_match_blast(site: Path, outfmt: str) -> None:
+def test_blastn_other_formats_match_blast(site: Site, outfmt: str) -> None:
     """Every format is written by BLAST+ itself: stitched formats (10, 15, 16, 1, 3, custom tabular, HTML)
     and formats regenerated as one piece (17 SAM, 11 archive), from the metadata of the 7-fragment search."""
     fmt, *flags = outfmt.split(" -")
     flags = [f"-{f}" for f in flags]
-    metadata = site / "p7-None.metadata.json"
-    if not metadata.exists():
-        search(site, 7, None, DIRECT[(7, None)])
-    out = site / f"other-{fmt.replace(' ', '_')}{''.join(flags)}.out"
-    paramedic(
-        "search", "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", fmt, *flags,
-        "-out", str(out), "--np", "2", "--quiet", "--from-metadata", str(metadata), cwd=site / "p7",
-    )  # fmt: skip
-    ref = site / f"ref-other-{fmt.replace(' ', '_')}{''.join(flags)}.out"
-    blast(
-        "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", fmt, *flags,
-        "-out", str(ref), cwd=site / "ref",
-    )  # fmt: skip
-    expected, actual = ref.read_bytes(), out.read_bytes()
+    out = site.search(7, None, fmt, *flags)
+    expected, actual = site.reference(None, fmt, *flags), out.read_bytes()
     if fmt.startswith("0"):
         expected, actual = without_posted_date(expected), without_posted_date(actual)
     if fmt == "17":  # SAM's @PG line holds the command line, which names the query file
@@ -172,14 +114,11 @@ def test_blastn_other_formats_match_blast(site: Path, outfmt: str) -> None:
 
 
 @pytest.mark.parametrize("outfmt", ["0", "5", "7"])
-def test_blastn_query_segmentation_matches_blast(site: Path, outfmt: str) -> None:
+def test_blastn_query_segmentation_matches_blast(site: Site, outfmt: str) -> None:
     """--strategy queries (whole database per task, no merge, no regeneration) gives the same bytes."""
-    out = site / f"queries-{outfmt}.out"
+    out = site.root / f"queries-{outfmt}.out"
     paramedic(
-        "search", "blastn", "-query", str(site / "queries.fasta"), "-db", "genomes", "-outfmt", outfmt,
-        "-out", str(out), "--np", "2", "--strategy", "queries", "--batch", "7", "--quiet", cwd=site / "p4",
+        "search", "blastn", "-query", str(site.root / "queries.fasta"), "-db", "genomes", "-outfmt", outfmt,
+        "-out", str(out), "--np", "2", "--strategy", "queries", "--batch", "7", "--quiet", cwd=site.root / "p4",
     )  # fmt: skip
-    expected, actual = reference(site, None, outfmt), out.read_bytes()
-    if outfmt == "0":
-        expected, actual = without_posted_date(expected), without_posted_date(actual)
-    assert actual == expected
+    site.assert_matches(out, None, outfmt)

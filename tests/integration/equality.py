@@ -1,0 +1,85 @@
+"""What the blastp and blastn equality tests share: a site with a reference database built by makeblastdb
+and paramedic databases of several fragment counts, BLAST+ reference runs, paramedic runs, the comparison.
+
+Each (fragments, cap) pair is searched once, directly in one format (`direct` maps the pair to it, so every
+format is searched directly at least once) with --metadata; its other formats are regenerated from that
+metadata with --from-metadata: the same regeneration path, without searching again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.conftest import blast, paramedic, without_posted_date
+from tests.integration.capped import assert_equal_or_better_when_capped
+
+
+@dataclass
+class Site:
+    root: Path  # holds queries.fasta, ref/<db>, p<N>/<db>
+    program: str
+    db: str  # the -db name, the same string for BLAST+ and paramedic (outfmt 5 and 7 print it)
+    dbtype: str
+    title: str
+    direct: dict[tuple[int, str | None], str]
+    _references: dict[tuple[str | None, str], bytes] = field(default_factory=dict)
+
+    def build(self, fasta: Path, fragment_counts: tuple[int, ...] = (4, 7)) -> None:
+        (self.root / "ref").mkdir()
+        blast(
+            "makeblastdb", "-in", str(fasta), "-dbtype", self.dbtype, "-parse_seqids", "-out", self.db,
+            "-title", self.title, cwd=self.root / "ref",
+        )  # fmt: skip
+        for n in fragment_counts:
+            paramedic(
+                "format", "--in", str(fasta), "--dbtype", self.dbtype, "--fragments", str(n),
+                "--out", str(self.root / f"p{n}" / self.db), "--title", self.title, "--quiet",
+            )  # fmt: skip
+
+    def reference(self, max_target: str | None, outfmt: str, *flags: str) -> bytes:
+        """One BLAST+ run on the unsplit database (cached per options)."""
+        key = (max_target, " ".join([outfmt, *flags]))
+        if key not in self._references:
+            out = self.root / f"ref-{max_target}-{outfmt.replace(' ', '_')}{''.join(flags)}.out"
+            extra = ["-max_target_seqs", max_target] if max_target else []
+            blast(
+                self.program, "-query", str(self.root / "queries.fasta"), "-db", self.db, "-outfmt", outfmt,
+                *flags, *extra, "-num_threads", "2", "-out", str(out), cwd=self.root / "ref",
+            )  # fmt: skip
+            self._references[key] = out.read_bytes()
+        return self._references[key]
+
+    def metadata(self, fragments: int, max_target: str | None) -> Path:
+        """The metadata of the (fragments, cap) search, searching directly first if needed."""
+        path = self.root / f"p{fragments}-{max_target}.metadata.json"
+        if not path.exists():
+            self.search(fragments, max_target, self.direct[(fragments, max_target)])
+        return path
+
+    def search(self, fragments: int, max_target: str | None, outfmt: str, *flags: str) -> Path:
+        """Output of `paramedic search --strategy fragments`: direct, or regenerated from its metadata."""
+        direct = self.direct.get((fragments, max_target)) == outfmt and not flags
+        metadata = self.root / f"p{fragments}-{max_target}.metadata.json"
+        how = (
+            ["--metadata", str(metadata)]
+            if direct
+            else ["--from-metadata", str(self.metadata(fragments, max_target))]
+        )
+        out = self.root / f"p{fragments}-{max_target}-{outfmt.replace(' ', '_')}{''.join(flags)}.out"
+        extra = ["-max_target_seqs", max_target] if max_target else []
+        paramedic(
+            "search", self.program, "-query", str(self.root / "queries.fasta"), "-db", self.db, "-outfmt", outfmt,
+            *flags, *extra, "-out", str(out), "--np", "2", "--strategy", "fragments", "--quiet", *how,
+            cwd=self.root / f"p{fragments}",
+        )  # fmt: skip
+        return out
+
+    def assert_matches(self, out: Path, max_target: str | None, outfmt: str) -> None:
+        """Byte equality with the reference (outfmt 0's Posted date aside), or the cap rule."""
+        expected, actual = self.reference(max_target, outfmt), out.read_bytes()
+        if outfmt.split()[0] == "0":
+            expected, actual = without_posted_date(expected), without_posted_date(actual)
+        if actual != expected:
+            assert max_target is not None, "outputs differ and no query can have reached the default cap"
+            assert_equal_or_better_when_capped(self.root, outfmt, expected, actual, int(max_target))
