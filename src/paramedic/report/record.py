@@ -93,8 +93,9 @@ class RunRecord:
     def summary(self) -> str:
         totals = self.phase_totals()
         lines = [
-            f"paramedic: {self.program} {self.queries} queries x {self.fragments} fragments "
-            f"on {self.workers} workers in {self.wall_seconds:.1f} s",
+            f"paramedic: {self.program} {self.queries} queries x "
+            + ("the whole database" if self.strategy == "queries" else f"{self.fragments} fragments")
+            + f" on {self.workers} workers in {self.wall_seconds:.1f} s",
             self._tasks_line(),
             "  CPU-side time per phase (all ranks): " + ", ".join(f"{p} {totals[p]:.1f} s" for p in PHASES),
             f"  strategy: {self.strategy}"
