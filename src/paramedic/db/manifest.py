@@ -87,11 +87,3 @@ def volume_sha256(db_dir: Path, volume: str) -> str:
             while chunk := fh.read(1 << 20):
                 digest.update(chunk)
     return digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
