@@ -17,7 +17,7 @@ from paramedic.blast.programs import PROGRAMS, alias_suffix
 from paramedic.blast.run import Database
 from paramedic.blast.tools import run_tool
 from paramedic.db.fasta import read_fasta
-from paramedic.db.manifest import load_manifest
+from paramedic.db.manifest import Manifest, load_manifest
 from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
@@ -69,7 +69,7 @@ def prepare_job(settings: SearchSettings) -> Job:
     cwd = settings.cwd
     query_path = _resolve(cwd, options.get("query") or "")
     queries = [(r.header, r.sequence) for r in read_fasta(query_path, program.query_type)]
-    db = resolve_database(options.get("db") or "", cwd)
+    db, manifest = resolve_database(options.get("db") or "", cwd)
     if db.dbtype != program.db_type:
         kind = {"prot": "protein", "nucl": "nucleotide"}
         raise UsageError(
@@ -80,7 +80,6 @@ def prepare_job(settings: SearchSettings) -> Job:
     if out_path is not None:
         check_writable(out_path)
     record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
-    manifest = load_manifest(db.directory)
     direct = choose_strategy(settings, db) == "queries"
     plan_inputs = {
         "program": program.name,
@@ -121,7 +120,7 @@ def _resolve(cwd: Path, path: str) -> Path:
     return p if p.is_absolute() else cwd / p
 
 
-def resolve_database(arg: str, cwd: Path) -> Database:
+def resolve_database(arg: str, cwd: Path) -> tuple[Database, Manifest]:
     """Find the database as BLAST+ does (current directory, then $BLASTDB) and check it is complete."""
     candidates = [_resolve(cwd, arg)]
     if not Path(arg).is_absolute():
@@ -143,7 +142,7 @@ def resolve_database(arg: str, cwd: Path) -> Database:
     top_alias = directory.with_name(directory.name + alias_suffix(manifest.dbtype))
     if not top_alias.is_file():
         raise DatabaseError(f"{arg}: incomplete database, missing {top_alias.name}")
-    return Database(
+    database = Database(
         arg=arg,
         directory=directory,
         dbtype=manifest.dbtype,
@@ -153,6 +152,7 @@ def resolve_database(arg: str, cwd: Path) -> Database:
         whole=manifest.whole,
         fragments=tuple(f.name for f in manifest.fragments),
     )
+    return database, manifest
 
 
 # Query segmentation is chosen when the whole database takes at most this share of the machine's memory:

@@ -303,28 +303,45 @@ class Stitcher:
         out = (header if first else b"") + b"".join(units) + (footer if last else b"")
         return out, len(units)
 
+    def _renumber(
+        self,
+        index: int,
+        units: list[bytes],
+        offset: int,
+        pattern: re.Pattern[bytes],
+        unit_name: str,
+        field_name: str,
+        template: bytes,
+    ) -> list[bytes]:
+        """Shift each per-query report's positional `Query_N` id by `offset` (JSON 15 and XML2 16)."""
+        ids = []
+        for pos, unit in enumerate(units, 1):
+            found = pattern.findall(unit)
+            if len(found) != 1:
+                raise ValueError(f"piece {index}: {unit_name} {pos} has {len(found)} {field_name}")
+            ids.append((pos, found[0]))
+        if not (self._ids.decide(ids, index) and offset):
+            return units
+        return [
+            _replace_once(index, unit, template % pos, template % (pos + offset))
+            for pos, unit in enumerate(units, 1)
+        ]
+
     def _json(self, index: int, data: bytes, offset: int, first: bool, last: bool) -> tuple[bytes, int]:
         """Single-file JSON (15): an array of one report per query."""
         if not data.startswith(_JSON_START) or not data.endswith(_JSON_END):
             raise ValueError(f"piece {index}: not a complete BlastOutput2 JSON document (outfmt 15)")
         body = data[len(_JSON_START) : len(data) - len(_JSON_END)]
         units = _separated_units(index, body, _JSON_REPORT, "JSON report", _JSON_SEPARATOR)
-        ids = []
-        for pos, unit in enumerate(units, 1):
-            found = _JSON_QUERY_ID.findall(unit)
-            if len(found) != 1:
-                raise ValueError(f"piece {index}: JSON report {pos} has {len(found)} query_id fields")
-            ids.append((pos, found[0]))
-        if self._ids.decide(ids, index) and offset:
-            units = [
-                _replace_once(
-                    index,
-                    unit,
-                    b'"query_id": "Query_%d",\n' % pos,
-                    b'"query_id": "Query_%d",\n' % (pos + offset),
-                )
-                for pos, unit in enumerate(units, 1)
-            ]
+        units = self._renumber(
+            index,
+            units,
+            offset,
+            _JSON_QUERY_ID,
+            "JSON report",
+            "query_id fields",
+            b'"query_id": "Query_%d",\n',
+        )
         out = (_JSON_START if first else b"") + b"".join(units)
         if last:
             out = out[: -len(_JSON_SEPARATOR)] + _JSON_END
@@ -338,22 +355,15 @@ class Stitcher:
         header, body = data[: m.start()], data[m.start() : len(data) - len(_XML2_END)]
         self._same(index, "header", header, "_header")
         units = _separated_units(index, body, _XML2_REPORT, "<BlastOutput2>", _XML2_SEPARATOR)
-        ids = []
-        for pos, unit in enumerate(units, 1):
-            found = _XML2_QUERY_ID.findall(unit)
-            if len(found) != 1:
-                raise ValueError(f"piece {index}: XML2 report {pos} has {len(found)} <query-id> elements")
-            ids.append((pos, found[0]))
-        if self._ids.decide(ids, index) and offset:
-            units = [
-                _replace_once(
-                    index,
-                    unit,
-                    b"<query-id>Query_%d</query-id>\n" % pos,
-                    b"<query-id>Query_%d</query-id>\n" % (pos + offset),
-                )
-                for pos, unit in enumerate(units, 1)
-            ]
+        units = self._renumber(
+            index,
+            units,
+            offset,
+            _XML2_QUERY_ID,
+            "XML2 report",
+            "<query-id> elements",
+            b"<query-id>Query_%d</query-id>\n",
+        )
         out = (header if first else b"") + b"".join(units)
         if last:
             out = out[: -len(_XML2_SEPARATOR)] + _XML2_END
