@@ -19,6 +19,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("native") / "forkserver.c"
@@ -111,22 +112,28 @@ def _read_exactly(fd: int, n: int) -> bytes:
     return data
 
 
-_servers: dict[str, ForkServer] = {}
+# One fork server per program and thread: a server handles one request at a time, and the storage site
+# regenerates on several I/O worker threads at once.
+_servers: dict[tuple[str, int], ForkServer] = {}
+_servers_lock = threading.Lock()
 
 
 def server_for(executable: str) -> ForkServer | None:
-    """This process's fork server for a program (started on first use), or None if unavailable."""
+    """This thread's fork server for a program (started on first use), or None if unavailable."""
     shim = shim_path()
     if shim is None:
         return None
-    if executable not in _servers:
-        _servers[executable] = ForkServer(executable, shim)
-    return _servers[executable]
+    key = (executable, threading.get_ident())
+    with _servers_lock:
+        if key not in _servers:
+            _servers[key] = ForkServer(executable, shim)
+        return _servers[key]
 
 
 @atexit.register
 def close_fork_servers() -> None:
     """Stop this process's fork servers (they restart on next use)."""
-    for server in _servers.values():
-        server.close()
-    _servers.clear()
+    with _servers_lock:
+        for server in _servers.values():
+            server.close()
+        _servers.clear()
