@@ -2,10 +2,14 @@
 
     paramedic format --in db.fasta[.gz] --dbtype prot --fragments 8 --out dbs/uniprot
     paramedic search blastp -query q.fasta -db dbs/uniprot -out hits.txt [BLAST+ options] [--np N] ...
+    paramedic keys --out keys/ --server storage.example.org --client compute-a
+    paramedic serve --replica dbs/uniprot --root /data/results --listen 0.0.0.0:7700 --keys keys/server
+    paramedic search blastp ... -out run42/hits.txt --site tls://storage.example.org:7700 \
+        --keys keys/compute-a --ship metadata
 
 BLAST+ options keep their single-dash spelling; the engine's own options use double dashes.
 Exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output, 7 job
-failure on some rank, 130 interrupted.
+failure on some rank, 8 storage site (refused, failed or unreachable), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ ENGINE_OPTIONS_WITH_VALUE = {
     "--metadata",
     "--from-metadata",
     "--strategy",
+    "--site",
+    "--keys",
+    "--ship",
+    "--streams",
+    "--ship-timeout",
 }
 
 
@@ -63,7 +72,53 @@ def _dispatch(argv: list[str]) -> int:
         return _format(rest)
     if command == "search":
         return _search(rest)
-    raise UsageError(f"unknown command {command!r} (commands: format, search)")
+    if command == "keys":
+        return _keys(rest)
+    if command == "serve":
+        return _serve(rest)
+    raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve)")
+
+
+def _keys(argv: list[str]) -> int:
+    from paramedic.site.keys import make_keys
+
+    parser = _parser("keys", "Make a private CA and TLS certificates for a storage site and compute sites.")
+    parser.add_argument("--out", required=True, type=Path, help="new directory for the keys")
+    parser.add_argument("--server", required=True, help="the storage site's host name or IP address")
+    parser.add_argument("--client", action="append", required=True, help="a compute site's name (repeatable)")
+    parser.add_argument("--days", type=int, default=825, help="validity of the certificates (default 825)")
+    args = parser.parse_args(argv)
+    make_keys(args.out, args.server, args.client, args.days)
+    print(
+        f"paramedic: keys in {args.out}: give {args.out}/server to the storage site and "
+        + ", ".join(f"{args.out}/{c} to {c}" for c in args.client)
+        + f"; keep {args.out}/ca private",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _serve(argv: list[str]) -> int:
+    from paramedic.site.server import ServeSettings, serve
+
+    parser = _parser("serve", "Storage site: receive output or metadata over TLS and write the output.")
+    parser.add_argument(
+        "--replica", required=True, type=Path, help="the site's copy of the formatted database"
+    )
+    parser.add_argument("--root", required=True, type=Path, help="directory that receives the output files")
+    parser.add_argument("--listen", default="0.0.0.0:7700", help="HOST:PORT (default 0.0.0.0:7700)")
+    parser.add_argument("--keys", required=True, type=Path, help="the server's keys (from paramedic keys)")
+    parser.add_argument("--io-workers", type=int, default=2, help="regeneration workers (default 2)")
+    parser.add_argument("--inbox", type=Path, help="also take jobs from this shared directory")
+    parser.add_argument("--state", type=Path, help="job state directory (default <root>/.paramedic-state)")
+    args = parser.parse_args(argv)
+    if args.io_workers < 1:
+        raise UsageError("--io-workers must be at least 1")
+    return serve(
+        ServeSettings(
+            args.replica, args.root, args.listen, args.keys, args.io_workers, args.inbox, args.state
+        )
+    )
 
 
 def _format(argv: list[str]) -> int:
@@ -116,6 +171,18 @@ def _search(argv: list[str]) -> int:
         "--from-metadata", type=Path, help="do not search: regenerate the output from saved --metadata"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    parser.add_argument("--site", help="storage site: tls://HOST:PORT or file:///shared/inbox")
+    parser.add_argument("--keys", type=Path, help="this compute site's keys (from paramedic keys)")
+    parser.add_argument(
+        "--ship",
+        choices=["direct", "compressed", "metadata", "auto"],
+        default="auto",
+        help="what crosses the link with --site (default auto: measured choice)",
+    )
+    parser.add_argument("--streams", type=int, default=4, help="parallel TLS streams with --site (default 4)")
+    parser.add_argument(
+        "--ship-timeout", type=float, default=300.0, help="seconds to keep retrying a lost site (default 300)"
+    )
     args = parser.parse_args(engine_args)
     for name in ("np", "batch", "regen_batch"):
         value = getattr(args, name)
@@ -124,6 +191,12 @@ def _search(argv: list[str]) -> int:
 
     from paramedic.engine.job import SearchSettings
     from paramedic.engine.launch import launch_or_run
+    from paramedic.ship.destination import ShipSettings
+
+    ship = None
+    if args.site is not None:
+        out = next((blast_args[i + 1] for i, a in enumerate(blast_args[:-1]) if a == "-out"), None)
+        ship = ShipSettings.build(args.site, args.keys, args.ship, out, args.streams, args.ship_timeout)
 
     settings = SearchSettings(
         program=program,
@@ -135,6 +208,7 @@ def _search(argv: list[str]) -> int:
         save_metadata=args.metadata,
         from_metadata=args.from_metadata,
         strategy=args.strategy,
+        ship=ship,
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
 

@@ -23,6 +23,7 @@ from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.errors import DatabaseError, OutputError, UsageError
 from paramedic.output.stitch import can_stitch
+from paramedic.ship.destination import ShipSettings, check_shippable
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class SearchSettings:
     save_metadata: Path | None = None  # write the merged subjects per query here
     strategy: str = "auto"  # "fragments", "queries" or "auto" (see choose_strategy)
     from_metadata: Path | None = None  # skip the search: regenerate from saved metadata
+    ship: ShipSettings | None = None  # send the output to a storage site (--site) instead of -out here
     cwd: Path = field(default_factory=Path.cwd)
 
 
@@ -53,6 +55,7 @@ class Job:
     identity: SearchIdentity
     save_metadata: Path | None
     preloaded: list[list[int]] | None  # metadata loaded with --from-metadata
+    ship: ShipSettings | None = None
 
     def plan(self, workers: int) -> Plan:
         return make_plan(workers=workers, **self.plan_inputs)  # type: ignore[arg-type]
@@ -76,10 +79,16 @@ def prepare_job(settings: SearchSettings) -> Job:
             f"{program.name} searches a {kind[program.db_type]} database; {db.arg} is {kind[db.dbtype]}"
         )
     out = options.get("out")
-    out_path = _resolve(cwd, out) if out and out != "-" else None
-    if out_path is not None:
-        check_writable(out_path)
-    record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
+    if settings.ship is not None:
+        # -out names the file under the storage site's root; the run record stays here.
+        check_shippable(options)
+        out_path = None
+        record = settings.record or cwd / (Path(settings.ship.out).name + ".run.json")
+    else:
+        out_path = _resolve(cwd, out) if out and out != "-" else None
+        if out_path is not None:
+            check_writable(out_path)
+        record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
     direct = choose_strategy(settings, db) == "queries"
     plan_inputs = {
         "program": program.name,
@@ -112,6 +121,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         identity=identity,
         save_metadata=save_path,
         preloaded=preloaded,
+        ship=settings.ship,
     )
 
 
@@ -168,10 +178,16 @@ def choose_strategy(settings: SearchSettings, db: Database) -> str:
     node, and produces no metadata; database segmentation is the mpiBLAST engine for databases larger
     than a node's memory, and the source of the metadata that ParaMEDIC ships.
     """
-    needs_metadata = settings.save_metadata is not None or settings.from_metadata is not None
+    ships_metadata = settings.ship is not None and settings.ship.mode in ("metadata", "auto")
+    needs_metadata = (
+        settings.save_metadata is not None or settings.from_metadata is not None or ships_metadata
+    )
     if settings.strategy == "queries":
         if needs_metadata:
-            raise UsageError("--strategy queries merges nothing, so it cannot save or use --metadata")
+            raise UsageError(
+                "--strategy queries merges nothing, so it cannot save, use or ship metadata "
+                "(--metadata, --from-metadata, --ship metadata/auto)"
+            )
         return "queries"
     if settings.strategy == "fragments" or needs_metadata:
         return "fragments"

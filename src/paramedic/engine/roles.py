@@ -22,9 +22,11 @@ from paramedic.engine.job import Job
 from paramedic.engine.metadata import save_metadata
 from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask, Task
 from paramedic.errors import JobError, ParamedicError
-from paramedic.output.writer import OrderedWriter
+from paramedic.output.writer import LocalFile, OrderedWriter
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord
+from paramedic.ship.blast_codec import BlastJobSetup
+from paramedic.ship.destination import Shipping, start_shipping
 
 POLL_SECONDS = 0.002
 TAG_READY, TAG_RESULT, TAG_ERROR, TAG_TASK, TAG_STOP, TAG_STATS = range(6)
@@ -98,25 +100,39 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
     start = time.perf_counter()
     size = comm.Get_size()
     stats = RankStats(rank=0, role="master" if size > 1 else "master+worker")
-    scheduler = Scheduler(plan)
-    if job.preloaded is not None:
-        scheduler.preload(job.preloaded)
-    writer = OrderedWriter(job.out, job.options.outfmt(), plan.pieces)
+    shipping = open_shipping(job, plan)
+    scheduler = Scheduler(plan, hold_pieces=shipping is not None and shipping.holds_pieces)
     progress = Progress(len(job.queries), quiet=job.quiet)
+    writer: OrderedWriter | None = None
     try:
+        sink = shipping if shipping is not None else LocalFile(job.out)
+        if shipping is None or not shipping.holds_pieces:
+            writer = OrderedWriter(sink, job.options.outfmt(), plan.pieces)
+
+        def ship_released() -> None:
+            if shipping is not None and scheduler.hold_pieces:
+                t = time.perf_counter()
+                released = scheduler.take_released()
+                shipping.ship_pieces(released)
+                stats.add("write", time.perf_counter() - t)
+                progress.advance(sum(task.n_queries for task in released))
 
         def accept(task: Task, payload: Any) -> None:
             if isinstance(task, SearchTask):
                 t = time.perf_counter()
                 scheduler.search_done(task, payload)
                 stats.add("merge", time.perf_counter() - t)
+                ship_released()
             else:
-                assert isinstance(task, RegenTask)
+                assert isinstance(task, RegenTask) and writer is not None
                 scheduler.regen_done(task)
                 t = time.perf_counter()
                 progress.advance(writer.add(task.piece, payload))
                 stats.add("write", time.perf_counter() - t)
 
+        if job.preloaded is not None:
+            scheduler.preload(job.preloaded)
+            ship_released()
         if size == 1:
             while not scheduler.finished:
                 task = scheduler.next_task(0)
@@ -154,9 +170,15 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
                 if tag == TAG_STATS:
                     worker_stats.append(message)
             worker_stats.sort(key=lambda s: s.rank)
-        writer.commit()
+        if writer is not None:
+            writer.commit()
+        elif shipping is not None:
+            shipping.commit()
     except BaseException:
-        writer.abort()
+        if writer is not None:
+            writer.abort()
+        elif shipping is not None:
+            shipping.abort()
         raise
     finally:
         progress.close()
@@ -180,9 +202,32 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
         regen_group_queries=len(plan.pieces[0]),
         blast_startup_seconds=float(job.plan_inputs["startup_seconds"]),  # type: ignore[arg-type]
         wall_seconds=round(time.perf_counter() - start, 3),
-        output=str(job.out) if job.out else "-",
-        output_bytes=writer.bytes_written,
+        output=(f"{job.ship.site}/{job.ship.out}" if job.ship else str(job.out) if job.out else "-"),
+        output_bytes=shipping.report()["output_bytes"] if shipping else writer.bytes_written if writer else 0,
         metadata_pairs=None if plan.direct else sum(len(m) for m in merged),
         queries_with_hits=None if plan.direct else sum(1 for m in merged if m),
         ranks_stats=[stats, *worker_stats],
+        ship=shipping.report() if shipping else None,
     )
+
+
+def open_shipping(job: Job, plan: Plan) -> Shipping | None:
+    """With --site: open the job at the storage site before any search starts (refusals fail fast)."""
+    if job.ship is None:
+        return None
+    mode = job.ship.mode
+    if mode == "auto":
+        mode = "metadata"  # replaced by the measured choice in ship.auto (not yet wired)
+    if mode == "metadata" and plan.direct:
+        raise JobError("--ship metadata needs the fragments strategy (query segmentation merges nothing)", 2)
+    setup = None
+    if mode == "metadata":
+        setup = BlastJobSetup(
+            program=job.program,
+            options=job.options.without("query", "db", "out").argv(),
+            db_arg=job.db.arg,
+            manifest_sha256=job.manifest_checksum,
+            pieces=plan.pieces,
+            queries=job.queries,
+        )
+    return start_shipping(job.ship, mode, setup, job.db.nseq)

@@ -79,6 +79,7 @@ def _check_cover(ranges: tuple[range, ...], what: str) -> None:
 class Scheduler:
     plan: Plan
     window: int = 2
+    hold_pieces: bool = False  # released pieces wait in `released` instead of becoming tasks (shipping)
     _pending: list[set[int]] = field(init=False)  # per batch: fragments not yet handed out
     _waiting: list[int] = field(init=False)  # per batch: fragment results still missing
     _hits: dict[int, list[list[list[Hit]]]] = field(init=False)  # batch -> per query -> per fragment hits
@@ -87,6 +88,7 @@ class Scheduler:
     _unreleased: set[int] = field(init=False)  # pieces not yet made ready
     _done_pieces: set[int] = field(init=False)
     cache: dict[int, set[int]] = field(init=False)  # worker -> fragments it holds
+    released: list[RegenTask] = field(init=False)  # held pieces, ready to be shipped as metadata
 
     def __post_init__(self) -> None:
         nf = self.plan.n_fragments
@@ -98,6 +100,7 @@ class Scheduler:
         self._done_pieces = set()
         self._unreleased = set(range(len(self.plan.pieces)))
         self.cache = {}
+        self.released = []
         if self.plan.direct:
             self._pending = [set() for _ in self.plan.batches]
             self._waiting = [0] * len(self.plan.batches)
@@ -156,6 +159,20 @@ class Scheduler:
     def regen_done(self, task: RegenTask) -> None:
         self._done_pieces.add(task.piece)
 
+    def take_released(self) -> list[RegenTask]:
+        """Held pieces whose queries are all merged, in piece order; they count as done from now on."""
+        taken = sorted(self.released, key=lambda t: t.piece)
+        self.released = []
+        for task in taken:
+            self._done_pieces.add(task.piece)
+        return taken
+
+    def stop_holding(self) -> None:
+        """From now on released pieces become regeneration tasks again (held ones first)."""
+        self.hold_pieces = False
+        self._ready.extendleft(reversed(sorted(self.released, key=lambda t: t.piece)))
+        self.released = []
+
     # -- state --------------------------------------------------------------------------------------
     @property
     def finished(self) -> bool:
@@ -171,5 +188,6 @@ class Scheduler:
             piece = self.plan.pieces[index]
             if all(q in self._merged for q in piece):
                 subjects = tuple(tuple(self._merged[q]) for q in piece)
-                self._ready.append(RegenTask(index, piece.start, len(piece), subjects))
+                task = RegenTask(index, piece.start, len(piece), subjects)
+                (self.released if self.hold_pieces else self._ready).append(task)
                 self._unreleased.discard(index)

@@ -1,8 +1,10 @@
-"""Writing the report in query order, atomically: a temporary file beside the target, then rename.
+"""Writing the report in query order, atomically, to a local file or to a remote storage site.
 
-Pieces arrive in any order (regeneration runs finish when they finish); the writer keeps the ones that
-are early and passes each to the format's stitcher in order. A failed job removes the temporary file, so
-a user never finds a partial report under the name they asked for.
+Pieces arrive in any order (regeneration runs finish when they finish); the OrderedWriter keeps the ones
+that are early and passes each to the format's stitcher in order, then hands the bytes to a sink:
+`LocalFile` (a temporary file beside the target, then fsync and rename) or a remote sink that ships the
+bytes to a storage site (`ship.destination`). A failed job aborts the sink, so a user never finds a
+partial report under the name they asked for.
 """
 
 from __future__ import annotations
@@ -10,21 +12,61 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from paramedic.errors import OutputError
 from paramedic.output.stitch import Stitcher
 
 
+class ByteSink(Protocol):
+    def write(self, data: bytes) -> None: ...
+    def commit(self) -> None: ...
+    def abort(self) -> None: ...
+
+
 class OrderedWriter:
-    def __init__(self, out: Path | None, outfmt: str, pieces: tuple[range, ...]):
-        self.out = out
+    def __init__(self, sink: ByteSink, outfmt: str, pieces: tuple[range, ...]):
+        self.sink = sink
         self.pieces = pieces
         self.total_queries = pieces[-1].stop
         self.stitcher = Stitcher(outfmt, len(pieces))
         self.waiting: dict[int, bytes] = {}
         self.next = 0
         self.bytes_written = 0
+
+    def add(self, index: int, data: bytes) -> int:
+        """Accept piece `index`; return how many queries became written because of it."""
+        self.waiting[index] = data
+        written = 0
+        while self.next in self.waiting:
+            piece = self.pieces[self.next]
+            chunk = self.stitcher.piece(
+                self.next, self.waiting.pop(self.next), piece.start, self.total_queries
+            )
+            self.sink.write(chunk)
+            self.bytes_written += len(chunk)
+            written += len(piece)
+            self.next += 1
+        return written
+
+    @property
+    def complete(self) -> bool:
+        return self.next == len(self.pieces)
+
+    def commit(self) -> None:
+        if not self.complete:
+            raise OutputError(f"internal: only {self.next} of {len(self.pieces)} pieces written")
+        self.sink.commit()
+
+    def abort(self) -> None:
+        self.sink.abort()
+
+
+class LocalFile:
+    """A report file made durable under its final name only when complete (fsync, rename, fsync dir)."""
+
+    def __init__(self, out: Path | None):
+        self.out = out
         self.tmp: Path | None = None
         self.fh: BinaryIO
         if out is None:
@@ -36,32 +78,13 @@ class OrderedWriter:
             except OSError as exc:
                 raise OutputError(f"cannot write {out}: {exc.strerror}") from exc
 
-    def add(self, index: int, data: bytes) -> int:
-        """Accept piece `index`; return how many queries became written because of it."""
-        self.waiting[index] = data
-        written = 0
-        while self.next in self.waiting:
-            piece = self.pieces[self.next]
-            chunk = self.stitcher.piece(
-                self.next, self.waiting.pop(self.next), piece.start, self.total_queries
-            )
-            try:
-                self.fh.write(chunk)
-            except OSError as exc:
-                raise OutputError(f"cannot write {self.out or 'standard output'}: {exc.strerror}") from exc
-            self.bytes_written += len(chunk)
-            written += len(piece)
-            self.next += 1
-        return written
-
-    @property
-    def complete(self) -> bool:
-        return self.next == len(self.pieces)
+    def write(self, data: bytes) -> None:
+        try:
+            self.fh.write(data)
+        except OSError as exc:
+            raise OutputError(f"cannot write {self.out or 'standard output'}: {exc.strerror}") from exc
 
     def commit(self) -> None:
-        """Make the report durable under its final name (fsync, rename, fsync the directory)."""
-        if not self.complete:
-            raise OutputError(f"internal: only {self.next} of {len(self.pieces)} pieces written")
         self.fh.flush()
         if self.out is None or self.tmp is None:
             return

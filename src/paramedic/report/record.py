@@ -62,6 +62,7 @@ class RunRecord:
     metadata_pairs: int | None  # merged (query, subject) pairs: the size of the semantic metadata
     queries_with_hits: int | None  # None with query segmentation (nothing is merged)
     ranks_stats: list[RankStats]
+    ship: dict[str, object] | None = None  # with --site: shipping figures (see ship.destination)
 
     def startup_share(self) -> float:
         """Estimated share of BLAST+ process start-up in the search phase (goal: under 5%)."""
@@ -106,6 +107,14 @@ class RunRecord:
             ),
             f"  output: {self.output} ({self.output_bytes:,} bytes)",
         ]
+        if self.ship is not None:
+            ship = self.ship
+            lines.append(
+                f"  shipped ({ship['mode']}): {ship['shipped_payload_bytes']:,} bytes for {ship['output_bytes']:,} "
+                f"bytes of output (ratio {ship['ratio_output_to_payload']}), {ship['chunks']} chunks, "
+                f"{ship['chunks_resent']} re-sent, {ship['reconnects']} reconnects; site sha256 "
+                f"{str(ship['site_sha256'])[:16]}..."
+            )
         peak = max((r.peak_blast_rss_mb for r in self.ranks_stats), default=0.0)
         lines.append(f"  peak memory: BLAST+ {peak:.0f} MB per process")
         return "\n".join(lines)

@@ -40,7 +40,9 @@ class MetadataFormatError(ValueError):
 
 
 MAX_QUERIES = 1_000_000  # per container
-MAX_RAW_BYTES = 8 * 2**20  # ~5 million ids per container; bounds the server's memory per chunk (~350 MB of ints)
+MAX_RAW_BYTES = (
+    8 * 2**20
+)  # ~5 million ids per container; bounds the server's memory per chunk (~350 MB of ints)
 
 MAGIC = b"PMDS"
 VERSION = 1

@@ -1,0 +1,164 @@
+"""The BLAST codec: ship subject ids, regenerate the exact BLAST+ report from the storage site's replica.
+
+Compute side: a unit is a run of consecutive queries with their merged subject ids; the payload is the id
+container of `idcodec` (sorted, delta-coded varints, zstd, checksummed). Storage side: each regeneration
+piece of the unit is searched again by BLAST+ against its subjects only (`blast.run.regenerate`) and the
+pieces are stitched in order at the end (`output.stitch`), exactly as the compute site would have done.
+Everything a job's setup says comes off the network, so it is validated before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+
+from paramedic.blast.options import BlastOptions
+from paramedic.blast.programs import PROGRAMS
+from paramedic.blast.run import Database, regenerate
+from paramedic.errors import ParamedicError
+from paramedic.output.stitch import Stitcher, can_stitch
+from paramedic.ship.codecs import (
+    Codec,
+    Segment,
+    pack_json,
+    piece_ranges,
+    sequence_of_ranges,
+    unpack_json,
+    validate_queries,
+)
+from paramedic.ship.idcodec import MetadataFormatError, decode_subjects, encode_subjects
+from paramedic.ship.wire import ProtocolError, field_int, field_str
+
+MAX_QUERIES = 1_000_000
+MAX_SETUP_BYTES = 512 * 2**20
+# Options a compute site may not set at the storage site: the site chooses its own files.
+SITE_REFUSED_OPTIONS = (
+    "query",
+    "db",
+    "out",
+    "window_masker_db",
+    "filtering_db",
+    "in_pssm",
+    "out_pssm",
+    "out_ascii_pssm",
+    "in_msa",
+)
+# One file per query (13, 14) cannot be shipped as one file.
+UNSHIPPABLE_OUTFMTS = (13, 14)
+
+
+@dataclass(frozen=True)
+class BlastJobSetup:
+    """What the storage site needs to regenerate a job's report (sent once, at job start)."""
+
+    program: str
+    options: list[str]  # BLAST+ options without -query, -db, -out
+    db_arg: str  # the -db string as the user gave it (outfmt 5 and 7 print it)
+    manifest_sha256: str
+    pieces: tuple[range, ...]
+    queries: list[tuple[str, str]]
+
+    def encode(self) -> tuple[dict[str, Any], bytes]:
+        header = {
+            "program": self.program,
+            "options": self.options,
+            "db_arg": self.db_arg,
+            "manifest_sha256": self.manifest_sha256,
+            "n_queries": len(self.queries),
+            "pieces": sequence_of_ranges(self.pieces),
+        }
+        return header, pack_json([list(q) for q in self.queries])
+
+
+@dataclass(frozen=True)
+class BlastSiteContext:
+    program: str
+    options: BlastOptions
+    db: Database
+    queries: list[tuple[str, str]]
+    pieces: tuple[range, ...]
+    workdir: Path
+
+
+class BlastMetadataCodec(Codec):
+    name = "blast-metadata"
+    layout = "pieces"
+
+    def encode(self, unit: tuple[int, Sequence[Sequence[int]], int]) -> tuple[dict[str, Any], bytes]:
+        first_query, subjects, nseq = unit
+        payload = encode_subjects(first_query, [sorted(set(s)) for s in subjects], nseq)
+        return {"first_query": first_query, "n_queries": len(subjects)}, payload
+
+    def prepare(self, setup: dict[str, Any], payload: bytes, site: Any) -> BlastSiteContext:
+        program = field_str(setup, "program", 16)
+        if program not in PROGRAMS:
+            raise ProtocolError(f"unknown program {program!r}")
+        argv = setup.get("options")
+        if not isinstance(argv, list) or len(argv) > 200 or not all(isinstance(a, str) for a in argv):
+            raise ProtocolError("setup: options must be a list of strings")
+        try:
+            options = BlastOptions.parse(program, argv)
+        except ParamedicError as exc:
+            raise ProtocolError(f"setup: {exc}") from exc
+        refused = [name for name in SITE_REFUSED_OPTIONS if options.has(name)]
+        if refused:
+            raise ProtocolError(f"setup: option -{refused[0]} is not accepted by the storage site")
+        if options.outfmt_number() in UNSHIPPABLE_OUTFMTS:
+            raise ProtocolError(f"setup: -outfmt {options.outfmt_number()} writes one file per query")
+        db_arg = field_str(setup, "db_arg", 1024)
+        path = PurePosixPath(db_arg)
+        if not db_arg or "\0" in db_arg or "\n" in db_arg or ".." in path.parts or db_arg.startswith("-"):
+            raise ProtocolError("setup: bad -db string")
+        if field_str(setup, "manifest_sha256", 64) != site.manifest_sha256:
+            raise ProtocolError(
+                "the storage site's replica is not the compute site's database (manifest checksums differ)"
+            )
+        if PROGRAMS[program].db_type != site.database.dbtype:
+            raise ProtocolError(f"{program} cannot search the replica ({site.database.dbtype})")
+        n_queries = field_int(setup, "n_queries", 1, MAX_QUERIES)
+        pieces = piece_ranges(setup.get("pieces"), n_queries)
+        if len(pieces) > 1 and not can_stitch(options.outfmt()):
+            raise ProtocolError("setup: this output format is regenerated as one piece")
+        queries = validate_queries(unpack_json(payload, MAX_SETUP_BYTES), n_queries)
+        if len(queries) != n_queries:
+            raise ProtocolError("setup: query count differs from n_queries")
+        database = dataclasses.replace(site.database, arg=db_arg)
+        return BlastSiteContext(program, options, database, queries, pieces, site.workdir)
+
+    def decode(self, header: dict[str, Any], payload: bytes, context: BlastSiteContext) -> list[Segment]:
+        try:
+            first, subjects = decode_subjects(payload, context.db.nseq)
+        except MetadataFormatError as exc:
+            raise ProtocolError(f"metadata: {exc}") from exc
+        stop = first + len(subjects)
+        if stop > len(context.queries):
+            raise ProtocolError("metadata: queries beyond the job")
+        indices = [i for i, p in enumerate(context.pieces) if first <= p.start and p.stop <= stop]
+        if (
+            not indices
+            or context.pieces[indices[0]].start != first
+            or context.pieces[indices[-1]].stop != stop
+        ):
+            raise ProtocolError("metadata: a chunk must cover whole regeneration pieces")
+        segments = []
+        for index in indices:
+            piece = context.pieces[index]
+            data, _ = regenerate(
+                context.program,
+                context.options,
+                context.db,
+                context.queries[piece.start : piece.stop],
+                subjects[piece.start - first : piece.stop - first],
+                context.workdir,
+            )
+            segments.append(Segment(index, data))
+        return segments
+
+    def assemble(self, pieces: Iterator[tuple[int, bytes]], context: BlastSiteContext, out: BinaryIO) -> None:
+        stitcher = Stitcher(context.options.outfmt(), len(context.pieces))
+        total = len(context.queries)
+        for index, data in pieces:
+            out.write(stitcher.piece(index, data, context.pieces[index].start, total))

@@ -1,0 +1,341 @@
+"""The compute site's side of the link: chunks go out over several TLS streams and are never lost.
+
+Each chunk carries its SHA-256; the storage site acknowledges a chunk only once it is stored durably, or
+asks for it again when the digest does not match. A stream that breaks (a cut connection, a restarted
+server) reconnects with backoff, reopens the job, learns which chunks the site already holds and resends
+only the others. `finish` returns once the site reports the final file durable, with its digest.
+
+Streams keep up to WINDOW chunks in flight, so a long round trip does not serialise the transfer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import ssl
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from paramedic.errors import ParamedicError, UsageError
+from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
+from paramedic.site.tls import client_context
+
+WINDOW = 32
+CONNECT_SECONDS = 10.0
+REPLY_SECONDS = 120.0
+
+
+class SiteError(ParamedicError):
+    """The storage site refused the job, failed it, or could not be reached in time."""
+
+    exit_code = 8
+
+
+@dataclass(frozen=True)
+class SiteAddress:
+    scheme: str  # "tls" or "file"
+    host: str = ""
+    port: int = 0
+    path: Path | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> SiteAddress:
+        parsed = urlparse(url)
+        if parsed.scheme in ("tls", "grpcs"):
+            if not parsed.hostname or parsed.port is None:
+                raise UsageError(f"--site {url}: expected tls://HOST:PORT")
+            return cls("tls", parsed.hostname, parsed.port)
+        if parsed.scheme == "file":
+            if not parsed.path:
+                raise UsageError(f"--site {url}: expected file:///path/to/inbox")
+            return cls("file", path=Path(parsed.path))
+        raise UsageError(f"--site {url}: the scheme must be tls:// (or grpcs://) or file://")
+
+    def __str__(self) -> str:
+        return f"file://{self.path}" if self.scheme == "file" else f"tls://{self.host}:{self.port}"
+
+
+@dataclass
+class ShipStats:
+    chunks: int = 0
+    payload_bytes: int = 0
+    wire_bytes: int = 0
+    resent: int = 0
+    reconnects: int = 0
+    setup_bytes: int = 0
+
+
+@dataclass
+class _Chunk:
+    index: int
+    header: dict[str, Any]
+    payload: bytes
+    sent_before: bool = False
+
+
+@dataclass
+class _Shared:
+    pending: dict[int, _Chunk] = field(default_factory=dict)  # sent or queued, not acknowledged
+    queue: deque[int] = field(default_factory=deque)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    failure: BaseException | None = None
+    closing: bool = False
+
+
+class TlsShipper:
+    """Ships one job's chunks to a storage site over `streams` TLS connections."""
+
+    def __init__(
+        self,
+        address: SiteAddress,
+        keys: Path,
+        codec: str,
+        setup: dict[str, Any],
+        setup_payload: bytes,
+        streams: int = 4,
+        timeout: float = 300.0,
+        tamper: Callable[[int, bytes], bytes] | None = None,
+    ):
+        self.address = address
+        self.context = client_context(keys)
+        self.job_id = uuid.uuid4().hex
+        self.codec = codec
+        self.setup = setup
+        self.setup_payload = setup_payload
+        self.timeout = timeout
+        self.tamper = tamper  # tests: corrupt a payload on its first sending
+        self.stats = ShipStats()
+        self.shared = _Shared()
+        self.next_index = 0
+        self.stats_lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._stream, args=(i,), daemon=True, name=f"ship-{i}")
+            for i in range(streams)
+        ]
+
+    # -- connections ----------------------------------------------------------------------------------
+    def connect(self) -> ssl.SSLSocket:
+        raw = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_SECONDS)
+        try:
+            tls = self.context.wrap_socket(raw, server_hostname=self.address.host)
+        except BaseException:
+            raw.close()
+            raise
+        tls.settimeout(REPLY_SECONDS)
+        return tls
+
+    def request(self, tls: ssl.SSLSocket, header: dict[str, Any], payload: bytes = b"") -> dict[str, Any]:
+        self._count(send_frame(tls, header, payload))
+        reply, _ = recv_frame(tls)
+        if reply.get("op") == "error":
+            raise SiteError(f"storage site: {reply.get('message')}")
+        return reply
+
+    def _open(self, tls: ssl.SSLSocket) -> set[int]:
+        header = {"op": "open", "job": self.job_id, "codec": self.codec, "setup": self.setup}
+        reply = self.request(tls, header)
+        if reply.get("op") == "need_setup":
+            reply = self.request(tls, {**header, "with_setup": True}, self.setup_payload)
+            with self.stats_lock:
+                self.stats.setup_bytes += len(self.setup_payload)
+        if reply.get("op") != "opened" or not isinstance(reply.get("acked"), list):
+            raise ProtocolError(f"unexpected reply to open: {reply.get('op')}")
+        return set(reply["acked"])
+
+    def start(self) -> None:
+        """Open the job (fails fast if the site refuses it), then start the streams."""
+        deadline = time.monotonic() + self.timeout
+
+        def connect_and_open() -> None:
+            with self.connect() as tls:
+                self._open(tls)
+
+        self._with_retry(connect_and_open, deadline)
+        for thread in self.threads:
+            thread.start()
+
+    def _with_retry(self, action: Callable[[], Any], deadline: float) -> Any:
+        delay = 0.2
+        while True:
+            try:
+                return action()
+            except ssl.SSLCertVerificationError as exc:
+                raise SiteError(
+                    f"{self.address}: the server's certificate is not trusted: {exc.verify_message}"
+                ) from exc
+            except ssl.SSLError as exc:
+                if not isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+                    raise SiteError(f"{self.address}: TLS refused: {exc.reason or exc}") from exc
+                if time.monotonic() + delay > deadline:
+                    raise SiteError(f"cannot reach the storage site {self.address}: {exc}") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            except (OSError, ProtocolError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise SiteError(f"cannot reach the storage site {self.address}: {exc}") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # -- sending --------------------------------------------------------------------------------------
+    def send(self, header: dict[str, Any], payload: bytes) -> None:
+        """Queue the next chunk (numbered in call order)."""
+        chunk = _Chunk(self.next_index, header, payload)
+        self.next_index += 1
+        with self.stats_lock:
+            self.stats.chunks += 1
+            self.stats.payload_bytes += len(payload)
+        with self.shared.cond:
+            self._raise_failure()
+            self.shared.pending[chunk.index] = chunk
+            self.shared.queue.append(chunk.index)
+            self.shared.cond.notify_all()
+
+    def _stream(self, number: int) -> None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                tls = self._with_retry(self.connect, deadline)
+                with tls:
+                    acked = self._open(tls)
+                    self._acknowledge(acked)
+                    deadline = time.monotonic() + self.timeout
+                    if self._pump(tls):
+                        return
+            except ssl.SSLError as exc:
+                if not isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+                    self._fail(SiteError(f"{self.address}: TLS refused: {exc.reason or exc}"))
+                    return
+                with self.stats_lock:
+                    self.stats.reconnects += 1
+                time.sleep(0.2)
+            except SiteError as exc:
+                self._fail(exc)
+                return
+            except (OSError, ProtocolError):
+                with self.stats_lock:
+                    self.stats.reconnects += 1
+                if time.monotonic() > deadline:
+                    self._fail(SiteError(f"lost the storage site {self.address} for {self.timeout:.0f} s"))
+                    return
+                time.sleep(0.2)
+            except BaseException as exc:  # a bug: fail the job instead of hanging it
+                self._fail(exc)
+                return
+
+    def _pump(self, tls: ssl.SSLSocket) -> bool:
+        """Send queued chunks and read acknowledgements until closing (True) or the stream breaks."""
+        inflight: deque[int] = deque()
+        try:
+            while True:
+                with self.shared.cond:
+                    while not self.shared.queue and not inflight:
+                        if self.shared.closing or self.shared.failure is not None:
+                            return True
+                        self.shared.cond.wait(0.5)
+                    chunk = None
+                    if self.shared.queue and len(inflight) < WINDOW:
+                        chunk = self.shared.pending.get(self.shared.queue.popleft())
+                if chunk is not None:
+                    payload = chunk.payload
+                    if self.tamper is not None and not chunk.sent_before:
+                        payload = self.tamper(chunk.index, payload)
+                    chunk.sent_before = True
+                    header = {
+                        **chunk.header,
+                        "op": "chunk",
+                        "job": self.job_id,
+                        "index": chunk.index,
+                        "sha256": hashlib.sha256(chunk.payload).hexdigest(),
+                    }
+                    inflight.append(chunk.index)
+                    self._count(send_frame(tls, header, payload))
+                    continue
+                reply, _ = recv_frame(tls)
+                index = inflight.popleft()
+                if reply.get("op") == "ack" and reply.get("index") == index:
+                    self._acknowledge({index})
+                elif reply.get("op") == "nack" and reply.get("index") == index:
+                    with self.stats_lock:
+                        self.stats.resent += 1
+                    with self.shared.cond:
+                        self.shared.queue.appendleft(index)
+                elif reply.get("op") == "error":
+                    raise SiteError(f"storage site: {reply.get('message')}")
+                else:
+                    raise ProtocolError(f"unexpected reply {reply.get('op')!r}")
+        finally:
+            with self.shared.cond:  # whatever was in flight on a broken stream goes out again
+                for index in reversed(inflight):
+                    if index in self.shared.pending:
+                        self.shared.queue.appendleft(index)
+                self.shared.cond.notify_all()
+
+    def _acknowledge(self, indices: set[int]) -> None:
+        with self.shared.cond:
+            for index in indices:
+                self.shared.pending.pop(index, None)
+            if indices:
+                self.shared.queue = deque(i for i in self.shared.queue if i in self.shared.pending)
+            self.shared.cond.notify_all()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self.shared.cond:
+            if self.shared.failure is None:
+                self.shared.failure = exc
+            self.shared.cond.notify_all()
+
+    def _raise_failure(self) -> None:
+        failure = self.shared.failure
+        if failure is not None:
+            raise failure if isinstance(failure, SiteError) else SiteError(f"shipping failed: {failure!r}")
+
+    def _count(self, n: int) -> None:
+        with self.stats_lock:
+            self.stats.wire_bytes += n
+
+    # -- finishing ------------------------------------------------------------------------------------
+    def finish(self, final: dict[str, Any]) -> dict[str, Any]:
+        """Wait until every chunk is acknowledged, then until the site's file is durable; its digest."""
+        with self.shared.cond:
+            while self.shared.pending and self.shared.failure is None:
+                self.shared.cond.wait(0.5)
+            self._raise_failure()
+            self.shared.closing = True
+            self.shared.cond.notify_all()
+        header = {"op": "finish", "job": self.job_id, "chunks": self.next_index, **final}
+        deadline = time.monotonic() + self.timeout
+
+        def ask() -> dict[str, Any]:
+            tls = self.connect()
+            with tls:
+                self._open(tls)
+                while True:
+                    reply = self.request(tls, header)
+                    if reply.get("op") == "done":
+                        return reply
+                    if reply.get("op") != "pending":
+                        raise ProtocolError(f"unexpected reply {reply.get('op')!r}")
+                    time.sleep(0.1)
+
+        while True:
+            try:
+                return self._with_retry(ask, deadline)
+            except SiteError:
+                raise
+            except (OSError, ProtocolError):
+                continue
+
+    def close(self) -> None:
+        with self.shared.cond:
+            self.shared.closing = True
+            self.shared.cond.notify_all()
+        for thread in self.threads:
+            if thread.is_alive():
+                thread.join(timeout=2)

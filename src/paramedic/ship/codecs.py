@@ -1,0 +1,190 @@
+"""Codecs: how a job's output crosses the link. The plugin interface of ParaMEDIC's framework.
+
+A codec has two halves. At the compute site, `encode` turns a unit of results into a payload; at the
+storage site, `decode` turns the payload back into output. Another application plugs in by writing one
+class with these methods and registering it in CODECS:
+
+* `layout = "ranges"`: a payload decodes to bytes of the final file at an explicit offset (the
+  generic codecs: the output itself, plain or zstd-compressed; no knowledge of the application);
+* `layout = "pieces"`: a payload decodes to numbered pieces of output that `assemble` joins at the
+  end (the BLAST codec: subject ids in, BLAST+ reports regenerated from the replica out).
+
+The storage site calls `prepare` once per job with the job's setup (untrusted: validate it) and hands the
+returned context to every `decode`.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, ClassVar, Literal
+
+import zstandard
+
+from paramedic.ship.wire import ProtocolError
+
+# The largest output range one chunk carries (the generic codecs split bigger pieces).
+RANGE_CHUNK_BYTES = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Decoded output: bytes at a byte offset ("ranges") or the report of piece `position` ("pieces")."""
+
+    position: int
+    data: bytes
+
+
+class Codec(ABC):
+    name: ClassVar[str]
+    layout: ClassVar[Literal["ranges", "pieces"]]
+
+    # -- compute site ----------------------------------------------------------------------------------
+    @abstractmethod
+    def encode(self, unit: Any) -> tuple[dict[str, Any], bytes]:
+        """Header fields and payload for one unit of results."""
+
+    # -- storage site ----------------------------------------------------------------------------------
+    def prepare(self, setup: dict[str, Any], payload: bytes, site: Any) -> Any:
+        """Validate a job's setup and build what `decode` needs (nothing for the generic codecs)."""
+        return None
+
+    @abstractmethod
+    def decode(self, header: dict[str, Any], payload: bytes, context: Any) -> list[Segment]:
+        """Output for one payload; ProtocolError (or a ParamedicError) when it is malformed."""
+
+    def assemble(self, pieces: Iterator[tuple[int, bytes]], context: Any, out: BinaryIO) -> None:
+        """Write the final file from all pieces in order ("pieces" layout only)."""
+        raise NotImplementedError
+
+
+class DirectCodec(Codec):
+    """The output bytes as they are: SEMPLAR's remote writes at explicit offsets."""
+
+    name = "direct"
+    layout = "ranges"
+
+    def encode(self, unit: tuple[int, bytes]) -> tuple[dict[str, Any], bytes]:
+        offset, data = unit
+        return {"offset": offset, "length": len(data)}, data
+
+    def decode(self, header: dict[str, Any], payload: bytes, context: Any) -> list[Segment]:
+        return [Segment(_offset(header, len(payload)), payload)]
+
+
+class CompressedCodec(Codec):
+    """The paper's generic plugin: the same bytes, zstd-compressed, no application knowledge."""
+
+    name = "compressed"
+    layout = "ranges"
+    level = 3
+
+    def encode(self, unit: tuple[int, bytes]) -> tuple[dict[str, Any], bytes]:
+        offset, data = unit
+        packed = zstandard.ZstdCompressor(level=self.level).compress(data)
+        return {"offset": offset, "length": len(data)}, packed
+
+    def decode(self, header: dict[str, Any], payload: bytes, context: Any) -> list[Segment]:
+        length = header.get("length")
+        if not isinstance(length, int) or not 0 <= length <= RANGE_CHUNK_BYTES:
+            raise ProtocolError("compressed chunk: bad length")
+        try:
+            data = zstandard.ZstdDecompressor().decompress(payload, max_output_size=length)
+        except zstandard.ZstdError as exc:
+            raise ProtocolError(f"compressed chunk: {exc}") from exc
+        if len(data) != length:
+            raise ProtocolError("compressed chunk: length differs from the header")
+        return [Segment(_offset(header, length), data)]
+
+
+def _offset(header: dict[str, Any], length: int) -> int:
+    offset = header.get("offset")
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0 or offset > 2**50:
+        raise ProtocolError("chunk: bad offset")
+    if header.get("length") != length or length > RANGE_CHUNK_BYTES:
+        raise ProtocolError("chunk: bad length")
+    return offset
+
+
+def split_range(offset: int, data: bytes) -> Iterator[tuple[int, bytes]]:
+    """Consecutive ranges of at most RANGE_CHUNK_BYTES covering `data` placed at `offset`."""
+    for start in range(0, max(len(data), 1), RANGE_CHUNK_BYTES):
+        yield offset + start, data[start : start + RANGE_CHUNK_BYTES]
+
+
+def codec_names() -> list[str]:
+    from paramedic.ship.blast_codec import BlastMetadataCodec
+
+    return [DirectCodec.name, CompressedCodec.name, BlastMetadataCodec.name]
+
+
+def make_codec(name: str) -> Codec:
+    """The codec registered under `name` (ProtocolError for an unknown one: names come off the wire)."""
+    from paramedic.ship.blast_codec import BlastMetadataCodec
+
+    codecs: dict[str, type[Codec]] = {c.name: c for c in (DirectCodec, CompressedCodec, BlastMetadataCodec)}
+    if name not in codecs:
+        raise ProtocolError(f"unknown codec {name!r}")
+    return codecs[name]()
+
+
+def pack_json(value: Any) -> bytes:
+    """A setup document, zstd-compressed JSON."""
+    return zstandard.ZstdCompressor(level=9).compress(json.dumps(value, separators=(",", ":")).encode())
+
+
+def unpack_json(payload: bytes, max_bytes: int) -> Any:
+    try:
+        return json.loads(zstandard.ZstdDecompressor().decompress(payload, max_output_size=max_bytes))
+    except (zstandard.ZstdError, ValueError) as exc:
+        raise ProtocolError(f"setup is not compressed JSON: {exc}") from exc
+
+
+def piece_ranges(value: Any, n_queries: int) -> tuple[range, ...]:
+    """Validate a list of [start, stop] query ranges that cover 0..n_queries consecutively."""
+    if not isinstance(value, list) or not value or len(value) > n_queries:
+        raise ProtocolError("setup: bad piece list")
+    pieces = []
+    expected = 0
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+            or item[0] != expected
+            or item[1] <= item[0]
+        ):
+            raise ProtocolError("setup: pieces must be consecutive query ranges")
+        pieces.append(range(item[0], item[1]))
+        expected = item[1]
+    if expected != n_queries:
+        raise ProtocolError("setup: pieces do not cover the queries")
+    return tuple(pieces)
+
+
+def validate_queries(value: Any, max_queries: int) -> list[tuple[str, str]]:
+    if not isinstance(value, list) or not 0 < len(value) <= max_queries:
+        raise ProtocolError("setup: bad query list")
+    queries = []
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not all(isinstance(v, str) and v and "\n" not in v and "\r" not in v for v in item)
+            or item[1].startswith(">")
+        ):
+            raise ProtocolError("setup: a query must be [header, sequence] on one line each")
+        queries.append((item[0], item[1]))
+    return queries
+
+
+def sequence_of_ranges(pieces: Sequence[range]) -> list[list[int]]:
+    return [[p.start, p.stop] for p in pieces]
+
+
+def file_pieces(paths: Sequence[Path]) -> Iterator[tuple[int, bytes]]:
+    for index, path in enumerate(paths):
+        yield index, path.read_bytes()

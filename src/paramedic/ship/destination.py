@@ -1,0 +1,187 @@
+"""The compute site's end of `--site`: send the job's output, or its metadata, to the storage site.
+
+    --ship direct      the report's bytes, as regenerated here, in ranges at explicit offsets
+    --ship compressed  the same ranges, zstd-compressed (the generic plugin)
+    --ship metadata    per query only the merged subject ids; the storage site regenerates the report
+    --ship auto        measure the link, then choose by the ParaMEDIC rule (`ship.auto`)
+
+Shipping overlaps the search: a range ships as soon as the ordered writer has it, metadata as soon as
+the merge of its queries is done. The job ends only when the site reports the file durable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from paramedic.blast.options import BlastOptions
+from paramedic.engine.scheduler import RegenTask
+from paramedic.errors import UsageError
+from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS, BlastJobSetup, BlastMetadataCodec
+from paramedic.ship.client import SiteAddress, SiteError, TlsShipper
+from paramedic.ship.codecs import Codec, CompressedCodec, DirectCodec, split_range
+
+SHIP_MODES = ("direct", "compressed", "metadata", "auto")
+
+
+@dataclass(frozen=True)
+class ShipSettings:
+    site: SiteAddress
+    keys: Path | None
+    mode: str
+    out: str  # path under the storage site's --root
+    streams: int = 4
+    timeout: float = 300.0
+
+    @classmethod
+    def build(cls, site: str, keys: Path | None, mode: str, out: str | None, streams: int, timeout: float):
+        address = SiteAddress.parse(site)
+        if mode not in SHIP_MODES:
+            raise UsageError(f"--ship {mode}: choose one of {', '.join(SHIP_MODES)}")
+        if address.scheme == "tls" and keys is None:
+            raise UsageError("--site tls://... needs --keys DIR (made by `paramedic keys`)")
+        if keys is not None and not keys.is_dir():
+            raise UsageError(f"--keys {keys}: not a directory")
+        if not out or out == "-":
+            raise UsageError("with --site, -out names the output file under the storage site's root")
+        path = PurePosixPath(out)
+        if path.is_absolute() or ".." in path.parts:
+            raise UsageError(f"-out {out}: with --site, a relative path under the storage site's root")
+        if streams < 1 or streams > 64:
+            raise UsageError("--streams must be between 1 and 64")
+        return cls(address, keys, mode, out, streams, timeout)
+
+
+def check_shippable(options: BlastOptions) -> None:
+    if options.outfmt_number() in UNSHIPPABLE_OUTFMTS:
+        raise UsageError(f"-outfmt {options.outfmt_number()} writes one file per query; it cannot be shipped")
+
+
+class Shipping:
+    """One job's shipping: the codec, the transport, and the figures for the run record."""
+
+    def __init__(self, settings: ShipSettings, mode: str, codec: Codec, transport: Any, nseq: int):
+        self.settings = settings
+        self.mode = mode
+        self.codec = codec
+        self.transport = transport
+        self.nseq = nseq
+        self.encode_seconds = 0.0  # f(x): making the payloads
+        self.output_bytes = 0  # D as produced here (ranges modes)
+        self.digest = hashlib.sha256()
+        self.started = time.perf_counter()
+        self.result: dict[str, Any] | None = None
+        self.finish_seconds = 0.0
+        self.decision: dict[str, Any] | None = None
+
+    @property
+    def holds_pieces(self) -> bool:
+        return self.codec.layout == "pieces"
+
+    # -- ranges: a ByteSink for the OrderedWriter ------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        for offset, part in split_range(self.output_bytes, data):
+            if not part and data:
+                continue
+            start = time.perf_counter()
+            header, payload = self.codec.encode((offset, part))
+            self.encode_seconds += time.perf_counter() - start
+            self.transport.send(header, payload)
+        self.output_bytes += len(data)
+        self.digest.update(data)
+
+    # -- pieces: metadata ------------------------------------------------------------------------------
+    def ship_pieces(self, tasks: Sequence[RegenTask]) -> None:
+        """Ship released pieces; consecutive ones travel as one chunk (better compression)."""
+        for run in _consecutive(tasks):
+            first = run[0].first_query
+            subjects = [s for task in run for s in (task.subjects or ())]
+            start = time.perf_counter()
+            header, payload = self.codec.encode((first, subjects, self.nseq))
+            self.encode_seconds += time.perf_counter() - start
+            self.transport.send(header, payload)
+
+    # -- end ---------------------------------------------------------------------------------------------
+    def commit(self) -> None:
+        start = time.perf_counter()
+        final: dict[str, Any] = {}
+        if not self.holds_pieces:
+            final = {"size": self.output_bytes, "sha256": self.digest.hexdigest()}
+        self.result = self.transport.finish(final)
+        self.finish_seconds = time.perf_counter() - start
+        if not self.holds_pieces and self.result.get("sha256") != final["sha256"]:
+            raise SiteError("the storage site's file differs from the output made here")
+        self.transport.close()
+
+    def abort(self) -> None:
+        self.transport.close()
+
+    def report(self) -> dict[str, Any]:
+        stats = self.transport.stats
+        result = self.result or {}
+        output_bytes = int(result.get("bytes", self.output_bytes))
+        return {
+            "site": str(self.settings.site),
+            "mode": self.mode,
+            "codec": self.codec.name,
+            "streams": self.settings.streams,
+            "output_path": self.settings.out,
+            "output_bytes": output_bytes,
+            "shipped_payload_bytes": stats.payload_bytes,
+            "setup_bytes": stats.setup_bytes,
+            "wire_bytes": stats.wire_bytes,
+            "ratio_output_to_payload": round(output_bytes / stats.payload_bytes, 1)
+            if stats.payload_bytes
+            else None,
+            "chunks": stats.chunks,
+            "chunks_resent": stats.resent,
+            "reconnects": stats.reconnects,
+            "f_encode_seconds": round(self.encode_seconds, 3),
+            "finish_wait_seconds": round(self.finish_seconds, 3),
+            "g_site_decode_seconds": result.get("decode_seconds"),
+            "site_sha256": result.get("sha256"),
+            "auto_decision": self.decision,
+        }
+
+
+def _consecutive(tasks: Sequence[RegenTask]) -> list[list[RegenTask]]:
+    runs: list[list[RegenTask]] = []
+    for task in sorted(tasks, key=lambda t: t.piece):
+        if runs and runs[-1][-1].piece + 1 == task.piece:
+            runs[-1].append(task)
+        else:
+            runs.append([task])
+    return runs
+
+
+def start_shipping(
+    settings: ShipSettings, mode: str, blast_setup: BlastJobSetup | None, nseq: int
+) -> Shipping:
+    """Open the job at the storage site (a refusal, e.g. a replica mismatch, fails here) and start sending."""
+    codec: Codec
+    setup: dict[str, Any] = {"out": settings.out}
+    payload = b""
+    if mode == "metadata":
+        assert blast_setup is not None
+        codec = BlastMetadataCodec()
+        header, payload = blast_setup.encode()
+        setup.update(header)
+    elif mode == "compressed":
+        codec = CompressedCodec()
+    else:
+        codec = DirectCodec()
+    if settings.site.scheme == "file":
+        from paramedic.ship.inbox_client import InboxShipper
+
+        transport: Any = InboxShipper(settings.site, codec.name, setup, payload, settings.timeout)
+    else:
+        assert settings.keys is not None
+        transport = TlsShipper(
+            settings.site, settings.keys, codec.name, setup, payload, settings.streams, settings.timeout
+        )
+    transport.start()
+    return Shipping(settings, mode, codec, transport, nseq)
