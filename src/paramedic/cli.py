@@ -107,7 +107,9 @@ def _serve(argv: list[str]) -> int:
     )
     parser.add_argument("--root", required=True, type=Path, help="directory that receives the output files")
     parser.add_argument("--listen", default="0.0.0.0:7700", help="HOST:PORT (default 0.0.0.0:7700)")
-    parser.add_argument("--keys", required=True, type=Path, help="the server's keys (from paramedic keys)")
+    parser.add_argument(
+        "--keys", type=Path, help="the server's keys (from paramedic keys) for the TLS listener"
+    )
     parser.add_argument("--io-workers", type=int, default=2, help="regeneration workers (default 2)")
     parser.add_argument("--inbox", type=Path, help="also take jobs from this shared directory")
     parser.add_argument("--state", type=Path, help="job state directory (default <root>/.paramedic-state)")

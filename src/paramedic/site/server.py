@@ -47,7 +47,7 @@ class ServeSettings:
     replica: Path
     root: Path
     listen: str  # host:port
-    keys: Path
+    keys: Path | None  # None: only the --inbox transport, no TLS listener
     io_workers: int = 2
     inbox: Path | None = None
     state: Path | None = None  # default: <root>/.paramedic-state
@@ -74,7 +74,7 @@ class SiteServer:
         workdir = (settings.state or root / STATE_DIR_NAME) / "work"
         workdir.mkdir(parents=True, exist_ok=True)
         self.replica = Replica(database, manifest.checksum(), workdir)
-        self.context = server_context(settings.keys)
+        self.context = server_context(settings.keys) if settings.keys is not None else None
         self.store = JobStore(
             root, settings.state or root / STATE_DIR_NAME, self.replica, settings.io_workers, log
         )
@@ -119,6 +119,7 @@ class SiteServer:
         try:
             raw.settimeout(HANDSHAKE_SECONDS)
             try:
+                assert self.context is not None
                 tls = self.context.wrap_socket(raw, server_side=True)
                 peer = peer_name(tls)
             except (ssl.SSLError, OSError) as exc:
@@ -187,17 +188,23 @@ class SiteServer:
 
 
 def serve(settings: ServeSettings) -> int:
+    if settings.keys is None and settings.inbox is None:
+        raise UsageError("paramedic serve needs --keys (TLS listener) or --inbox (shared directory), or both")
     server = SiteServer(settings)
-    host, port = server.bind()
     inbox = None
     if settings.inbox is not None:
         from paramedic.site.inbox import InboxWatcher
 
         inbox = InboxWatcher(settings.inbox, server.store, log)
         inbox.start()
-    log(f"listening on {host}:{port} (TLS 1.3, client certificates), replica {settings.replica}")
+        log(f"watching inbox {settings.inbox}, replica {settings.replica}")
     try:
-        server.serve_forever()
+        if settings.keys is not None:
+            host, port = server.bind()
+            log(f"listening on {host}:{port} (TLS 1.3, client certificates), replica {settings.replica}")
+            server.serve_forever()
+        else:
+            server.stopping.wait()
     except KeyboardInterrupt:
         log("stopping")
     finally:
