@@ -25,7 +25,9 @@ from paramedic.errors import JobError, ParamedicError
 from paramedic.output.writer import LocalFile, OrderedWriter
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord
-from paramedic.ship.blast_codec import BlastJobSetup
+from paramedic.ship.auto import Link, decide, measure_link
+from paramedic.ship.blast_codec import BlastJobSetup, BlastMetadataCodec
+from paramedic.ship.client import SiteError
 from paramedic.ship.destination import Shipping, start_shipping
 
 POLL_SECONDS = 0.002
@@ -100,22 +102,41 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
     start = time.perf_counter()
     size = comm.Get_size()
     stats = RankStats(rank=0, role="master" if size > 1 else "master+worker")
-    shipping = open_shipping(job, plan)
-    scheduler = Scheduler(plan, hold_pieces=shipping is not None and shipping.holds_pieces)
+    auto = job.ship is not None and job.ship.mode == "auto"
+    link = measure_site(job) if auto else None
+    shipping = open_shipping(job, plan, job.ship.mode) if job.ship is not None and not auto else None
+    scheduler = Scheduler(plan, hold_pieces=auto or (shipping is not None and shipping.holds_pieces))
     progress = Progress(len(job.queries), quiet=job.quiet)
     writer: OrderedWriter | None = None
     try:
-        sink = shipping if shipping is not None else LocalFile(job.out)
-        if shipping is None or not shipping.holds_pieces:
+        if not auto and (shipping is None or not shipping.holds_pieces):
+            sink = shipping if shipping is not None else LocalFile(job.out)
             writer = OrderedWriter(sink, job.options.outfmt(), plan.pieces)
 
         def ship_released() -> None:
-            if shipping is not None and scheduler.hold_pieces:
-                t = time.perf_counter()
-                released = scheduler.take_released()
-                shipping.ship_pieces(released)
-                stats.add("write", time.perf_counter() - t)
-                progress.advance(sum(task.n_queries for task in released))
+            nonlocal shipping, writer
+            if not scheduler.hold_pieces:
+                return
+            released = scheduler.take_released()
+            if not released:
+                return
+            t = time.perf_counter()
+            if shipping is None:  # --ship auto: decide on the first piece, regenerated here
+                probe = released[0]
+                output = execute(probe, job, plan, workdir, stats)
+                mode, decision = decide_from_probe(job, probe, output, time.perf_counter() - t, link)
+                shipping = open_shipping(job, plan, mode)
+                shipping.decision = decision
+                if not shipping.holds_pieces:
+                    writer = OrderedWriter(shipping, job.options.outfmt(), plan.pieces)
+                    progress.advance(writer.add(probe.piece, output))
+                    scheduler.requeue(released[1:])
+                    scheduler.stop_holding()
+                    stats.add("write", time.perf_counter() - t)
+                    return
+            shipping.ship_pieces(released)
+            stats.add("write", time.perf_counter() - t)
+            progress.advance(sum(task.n_queries for task in released))
 
         def accept(task: Task, payload: Any) -> None:
             if isinstance(task, SearchTask):
@@ -211,13 +232,30 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
     )
 
 
-def open_shipping(job: Job, plan: Plan) -> Shipping | None:
-    """With --site: open the job at the storage site before any search starts (refusals fail fast)."""
-    if job.ship is None:
-        return None
-    mode = job.ship.mode
-    if mode == "auto":
-        mode = "metadata"  # replaced by the measured choice in ship.auto (not yet wired)
+def measure_site(job: Job) -> Link | None:
+    """--ship auto: measure the link before the search (and check the replica early)."""
+    assert job.ship is not None
+    link, manifest = measure_link(job.ship.site, job.ship.keys)
+    if manifest is not None and manifest != job.manifest_checksum:
+        raise SiteError(
+            "storage site: the storage site's replica is not the compute site's database "
+            "(manifest checksums differ)"
+        )
+    return link
+
+
+def decide_from_probe(
+    job: Job, probe: RegenTask, output: bytes, seconds: float, link: Link | None
+) -> tuple[str, dict[str, Any]]:
+    start = time.perf_counter()
+    _, payload = BlastMetadataCodec().encode((probe.first_query, probe.subjects or (), job.db.nseq))
+    encode_seconds = time.perf_counter() - start
+    return decide(link, len(job.queries), probe.n_queries, output, seconds, len(payload), encode_seconds)
+
+
+def open_shipping(job: Job, plan: Plan, mode: str) -> Shipping:
+    """With --site: open the job at the storage site (refusals, e.g. a replica mismatch, fail here)."""
+    assert job.ship is not None
     if mode == "metadata" and plan.direct:
         raise JobError("--ship metadata needs the fragments strategy (query segmentation merges nothing)", 2)
     setup = None

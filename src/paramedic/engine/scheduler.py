@@ -167,6 +167,12 @@ class Scheduler:
             self._done_pieces.add(task.piece)
         return taken
 
+    def requeue(self, tasks: list[RegenTask]) -> None:
+        """Taken pieces that are to be regenerated after all (ahead of everything else)."""
+        for task in tasks:
+            self._done_pieces.discard(task.piece)
+        self._ready.extendleft(reversed(tasks))
+
     def stop_holding(self) -> None:
         """From now on released pieces become regeneration tasks again (held ones first)."""
         self.hold_pieces = False

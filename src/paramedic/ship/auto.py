@@ -1,0 +1,120 @@
+"""`--ship auto`: measure the link, estimate the costs, choose by the ParaMEDIC rule.
+
+Ship metadata when   D - x > B * (f(x) + g(x))
+  D     bytes that shipping the output would send (here zstd-compressed: the best data-shipping mode)
+  x     bytes of metadata
+  B     link bandwidth, bytes per second (measured against the storage site)
+  f(x)  seconds to make the metadata at the compute site
+  g(x)  seconds to regenerate the output from the metadata at the storage site
+i.e. when the transfer time saved exceeds the computation added. D, x, f and g are estimated from the
+first regeneration piece, regenerated here once (its output is used if data shipping wins) and scaled
+to the job's query count. Every input and the decision go into the run record.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from paramedic.ship.client import SiteAddress, SiteError
+from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
+from paramedic.site.tls import client_context
+
+PINGS = 5
+SMALL_PROBE = 64 * 1024
+LARGE_PROBE = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Link:
+    rtt_seconds: float
+    bandwidth_bytes_per_second: float
+    probe_bytes: int
+
+
+def measure_link(address: SiteAddress, keys: Path | None) -> tuple[Link | None, str | None]:
+    """Round trip and bandwidth to the site, and the replica's manifest checksum (None for an inbox)."""
+    if address.scheme == "file":
+        return None, None
+    assert keys is not None
+    context = client_context(keys)
+    try:
+        with socket.create_connection((address.host, address.port), timeout=10) as raw:
+            with context.wrap_socket(raw, server_hostname=address.host) as tls:
+                tls.settimeout(120)
+                hello = _ask(tls, {"op": "hello"})
+                rtt = min(_timed(tls, b"") for _ in range(PINGS))
+                probe = SMALL_PROBE
+                seconds = _timed(tls, os.urandom(probe))
+                if seconds - rtt < 0.2:
+                    probe = LARGE_PROBE
+                    seconds = _timed(tls, os.urandom(probe))
+    except (OSError, ProtocolError) as exc:
+        raise SiteError(f"cannot measure the link to {address}: {exc}") from exc
+    bandwidth = probe / max(seconds - rtt, 1e-6)
+    return Link(round(rtt, 6), round(bandwidth, 1), probe), hello.get("manifest_sha256")
+
+
+def _ask(tls: Any, header: dict[str, Any], payload: bytes = b"") -> dict[str, Any]:
+    send_frame(tls, header, payload)
+    reply, _ = recv_frame(tls)
+    if reply.get("op") == "error":
+        raise SiteError(f"storage site: {reply.get('message')}")
+    return reply
+
+
+def _timed(tls: Any, payload: bytes) -> float:
+    start = time.perf_counter()
+    _ask(tls, {"op": "ping"}, payload)
+    return time.perf_counter() - start
+
+
+def ship_metadata(D: float, x: float, B: float, f: float, g: float) -> bool:  # noqa: N803 (the paper's names)
+    """The ParaMEDIC rule: metadata wins when the transfer time saved exceeds the computation added."""
+    return D - x > B * (f + g)
+
+
+def decide(
+    link: Link | None,
+    n_queries: int,
+    probe_queries: int,
+    probe_output: bytes,
+    probe_regen_seconds: float,
+    probe_metadata_bytes: int,
+    probe_encode_seconds: float,
+) -> tuple[str, dict[str, Any]]:
+    """The mode ("metadata" or "compressed") and the record of why."""
+    scale = n_queries / probe_queries
+    start = time.perf_counter()
+    compressed = len(zstandard.ZstdCompressor(level=3).compress(probe_output))
+    compress_seconds = time.perf_counter() - start
+    estimates = {
+        "D_output_bytes": round(len(probe_output) * scale),
+        "D_compressed_bytes": round(compressed * scale),
+        "x_metadata_bytes": round(probe_metadata_bytes * scale),
+        "f_seconds": round(probe_encode_seconds * scale, 4),
+        "g_seconds": round(probe_regen_seconds * scale, 3),
+        "compress_seconds": round(compress_seconds * scale, 3),
+        "probe_queries": probe_queries,
+        "queries": n_queries,
+    }
+    if link is None:
+        mode = "metadata"
+        reason = "shared-directory transport: no link to measure; metadata is the least to write"
+    else:
+        D = estimates["D_compressed_bytes"]  # noqa: N806
+        x = estimates["x_metadata_bytes"]
+        B = link.bandwidth_bytes_per_second  # noqa: N806
+        f, g = estimates["f_seconds"], estimates["g_seconds"]
+        metadata = ship_metadata(D, x, B, f, g)
+        mode = "metadata" if metadata else "compressed"
+        reason = (
+            f"D - x = {D - x:,.0f} bytes {'>' if metadata else '<='} B * (f + g) = {B * (f + g):,.0f} bytes"
+        )
+    return mode, {"mode": mode, "reason": reason, "link": asdict(link) if link else None, **estimates}
