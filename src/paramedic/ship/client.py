@@ -70,6 +70,15 @@ class ShipStats:
     resent: int = 0
     reconnects: int = 0
     setup_bytes: int = 0
+    first_send: float | None = None  # perf_counter of the first chunk sent
+    last_ack: float | None = None  # perf_counter of the last acknowledgement
+
+    @property
+    def transfer_seconds(self) -> float | None:
+        """From the first chunk out to the last acknowledgement in (overlaps the search)."""
+        if self.first_send is None or self.last_ack is None:
+            return None
+        return round(self.last_ack - self.first_send, 3)
 
 
 @dataclass
@@ -255,6 +264,8 @@ class TlsShipper:
                         "sha256": hashlib.sha256(chunk.payload).hexdigest(),
                     }
                     inflight.append(chunk.index)
+                    if self.stats.first_send is None:
+                        self.stats.first_send = time.perf_counter()
                     self._count(send_frame(tls, header, payload))
                     continue
                 reply, _ = recv_frame(tls)
@@ -278,6 +289,8 @@ class TlsShipper:
                 self.shared.cond.notify_all()
 
     def _acknowledge(self, indices: set[int]) -> None:
+        if indices:
+            self.stats.last_ack = time.perf_counter()
         with self.shared.cond:
             for index in indices:
                 self.shared.pending.pop(index, None)

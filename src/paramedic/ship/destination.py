@@ -141,6 +141,7 @@ class Shipping:
             "chunks_resent": stats.resent,
             "reconnects": stats.reconnects,
             "f_encode_seconds": round(self.encode_seconds, 3),
+            "transfer_seconds": stats.transfer_seconds,
             "finish_wait_seconds": round(self.finish_seconds, 3),
             "g_site_decode_seconds": result.get("decode_seconds"),
             "site_sha256": result.get("sha256"),

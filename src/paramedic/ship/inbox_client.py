@@ -76,6 +76,8 @@ class InboxShipper:
     def _write_chunk(self, index: int) -> None:
         header, payload = self.unacked[index]
         full = {**header, "index": index, "sha256": hashlib.sha256(payload).hexdigest()}
+        if self.stats.first_send is None:
+            self.stats.first_send = time.perf_counter()
         write_atomically(self.directory / f"chunk-{index}.bin", payload)
         write_atomically(self.directory / f"chunk-{index}.json", json.dumps(full).encode())
         self.stats.wire_bytes += len(payload)
@@ -85,6 +87,7 @@ class InboxShipper:
         for index in list(self.unacked):
             if (self.directory / f"ack-{index}").exists():
                 del self.unacked[index]
+                self.stats.last_ack = time.perf_counter()
             elif (self.directory / f"nack-{index}").exists():
                 (self.directory / f"nack-{index}").unlink()
                 self.stats.resent += 1
