@@ -268,4 +268,4 @@ def open_shipping(job: Job, plan: Plan, mode: str) -> Shipping:
             pieces=plan.pieces,
             queries=job.queries,
         )
-    return start_shipping(job.ship, mode, setup, job.db.nseq)
+    return start_shipping(job.ship, mode, setup, job.db.nseq, len(job.queries))

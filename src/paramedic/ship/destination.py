@@ -26,6 +26,7 @@ from paramedic.ship.client import SiteAddress, SiteError, TlsShipper
 from paramedic.ship.codecs import Codec, CompressedCodec, DirectCodec, split_range
 
 SHIP_MODES = ("direct", "compressed", "metadata", "auto")
+METADATA_FLUSH_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ class Shipping:
         self.result: dict[str, Any] | None = None
         self.finish_seconds = 0.0
         self.decision: dict[str, Any] | None = None
+        self.buffered: list[RegenTask] = []
+        self.buffered_since = 0.0
+        self.flush_queries = 1  # set by start_shipping: a quarter of the job's queries
 
     @property
     def holds_pieces(self) -> bool:
@@ -96,7 +100,18 @@ class Shipping:
 
     # -- pieces: metadata ------------------------------------------------------------------------------
     def ship_pieces(self, tasks: Sequence[RegenTask]) -> None:
-        """Ship released pieces; consecutive ones travel as one chunk (better compression)."""
+        """Ship released pieces, a few at a time: consecutive ones travel as one chunk, and larger chunks
+        compress better (ids of neighbouring queries repeat), so pieces wait until a quarter of the queries
+        or METADATA_FLUSH_SECONDS have gathered. The site still gets work long before the search ends."""
+        if not self.buffered:
+            self.buffered_since = time.monotonic()
+        self.buffered.extend(tasks)
+        gathered = sum(t.n_queries for t in self.buffered)
+        if gathered >= self.flush_queries or time.monotonic() - self.buffered_since >= METADATA_FLUSH_SECONDS:
+            self._flush_pieces()
+
+    def _flush_pieces(self) -> None:
+        tasks, self.buffered = self.buffered, []
         for run in _consecutive(tasks):
             first = run[0].first_query
             subjects = [s for task in run for s in (task.subjects or ())]
@@ -107,6 +122,7 @@ class Shipping:
 
     # -- end ---------------------------------------------------------------------------------------------
     def commit(self) -> None:
+        self._flush_pieces()
         start = time.perf_counter()
         final: dict[str, Any] = {}
         if not self.holds_pieces:
@@ -160,7 +176,7 @@ def _consecutive(tasks: Sequence[RegenTask]) -> list[list[RegenTask]]:
 
 
 def start_shipping(
-    settings: ShipSettings, mode: str, blast_setup: BlastJobSetup | None, nseq: int
+    settings: ShipSettings, mode: str, blast_setup: BlastJobSetup | None, nseq: int, n_queries: int
 ) -> Shipping:
     """Open the job at the storage site (a refusal, e.g. a replica mismatch, fails here) and start sending."""
     codec: Codec
@@ -185,4 +201,6 @@ def start_shipping(
             settings.site, settings.keys, codec.name, setup, payload, settings.streams, settings.timeout
         )
     transport.start()
-    return Shipping(settings, mode, codec, transport, nseq)
+    shipping = Shipping(settings, mode, codec, transport, nseq)
+    shipping.flush_queries = max(1, n_queries // 4)
+    return shipping
