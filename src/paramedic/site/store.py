@@ -78,7 +78,8 @@ def safe_output_path(root: Path, relative: str) -> Path:
 
 
 def _write_durably(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    # A temporary name per thread: a chunk re-sent on another stream may be stored twice at once.
+    tmp = path.with_name(f"{path.name}.{threading.get_ident()}.tmp")
     with open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()
