@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from paramedic.cli import MPI_RANK_VARIABLES
@@ -18,6 +19,9 @@ from paramedic.engine.job import SearchSettings, prepare_job
 from paramedic.errors import JobError, ParamedicError
 
 LAUNCHED_VARIABLE = "PARAMEDIC_LAUNCHED"
+# Where a failing rank leaves its one-line message for the launching process: mpiexec may tear the job
+# down before it forwards the rank's stderr, and the user must still see why the job failed.
+ERROR_FILE_VARIABLE = "PARAMEDIC_ERROR_FILE"
 
 
 def under_mpi() -> bool:
@@ -45,12 +49,30 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
     if mpiexec is None:
         raise JobError("mpiexec not found: run `make setup` (installs MPICH in .venv) or install an MPI")
     ranks = (workers or local_cores()) + 1
-    env = dict(os.environ, **{LAUNCHED_VARIABLE: "1"})
-    command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "paramedic", *argv]
-    try:
-        return subprocess.call(command, env=env)
-    except KeyboardInterrupt:
-        return 130
+    with tempfile.NamedTemporaryFile(prefix="paramedic-error-", suffix=".txt") as error_file:
+        env = dict(os.environ, **{LAUNCHED_VARIABLE: "1", ERROR_FILE_VARIABLE: error_file.name})
+        command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "paramedic", *argv]
+        try:
+            code = subprocess.call(command, env=env)
+        except KeyboardInterrupt:
+            return 130
+        message = Path(error_file.name).read_text(errors="replace").strip()
+        if code != 0 and message:
+            print(message.splitlines()[0], file=sys.stderr, flush=True)
+        return code
+
+
+def report_failure(line: str) -> None:
+    """The failing rank's message: to the launching process when there is one, else to stderr."""
+    path = os.environ.get(ERROR_FILE_VARIABLE)
+    if path:
+        try:
+            with open(path, "a") as fh:
+                fh.write(line + "\n")
+            return
+        except OSError:
+            pass
+    print(line, file=sys.stderr, flush=True)
 
 
 def run_under_mpi(settings: SearchSettings, argv: list[str]) -> int:
@@ -83,7 +105,7 @@ def run_under_mpi(settings: SearchSettings, argv: list[str]) -> int:
             else 1
         )
         text = str(exc) if isinstance(exc, ParamedicError) else f"internal error: {type(exc).__name__}: {exc}"
-        print(f"paramedic: error: {text}", file=sys.stderr, flush=True)
+        report_failure(f"paramedic: error: {text}")
         if os.environ.get("PARAMEDIC_DEBUG"):
             import traceback
 

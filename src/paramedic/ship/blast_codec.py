@@ -45,6 +45,7 @@ SITE_REFUSED_OPTIONS = (
     "out_pssm",
     "out_ascii_pssm",
     "in_msa",
+    "index_name",
 )
 # One file per query (13, 14) cannot be shipped as one file.
 UNSHIPPABLE_OUTFMTS = (13, 14)

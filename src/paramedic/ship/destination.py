@@ -15,7 +15,7 @@ import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from paramedic.blast.options import BlastOptions
@@ -24,6 +24,7 @@ from paramedic.errors import UsageError
 from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS, BlastJobSetup, BlastMetadataCodec
 from paramedic.ship.client import SiteAddress, SiteError, TlsShipper
 from paramedic.ship.codecs import Codec, CompressedCodec, DirectCodec, split_range
+from paramedic.ship.paths import output_path_problem
 
 SHIP_MODES = ("direct", "compressed", "metadata", "auto")
 METADATA_FLUSH_SECONDS = 10.0
@@ -49,9 +50,11 @@ class ShipSettings:
             raise UsageError(f"--keys {keys}: not a directory")
         if not out or out == "-":
             raise UsageError("with --site, -out names the output file under the storage site's root")
-        path = PurePosixPath(out)
-        if path.is_absolute() or ".." in path.parts:
-            raise UsageError(f"-out {out}: with --site, a relative path under the storage site's root")
+        problem = output_path_problem(out)
+        if problem is not None:
+            raise UsageError(
+                f"-out {out}: with --site, -out is a relative path under the storage site's root ({problem})"
+            )
         if streams < 1 or streams > 64:
             raise UsageError("--streams must be between 1 and 64")
         return cls(address, keys, mode, out, streams, timeout)

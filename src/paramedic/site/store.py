@@ -30,6 +30,7 @@ from typing import Any
 from paramedic.blast.run import Database
 from paramedic.errors import ParamedicError
 from paramedic.ship.codecs import Codec, make_codec
+from paramedic.ship.paths import output_path_problem
 from paramedic.ship.wire import ProtocolError, field_int, field_str
 
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -54,13 +55,10 @@ class Replica:
 
 def safe_output_path(root: Path, relative: str) -> Path:
     """`relative` under `root`, or ProtocolError: no absolute paths, no `..`, no symlinks on the way."""
-    if not relative or len(relative) > 1024 or "\0" in relative or "\\" in relative:
-        raise ProtocolError("output path: empty, too long or with forbidden characters")
+    problem = output_path_problem(relative)
+    if problem is not None:
+        raise ProtocolError(f"output path {relative[:100]!r}: {problem}")
     path = PurePosixPath(relative)
-    if path.is_absolute() or any(part in ("..", ".", "") for part in relative.split("/")):
-        raise ProtocolError(f"output path {relative!r}: must be relative, without '..'")
-    if path.parts[0] == STATE_DIR_NAME or any(p.startswith(".") for p in path.parts):
-        raise ProtocolError(f"output path {relative!r}: hidden names are reserved")
     current = root
     for part in path.parts[:-1]:
         current = current / part
@@ -146,7 +144,7 @@ class JobStore:
                 if header.get("setup") != job.setup_header:
                     raise ProtocolError("job reopened with a different setup")
                 return job
-            active = sum(1 for j in self.jobs.values() if j.done() is None)
+            active = sum(1 for j in self.jobs.values() if j.failure is None and j.done() is None)
             if active >= MAX_ACTIVE_JOBS:
                 raise ProtocolError(f"storage site busy: {active} jobs open")
             setup = header.get("setup")
@@ -228,12 +226,33 @@ class JobStore:
                 job.decoded[index] = marker
                 job.decode_seconds += marker["seconds"]
         except (ProtocolError, ParamedicError, OSError, ValueError) as exc:
-            job.failure = f"chunk {index}: {exc}"
-            self.log(f"job {job.job_id}: failed: {job.failure}")
+            self._fail(job, f"chunk {index}: {exc}")
+
+    def _fail(self, job: SiteJob, message: str) -> None:
+        """A failed job is final: recorded on disk (a restart does not retry it), its partial data removed."""
+        with job.lock:
+            if job.failure is not None:
+                return
+            job.failure = message
+        self.log(f"job {job.job_id}: failed: {message}")
+        try:
+            _write_durably(job.directory / "failed.json", json.dumps({"message": message}).encode())
+            job.partial.unlink(missing_ok=True)
+        except OSError as exc:
+            self.log(f"job {job.job_id}: cannot record the failure: {exc}")
+        shutil.rmtree(job.directory / "chunks", ignore_errors=True)
+        shutil.rmtree(job.directory / "pieces", ignore_errors=True)
 
     # -- finishing ------------------------------------------------------------------------------------
     def finish(self, job: SiteJob, header: dict[str, Any]) -> dict[str, Any] | None:
         """The final file's size and digest once it is durable; None while chunks are still decoding."""
+        try:
+            return self._finish(job, header)
+        except JobFailed as exc:
+            self._fail(job, str(exc))
+            raise
+
+    def _finish(self, job: SiteJob, header: dict[str, Any]) -> dict[str, Any] | None:
         done = job.done()
         if done is not None:
             return done
@@ -295,7 +314,7 @@ class JobStore:
                 setup = record["setup"]
                 out = safe_output_path(self.root, setup["out"])
                 context = None
-                if (directory / "done.json").exists():
+                if (directory / "done.json").exists() or (directory / "failed.json").exists():
                     context = None
                 else:
                     context = codec.prepare(setup, (directory / "setup.bin").read_bytes(), self.replica)
@@ -304,6 +323,10 @@ class JobStore:
                 continue
             job = SiteJob(directory.name, directory, record["peer"], out, codec, context, setup)
             self.jobs[job.job_id] = job
+            failed = directory / "failed.json"
+            if failed.exists():
+                job.failure = json.loads(failed.read_text()).get("message", "failed")
+                continue
             if job.done() is not None:
                 continue
             for path in (directory / "decoded").glob("*.json"):
