@@ -483,3 +483,33 @@ def test_failed_jobs_do_not_fill_the_site(sites: Sites) -> None:
         assert (root / "good.bin").read_bytes() == b"fine"
     finally:
         server.stop()
+
+
+# -- the shared-directory transport ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["metadata", "compressed", "auto"])
+def test_inbox_transport_delivers_the_same_file(sites: Sites, tmp_path: Path, mode: str) -> None:
+    inbox, root = tmp_path / "inbox", tmp_path / "root"
+    root.mkdir()
+    log = tmp_path / "serve.log"
+    argv = [str(BIN / "paramedic"), "serve", "--replica", str(sites.server.replica), "--root", str(root),
+            "--inbox", str(inbox), "--io-workers", "1"]  # fmt: skip
+    with open(log, "wb") as fh:
+        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fh, start_new_session=True)
+    try:
+        out = f"inbox/{mode}.txt"
+        record = tmp_path / "record.json"
+        paramedic(
+            "search", "blastp", "-query", "q.fasta", "-db", "db/uni", "-outfmt", "0", "-out", out,
+            "--site", f"file://{inbox}", "--ship", mode, "--strategy", "fragments", "--quiet",
+            "--ship-timeout", "60", "--record", str(record), cwd=sites.compute,
+        )  # fmt: skip
+        expected = sites.local("0")
+        assert (root / out).read_bytes() == expected
+        ship = json.loads(record.read_text())["ship"]
+        assert ship["site_sha256"] == sha256(expected)
+        assert ship["mode"] == ("metadata" if mode == "auto" else mode)  # no link to measure: metadata
+    finally:
+        server.kill()
+        server.wait()

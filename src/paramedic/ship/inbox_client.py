@@ -16,24 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
+from paramedic.durable import write_durably
 from paramedic.ship.client import ShipStats, SiteAddress, SiteError
 
 POLL_SECONDS = 0.05
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 class InboxShipper:
@@ -57,9 +47,9 @@ class InboxShipper:
             raise SiteError(f"inbox {self.inbox}: not a directory")
         try:
             self.directory.mkdir()
-            write_atomically(self.directory / "setup.bin", self.setup_payload)
+            write_durably(self.directory / "setup.bin", self.setup_payload)
             opening = {"job": self.job_id, "codec": self.codec, "setup": self.setup}
-            write_atomically(self.directory / "open.json", json.dumps(opening).encode())
+            write_durably(self.directory / "open.json", json.dumps(opening).encode())
         except OSError as exc:
             raise SiteError(f"inbox {self.inbox}: cannot write: {exc.strerror}") from exc
         self.stats.setup_bytes = len(self.setup_payload)
@@ -78,8 +68,8 @@ class InboxShipper:
         full = {**header, "index": index, "sha256": hashlib.sha256(payload).hexdigest()}
         if self.stats.first_send is None:
             self.stats.first_send = time.perf_counter()
-        write_atomically(self.directory / f"chunk-{index}.bin", payload)
-        write_atomically(self.directory / f"chunk-{index}.json", json.dumps(full).encode())
+        write_durably(self.directory / f"chunk-{index}.bin", payload)
+        write_durably(self.directory / f"chunk-{index}.json", json.dumps(full).encode())
         self.stats.wire_bytes += len(payload)
 
     def _collect_acks(self) -> None:
@@ -104,7 +94,7 @@ class InboxShipper:
         while self.unacked:
             self._collect_acks()
             self._wait(deadline, "acknowledgements")
-        write_atomically(
+        write_durably(
             self.directory / "finish.json", json.dumps({"chunks": self.next_index, **final}).encode()
         )
         done = self.directory / "done.json"

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from paramedic.durable import write_durably
 from paramedic.errors import ParamedicError
-from paramedic.ship.inbox_client import write_atomically
 from paramedic.ship.wire import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, ProtocolError
 from paramedic.site.store import JOB_ID, JobFailed, JobStore, SiteJob
 
@@ -50,7 +50,7 @@ class InboxWatcher:
                     self.log(f"inbox job {directory.name}: {exc}")
                     self.finished.add(directory.name)
                     try:
-                        write_atomically(directory / "error.json", json.dumps({"message": str(exc)}).encode())
+                        write_durably(directory / "error.json", json.dumps({"message": str(exc)}).encode())
                     except OSError:
                         pass
 
@@ -69,7 +69,7 @@ class InboxWatcher:
         if finish.exists():
             done = self.store.finish(job, json.loads(_read(finish, MAX_HEADER_BYTES)))
             if done is not None:
-                write_atomically(directory / "done.json", json.dumps(done).encode())
+                write_durably(directory / "done.json", json.dumps(done).encode())
                 self.finished.add(directory.name)
 
     def _take_chunk(self, job: SiteJob, directory: Path, meta: Path) -> None:
@@ -81,7 +81,7 @@ class InboxWatcher:
         ok = self.store.put_chunk(job, {**header, "op": "chunk"}, _read(data, MAX_PAYLOAD_BYTES))
         meta.unlink()
         data.unlink()
-        write_atomically(directory / (f"ack-{index}" if ok else f"nack-{index}"), b"")
+        write_durably(directory / (f"ack-{index}" if ok else f"nack-{index}"), b"")
         if not ok:
             self.log(f"inbox job {job.job_id}: chunk {index} failed its SHA-256 check; asking again")
 

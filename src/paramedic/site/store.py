@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from paramedic.blast.run import Database
+from paramedic.durable import fsync_dir, write_durably
 from paramedic.errors import ParamedicError
 from paramedic.ship.codecs import Codec, make_codec
 from paramedic.ship.paths import output_path_problem
@@ -73,24 +74,6 @@ def safe_output_path(root: Path, relative: str) -> Path:
     if not str(target.resolve()).startswith(str(root.resolve()) + os.sep):
         raise ProtocolError(f"output path {relative!r}: leaves the root")
     return target
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    # A temporary name per thread: a chunk re-sent on another stream may be stored twice at once.
-    tmp = path.with_name(f"{path.name}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass
@@ -161,11 +144,11 @@ class JobStore:
             (tmp / "chunks").mkdir(parents=True)
             (tmp / "decoded").mkdir()
             (tmp / "pieces").mkdir()
-            _write_durably(tmp / "setup.bin", setup_payload or b"")
+            write_durably(tmp / "setup.bin", setup_payload or b"")
             record = {"job": job_id, "peer": peer, "codec": codec.name, "setup": setup, "opened": time.time()}
-            _write_durably(tmp / "job.json", json.dumps(record).encode())
+            write_durably(tmp / "job.json", json.dumps(record).encode())
             os.replace(tmp, directory)
-            _fsync_dir(self.state)
+            fsync_dir(self.state)
             job = SiteJob(job_id, directory, peer, out, codec, context, setup)
             self.jobs[job_id] = job
             self.log(f"job {job_id}: opened by {peer}, {codec.name}, output {setup['out']}")
@@ -188,8 +171,8 @@ class JobStore:
             if index in job.acked:
                 return True
         chunk_header = {k: v for k, v in header.items() if k not in ("op", "job")}
-        _write_durably(job.directory / "chunks" / f"{index}.bin", payload)
-        _write_durably(job.directory / "chunks" / f"{index}.json", json.dumps(chunk_header).encode())
+        write_durably(job.directory / "chunks" / f"{index}.bin", payload)
+        write_durably(job.directory / "chunks" / f"{index}.json", json.dumps(chunk_header).encode())
         with job.lock:
             job.acked.add(index)
         self._queue_decode(job, index, chunk_header, payload)
@@ -218,10 +201,10 @@ class JobStore:
                     os.close(fd)
             else:
                 for seg in segments:
-                    _write_durably(job.directory / "pieces" / f"{seg.position}.out", seg.data)
+                    write_durably(job.directory / "pieces" / f"{seg.position}.out", seg.data)
                     placed.append([seg.position, len(seg.data)])
             marker = {"segments": placed, "seconds": time.perf_counter() - start}
-            _write_durably(job.directory / "decoded" / f"{index}.json", json.dumps(marker).encode())
+            write_durably(job.directory / "decoded" / f"{index}.json", json.dumps(marker).encode())
             with job.lock:
                 job.decoded[index] = marker
                 job.decode_seconds += marker["seconds"]
@@ -236,7 +219,7 @@ class JobStore:
             job.failure = message
         self.log(f"job {job.job_id}: failed: {message}")
         try:
-            _write_durably(job.directory / "failed.json", json.dumps({"message": message}).encode())
+            write_durably(job.directory / "failed.json", json.dumps({"message": message}).encode())
             job.partial.unlink(missing_ok=True)
         except OSError as exc:
             self.log(f"job {job.job_id}: cannot record the failure: {exc}")
@@ -295,9 +278,9 @@ class JobStore:
         with open(job.partial, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(job.partial, job.out)
-        _fsync_dir(job.out.parent)
+        fsync_dir(job.out.parent)
         done = {"sha256": digest, "bytes": size, "decode_seconds": round(job.decode_seconds, 3)}
-        _write_durably(job.directory / "done.json", json.dumps(done).encode())
+        write_durably(job.directory / "done.json", json.dumps(done).encode())
         shutil.rmtree(job.directory / "chunks", ignore_errors=True)
         shutil.rmtree(job.directory / "pieces", ignore_errors=True)
         self.log(f"job {job.job_id}: wrote {job.out} ({size} bytes, sha256 {digest[:16]}...)")
