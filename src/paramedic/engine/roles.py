@@ -204,6 +204,7 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
     finally:
         progress.close()
     stats.measure_memory()
+    ship_report = shipping.report() if shipping else None
     merged = [scheduler.metadata(q) or [] for q in range(len(job.queries))]
     if job.save_metadata is not None:
         save_metadata(job.save_metadata, job.identity, merged)
@@ -224,11 +225,11 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
         blast_startup_seconds=float(job.plan_inputs["startup_seconds"]),  # type: ignore[arg-type]
         wall_seconds=round(time.perf_counter() - start, 3),
         output=(f"{job.ship.site}/{job.ship.out}" if job.ship else str(job.out) if job.out else "-"),
-        output_bytes=shipping.report()["output_bytes"] if shipping else writer.bytes_written if writer else 0,
+        output_bytes=ship_report["output_bytes"] if ship_report else writer.bytes_written if writer else 0,
         metadata_pairs=None if plan.direct else sum(len(m) for m in merged),
         queries_with_hits=None if plan.direct else sum(1 for m in merged if m),
         ranks_stats=[stats, *worker_stats],
-        ship=shipping.report() if shipping else None,
+        ship=ship_report,
     )
 
 

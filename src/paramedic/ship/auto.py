@@ -14,7 +14,6 @@ to the job's query count. Every input and the decision go into the run record.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import zstandard
 
-from paramedic.ship.client import SiteAddress, SiteError
+from paramedic.ship.client import SiteAddress, SiteError, open_tls, tls_refusal
 from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
 from paramedic.site.tls import client_context
 
@@ -45,18 +44,16 @@ def measure_link(address: SiteAddress, keys: Path | None) -> tuple[Link | None, 
     assert keys is not None
     context = client_context(keys)
     try:
-        with socket.create_connection((address.host, address.port), timeout=10) as raw:
-            with context.wrap_socket(raw, server_hostname=address.host) as tls:
-                tls.settimeout(120)
-                hello = _ask(tls, {"op": "hello"})
-                rtt = min(_timed(tls, b"") for _ in range(PINGS))
-                probe = SMALL_PROBE
+        with open_tls(address, context) as tls:
+            hello = _ask(tls, {"op": "hello"})
+            rtt = min(_timed(tls, b"") for _ in range(PINGS))
+            probe = SMALL_PROBE
+            seconds = _timed(tls, os.urandom(probe))
+            if seconds - rtt < 0.2:
+                probe = LARGE_PROBE
                 seconds = _timed(tls, os.urandom(probe))
-                if seconds - rtt < 0.2:
-                    probe = LARGE_PROBE
-                    seconds = _timed(tls, os.urandom(probe))
     except (OSError, ProtocolError) as exc:
-        raise SiteError(f"cannot measure the link to {address}: {exc}") from exc
+        raise tls_refusal(address, exc) or SiteError(f"cannot measure the link to {address}: {exc}") from exc
     bandwidth = probe / max(seconds - rtt, 1e-6)
     return Link(round(rtt, 6), round(bandwidth, 1), probe), hello.get("manifest_sha256")
 

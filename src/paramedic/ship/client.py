@@ -62,6 +62,27 @@ class SiteAddress:
         return f"file://{self.path}" if self.scheme == "file" else f"tls://{self.host}:{self.port}"
 
 
+def open_tls(address: SiteAddress, context: ssl.SSLContext) -> ssl.SSLSocket:
+    """A TLS connection to the site (server certificate and host name checked by `context`)."""
+    raw = socket.create_connection((address.host, address.port), timeout=CONNECT_SECONDS)
+    try:
+        tls = context.wrap_socket(raw, server_hostname=address.host)
+    except BaseException:
+        raw.close()
+        raise
+    tls.settimeout(REPLY_SECONDS)
+    return tls
+
+
+def tls_refusal(address: SiteAddress, exc: BaseException) -> SiteError | None:
+    """The error to stop with when `exc` is a TLS refusal (retrying cannot help); None for a lost link."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return SiteError(f"{address}: the server's certificate is not trusted: {exc.verify_message}")
+    if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+        return SiteError(f"{address}: TLS refused: {exc.reason or exc}")
+    return None
+
+
 @dataclass
 class ShipStats:
     chunks: int = 0
@@ -131,14 +152,7 @@ class TlsShipper:
 
     # -- connections ----------------------------------------------------------------------------------
     def connect(self) -> ssl.SSLSocket:
-        raw = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_SECONDS)
-        try:
-            tls = self.context.wrap_socket(raw, server_hostname=self.address.host)
-        except BaseException:
-            raw.close()
-            raise
-        tls.settimeout(REPLY_SECONDS)
-        return tls
+        return open_tls(self.address, self.context)
 
     def request(self, tls: ssl.SSLSocket, header: dict[str, Any], payload: bytes = b"") -> dict[str, Any]:
         self._count(send_frame(tls, header, payload))
@@ -175,18 +189,10 @@ class TlsShipper:
         while True:
             try:
                 return action()
-            except ssl.SSLCertVerificationError as exc:
-                raise SiteError(
-                    f"{self.address}: the server's certificate is not trusted: {exc.verify_message}"
-                ) from exc
-            except ssl.SSLError as exc:
-                if not isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
-                    raise SiteError(f"{self.address}: TLS refused: {exc.reason or exc}") from exc
-                if time.monotonic() + delay > deadline:
-                    raise SiteError(f"cannot reach the storage site {self.address}: {exc}") from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
             except (OSError, ProtocolError) as exc:
+                refusal = tls_refusal(self.address, exc)
+                if refusal is not None:
+                    raise refusal from exc
                 if time.monotonic() + delay > deadline:
                     raise SiteError(f"cannot reach the storage site {self.address}: {exc}") from exc
                 time.sleep(delay)
@@ -217,17 +223,14 @@ class TlsShipper:
                     deadline = time.monotonic() + self.timeout
                     if self._pump(tls):
                         return
-            except ssl.SSLError as exc:
-                if not isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
-                    self._fail(SiteError(f"{self.address}: TLS refused: {exc.reason or exc}"))
-                    return
-                with self.stats_lock:
-                    self.stats.reconnects += 1
-                time.sleep(0.2)
             except SiteError as exc:
                 self._fail(exc)
                 return
-            except (OSError, ProtocolError):
+            except (OSError, ProtocolError) as exc:
+                refusal = tls_refusal(self.address, exc)
+                if refusal is not None:
+                    self._fail(refusal)
+                    return
                 with self.stats_lock:
                     self.stats.reconnects += 1
                 if time.monotonic() > deadline:

@@ -19,7 +19,6 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, Literal
 
 import zstandard
@@ -111,14 +110,8 @@ def _offset(header: dict[str, Any], length: int) -> int:
 
 def split_range(offset: int, data: bytes) -> Iterator[tuple[int, bytes]]:
     """Consecutive ranges of at most RANGE_CHUNK_BYTES covering `data` placed at `offset`."""
-    for start in range(0, max(len(data), 1), RANGE_CHUNK_BYTES):
+    for start in range(0, max(len(data), 1), RANGE_CHUNK_BYTES):  # an empty piece still ships
         yield offset + start, data[start : start + RANGE_CHUNK_BYTES]
-
-
-def codec_names() -> list[str]:
-    from paramedic.ship.blast_codec import BlastMetadataCodec
-
-    return [DirectCodec.name, CompressedCodec.name, BlastMetadataCodec.name]
 
 
 def make_codec(name: str) -> Codec:
@@ -183,8 +176,3 @@ def validate_queries(value: Any, max_queries: int) -> list[tuple[str, str]]:
 
 def sequence_of_ranges(pieces: Sequence[range]) -> list[list[int]]:
     return [[p.start, p.stop] for p in pieces]
-
-
-def file_pieces(paths: Sequence[Path]) -> Iterator[tuple[int, bytes]]:
-    for index, path in enumerate(paths):
-        yield index, path.read_bytes()

@@ -92,8 +92,6 @@ class Shipping:
     # -- ranges: a ByteSink for the OrderedWriter ------------------------------------------------------
     def write(self, data: bytes) -> None:
         for offset, part in split_range(self.output_bytes, data):
-            if not part and data:
-                continue
             start = time.perf_counter()
             header, payload = self.codec.encode((offset, part))
             self.encode_seconds += time.perf_counter() - start

@@ -297,9 +297,7 @@ class JobStore:
                 setup = record["setup"]
                 out = safe_output_path(self.root, setup["out"])
                 context = None
-                if (directory / "done.json").exists() or (directory / "failed.json").exists():
-                    context = None
-                else:
+                if not (directory / "done.json").exists() and not (directory / "failed.json").exists():
                     context = codec.prepare(setup, (directory / "setup.bin").read_bytes(), self.replica)
             except (ProtocolError, ParamedicError, OSError, ValueError, KeyError) as exc:
                 self.log(f"job {directory.name}: cannot resume ({exc}); left on disk")
