@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# bench/wan prerequisites, idempotent: Toxiproxy server (Go), OpenSSH server and sshfs (Debian).
+# bench/wan prerequisites, idempotent: Toxiproxy server (Go), OpenSSH server and sshfs (Debian),
+# matplotlib in the project's .venv (the `bench` extra) for the sweep plot.
 #   bash bench/wan/setup.sh
 # Installs ~/.cache/paramedic/tools/toxiproxy-server (or $PARAMEDIC_TOOLS/toxiproxy-server).
 set -euo pipefail
@@ -36,3 +37,12 @@ fi
 $SUDO mkdir -p /run/sshd
 echo "sshd: $(command -v sshd || echo /usr/sbin/sshd); sshfs: $(command -v sshfs)"
 [ -e /dev/fuse ] || echo "setup.sh: warning: /dev/fuse is missing; sshfs mounts will fail" >&2
+
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+VENV="${VENV:-$ROOT/.venv}"
+if [ -x "$VENV/bin/python" ]; then
+  "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null || "$VENV/bin/pip" install -q -e "$ROOT[bench]"
+  echo "matplotlib: $("$VENV/bin/python" -c 'import matplotlib; print(matplotlib.__version__)')"
+else
+  echo "setup.sh: no $VENV yet (run \`make setup\`); the plot needs matplotlib there" >&2
+fi

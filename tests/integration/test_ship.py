@@ -359,8 +359,9 @@ def test_flipped_byte_is_detected_and_resent(sites: Sites) -> None:
 # -- 7. malformed metadata fails the job, not the server ------------------------------------------------------
 
 
-def _metadata_setup(sites: Sites, n_queries: int = 2) -> tuple[dict, bytes, int]:
-    """The setup `open_shipping` would send for the first `n_queries` queries, outfmt 7, one piece."""
+def _metadata_setup(sites: Sites, n_queries: int = 2, pieces: int = 1) -> tuple[dict, bytes, int]:
+    """The setup `open_shipping` would send for the first `n_queries` queries, outfmt 7, in `pieces`
+    equal regeneration pieces."""
     from paramedic.db.fasta import read_fasta
     from paramedic.engine.job import resolve_database
 
@@ -371,7 +372,7 @@ def _metadata_setup(sites: Sites, n_queries: int = 2) -> tuple[dict, bytes, int]
         options=["-outfmt", "7"],
         db_arg="db/uni",
         manifest_sha256=manifest.checksum(),
-        pieces=(range(0, n_queries),),
+        pieces=tuple(range(i * n_queries // pieces, (i + 1) * n_queries // pieces) for i in range(pieces)),
         queries=queries,
     )
     header, payload = setup.encode()
@@ -383,7 +384,7 @@ def test_malformed_metadata_fails_the_job(sites: Sites, bad: str) -> None:
     header, setup_payload, nseq = _metadata_setup(sites)
     unit_header = {"first_query": 0, "n_queries": 2}
     payload = {
-        "garbage": b"PMDS\x01" + os.urandom(200),
+        "garbage": b"PMDS\x02" + os.urandom(200),
         "wrong-nseq": encode_subjects(0, [[1, 2], [3]], nseq + 1),
         "beyond-the-job": encode_subjects(0, [[1], [2], [3]], nseq),
         "part-of-a-piece": encode_subjects(1, [[1]], nseq),
@@ -414,6 +415,55 @@ def test_malformed_metadata_fails_the_job(sites: Sites, bad: str) -> None:
     report = (sites.root / f"{out}.good").read_bytes()
     assert done["sha256"] == sha256(report)
     assert report.count(b"# BLASTP") == 2
+
+
+def _ship_containers(sites: Sites, out: str, containers: list[bytes], order: list[int]) -> dict:
+    """Open a metadata job for three one-query pieces and send `containers` as chunks 0, 1, 2, in the
+    arrival order `order` (raw frames on one stream); return what the site's finish reports."""
+    header, setup_payload, _ = _metadata_setup(sites, 3, pieces=3)
+    shipper = sites.shipper("blast-metadata", {"out": out, **header}, setup_payload, streams=1)
+    try:
+        shipper.start()
+        with shipper.connect() as tls:
+            for index in order:
+                payload = containers[index]
+                chunk = {"op": "chunk", "job": shipper.job_id, "index": index, "sha256": sha256(payload),
+                         "first_query": index, "n_queries": 1}  # fmt: skip
+                send_frame(tls, chunk, payload)
+                reply, _ = recv_frame(tls)
+                if reply["op"] == "error":
+                    raise SiteError(f"storage site: {reply['message']}")
+                assert reply == {"op": "ack", "index": index}, reply
+        shipper.next_index = len(containers)  # the chunks went out above, not through send()
+        return shipper.finish({})
+    finally:
+        shipper.close()
+
+
+def test_metadata_chunks_are_unpacked_in_encoding_order(sites: Sites) -> None:
+    """Each query's ids are coded against earlier queries' ids, so the site must unpack chunk 2 only after
+    chunks 0 and 1, however they arrive; a chunk sent under another index than it was encoded for fails."""
+    _, _, nseq = _metadata_setup(sites, 3, pieces=3)
+    codec = BlastMetadataCodec()
+    base = list(range(0, 1200, 7))
+    lists = [base, base[5:] + [1201, 1300], base[9:] + [1300, 1555]]  # each shares most ids with the last
+    containers = [codec.encode((q, [ids], nseq))[1] for q, ids in enumerate(lists)]
+    alone = [BlastMetadataCodec().encode((q, [ids], nseq))[1] for q, ids in enumerate(lists)]
+    assert len(containers[2]) < len(alone[2])  # the reference is used
+
+    in_order = _ship_containers(sites, "order/in-order.out", containers, [0, 1, 2])
+    reversed_ = _ship_containers(sites, "order/reversed.out", containers, [2, 1, 0])
+    report = (sites.root / "order" / "in-order.out").read_bytes()
+    assert report.count(b"# BLASTP") == 3
+    assert (sites.root / "order" / "reversed.out").read_bytes() == report
+    assert in_order["sha256"] == reversed_["sha256"] == sha256(report)
+
+    start = len(sites.server.log())
+    swapped = [containers[1], containers[0], containers[2]]  # right content, wrong positions
+    with pytest.raises(SiteError, match=r"chunk 0: metadata: container follows 1 earlier lists"):
+        _ship_containers(sites, "order/swapped.out", swapped, [0, 1, 2])
+    sites.server.wait_log(r"failed: chunk 0: metadata: container follows 1 earlier lists", start=start)
+    assert not (sites.root / "order" / "swapped.out").exists()
 
 
 def test_protocol_garbage_drops_the_connection_only(sites: Sites) -> None:

@@ -29,7 +29,7 @@ from paramedic.ship.codecs import (
     unpack_json,
     validate_queries,
 )
-from paramedic.ship.idcodec import MetadataFormatError, decode_subjects, encode_subjects
+from paramedic.ship.idcodec import IdHistory, MetadataFormatError, decode_subjects, encode_subjects
 from paramedic.ship.wire import ProtocolError, field_int, field_str
 
 MAX_QUERIES = 1_000_000
@@ -82,15 +82,20 @@ class BlastSiteContext:
     queries: list[tuple[str, str]]
     pieces: tuple[range, ...]
     workdir: Path
+    history: IdHistory = dataclasses.field(default_factory=IdHistory)  # the job's ids unpacked so far
 
 
 class BlastMetadataCodec(Codec):
     name = "blast-metadata"
     layout = "pieces"
+    ordered = True  # a query's ids are coded against earlier queries' ids (idcodec.IdHistory)
+
+    def __init__(self) -> None:
+        self.history = IdHistory()  # compute site: the job's ids encoded so far
 
     def encode(self, unit: tuple[int, Sequence[Sequence[int]], int]) -> tuple[dict[str, Any], bytes]:
         first_query, subjects, nseq = unit
-        payload = encode_subjects(first_query, [sorted(set(s)) for s in subjects], nseq)
+        payload = encode_subjects(first_query, [sorted(set(s)) for s in subjects], nseq, self.history)
         return {"first_query": first_query, "n_queries": len(subjects)}, payload
 
     def prepare(self, setup: dict[str, Any], payload: bytes, site: Any) -> BlastSiteContext:
@@ -129,11 +134,18 @@ class BlastMetadataCodec(Codec):
         database = dataclasses.replace(site.database, arg=db_arg)
         return BlastSiteContext(program, options, database, queries, pieces, site.workdir)
 
-    def decode(self, header: dict[str, Any], payload: bytes, context: BlastSiteContext) -> list[Segment]:
+    def unpack(
+        self, header: dict[str, Any], payload: bytes, context: BlastSiteContext
+    ) -> tuple[int, list[list[int]]]:
         try:
-            first, subjects = decode_subjects(payload, context.db.nseq)
+            return decode_subjects(payload, context.db.nseq, context.history)
         except MetadataFormatError as exc:
             raise ProtocolError(f"metadata: {exc}") from exc
+
+    def decode(
+        self, header: dict[str, Any], unpacked: tuple[int, list[list[int]]], context: BlastSiteContext
+    ) -> list[Segment]:
+        first, subjects = unpacked
         stop = first + len(subjects)
         if stop > len(context.queries):
             raise ProtocolError("metadata: queries beyond the job")

@@ -10,7 +10,10 @@ class with these methods and registering it in CODECS:
   end (the BLAST codec: subject ids in, BLAST+ reports regenerated from the replica out).
 
 The storage site calls `prepare` once per job with the job's setup (untrusted: validate it) and hands the
-returned context to every `decode`.
+returned context to every `unpack` and `decode`. A codec whose payloads depend on the ones before them (the
+BLAST codec codes a query's ids against earlier queries' ids) sets `ordered`: the site then runs `unpack`
+on a job's chunks strictly in the order they were encoded, replaying them after a restart, and `decode`
+on what it returns, in any order, on its I/O workers.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Segment:
 class Codec(ABC):
     name: ClassVar[str]
     layout: ClassVar[Literal["ranges", "pieces"]]
+    ordered: ClassVar[bool] = False  # unpack chunks in encoding order (encode keeps state across units)
 
     # -- compute site ----------------------------------------------------------------------------------
     @abstractmethod
@@ -51,9 +55,14 @@ class Codec(ABC):
         """Validate a job's setup and build what `decode` needs (nothing for the generic codecs)."""
         return None
 
+    def unpack(self, header: dict[str, Any], payload: bytes, context: Any) -> Any:
+        """The cheap first step of decoding, the one that runs in order for an `ordered` codec; its result
+        goes to `decode`. ProtocolError when the payload is malformed."""
+        return payload
+
     @abstractmethod
-    def decode(self, header: dict[str, Any], payload: bytes, context: Any) -> list[Segment]:
-        """Output for one payload; ProtocolError (or a ParamedicError) when it is malformed."""
+    def decode(self, header: dict[str, Any], payload: Any, context: Any) -> list[Segment]:
+        """Output for one unpacked payload; ProtocolError (or a ParamedicError) when it is malformed."""
 
     def assemble(self, pieces: Iterator[tuple[int, bytes]], context: Any, out: BinaryIO) -> None:
         """Write the final file from all pieces in order ("pieces" layout only)."""

@@ -148,6 +148,9 @@ class SiteServer:
             except ProtocolError as exc:
                 reply = {"op": "error", "message": str(exc), "fatal": True}
                 log(f"{peer}: refused request {header.get('op')!r}: {exc}")
+            except OSError as exc:  # e.g. the disk is full: the job cannot go on here
+                reply = {"op": "error", "message": f"storage site I/O error: {exc}", "fatal": True}
+                log(f"{peer}: request {header.get('op')!r} failed: {exc}")
             try:
                 send_frame(tls, reply)
             except OSError:

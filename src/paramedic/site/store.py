@@ -9,6 +9,9 @@ Every step is durable before it is acknowledged, so a restarted server resumes w
                                  their offset (pwrite, fsync); for "pieces" its pieces are in pieces/
     state/<job>/done.json        the final file is in place: its size and SHA-256
 
+An `ordered` codec's chunks are unpacked in index order as the gaps fill (after a restart, by replaying the
+stored chunks from the first); their decoding, the expensive part, still runs in parallel.
+
 The final file is written beside its target under a temporary name, fsynced and renamed; its digest is
 computed from the bytes on disk, so what is reported is what was stored.
 """
@@ -89,7 +92,9 @@ class SiteJob:
     decoded: dict[int, dict[str, Any]] = field(default_factory=dict)
     failure: str | None = None
     decode_seconds: float = 0.0
+    unpacked: int = 0  # ordered codecs: chunks 0 .. unpacked-1 are unpacked
     lock: threading.Lock = field(default_factory=threading.Lock)
+    unpack_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def partial(self) -> Path:
@@ -165,30 +170,60 @@ class JobStore:
     def put_chunk(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> bool:
         """Store a chunk durably and queue its decoding; False when its checksum does not match."""
         index = field_int(header, "index", 0, MAX_CHUNKS - 1)
+        if job.failure is not None:
+            raise JobFailed(job.failure)
         if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
             return False
         with job.lock:
             if index in job.acked:
                 return True
         chunk_header = {k: v for k, v in header.items() if k not in ("op", "job")}
-        write_durably(job.directory / "chunks" / f"{index}.bin", payload)
-        write_durably(job.directory / "chunks" / f"{index}.json", json.dumps(chunk_header).encode())
+        try:
+            write_durably(job.directory / "chunks" / f"{index}.bin", payload)
+            write_durably(job.directory / "chunks" / f"{index}.json", json.dumps(chunk_header).encode())
+        except OSError:
+            if job.failure is not None:  # failed meanwhile: its chunk directory is gone
+                raise JobFailed(job.failure) from None
+            raise
         with job.lock:
             job.acked.add(index)
-        self._queue_decode(job, index, chunk_header, payload)
+        if job.codec.ordered:
+            self._unpack_in_order(job)
+        else:
+            self._queue_decode(job, index, chunk_header, payload, unpacked=False)
         return True
 
-    def _queue_decode(self, job: SiteJob, index: int, header: dict[str, Any], payload: bytes) -> None:
+    def _unpack_in_order(self, job: SiteJob) -> None:
+        """Unpack an ordered codec's chunks from the first not yet unpacked up to the first gap."""
+        with job.unpack_lock:
+            while job.failure is None and job.unpacked in job.acked:
+                index = job.unpacked
+                chunks = job.directory / "chunks"
+                try:
+                    header = json.loads((chunks / f"{index}.json").read_text())
+                    data = job.codec.unpack(header, (chunks / f"{index}.bin").read_bytes(), job.context)
+                except (ProtocolError, ParamedicError, OSError, ValueError) as exc:
+                    self._fail(job, f"chunk {index}: {exc}")
+                    return
+                job.unpacked += 1
+                if index not in job.decoded:
+                    self._queue_decode(job, index, header, data, unpacked=True)
+
+    def _queue_decode(
+        self, job: SiteJob, index: int, header: dict[str, Any], data: Any, *, unpacked: bool
+    ) -> None:
         self.queue_slots.acquire()
-        future = self.pool.submit(self._decode, job, index, header, payload)
+        future = self.pool.submit(self._decode, job, index, header, data, unpacked)
         future.add_done_callback(lambda _: self.queue_slots.release())
 
-    def _decode(self, job: SiteJob, index: int, header: dict[str, Any], payload: bytes) -> None:
+    def _decode(self, job: SiteJob, index: int, header: dict[str, Any], data: Any, unpacked: bool) -> None:
         if job.failure is not None:
             return
         start = time.perf_counter()
         try:
-            segments = job.codec.decode(header, payload, job.context)
+            if not unpacked:
+                data = job.codec.unpack(header, data, job.context)
+            segments = job.codec.decode(header, data, job.context)
             placed = []
             if job.codec.layout == "ranges":
                 fd = os.open(job.partial, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -312,16 +347,16 @@ class JobStore:
                 continue
             for path in (directory / "decoded").glob("*.json"):
                 job.decoded[int(path.stem)] = json.loads(path.read_text())
-            pending = 0
             for path in (directory / "chunks").glob("*.json"):
-                index = int(path.stem)
-                job.acked.add(index)
-                if index not in job.decoded:
-                    header = json.loads(path.read_text())
-                    self._queue_decode(
-                        job, index, header, (directory / "chunks" / f"{index}.bin").read_bytes()
-                    )
-                    pending += 1
+                job.acked.add(int(path.stem))
+            pending = len(job.acked - job.decoded.keys())
+            if codec.ordered:
+                self._unpack_in_order(job)  # replays every stored chunk, decodes the undecoded ones
+            else:
+                for index in sorted(job.acked - job.decoded.keys()):
+                    header = json.loads((directory / "chunks" / f"{index}.json").read_text())
+                    data = (directory / "chunks" / f"{index}.bin").read_bytes()
+                    self._queue_decode(job, index, header, data, unpacked=False)
             self.log(
                 f"job {job.job_id}: resumed from disk, {len(job.acked)} chunks held, {pending} to decode"
             )
