@@ -113,12 +113,29 @@ def _serve(argv: list[str]) -> int:
     parser.add_argument("--io-workers", type=int, default=2, help="regeneration workers (default 2)")
     parser.add_argument("--inbox", type=Path, help="also take jobs from this shared directory")
     parser.add_argument("--state", type=Path, help="job state directory (default <root>/.paramedic-state)")
+    parser.add_argument(
+        "--expire-after",
+        type=float,
+        default=168.0,
+        metavar="HOURS",
+        help="a job idle this long moves on: an open one fails as expired, a done or failed one's record "
+        "is deleted (default 168 = 7 days)",
+    )
     args = parser.parse_args(argv)
     if args.io_workers < 1:
         raise UsageError("--io-workers must be at least 1")
+    if not args.expire_after > 0:
+        raise UsageError("--expire-after must be a positive number of hours")
     return serve(
         ServeSettings(
-            args.replica, args.root, args.listen, args.keys, args.io_workers, args.inbox, args.state
+            args.replica,
+            args.root,
+            args.listen,
+            args.keys,
+            args.io_workers,
+            args.inbox,
+            args.state,
+            args.expire_after,
         )
     )
 

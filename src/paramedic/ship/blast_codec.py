@@ -25,6 +25,7 @@ from paramedic.ship.codecs import (
     Segment,
     pack_json,
     piece_ranges,
+    register_codec,
     sequence_of_ranges,
     unpack_json,
     validate_queries,
@@ -85,6 +86,7 @@ class BlastSiteContext:
     history: IdHistory = dataclasses.field(default_factory=IdHistory)  # the job's ids unpacked so far
 
 
+@register_codec
 class BlastMetadataCodec(Codec):
     name = "blast-metadata"
     layout = "pieces"

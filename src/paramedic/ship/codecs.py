@@ -2,7 +2,7 @@
 
 A codec has two halves. At the compute site, `encode` turns a unit of results into a payload; at the
 storage site, `decode` turns the payload back into output. Another application plugs in by writing one
-class with these methods and registering it in CODECS:
+class with these methods, decorated with `@register_codec` (both sites must import it):
 
 * `layout = "ranges"`: a payload decodes to bytes of the final file at an explicit offset (the
   generic codecs: the output itself, plain or zstd-compressed; no knowledge of the application);
@@ -69,6 +69,16 @@ class Codec(ABC):
         raise NotImplementedError
 
 
+CODECS: dict[str, type[Codec]] = {}
+
+
+def register_codec(cls: type[Codec]) -> type[Codec]:
+    """Make a codec known to both sites by its `name` (a class decorator)."""
+    CODECS[cls.name] = cls
+    return cls
+
+
+@register_codec
 class DirectCodec(Codec):
     """The output bytes as they are: SEMPLAR's remote writes at explicit offsets."""
 
@@ -83,6 +93,7 @@ class DirectCodec(Codec):
         return [Segment(_offset(header, len(payload)), payload)]
 
 
+@register_codec
 class CompressedCodec(Codec):
     """The paper's generic plugin: the same bytes, zstd-compressed, no application knowledge."""
 
@@ -125,12 +136,11 @@ def split_range(offset: int, data: bytes) -> Iterator[tuple[int, bytes]]:
 
 def make_codec(name: str) -> Codec:
     """The codec registered under `name` (ProtocolError for an unknown one: names come off the wire)."""
-    from paramedic.ship.blast_codec import BlastMetadataCodec
+    import paramedic.ship.blast_codec  # noqa: F401  (registers the BLAST codec; it imports this module)
 
-    codecs: dict[str, type[Codec]] = {c.name: c for c in (DirectCodec, CompressedCodec, BlastMetadataCodec)}
-    if name not in codecs:
+    if name not in CODECS:
         raise ProtocolError(f"unknown codec {name!r}")
-    return codecs[name]()
+    return CODECS[name]()
 
 
 def pack_json(value: Any) -> bytes:

@@ -44,6 +44,9 @@ class InboxWatcher:
                     continue
                 if not directory.is_dir() or directory.is_symlink():
                     continue
+                if (directory / "done.json").exists() or (directory / "error.json").exists():
+                    self.finished.add(directory.name)  # ended before a restart: the client has its answer
+                    continue
                 try:
                     self._poll_job(directory)
                 except (ProtocolError, JobFailed, ParamedicError, ValueError, OSError) as exc:

@@ -33,7 +33,7 @@ from paramedic.ship.wire import (
     recv_frame,
     send_frame,
 )
-from paramedic.site.store import STATE_DIR_NAME, JobFailed, JobStore, Replica
+from paramedic.site.store import DEFAULT_EXPIRE_SECONDS, STATE_DIR_NAME, JobFailed, JobStore, Replica
 from paramedic.site.tls import peer_name, server_context
 
 PROTOCOL_VERSION = 1
@@ -51,6 +51,7 @@ class ServeSettings:
     io_workers: int = 2
     inbox: Path | None = None
     state: Path | None = None  # default: <root>/.paramedic-state
+    expire_hours: float = DEFAULT_EXPIRE_SECONDS / 3600
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -76,7 +77,12 @@ class SiteServer:
         self.replica = Replica(database, manifest.checksum(), workdir)
         self.context = server_context(settings.keys) if settings.keys is not None else None
         self.store = JobStore(
-            root, settings.state or root / STATE_DIR_NAME, self.replica, settings.io_workers, log
+            root,
+            settings.state or root / STATE_DIR_NAME,
+            self.replica,
+            settings.io_workers,
+            log,
+            settings.expire_hours * 3600,
         )
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.listener: socket.socket | None = None

@@ -8,6 +8,12 @@ Every step is durable before it is acknowledged, so a restarted server resumes w
     state/<job>/decoded/N.json   the chunk is decoded: for "ranges" its bytes are in the partial output at
                                  their offset (pwrite, fsync); for "pieces" its pieces are in pieces/
     state/<job>/done.json        the final file is in place: its size and SHA-256
+    state/<job>/failed.json      the job cannot complete: why (final; a restart does not retry it)
+
+Jobs left idle for `expire_seconds` (--expire-after) move on, so abandoned jobs neither hold one of the
+MAX_ACTIVE_JOBS slots nor disk space for ever: an open job fails as expired (its partial data removed),
+and the record of a done or failed job is deleted (a client that lost its last reply can still ask
+until then).
 
 An `ordered` codec's chunks are unpacked in index order as the gaps fill (after a restart, by replaying the
 stored chunks from the first); their decoding, the expensive part, still runs in parallel.
@@ -41,6 +47,7 @@ JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 MAX_ACTIVE_JOBS = 64
 MAX_CHUNKS = 1_000_000
 MAX_QUEUED_DECODES = 256
+DEFAULT_EXPIRE_SECONDS = 7 * 24 * 3600.0
 STATE_DIR_NAME = ".paramedic-state"
 
 
@@ -93,6 +100,9 @@ class SiteJob:
     failure: str | None = None
     decode_seconds: float = 0.0
     unpacked: int = 0  # ordered codecs: chunks 0 .. unpacked-1 are unpacked
+    touched: float = field(
+        default_factory=time.time
+    )  # last request for this job (wall clock: survives restarts)
     lock: threading.Lock = field(default_factory=threading.Lock)
     unpack_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -106,10 +116,19 @@ class SiteJob:
 
 
 class JobStore:
-    def __init__(self, root: Path, state: Path, replica: Replica, io_workers: int, log=print):
+    def __init__(
+        self,
+        root: Path,
+        state: Path,
+        replica: Replica,
+        io_workers: int,
+        log=print,
+        expire_seconds: float = DEFAULT_EXPIRE_SECONDS,
+    ):
         self.root = root.resolve()
         self.state = state
         self.replica = replica
+        self.expire_seconds = expire_seconds
         self.log = log
         self.jobs: dict[str, SiteJob] = {}
         self.lock = threading.Lock()
@@ -125,12 +144,14 @@ class JobStore:
         if not JOB_ID.match(job_id):
             raise ProtocolError("bad job id")
         with self.lock:
+            self._expire_idle_jobs()
             job = self.jobs.get(job_id)
             if job is not None:
                 if job.peer != peer:
                     raise ProtocolError("job belongs to another compute site")
                 if header.get("setup") != job.setup_header:
                     raise ProtocolError("job reopened with a different setup")
+                job.touched = time.time()
                 return job
             active = sum(1 for j in self.jobs.values() if j.failure is None and j.done() is None)
             if active >= MAX_ACTIVE_JOBS:
@@ -164,7 +185,23 @@ class JobStore:
             job = self.jobs.get(job_id)
         if job is None or job.peer != peer:
             raise ProtocolError("unknown job (open it first)")
+        job.touched = time.time()
         return job
+
+    def _expire_idle_jobs(self) -> None:
+        """Move on every job idle for expire_seconds (called with self.lock held)."""
+        now = time.time()
+        for job in list(self.jobs.values()):
+            if now - job.touched < self.expire_seconds:
+                continue
+            if job.failure is None and job.done() is None:
+                hours = self.expire_seconds / 3600
+                self._fail(job, f"expired: no request for {hours:g} hours")
+                job.touched = now  # its failure stays readable for another period
+                continue
+            shutil.rmtree(job.directory, ignore_errors=True)
+            del self.jobs[job.job_id]
+            self.log(f"job {job.job_id}: record deleted after {self.expire_seconds / 3600:g} hours idle")
 
     # -- chunks ---------------------------------------------------------------------------------------
     def put_chunk(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> bool:
@@ -258,8 +295,7 @@ class JobStore:
             job.partial.unlink(missing_ok=True)
         except OSError as exc:
             self.log(f"job {job.job_id}: cannot record the failure: {exc}")
-        shutil.rmtree(job.directory / "chunks", ignore_errors=True)
-        shutil.rmtree(job.directory / "pieces", ignore_errors=True)
+        _drop_job_data(job.directory)
 
     # -- finishing ------------------------------------------------------------------------------------
     def finish(self, job: SiteJob, header: dict[str, Any]) -> dict[str, Any] | None:
@@ -316,8 +352,7 @@ class JobStore:
         fsync_dir(job.out.parent)
         done = {"sha256": digest, "bytes": size, "decode_seconds": round(job.decode_seconds, 3)}
         write_durably(job.directory / "done.json", json.dumps(done).encode())
-        shutil.rmtree(job.directory / "chunks", ignore_errors=True)
-        shutil.rmtree(job.directory / "pieces", ignore_errors=True)
+        _drop_job_data(job.directory)
         self.log(f"job {job.job_id}: wrote {job.out} ({size} bytes, sha256 {digest[:16]}...)")
         return done
 
@@ -338,6 +373,7 @@ class JobStore:
                 self.log(f"job {directory.name}: cannot resume ({exc}); left on disk")
                 continue
             job = SiteJob(directory.name, directory, record["peer"], out, codec, context, setup)
+            job.touched = max(p.stat().st_mtime for p in (directory, *directory.rglob("*")))
             self.jobs[job.job_id] = job
             failed = directory / "failed.json"
             if failed.exists():
@@ -363,6 +399,13 @@ class JobStore:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _drop_job_data(directory: Path) -> None:
+    """What an ended job no longer needs: chunks, pieces and setup (its record and result stay)."""
+    shutil.rmtree(directory / "chunks", ignore_errors=True)
+    shutil.rmtree(directory / "pieces", ignore_errors=True)
+    (directory / "setup.bin").unlink(missing_ok=True)
 
 
 def _digest(path: Path) -> tuple[str, int]:
