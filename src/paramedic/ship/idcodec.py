@@ -48,6 +48,7 @@ import hashlib
 import operator
 from collections import Counter, deque
 from collections.abc import Sequence
+from itertools import islice
 
 import zstandard
 
@@ -75,6 +76,7 @@ HISTORY_IDS = 2**20
 # Code a query against an earlier list when at least this share of its ids are in it (best of 0.2-0.7
 # measured on the mmseqs2 examples; the size barely moves in that range).
 MIN_SHARED = 0.3
+_SEARCH_PER_ID = 256  # the encoder looks for references among an id's latest lists only
 
 MAGIC = b"PMDS"
 VERSION = 2
@@ -147,7 +149,10 @@ class IdHistory:
                     self._index.setdefault(i, deque()).append(self.dropped + offset)
         shared: Counter[int] = Counter()
         for i in ids:
-            shared.update(self._index.get(i, ()))
+            positions = self._index.get(i, ())
+            # Only an id's latest lists: bounds the encoder's work per id when an id is in every list (the
+            # receiver does not care how a reference was chosen).
+            shared.update(islice(reversed(positions), _SEARCH_PER_ID) if positions else ())
         if not shared:
             return 0, 0
         position, count = max(shared.items(), key=lambda item: (item[1], item[0]))
