@@ -100,3 +100,17 @@ def test_frames_are_bounded():
         a.sendall(struct.pack(">II", 2, 0) + b"[]")
         with pytest.raises(ProtocolError, match="op"):
             recv_frame(b)
+
+
+def test_metadata_runs_are_consecutive_pieces_of_bounded_size():
+    from paramedic.ship.destination import _consecutive
+
+    def task(piece: int, ids: int) -> RegenTask:
+        return RegenTask(piece, piece, 1, (tuple(range(ids)),))
+
+    tasks = [task(5, 1), task(0, 4), task(1, 4), task(2, 3), task(3, 9), task(7, 1)]
+    runs = [[t.piece for t in run] for run in _consecutive(tasks, max_ids=10)]
+    # 0 and 1 hold 8 ids, 2 would make 11; 2 and 3 would make 12; pieces 4 and 6 are not there.
+    assert runs == [[0, 1], [2], [3], [5], [7]]
+    assert [[t.piece for t in run] for run in _consecutive(tasks, max_ids=100)] == [[0, 1, 2, 3], [5], [7]]
+    assert [[t.piece for t in run] for run in _consecutive([task(0, 50)], max_ids=10)] == [[0]]

@@ -30,6 +30,10 @@ from paramedic.site.tls import client_context
 WINDOW = 32
 CONNECT_SECONDS = 10.0
 REPLY_SECONDS = 120.0
+# Waiting for a reply, allow this rate for the bytes still in flight ahead of it (in kernel buffers and
+# relays): on a slow link shared by several streams a 4 MiB chunk alone takes minutes. Never longer than
+# --ship-timeout, the time after which the site counts as lost.
+SLOWEST_LINK_BYTES_PER_SECOND = 16 * 1024
 
 
 class SiteError(ParamedicError):
@@ -243,7 +247,7 @@ class TlsShipper:
 
     def _pump(self, tls: ssl.SSLSocket) -> bool:
         """Send queued chunks and read acknowledgements until closing (True) or the stream breaks."""
-        inflight: deque[int] = deque()
+        inflight: deque[tuple[int, int]] = deque()  # (chunk index, bytes on the wire), oldest first
         try:
             while True:
                 with self.shared.cond:
@@ -266,13 +270,17 @@ class TlsShipper:
                         "index": chunk.index,
                         "sha256": hashlib.sha256(chunk.payload).hexdigest(),
                     }
-                    inflight.append(chunk.index)
+                    inflight.append((chunk.index, 0))
                     if self.stats.first_send is None:
                         self.stats.first_send = time.perf_counter()
-                    self._count(send_frame(tls, header, payload))
+                    sent = send_frame(tls, header, payload)
+                    inflight[-1] = (chunk.index, sent)
+                    self._count(sent)
                     continue
+                ahead = sum(size for _, size in inflight)
+                tls.settimeout(min(self.timeout, REPLY_SECONDS + ahead / SLOWEST_LINK_BYTES_PER_SECOND))
                 reply, _ = recv_frame(tls)
-                index = inflight.popleft()
+                index, _ = inflight.popleft()
                 if reply.get("op") == "ack" and reply.get("index") == index:
                     self._acknowledge({index})
                 elif reply.get("op") == "nack" and reply.get("index") == index:
@@ -286,7 +294,7 @@ class TlsShipper:
                     raise ProtocolError(f"unexpected reply {reply.get('op')!r}")
         finally:
             with self.shared.cond:  # whatever was in flight on a broken stream goes out again
-                for index in reversed(inflight):
+                for index, _ in reversed(inflight):
                     if index in self.shared.pending:
                         self.shared.queue.appendleft(index)
                 self.shared.cond.notify_all()

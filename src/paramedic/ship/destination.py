@@ -28,6 +28,9 @@ from paramedic.ship.paths import output_path_problem
 
 SHIP_MODES = ("direct", "compressed", "metadata", "auto")
 METADATA_FLUSH_SECONDS = 10.0
+# Ids per metadata container: well under idcodec.MAX_IDS, so big jobs ship in several containers (which
+# still refer to each other's ids: the cost of splitting is a few bytes per container).
+METADATA_CONTAINER_IDS = 2**18
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ class Shipping:
 
     def _flush_pieces(self) -> None:
         tasks, self.buffered = self.buffered, []
-        for run in _consecutive(tasks):
+        for run in _consecutive(tasks, METADATA_CONTAINER_IDS):
             first = run[0].first_query
             subjects = [s for task in run for s in (task.subjects or ())]
             start = time.perf_counter()
@@ -166,13 +169,18 @@ class Shipping:
         }
 
 
-def _consecutive(tasks: Sequence[RegenTask]) -> list[list[RegenTask]]:
+def _consecutive(tasks: Sequence[RegenTask], max_ids: int) -> list[list[RegenTask]]:
+    """Runs of consecutive pieces, each holding at most `max_ids` subject ids (or a single piece)."""
     runs: list[list[RegenTask]] = []
+    ids = 0
     for task in sorted(tasks, key=lambda t: t.piece):
-        if runs and runs[-1][-1].piece + 1 == task.piece:
+        n = sum(len(s) for s in task.subjects or ())
+        if runs and runs[-1][-1].piece + 1 == task.piece and ids + n <= max_ids:
             runs[-1].append(task)
+            ids += n
         else:
             runs.append([task])
+            ids = n
     return runs
 
 

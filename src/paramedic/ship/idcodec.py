@@ -69,7 +69,7 @@ class MetadataFormatError(ValueError):
 
 MAX_QUERIES = 1_000_000  # per container
 MAX_RAW_BYTES = 8 * 2**20  # bounds the body a server decompresses per chunk
-MAX_IDS = 4 * 2**20  # ids per container (~170 MB as Python ints), however they are coded
+MAX_IDS = 2**20  # ids per container (~40 MB as Python ints), however they are coded
 # The history both sides keep: the most recent lists, at most this many, holding at most this many ids.
 HISTORY_LISTS = 4096
 HISTORY_IDS = 2**20

@@ -19,6 +19,7 @@ from typing import Any
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 32 * 2**20
+SEND_PIECE_BYTES = 64 * 1024
 _LENGTHS = struct.Struct(">II")
 
 
@@ -35,8 +36,11 @@ def send_frame(sock: socket.socket, header: dict[str, Any], payload: bytes = b""
     head = json.dumps(header, separators=(",", ":")).encode()
     if len(head) > MAX_HEADER_BYTES or len(payload) > MAX_PAYLOAD_BYTES:
         raise ProtocolError(f"frame too large ({len(head)} header, {len(payload)} payload bytes)")
-    data = _LENGTHS.pack(len(head), len(payload)) + head + payload
-    sock.sendall(data)
+    data = memoryview(_LENGTHS.pack(len(head), len(payload)) + head + payload)
+    # In pieces: a socket timeout bounds one whole sendall, and a 4 MiB frame on a 1 Mbit/s link shared by
+    # several streams takes minutes. Per piece, the timeout means "no progress", not "a slow link".
+    for start in range(0, len(data), SEND_PIECE_BYTES):
+        sock.sendall(data[start : start + SEND_PIECE_BYTES])
     return len(data)
 
 

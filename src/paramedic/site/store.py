@@ -100,9 +100,8 @@ class SiteJob:
     failure: str | None = None
     decode_seconds: float = 0.0
     unpacked: int = 0  # ordered codecs: chunks 0 .. unpacked-1 are unpacked
-    touched: float = field(
-        default_factory=time.time
-    )  # last request for this job (wall clock: survives restarts)
+    # The last request for this job; wall-clock time, so that it survives restarts (file mtimes).
+    touched: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock)
     unpack_lock: threading.Lock = field(default_factory=threading.Lock)
 
