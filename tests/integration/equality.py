@@ -8,11 +8,38 @@ metadata with --from-metadata: the same regeneration path, without searching aga
 
 from __future__ import annotations
 
+import gzip
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.conftest import blast, paramedic, without_posted_date
 from tests.integration.capped import assert_equal_or_better_when_capped
+
+COMPLEMENT = str.maketrans("ACGTNacgtn", "TGCANtgcan")
+
+
+def read_gz_fasta(path: Path) -> list[tuple[str, str]]:
+    records = []
+    for chunk in gzip.open(path, "rt").read().split(">")[1:]:
+        header, _, seq = chunk.partition("\n")
+        records.append((header, seq.replace("\n", "")))
+    return records
+
+
+def cut_dna_queries(genomes: list[tuple[str, str]], n: int, seed: int, out: Path) -> None:
+    """`n` pieces of 300-3000 bp cut from `genomes` at seeded random places, every other one reverse
+    complemented: real sequence that hits each strain carrying it (many subjects, ties between strains)."""
+    rng = random.Random(seed)
+    with open(out, "w") as fh:
+        for i in range(n):
+            header, seq = rng.choice(genomes)
+            length = rng.randint(300, 3000)
+            start = rng.randrange(0, len(seq) - length)
+            piece = seq[start : start + length]
+            if i % 2:
+                piece = piece.translate(COMPLEMENT)[::-1]
+            fh.write(f">q{i + 1} {header.split()[0]}:{start + 1}-{start + length}\n{piece}\n")
 
 
 @dataclass

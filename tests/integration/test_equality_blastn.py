@@ -8,14 +8,12 @@ is exercised. Same matrix and rules as the blastp test.
 
 from __future__ import annotations
 
-import gzip
-import random
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import paramedic, without_posted_date
-from tests.integration.equality import Site
+from tests.integration.equality import Site, cut_dna_queries, read_gz_fasta
 
 pytestmark = pytest.mark.integration
 
@@ -23,15 +21,6 @@ TITLE = "ragout-examples genomes and contigs"
 FORMATS = ["6", "7", "0", "5"]
 MAX_TARGET = [None, "10"]
 DIRECT = {(4, None): "5", (4, "10"): "0", (7, None): "6", (7, "10"): "7"}
-COMPLEMENT = str.maketrans("ACGTNacgtn", "TGCANtgcan")
-
-
-def read_gz_fasta(path: Path) -> list[tuple[str, str]]:
-    records = []
-    for chunk in gzip.open(path, "rt").read().split(">")[1:]:
-        header, _, seq = chunk.partition("\n")
-        records.append((header, seq.replace("\n", "")))
-    return records
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +33,8 @@ def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
     with open(root / "genomes.fasta", "w") as fh:
         for header, seq in records:
             fh.write(f">{header}\n{seq}\n")
-    rng = random.Random(20261121)
     genomes = [r for r in records if len(r[1]) > 1_000_000]
-    with open(root / "queries.fasta", "w") as fh:
-        for i in range(60):
-            header, seq = rng.choice(genomes)
-            length = rng.randint(300, 3000)
-            start = rng.randrange(0, len(seq) - length)
-            piece = seq[start : start + length]
-            if i % 2:
-                piece = piece.translate(COMPLEMENT)[::-1]
-            fh.write(f">q{i + 1} {header.split()[0]}:{start + 1}-{start + length}\n{piece}\n")
+    cut_dna_queries(genomes, 60, 20261121, root / "queries.fasta")
     site = Site(root, "blastn", "genomes", "nucl", TITLE, DIRECT)
     site.build(root / "genomes.fasta")
     return site

@@ -9,21 +9,19 @@ strains (many subjects per query, references between queries in the metadata cod
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
-import random
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import paramedic
+from tests.integration.equality import cut_dna_queries, read_gz_fasta
 from tests.integration.site import StorageSite
 
 pytestmark = pytest.mark.integration
 
-COMPLEMENT = str.maketrans("ACGTNacgtn", "TGCANtgcan")
 N_QUERIES = 12
 
 
@@ -34,25 +32,12 @@ def two_sites(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     for d in (compute, replica, root):
         d.mkdir()
     sources = sorted((data_dir / "ragout" / "H.Pylori").glob("**/*.fasta.gz"))
-    records = []
-    for path in sources:
-        for chunk in gzip.open(path, "rt").read().split(">")[1:]:
-            header, _, seq = chunk.partition("\n")
-            records.append((header, seq.replace("\n", "")))
+    records = [r for path in sources for r in read_gz_fasta(path)]
     with open(base / "hp.fasta", "w") as fh:
         fh.writelines(f">{header}\n{seq}\n" for header, seq in records)
-    rng = random.Random(7700)
     genomes = [r for r in records if len(r[1]) > 1_000_000]
     assert len(genomes) >= 4
-    with open(compute / "q.fasta", "w") as fh:
-        for i in range(N_QUERIES):
-            header, seq = rng.choice(genomes)
-            length = rng.randint(300, 3000)
-            start = rng.randrange(0, len(seq) - length)
-            piece = seq[start : start + length]
-            if i % 2:
-                piece = piece.translate(COMPLEMENT)[::-1]
-            fh.write(f">q{i + 1} {header.split()[0]}:{start + 1}-{start + length}\n{piece}\n")
+    cut_dna_queries(genomes, N_QUERIES, 7700, compute / "q.fasta")
     paramedic(
         "format", "--in", str(base / "hp.fasta"), "--dbtype", "nucl", "--fragments", "3",
         "--out", "db/hp", "--quiet", cwd=compute,
