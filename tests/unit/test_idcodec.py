@@ -55,6 +55,14 @@ def vs(*values: int) -> bytes:
     return b"".join(varint(v) for v in values)
 
 
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The (well-formed) varint at `pos`, and the position after it."""
+    end = pos
+    while data[end] >= 0x80:
+        end += 1
+    return unvarints(data[pos : end + 1])[0], end + 1
+
+
 def unvarints(data: bytes) -> list[int]:
     """The values of a stream of (well-formed) varints."""
     values, value, shift = [], 0, 0
@@ -126,11 +134,8 @@ def header_of(data: bytes) -> tuple[list[int], int]:
     pos = 5
     fields = []
     for _ in range(6):
-        start = pos
-        while data[pos] >= 0x80:
-            pos += 1
-        pos += 1
-        fields.append(unvarints(data[start:pos])[0])
+        value, pos = read_varint(data, pos)
+        fields.append(value)
     return fields, pos
 
 
@@ -141,11 +146,8 @@ def streams_of(data: bytes) -> tuple[list[int], list[int], list[int], list[int]]
     lengths = []
     at = 0
     for _ in range(3):
-        start = at
-        while raw[at] >= 0x80:
-            at += 1
-        at += 1
-        lengths.append(unvarints(raw[start:at])[0])
+        length, at = read_varint(raw, at)
+        lengths.append(length)
     out = []
     for length in lengths:
         out.append(unvarints(raw[at : at + length]))

@@ -104,9 +104,10 @@ class Shipping:
 
     # -- pieces: metadata ------------------------------------------------------------------------------
     def ship_pieces(self, tasks: Sequence[RegenTask]) -> None:
-        """Ship released pieces, a few at a time: consecutive ones travel as one chunk, and larger chunks
-        compress better (ids of neighbouring queries repeat), so pieces wait until a quarter of the queries
-        or METADATA_FLUSH_SECONDS have gathered. The site still gets work long before the search ends."""
+        """Ship released pieces, a few at a time: consecutive ones travel as one chunk (each chunk costs a
+        container header and a round trip; the ids compress against earlier chunks' either way), so pieces
+        wait until a quarter of the queries or METADATA_FLUSH_SECONDS have gathered. The site still gets
+        work long before the search ends."""
         if not self.buffered:
             self.buffered_since = time.monotonic()
         self.buffered.extend(tasks)

@@ -133,6 +133,11 @@ class IdHistory:
                     if not positions:
                         del self._index[i]
 
+    def take(self, other: IdHistory) -> None:
+        """Become `other` (a copy that grew): how a decoder commits a container that was valid."""
+        self.lists, self.dropped, self.ids = other.lists, other.dropped, other.ids
+        self._index = None  # rebuilt on first use
+
     def copy(self) -> IdHistory:
         other = IdHistory()
         other.lists = self.lists.copy()
@@ -374,8 +379,7 @@ def decode_subjects(data: bytes, nseq: int, history: IdHistory | None = None) ->
     raw = _decompress(buf[pos:end], raw_len)
     working = history.copy()
     lists = _Body(raw, nseq).parse(n_queries, working)
-    history.lists, history.dropped, history.ids = working.lists, working.dropped, working.ids
-    history._index = None
+    history.take(working)
     return first_query, lists
 
 
