@@ -61,10 +61,15 @@ def shim_path() -> Path | None:
 class ForkServer:
     """One BLAST+ program held ready to fork; requests are served one at a time."""
 
-    def __init__(self, executable: str, shim: Path):
+    def __init__(self, executable: str, shim: Path, extra_env: dict[str, str] | None = None):
         request_read, self._requests = os.pipe()
         self._replies, reply_write = os.pipe()
-        env = dict(os.environ, LD_PRELOAD=str(shim), PARAMEDIC_FORKSERVER_FDS=f"{request_read},{reply_write}")
+        env = dict(
+            os.environ,
+            **(extra_env or {}),
+            LD_PRELOAD=str(shim),
+            PARAMEDIC_FORKSERVER_FDS=f"{request_read},{reply_write}",
+        )
         self._proc = subprocess.Popen(
             [executable],
             env=env,
@@ -112,21 +117,21 @@ def _read_exactly(fd: int, n: int) -> bytes:
     return data
 
 
-# One fork server per program and thread: a server handles one request at a time, and the storage site
-# regenerates on several I/O worker threads at once.
-_servers: dict[tuple[str, int], ForkServer] = {}
+# One fork server per program, environment and thread: a server handles one request at a time, and the
+# storage site regenerates on several I/O worker threads at once.
+_servers: dict[tuple[str, tuple[tuple[str, str], ...], int], ForkServer] = {}
 _servers_lock = threading.Lock()
 
 
-def server_for(executable: str) -> ForkServer | None:
-    """This thread's fork server for a program (started on first use), or None if unavailable."""
+def server_for(executable: str, extra_env: dict[str, str] | None = None) -> ForkServer | None:
+    """This thread's fork server for a program and extra environment (started on first use), or None."""
     shim = shim_path()
     if shim is None:
         return None
-    key = (executable, threading.get_ident())
+    key = (executable, tuple(sorted((extra_env or {}).items())), threading.get_ident())
     with _servers_lock:
         if key not in _servers:
-            _servers[key] = ForkServer(executable, shim)
+            _servers[key] = ForkServer(executable, shim, extra_env)
         return _servers[key]
 
 

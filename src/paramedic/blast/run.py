@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paramedic.blast.alias import oid_mask, write_alias
-from paramedic.blast.hits import Hit, parse_fragment_xml
+from paramedic.blast.archive import parse_fragment_archive
+from paramedic.blast.hits import Hit
 from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
 from paramedic.blast.programs import alias_suffix
 from paramedic.blast.tools import run_tool
+from paramedic.errors import BlastError
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,15 @@ def search_fragment(
     fragment: int,
     queries: Sequence[tuple[str, str]],
     workdir: Path,
+    keep_alignments: bool = False,
 ) -> tuple[list[list[Hit]], RunStats]:
-    """Search a query batch against one fragment (whole-database statistics); merge keys per query."""
+    """Search a query batch against one fragment (whole-database statistics); merge keys per query.
+
+    The search writes an archive (outfmt 11): the keys at full precision, and with `keep_alignments`
+    each hit's alignments, from which `paramedic.blast.render` writes the report without searching again.
+    """
     query_file = workdir / "search-queries.fasta"
-    xml_file = workdir / "search.xml"
+    archive_file = workdir / "search.asn"
     write_queries(query_file, queries)
     argv = [
         program,
@@ -67,17 +74,19 @@ def search_fragment(
         "-max_target_seqs",
         str(options.hitlist_size()),
         "-outfmt",
-        "5",
+        "11",
         "-out",
-        str(xml_file),
+        str(archive_file),
     ]
     start = time.perf_counter()
     run_tool(argv, cwd=workdir)
-    with open(xml_file, "rb") as fh:
-        hits = parse_fragment_xml(fh, len(queries))
-    stats = RunStats(time.perf_counter() - start, xml_file.stat().st_size)
-    xml_file.unlink()
-    return hits, stats
+    data = archive_file.read_bytes()
+    archive_file.unlink()
+    try:
+        hits = parse_fragment_archive(data, len(queries), keep_alignments)
+    except ValueError as exc:
+        raise BlastError(f"{program} on fragment {fragment}: unreadable archive: {exc}") from exc
+    return hits, RunStats(time.perf_counter() - start, len(data))
 
 
 def regenerate(
@@ -96,21 +105,9 @@ def regenerate(
     """
     run_dir = workdir / f"regen-{secrets.token_hex(4)}"
     run_dir.mkdir()
-    absolute = Path(db.arg).is_absolute()
-    db_name = f"paramedic-db-{secrets.token_hex(6)}" if absolute else db.arg
-    alias = run_dir / (db_name + alias_suffix(db.dbtype))
-    alias.parent.mkdir(parents=True, exist_ok=True)
-    mask = None
-    if subjects is not None:
-        mask = run_dir / "subjects.msk"
-        mask.write_bytes(oid_mask({gid for group in subjects for gid in group}, db.nseq))
-    write_alias(
-        alias,
-        [str(db.directory / db.whole)],
-        title=db.title,
-        nseq=db.nseq,
-        length=db.length,
-        oidlist=str(mask) if mask else None,
+    db_name = user_db_name(db)
+    place_database(
+        run_dir, db, db_name, None if subjects is None else {gid for group in subjects for gid in group}
     )
     query_file = run_dir / "queries.fasta"
     out_file = run_dir / "report.out"
@@ -127,10 +124,39 @@ def regenerate(
     ]
     start = time.perf_counter()
     run_tool(argv, cwd=run_dir)
-    data = out_file.read_bytes()
-    if absolute:
-        # BLAST+ prints the -db argument as given (outfmt 5, 7, JSON): show the user's path.
-        data = data.replace(db_name.encode(), db.arg.encode())
+    data = as_user_db(out_file.read_bytes(), db, db_name)
     stats = RunStats(time.perf_counter() - start, len(data))
     shutil.rmtree(run_dir)
     return data, stats
+
+
+def user_db_name(db: Database) -> str:
+    """The -db string a regeneration run uses: the user's own, or a stand-in for an absolute path."""
+    return f"paramedic-db-{secrets.token_hex(6)}" if Path(db.arg).is_absolute() else db.arg
+
+
+def place_database(run_dir: Path, db: Database, db_name: str, subjects: set[int] | None) -> None:
+    """An alias named `db_name` inside `run_dir` over the whole database, restricted to `subjects`.
+
+    It carries the whole database's NSEQ, LENGTH and TITLE, so titles, size lines and statistics read
+    as for the whole database; `subjects=None` means no restriction.
+    """
+    alias = run_dir / (db_name + alias_suffix(db.dbtype))
+    alias.parent.mkdir(parents=True, exist_ok=True)
+    mask = None
+    if subjects is not None:
+        mask = run_dir / "subjects.msk"
+        mask.write_bytes(oid_mask(subjects, db.nseq))
+    write_alias(
+        alias,
+        [str(db.directory / db.whole)],
+        title=db.title,
+        nseq=db.nseq,
+        length=db.length,
+        oidlist=str(mask) if mask else None,
+    )
+
+
+def as_user_db(report: bytes, db: Database, db_name: str) -> bytes:
+    """BLAST+ prints the -db argument as given (outfmt 5, 7, JSON): show the user's path."""
+    return report.replace(db_name.encode(), db.arg.encode()) if db_name != db.arg else report

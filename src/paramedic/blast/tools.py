@@ -14,7 +14,7 @@ from paramedic.blast.forkserver import ForkServer, server_for
 from paramedic.errors import BlastError
 
 # The programs run many times per job; makeblastdb and blastdbcmd run a few times and start normally.
-FORK_SERVED = frozenset({"blastn", "blastp", "blastx", "tblastn", "tblastx"})
+FORK_SERVED = frozenset({"blastn", "blastp", "blastx", "tblastn", "tblastx", "blast_formatter"})
 
 
 @functools.cache
@@ -40,6 +40,7 @@ def run_tool(
     argv: Sequence[str],
     cwd: str | os.PathLike[str] | None = None,
     stdout_path: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run a BLAST+ program; a non-zero exit (even with empty output) becomes a BlastError.
 
@@ -47,15 +48,16 @@ def run_tool(
     Search programs run through this process's fork server when it is available (see forkserver.py).
     """
     exe = require_tool(argv[0])
-    server = server_for(exe) if argv[0] in FORK_SERVED else None
+    server = server_for(exe, extra_env) if argv[0] in FORK_SERVED else None
+    env = dict(os.environ, **extra_env) if extra_env else None
     try:
         if server is not None:
             proc = _run_forked(server, [argv[0], *argv[1:]], cwd, stdout_path)
         elif stdout_path is not None:
             with open(stdout_path, "wb") as out:
-                proc = subprocess.run([exe, *argv[1:]], cwd=cwd, stdout=out, stderr=subprocess.PIPE)
+                proc = subprocess.run([exe, *argv[1:]], cwd=cwd, stdout=out, stderr=subprocess.PIPE, env=env)
         else:
-            proc = subprocess.run([exe, *argv[1:]], cwd=cwd, capture_output=True)
+            proc = subprocess.run([exe, *argv[1:]], cwd=cwd, capture_output=True, env=env)
     except OSError as exc:
         raise BlastError(f"cannot run {argv[0]}: {exc}") from exc
     if proc.returncode != 0:

@@ -5,6 +5,7 @@ Layout of `--out dbs/uniprot` (protein shown; nucleotide uses .nal):
     dbs/uniprot.pal              alias over the whole database: `-db dbs/uniprot` works for BLAST+ too
     dbs/uniprot/manifest.json    totals, fragments, checksums, tool versions
     dbs/uniprot/sequences.tsv    global ordinal id -> fragment, length, sequence id
+    dbs/uniprot/seqids.*         global ordinal id -> the whole database's Seq-id (reports from archives)
     dbs/uniprot/whole.*          the input as one BLAST+ database, original order and ids (lookups and
                                  regeneration: its ordinal ids are the global ids)
     dbs/uniprot/f003.*           fragment 3: makeblastdb -parse_seqids, ids `lcl|g<global id>`
@@ -41,6 +42,7 @@ from paramedic.db.manifest import (
     volume_sha256,
 )
 from paramedic.db.segment import assign_fragments
+from paramedic.db.seqids import write_seqid_table
 from paramedic.errors import InputError, OutputError, UsageError
 
 
@@ -116,6 +118,7 @@ def _build(settings: FormatSettings, build: Path, progress: Callable[[str], None
         list(pool.map(lambda job: _makeblastdb(build, settings.dbtype, *job), jobs))
 
     nseq, length = _whole_size(build, len(lengths))
+    write_seqid_table(build, WHOLE_NAME, nseq)
     fragments = []
     for i, gids in enumerate(members):
         name = f"frag{i:03d}"

@@ -14,10 +14,12 @@ from pathlib import Path
 
 from paramedic.blast.options import BlastOptions
 from paramedic.blast.programs import PROGRAMS, alias_suffix
+from paramedic.blast.render import can_render
 from paramedic.blast.run import Database
 from paramedic.blast.tools import run_tool
 from paramedic.db.fasta import read_fasta
 from paramedic.db.manifest import Manifest, load_manifest
+from paramedic.db.seqids import SeqIdTable
 from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
@@ -56,6 +58,8 @@ class Job:
     save_metadata: Path | None
     preloaded: list[list[int]] | None  # metadata loaded with --from-metadata
     ship: ShipSettings | None = None
+    # Fragment searches keep their alignments and reports are written from them (paramedic.blast.render)
+    archive_render: bool = False
 
     def plan(self, workers: int) -> Plan:
         return make_plan(workers=workers, **self.plan_inputs)  # type: ignore[arg-type]
@@ -90,6 +94,14 @@ def prepare_job(settings: SearchSettings) -> Job:
             check_writable(out_path)
         record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
     direct = choose_strategy(settings, db) == "queries"
+    ships_metadata = settings.ship is not None and settings.ship.mode == "metadata"
+    archive_render = (
+        not direct
+        and not ships_metadata
+        and settings.from_metadata is None
+        and can_render(options)
+        and SeqIdTable.exists(db.directory)
+    )
     plan_inputs = {
         "program": program.name,
         "query_lengths": [len(s) for _, s in queries],
@@ -100,6 +112,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         "batch": settings.batch,
         "regen_group": settings.regen_group,
         "direct": direct,
+        "archive_render": archive_render,
     }
     identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
     save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None
@@ -122,6 +135,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         save_metadata=save_path,
         preloaded=preloaded,
         ship=settings.ship,
+        archive_render=archive_render,
     )
 
 

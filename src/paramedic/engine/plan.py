@@ -5,7 +5,9 @@ of a task's time, estimated from query and fragment residues with a per-program 
 machine kind; and small enough that every worker gets several tasks. Regeneration groups are small: the
 cost of a regeneration run is start-up plus (queries x union of their subjects), and measured on the
 mmseqs2 data a group of about 10 queries minimised it (batch 1: 7.6 s, 5: 4.5 s, 10: 4.3 s, 25: 5.0 s,
-100: 7.6 s for 100 queries). Formats whose pieces cannot be stitched are regenerated as one piece.
+100: 7.6 s for 100 queries). Reports written from the search's own alignments (`archive_render`) cost
+the same per query however queries are grouped, so there a group is a whole search batch: fewer runs.
+Formats whose pieces cannot be stitched are regenerated as one piece.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def make_plan(
     batch: int | None = None,
     regen_group: int | None = None,
     direct: bool = False,
+    archive_render: bool = False,
 ) -> Plan:
     n = len(query_lengths)
     if direct:
@@ -46,10 +49,10 @@ def make_plan(
         size = size if stitchable else n
         pieces = tuple(range(s, min(n, s + size)) for s in range(0, n, size))
         return Plan(pieces, 1, pieces, hitlist_size, direct=True)
-    group = max(1, regen_group or DEFAULT_REGEN_GROUP)
     if batch is None:
         batch = search_batch_size(program, query_lengths, fragment_residues, workers, startup_seconds)
     batch = max(1, min(batch, n))
+    group = max(1, regen_group or (batch if archive_render else DEFAULT_REGEN_GROUP))
     if stitchable:
         group = min(group, batch)
         batch = math.ceil(batch / group) * group  # whole groups per batch

@@ -8,6 +8,7 @@ the whole job with the failing rank's message: workers report errors to the mast
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -17,7 +18,9 @@ from typing import Any
 
 from mpi4py import MPI
 
+from paramedic.blast.render import Unrenderable, render
 from paramedic.blast.run import regenerate, search_fragment
+from paramedic.db.seqids import seqid_table
 from paramedic.engine.job import Job
 from paramedic.engine.metadata import save_metadata
 from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask, Task
@@ -47,8 +50,9 @@ def execute(task: Task, job: Job, plan: Plan, workdir: Path, stats: RankStats) -
     """Run one task on this rank; returns the payload the master needs."""
     if isinstance(task, SearchTask):
         batch = plan.batches[task.batch]
+        queries = job.queries[batch.start : batch.stop]
         hits, run = search_fragment(
-            job.program, job.options, job.db, task.fragment, job.queries[batch.start : batch.stop], workdir
+            job.program, job.options, job.db, task.fragment, queries, workdir, job.archive_render
         )
         stats.add("search", run.seconds)
         stats.tasks["search"] += 1
@@ -56,7 +60,23 @@ def execute(task: Task, job: Job, plan: Plan, workdir: Path, stats: RankStats) -
         stats.search_output_bytes += run.output_bytes
         return hits
     queries = job.queries[task.first_query : task.first_query + task.n_queries]
-    data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir)
+    data = None
+    if task.alignments is not None:
+        try:
+            data, run = render(
+                job.program,
+                job.options,
+                job.db,
+                queries,
+                task.alignments,
+                seqid_table(job.db.directory),
+                workdir,
+            )
+            stats.tasks["rendered"] += 1
+        except Unrenderable:
+            stats.tasks["render_fallbacks"] += 1
+    if data is None:
+        data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir)
     phase = "search" if task.subjects is None else "regenerate"  # query segmentation searches and writes
     stats.add(phase, run.seconds)
     stats.tasks[phase] += 1
@@ -105,7 +125,11 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
     auto = job.ship is not None and job.ship.mode == "auto"
     link = measure_site(job) if auto else None
     shipping = open_shipping(job, plan, job.ship.mode) if job.ship is not None and not auto else None
-    scheduler = Scheduler(plan, hold_pieces=auto or (shipping is not None and shipping.holds_pieces))
+    scheduler = Scheduler(
+        plan,
+        hold_pieces=auto or (shipping is not None and shipping.holds_pieces),
+        keep_alignments=job.archive_render,
+    )
     progress = Progress(len(job.queries), quiet=job.quiet)
     writer: OrderedWriter | None = None
     try:
@@ -122,7 +146,8 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
                 return
             t = time.perf_counter()
             if shipping is None:  # --ship auto: decide on the first piece, regenerated here
-                probe = released[0]
+                # by search, as the storage site would (its cost g is what the decision weighs)
+                probe = dataclasses.replace(released[0], alignments=None)
                 output = execute(probe, job, plan, workdir, stats)
                 mode, decision = decide_from_probe(job, probe, output, time.perf_counter() - t, link)
                 shipping = open_shipping(job, plan, mode)

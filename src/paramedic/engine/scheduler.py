@@ -38,6 +38,9 @@ class RegenTask:
     first_query: int  # global query index of the first query
     n_queries: int
     subjects: tuple[tuple[int, ...], ...] | None  # merged global subject ids per query, in BLAST order
+    # With `keep_alignments`: per query, per merged subject, the search's own alignments (archive text),
+    # from which the report is written without searching again (paramedic.blast.render).
+    alignments: tuple[tuple[bytes, ...], ...] | None = None
 
 
 Task = SearchTask | RegenTask
@@ -80,10 +83,12 @@ class Scheduler:
     plan: Plan
     window: int = 2
     hold_pieces: bool = False  # released pieces wait in `released` instead of becoming tasks (shipping)
+    keep_alignments: bool = False  # merged hits carry their alignments into the regeneration tasks
     _pending: list[set[int]] = field(init=False)  # per batch: fragments not yet handed out
     _waiting: list[int] = field(init=False)  # per batch: fragment results still missing
     _hits: dict[int, list[list[list[Hit]]]] = field(init=False)  # batch -> per query -> per fragment hits
     _merged: dict[int, list[int]] = field(init=False)  # global query -> merged subject ids
+    _alignments: dict[int, tuple[bytes, ...]] = field(init=False)  # global query -> until its piece goes
     _ready: deque[RegenTask] = field(init=False)
     _unreleased: set[int] = field(init=False)  # pieces not yet made ready
     _done_pieces: set[int] = field(init=False)
@@ -96,6 +101,7 @@ class Scheduler:
         self._waiting = [nf] * len(self.plan.batches)
         self._hits = {}
         self._merged = {}
+        self._alignments = {}
         self._ready = deque()
         self._done_pieces = set()
         self._unreleased = set(range(len(self.plan.pieces)))
@@ -153,7 +159,10 @@ class Scheduler:
         self._waiting[task.batch] -= 1
         if self._waiting[task.batch] == 0:
             for q, fragments in zip(batch, self._hits.pop(task.batch), strict=True):
-                self._merged[q] = [h.gid for h in merge_hits(fragments, self.plan.hitlist_size)]
+                merged = merge_hits(fragments, self.plan.hitlist_size)
+                self._merged[q] = [h.gid for h in merged]
+                if self.keep_alignments:
+                    self._alignments[q] = tuple(h.alignment for h in merged)
             self._release_pieces()
 
     def regen_done(self, task: RegenTask) -> None:
@@ -194,6 +203,9 @@ class Scheduler:
             piece = self.plan.pieces[index]
             if all(q in self._merged for q in piece):
                 subjects = tuple(tuple(self._merged[q]) for q in piece)
-                task = RegenTask(index, piece.start, len(piece), subjects)
+                alignments = None
+                if all(q in self._alignments for q in piece):
+                    alignments = tuple(self._alignments.pop(q) for q in piece)
+                task = RegenTask(index, piece.start, len(piece), subjects, alignments)
                 (self.released if self.hold_pieces else self._ready).append(task)
                 self._unreleased.discard(index)
