@@ -9,6 +9,7 @@ metadata with --from-metadata: the same regeneration path, without searching aga
 from __future__ import annotations
 
 import gzip
+import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,15 @@ def cut_dna_queries(genomes: list[tuple[str, str]], n: int, seed: int, out: Path
             if i % 2:
                 piece = piece.translate(COMPLEMENT)[::-1]
             fh.write(f">q{i + 1} {header.split()[0]}:{start + 1}-{start + length}\n{piece}\n")
+
+
+def assert_report_path(out: Path, rendered: bool) -> None:
+    """A direct search writes every piece from the search's alignments (blast_formatter), none by a
+    second search; a run from saved metadata (ids only) writes every piece by search."""
+    record = json.loads(out.with_name(out.name + ".run.json").read_text())
+    tasks = [rank["tasks"] for rank in record["ranks_stats"]]
+    assert sum(t["render_fallbacks"] for t in tasks) == 0
+    assert sum(t["rendered"] for t in tasks) == (record["pieces"] if rendered else 0)
 
 
 @dataclass
@@ -100,6 +110,7 @@ class Site:
             *flags, *extra, "-out", str(out), "--np", "2", "--strategy", "fragments", "--quiet", *how,
             cwd=self.root / f"p{fragments}",
         )  # fmt: skip
+        assert_report_path(out, rendered=direct)
         return out
 
     def assert_matches(self, out: Path, max_target: str | None, outfmt: str) -> None:

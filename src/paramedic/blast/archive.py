@@ -29,11 +29,11 @@ _SCORE = re.compile(rb'id str "score",\s+value int (-?\d+)')
 _EVALUE = re.compile(rb'id str "e_value",\s+value real (?:\{ (-?\d+), 10, (-?\d+) \}|(0))')
 
 
-def _alignment_list(data: bytes) -> tuple[int, int]:
-    """Start and end offsets of the Seq-aligns inside the results' alignment list."""
-    start = data.find(_RESULTS)
+def _alignment_list(data: bytes, at: int = 0) -> tuple[int, int] | None:
+    """Start and end offsets of the Seq-aligns in the first results section from `at` (None: none)."""
+    start = data.find(_RESULTS, at)
     if start < 0:
-        raise ValueError("not a BLAST archive with results")
+        return None
     start += len(_RESULTS)
     end = data.find(_RESULTS_END, start - 1)
     if end < 0:
@@ -42,15 +42,26 @@ def _alignment_list(data: bytes) -> tuple[int, int]:
 
 
 def _seq_aligns(data: bytes) -> list[bytes]:
-    """The Seq-aligns of an archive's results, each with its braces, in the archive's order."""
-    start, end = _alignment_list(data)
-    body = data[start:end]
-    if not body:
-        return []
-    if not body.startswith(_ALIGN_OPEN) or not body.endswith(_ALIGN_CLOSE):
-        raise ValueError("BLAST archive: unexpected alignment layout")
-    inner = body[len(_ALIGN_OPEN) : -len(_ALIGN_CLOSE)].split(_ALIGN_SEPARATOR)
-    return [_ALIGN_OPEN + block + _ALIGN_CLOSE for block in inner]
+    """The Seq-aligns of every request's results, each with its braces, in the archive's order.
+
+    BLAST+ splits a long query list into several requests (one `Blast4-archive` each); query ids
+    (`Query_<n>`) count on across them.
+    """
+    if not data.startswith(b"Blast4-archive ::= {"):
+        raise ValueError("not a BLAST archive")
+    aligns: list[bytes] = []
+    at = 0
+    while (found := _alignment_list(data, at)) is not None:
+        start, end = found
+        at = end
+        body = data[start:end]
+        if not body:
+            continue
+        if not body.startswith(_ALIGN_OPEN) or not body.endswith(_ALIGN_CLOSE):
+            raise ValueError("BLAST archive: unexpected alignment layout")
+        inner = body[len(_ALIGN_OPEN) : -len(_ALIGN_CLOSE)].split(_ALIGN_SEPARATOR)
+        aligns.extend(_ALIGN_OPEN + block + _ALIGN_CLOSE for block in inner)
+    return aligns
 
 
 def _evalue(block: bytes) -> float:
@@ -108,7 +119,10 @@ def fill_archive(
     subject in report order, as kept by `parse_fragment_archive`. Their query ids are renumbered to the
     request's positions, and fragment subject ids (`lcl|g<gid>`) become the database's own Seq-ids.
     """
-    start, end = _alignment_list(skeleton)
+    found = _alignment_list(skeleton)
+    if found is None or skeleton.count(b"Blast4-archive ::= {") != 1:
+        raise ValueError("the skeleton is not one BLAST archive request with results")
+    start, end = found
     if start != end:
         raise ValueError("the skeleton archive already holds alignments")
     pieces: list[bytes] = []
