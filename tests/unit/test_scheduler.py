@@ -85,3 +85,37 @@ def test_wrong_hit_count_is_an_error():
     t = s.next_task(0)
     with pytest.raises(ValueError):
         s.search_done(t, [])
+
+
+def test_kept_alignments_follow_the_merged_order_into_regeneration_tasks():
+    p = plan(n_queries=2, batch=2, fragments=2, group=2)
+    s = Scheduler(p, keep_alignments=True)
+    for _ in range(2):
+        task = s.next_task(0)
+        assert isinstance(task, SearchTask)
+        s.search_done(
+            task,
+            [[Hit(10.0 ** -(5 + task.fragment), 50, 10 * q + task.fragment, b"aln %d/%d" % (q, task.fragment))]
+             for q in range(2)],
+        )  # fmt: skip
+    regen = s.next_task(0)
+    assert isinstance(regen, RegenTask)
+    assert regen.subjects == ((1, 0), (11, 10))
+    assert regen.alignments == ((b"aln 0/1", b"aln 0/0"), (b"aln 1/1", b"aln 1/0"))
+
+
+def test_alignments_are_not_kept_unless_asked():
+    s = Scheduler(plan())
+    drive(s, workers=1)
+    assert s._alignments == {}
+
+
+def test_plan_for_archive_reports_uses_two_large_batches_per_worker():
+    from paramedic.engine.plan import make_plan
+
+    common = dict(program="blastp", query_lengths=[300] * 500, fragment_residues=[2_000_000] * 4, workers=2,
+                  hitlist_size=500, startup_seconds=0.04, stitchable=True)  # fmt: skip
+    by_search = make_plan(**common)
+    rendered = make_plan(**common, archive_render=True)
+    assert len(rendered.batches) == 4 and rendered.pieces == rendered.batches
+    assert len(by_search.batches) > 4 and len(by_search.pieces[0]) == 10
