@@ -110,12 +110,12 @@ def test_alignments_are_not_kept_unless_asked():
     assert s._alignments == {}
 
 
-def test_plan_for_archive_reports_uses_two_large_batches_per_worker():
+def test_plan_for_archive_reports_uses_two_large_batches_per_worker_and_half_batch_groups():
     from paramedic.engine.plan import make_plan
 
     common = dict(program="blastp", query_lengths=[300] * 500, fragment_residues=[2_000_000] * 4, workers=2,
                   hitlist_size=500, startup_seconds=0.04, stitchable=True)  # fmt: skip
     by_search = make_plan(**common)
     rendered = make_plan(**common, archive_render=True)
-    assert len(rendered.batches) == 4 and rendered.pieces == rendered.batches
+    assert len(rendered.batches) == 4 and len(rendered.pieces) == 8
     assert len(by_search.batches) > 4 and len(by_search.pieces[0]) == 10

@@ -6,7 +6,7 @@ machine kind; and small enough that every worker gets several tasks. Regeneratio
 cost of a regeneration run is start-up plus (queries x union of their subjects), and measured on the
 mmseqs2 data a group of about 10 queries minimised it (batch 1: 7.6 s, 5: 4.5 s, 10: 4.3 s, 25: 5.0 s,
 100: 7.6 s for 100 queries). Reports written from the search's own alignments (`archive_render`) cost
-the same per query however queries are grouped, so there a group is a whole search batch: fewer runs.
+the same per query however queries are grouped, so there a group is half a search batch: few runs.
 Formats whose pieces cannot be stitched are regenerated as one piece.
 """
 
@@ -58,7 +58,9 @@ def make_plan(
             # as large as two per worker allow.
             batch = max(batch, math.ceil(n / (2 * max(1, workers))))
     batch = max(1, min(batch, n))
-    group = max(1, regen_group or (batch if archive_render else DEFAULT_REGEN_GROUP))
+    # From archives a group costs the same per query however large; half a batch keeps the last batch's
+    # reports on two workers instead of one.
+    group = max(1, regen_group or (math.ceil(batch / 2) if archive_render else DEFAULT_REGEN_GROUP))
     if stitchable:
         group = min(group, batch)
         batch = math.ceil(batch / group) * group  # whole groups per batch
