@@ -29,15 +29,9 @@ from paramedic.blast.run import Database, RunStats, as_user_db, place_database, 
 from paramedic.blast.tools import run_tool
 from paramedic.output.stats import ARCHIVE_FORMATS, has_stats, splice_stats
 
-# Options blast_formatter takes as blastp does; anything else in FORMATTING_ONLY disqualifies archives.
+# Options blast_formatter takes as blastp does (can_render refuses -html and -parse_deflines).
 FORMATTER_OPTIONS = (
-    "outfmt",
-    "show_gis",
-    "num_descriptions",
-    "num_alignments",
-    "line_length",
-    "sorthits",
-    "sorthsps",
+    *(o for o in FORMATTING_ONLY if o not in ("out", "html", "parse_deflines")),
     "max_target_seqs",
 )
 ONE_REQUEST = {"BATCH_SIZE": "1000000000"}  # one archive request for the whole group
