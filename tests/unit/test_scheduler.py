@@ -119,3 +119,42 @@ def test_plan_for_archive_reports_uses_two_large_batches_per_worker_and_half_bat
     rendered = make_plan(**common, archive_render=True)
     assert len(rendered.batches) == 4 and len(rendered.pieces) == 8
     assert len(by_search.batches) > 4 and len(by_search.pieces[0]) == 10
+
+
+def _makespan(pieces, lengths, workers, per_run=0.05, per_residue=4e-4):
+    """Greedy list scheduling, as the master hands out pieces: finish time of the busiest worker."""
+    busy = [0.0] * workers
+    for piece in pieces:
+        busy[busy.index(min(busy))] += per_run + per_residue * sum(lengths[q] for q in piece)
+    return max(busy), sum(busy) / workers
+
+
+def test_query_segmentation_pieces_shrink_so_workers_finish_together():
+    import random
+
+    from paramedic.engine.plan import make_plan, smallest_piece_residues
+
+    rng = random.Random(7)
+    lengths = [int(rng.lognormvariate(5.8, 0.7)) + 20 for _ in range(500)]  # like mmseqs2 QUERY.fasta
+    common = dict(program="blastp", query_lengths=lengths, fragment_residues=[9_000_000], workers=2,
+                  hitlist_size=500, startup_seconds=0.04, stitchable=True, direct=True)  # fmt: skip
+    plan = make_plan(**common)
+    sizes = [sum(lengths[q] for q in piece) for piece in plan.pieces]
+    assert plan.direct and plan.pieces == plan.batches
+    assert sizes[0] == max(sizes) and sizes[0] > 10 * sizes[-1]
+    smallest = smallest_piece_residues("blastp", 9_000_000, 0.04)
+    assert all(size >= smallest / 2 for size in sizes)
+    assert len(plan.pieces) < 30  # few BLAST+ runs
+    longest, mean = _makespan(plan.pieces, lengths, 2)
+    assert longest < 1.01 * mean
+    # equal pieces of 25 queries leave one worker idle at the end
+    equal = make_plan(**common, batch=25).pieces
+    assert _makespan(equal, lengths, 2)[0] > longest
+
+
+def test_query_segmentation_keeps_unstitchable_formats_in_one_piece():
+    from paramedic.engine.plan import make_plan
+
+    plan = make_plan(program="blastp", query_lengths=[300] * 50, fragment_residues=[9_000_000], workers=2,
+                     hitlist_size=500, startup_seconds=0.04, stitchable=False, direct=True)  # fmt: skip
+    assert plan.pieces == (range(0, 50),)
