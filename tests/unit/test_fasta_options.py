@@ -69,3 +69,20 @@ def test_blast_options_parsed_with_blasts_own_rules():
         BlastOptions.parse("blastp", ["-evalue"])
     with pytest.raises(UsageError, match="not supported"):
         BlastOptions.parse("blastp", ["-remote"])
+
+
+def test_blast_help_is_cached_per_executable_and_a_bad_cache_entry_is_replaced(tmp_path, monkeypatch):
+    from paramedic.blast.options import known_options
+    from paramedic.blast.tools import require_tool
+    from paramedic.cache import cache_dir, file_key
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    entry = cache_dir("blast-help") / f"blastp-{file_key(require_tool('blastp'))}.help"
+    fresh = known_options.__wrapped__("blastp")
+    assert fresh["evalue"] is True and fresh["ungapped"] is False
+    assert entry.is_file() and b" -evalue <Real>" in entry.read_bytes()
+    entry.write_text(" -db <String>\n -query <File_In>\n -my_option <Real>\n")  # read back, not re-run
+    assert known_options.__wrapped__("blastp") == {"db": True, "query": True, "my_option": True}
+    entry.write_text("garbage")  # not a help text: -help runs again and the entry is replaced
+    assert known_options.__wrapped__("blastp") == fresh
+    assert b" -evalue <Real>" in entry.read_bytes()

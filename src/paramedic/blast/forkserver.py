@@ -22,6 +22,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from paramedic.cache import cache_dir
+
 SOURCE = Path(__file__).with_name("native") / "forkserver.c"
 MAX_REQUEST = 1 << 20
 
@@ -36,7 +38,7 @@ def shim_path() -> Path | None:
         source = SOURCE.read_bytes()
     except OSError:
         return None
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "paramedic" / "native"
+    cache = cache_dir("native")
     target = cache / f"forkserver-{hashlib.sha256(source).hexdigest()[:16]}.so"
     if target.is_file():
         return target

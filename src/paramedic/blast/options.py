@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from paramedic.blast.tools import require_tool
+from paramedic.cache import file_key, read_cached, write_cached
 from paramedic.errors import BlastError, UsageError
 
 _OPTION_LINE = re.compile(r"^ -([A-Za-z0-9_]+)(\s+<.*)?$")
@@ -59,19 +60,34 @@ FORMATTING_ONLY = (
 
 @functools.cache
 def known_options(program: str) -> dict[str, bool]:
-    """Map option name -> takes a value, read from `<program> -help`."""
+    """Map option name -> takes a value, read from `<program> -help`.
+
+    The help text is cached per executable (path, size, mtime): running `-help` costs 0.1 s, paid
+    before any rank can start work.
+    """
     exe = require_tool(program)
+    name = f"{program}-{file_key(exe)}.help"
+    cached = read_cached("blast-help", name)
+    options = _parse_help(cached.decode(errors="replace")) if cached is not None else {}
+    if "db" in options and "query" in options:
+        return options
     try:
         text = subprocess.run([exe, "-help"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
         raise BlastError(f"cannot run `{program} -help`: {exc}") from exc
+    options = _parse_help(text)
+    if "db" not in options or "query" not in options:
+        raise BlastError(f"`{program} -help` did not list -query and -db: unexpected BLAST+ version?")
+    write_cached("blast-help", name, text.encode())
+    return options
+
+
+def _parse_help(text: str) -> dict[str, bool]:
     options: dict[str, bool] = {}
     for line in text.splitlines():
         m = _OPTION_LINE.match(line)
         if m:
             options[m.group(1)] = m.group(2) is not None
-    if "db" not in options or "query" not in options:
-        raise BlastError(f"`{program} -help` did not list -query and -db: unexpected BLAST+ version?")
     return options
 
 

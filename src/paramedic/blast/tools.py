@@ -36,6 +36,16 @@ def blast_version() -> str:
     return first.split(":", 1)[-1].strip()
 
 
+def warm_up(program: str) -> None:
+    """Start this process's fork server for `program` now, while there is nothing else to do."""
+    if program not in FORK_SERVED:
+        return
+    try:
+        server_for(require_tool(program))
+    except (BlastError, OSError):
+        pass  # the first real run reports the problem
+
+
 def run_tool(
     argv: Sequence[str],
     cwd: str | os.PathLike[str] | None = None,

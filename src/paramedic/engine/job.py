@@ -8,6 +8,7 @@ Every problem a user can cause surfaces here as one clear error, before the para
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,14 +17,14 @@ from paramedic.blast.options import BlastOptions
 from paramedic.blast.programs import PROGRAMS, alias_suffix
 from paramedic.blast.render import can_render
 from paramedic.blast.run import Database
-from paramedic.blast.tools import run_tool
+from paramedic.blast.tools import require_tool
 from paramedic.db.fasta import read_fasta
 from paramedic.db.manifest import Manifest, load_manifest
 from paramedic.db.seqids import SeqIdTable
 from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
-from paramedic.errors import DatabaseError, OutputError, UsageError
+from paramedic.errors import BlastError, DatabaseError, OutputError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.ship.destination import ShipSettings, check_shippable
 
@@ -225,13 +226,16 @@ def check_writable(path: Path) -> None:
 
 
 def measure_startup(program: str) -> float:
-    """Seconds of fixed cost per BLAST+ run on this machine (process start, database open).
+    """Seconds of fixed cost per BLAST+ run on this machine (process start).
 
-    Measured on a second run (the first one may start the fork server). Never taken below 40 ms, the
-    cost of starting BLAST+ without the fork server: batches stay large enough either way, and smaller
-    query batches make BLAST+ scan each subject more often.
+    Measured by starting the program plainly: the master runs no searches, so it starts no fork server
+    of its own. Never taken below 40 ms, the cost of starting BLAST+ here without the fork server:
+    batches stay large enough either way, and smaller query batches make BLAST+ scan each subject more
+    often.
     """
-    run_tool([program, "-version"])
     start = time.perf_counter()
-    run_tool([program, "-version"])
-    return max(0.04, 2 * (time.perf_counter() - start))
+    try:
+        subprocess.run([require_tool(program), "-version"], capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise BlastError(f"cannot run `{program} -version`: {exc}") from exc
+    return max(0.04, time.perf_counter() - start)

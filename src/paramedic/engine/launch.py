@@ -79,11 +79,14 @@ def run_under_mpi(settings: SearchSettings, argv: list[str]) -> int:
     """Every rank runs this. Rank 0 prepares and checks the job; any failure ends all ranks."""
     from mpi4py import MPI
 
+    from paramedic.blast.tools import warm_up
     from paramedic.engine.roles import run_job
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     job = failure = None
+    if rank != 0:
+        warm_up(settings.program)  # this worker's BLAST+ fork server starts while rank 0 checks the job
     if rank == 0:
         try:
             job = prepare_job(settings)

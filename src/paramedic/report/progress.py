@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import sys
-
-from tqdm import tqdm
+from typing import Any
 
 
 class Progress:
     def __init__(self, total: int, quiet: bool):
-        enabled = not quiet and sys.stderr.isatty()
-        self.bar = tqdm(total=total, unit="query", desc="paramedic", disable=not enabled, file=sys.stderr)
+        self.bar: Any = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm  # imported only when shown: every rank imports this module
+
+            self.bar = tqdm(total=total, unit="query", desc="paramedic", file=sys.stderr)
 
     def advance(self, n: int) -> None:
-        if n:
+        if n and self.bar is not None:
             self.bar.update(n)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()

@@ -14,9 +14,6 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-
 from paramedic.errors import UsageError
 
 
@@ -54,6 +51,10 @@ def peer_name(sock: ssl.SSLSocket) -> str:
 
 def _load(ctx: ssl.SSLContext, keys: Path) -> None:
     """Load ca.pem, cert.pem and key.pem from `keys`; any problem is a UsageError naming the file."""
+    # imported here: every search rank imports this module, and cryptography takes 30 ms to import
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
     prefix = f"--keys {keys}"
     if not keys.is_dir():
         raise UsageError(f"{prefix}: not a directory (make one with `paramedic keys`)")
