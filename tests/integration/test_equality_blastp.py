@@ -11,11 +11,12 @@ Each (fragments, cap) pair is searched once directly and regenerated for the oth
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import take_fasta
+from tests.conftest import paramedic, take_fasta
 from tests.integration.equality import Site
 
 pytestmark = pytest.mark.integration
@@ -39,3 +40,16 @@ def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
 @pytest.mark.parametrize("fragments", [4, 7])
 def test_blastp_matches_blast(site: Site, fragments: int, max_target: str | None, outfmt: str) -> None:
     site.assert_matches(site.search(fragments, max_target, outfmt), max_target, outfmt)
+
+
+def test_blastp_query_segmentation_with_shrinking_pieces_matches_blast(site: Site) -> None:
+    """--strategy queries with its own plan: pieces shrink (factoring), the report is still BLAST+'s."""
+    out = site.root / "queries-0.out"
+    paramedic(
+        "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-outfmt", "0",
+        "-out", str(out), "--np", "2", "--strategy", "queries", "--quiet", cwd=site.root / "p4",
+    )  # fmt: skip
+    record = json.loads(out.with_name(out.name + ".run.json").read_text())
+    assert record["strategy"] == "queries" and record["pieces"] >= 4
+    assert record["search_batch_queries"] > 100 / record["pieces"]  # the first piece is the largest
+    site.assert_matches(out, None, "0")
