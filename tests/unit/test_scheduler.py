@@ -110,15 +110,20 @@ def test_alignments_are_not_kept_unless_asked():
     assert s._alignments == {}
 
 
-def test_plan_for_archive_reports_uses_two_large_batches_per_worker_and_half_batch_groups():
+def test_plan_for_archive_reports_uses_large_shrinking_batches_and_half_batch_groups():
     from paramedic.engine.plan import make_plan
 
     common = dict(program="blastp", query_lengths=[300] * 500, fragment_residues=[2_000_000] * 4, workers=2,
                   hitlist_size=500, startup_seconds=0.04, stitchable=True)  # fmt: skip
     by_search = make_plan(**common)
     rendered = make_plan(**common, archive_render=True)
-    assert len(rendered.batches) == 4 and len(rendered.pieces) == 8
-    assert len(by_search.batches) > 4 and len(by_search.pieces[0]) == 10
+    sizes = [len(b) for b in rendered.batches]
+    assert sizes[:4] == [125, 125, 63, 63] and max(sizes[4:]) < 40  # the sliver left joins the last
+    halves = [half for b in rendered.batches for half in (b[: (len(b) + 1) // 2], b[(len(b) + 1) // 2 :])]
+    assert rendered.pieces == tuple(h for h in halves if len(h))
+    assert len(by_search.batches) > len(rendered.batches) and len(by_search.pieces[0]) == 10
+    fives = make_plan(**common, archive_render=True, regen_group=5)
+    assert len(fives.pieces) == sum(-(-len(b) // 5) for b in fives.batches)  # groups never span batches
 
 
 def _makespan(pieces, lengths, workers, per_run=0.05, per_residue=4e-4):

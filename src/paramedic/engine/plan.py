@@ -8,6 +8,10 @@ mmseqs2 data a group of about 10 queries minimised it (batch 1: 7.6 s, 5: 4.5 s,
 100: 7.6 s for 100 queries). Reports written from the search's own alignments (`archive_render`) cost
 the same per query however queries are grouped, so there a group is half a search batch: few runs.
 Formats whose pieces cannot be stitched are regenerated as one piece.
+
+When nothing is shipped early (query segmentation, reports from archives), batches shrink instead of
+being equal (`decreasing_pieces`): large ones first for few BLAST+ runs, small ones last so that the
+workers finish together.
 """
 
 from __future__ import annotations
@@ -45,29 +49,43 @@ def make_plan(
         if not stitchable:
             pieces: tuple[range, ...] = (range(0, n),)
         elif batch:
-            pieces = tuple(range(s, min(n, s + batch)) for s in range(0, n, batch))
+            pieces = _split(range(0, n), batch)
         else:
             smallest = smallest_piece_residues(program, whole, startup_seconds)
             pieces = decreasing_pieces(query_lengths, workers, smallest)
         return Plan(pieces, 1, pieces, hitlist_size, direct=True)
+    if archive_render and batch is None:
+        # BLAST+ scans a fragment once per batch, so larger batches cost less search (500 queries, 4
+        # fragments, 2 workers: batches of 14, 63, 125 took 106.4, 101.2, 100.0 s of search); batches
+        # shrink as for query segmentation so the last fragment searches are short; each batch's reports
+        # are written in two groups (from archives a group costs the same per query however large, and
+        # two keep the last batch's reports on two workers). With metadata shipped instead, small
+        # batches keep it flowing early, so only here are batches this large.
+        mean_fragment = sum(fragment_residues) / len(fragment_residues)
+        smallest = smallest_piece_residues(program, mean_fragment, startup_seconds)
+        batches = decreasing_pieces(query_lengths, workers, smallest)
+        if not stitchable:
+            pieces: tuple[range, ...] = (range(0, n),)
+        else:
+            pieces = tuple(
+                group for b in batches for group in _split(b, regen_group or math.ceil(len(b) / 2))
+            )
+        return Plan(batches, len(fragment_residues), pieces, hitlist_size)
     if batch is None:
         batch = search_batch_size(program, query_lengths, fragment_residues, workers, startup_seconds)
-        if archive_render:
-            # BLAST+ scans a fragment once per batch, so larger batches cost less search (500 queries, 4
-            # fragments, 2 workers: batches of 14, 63, 125 took 106.4, 101.2, 100.0 s of search); with
-            # metadata shipped instead, small batches keep it flowing early, so only here are batches
-            # as large as two per worker allow.
-            batch = max(batch, math.ceil(n / (2 * max(1, workers))))
     batch = max(1, min(batch, n))
-    # From archives a group costs the same per query however large; half a batch keeps the last batch's
-    # reports on two workers instead of one.
     group = max(1, regen_group or (math.ceil(batch / 2) if archive_render else DEFAULT_REGEN_GROUP))
     if stitchable:
         group = min(group, batch)
         batch = math.ceil(batch / group) * group  # whole groups per batch
-    batches = tuple(range(s, min(n, s + batch)) for s in range(0, n, batch))
-    pieces = tuple(range(s, min(n, s + group)) for s in range(0, n, group)) if stitchable else (range(0, n),)
+    batches = _split(range(0, n), batch)
+    pieces = _split(range(0, n), group) if stitchable else (range(0, n),)
     return Plan(batches, len(fragment_residues), pieces, hitlist_size)
+
+
+def _split(queries: range, size: int) -> tuple[range, ...]:
+    """Consecutive ranges of `size` queries (the last may be shorter)."""
+    return tuple(range(s, min(queries.stop, s + size)) for s in range(queries.start, queries.stop, size))
 
 
 def smallest_piece_residues(program: str, database_residues: int, startup_seconds: float) -> int:

@@ -32,6 +32,7 @@ class RankStats:
     report_bytes: int = 0
     peak_rss_mb: float = 0.0  # this rank's Python process
     peak_blast_rss_mb: float = 0.0  # largest BLAST+ child process of this rank
+    python_cpu_seconds: float = 0.0  # this rank's own CPU time (user + system), BLAST+ runs excluded
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
@@ -40,7 +41,9 @@ class RankStats:
         """Peak RSS of this process and of its largest BLAST+ run (fork servers are stopped first, so
         that their children count as this process's descendants)."""
         close_fork_servers()
-        self.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.peak_rss_mb = usage.ru_maxrss / 1024
+        self.python_cpu_seconds = round(usage.ru_utime + usage.ru_stime, 3)
         self.peak_blast_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
