@@ -208,12 +208,13 @@ def _search(argv: list[str]) -> int:
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
 
-    from paramedic.engine.job import SearchSettings
     from paramedic.engine.launch import launch_or_run
-    from paramedic.ship.destination import ShipSettings
+    from paramedic.engine.settings import SearchSettings
 
     ship = None
     if args.site is not None:
+        from paramedic.ship.destination import ShipSettings
+
         out = next((blast_args[i + 1] for i, a in enumerate(blast_args[:-1]) if a == "-out"), None)
         ship = ShipSettings.build(args.site, args.keys, args.ship, out, args.streams, args.ship_timeout)
 

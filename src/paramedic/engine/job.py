@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from paramedic.blast.options import BlastOptions
@@ -24,24 +24,10 @@ from paramedic.db.seqids import SeqIdTable
 from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
+from paramedic.engine.settings import SearchSettings
 from paramedic.errors import BlastError, DatabaseError, OutputError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.ship.destination import ShipSettings, check_shippable
-
-
-@dataclass(frozen=True)
-class SearchSettings:
-    program: str
-    blast_args: list[str]
-    batch: int | None = None  # queries per search task (default: sized from start-up cost)
-    regen_group: int | None = None  # queries per regeneration run
-    quiet: bool = False
-    record: Path | None = None  # run record path (default: <out>.run.json)
-    save_metadata: Path | None = None  # write the merged subjects per query here
-    strategy: str = "auto"  # "fragments", "queries" or "auto" (see choose_strategy)
-    from_metadata: Path | None = None  # skip the search: regenerate from saved metadata
-    ship: ShipSettings | None = None  # send the output to a storage site (--site) instead of -out here
-    cwd: Path = field(default_factory=Path.cwd)
 
 
 @dataclass(frozen=True)

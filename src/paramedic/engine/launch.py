@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from paramedic.cli import MPI_RANK_VARIABLES
-from paramedic.engine.job import SearchSettings, prepare_job
+from paramedic.engine.settings import SearchSettings
 from paramedic.errors import JobError, ParamedicError
 
 LAUNCHED_VARIABLE = "PARAMEDIC_LAUNCHED"
@@ -80,6 +80,7 @@ def run_under_mpi(settings: SearchSettings, argv: list[str]) -> int:
     from mpi4py import MPI
 
     from paramedic.blast.tools import warm_up
+    from paramedic.engine.job import prepare_job
     from paramedic.engine.roles import run_job
 
     comm = MPI.COMM_WORLD

@@ -1,0 +1,28 @@
+"""What `paramedic search` was asked to do, as typed settings: the CLI builds them, every rank reads them.
+
+Kept apart from `engine.job` so that the process that only starts mpiexec imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from paramedic.ship.destination import ShipSettings
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    program: str
+    blast_args: list[str]
+    batch: int | None = None  # queries per search task (default: sized from start-up cost)
+    regen_group: int | None = None  # queries per regeneration run
+    quiet: bool = False
+    record: Path | None = None  # run record path (default: <out>.run.json)
+    save_metadata: Path | None = None  # write the merged subjects per query here
+    strategy: str = "auto"  # "fragments", "queries" or "auto" (see choose_strategy)
+    from_metadata: Path | None = None  # skip the search: regenerate from saved metadata
+    ship: ShipSettings | None = None  # send the output to a storage site (--site) instead of -out here
+    cwd: Path = field(default_factory=Path.cwd)
