@@ -43,11 +43,12 @@ def make_plan(
     archive_render: bool = False,
 ) -> Plan:
     n = len(query_lengths)
+    pieces: tuple[range, ...]
     if direct:
         # Query segmentation: a piece is one search of the whole database, writing its own report.
         whole = sum(fragment_residues)
         if not stitchable:
-            pieces: tuple[range, ...] = (range(0, n),)
+            pieces = (range(0, n),)
         elif batch:
             pieces = _split(range(0, n), batch)
         else:
@@ -65,7 +66,7 @@ def make_plan(
         smallest = smallest_piece_residues(program, mean_fragment, startup_seconds)
         batches = decreasing_pieces(query_lengths, workers, smallest)
         if not stitchable:
-            pieces: tuple[range, ...] = (range(0, n),)
+            pieces = (range(0, n),)
         else:
             pieces = tuple(
                 group for b in batches for group in _split(b, regen_group or math.ceil(len(b) / 2))
@@ -88,8 +89,8 @@ def _split(queries: range, size: int) -> tuple[range, ...]:
     return tuple(range(s, min(queries.stop, s + size)) for s in range(queries.start, queries.stop, size))
 
 
-def smallest_piece_residues(program: str, database_residues: int, startup_seconds: float) -> int:
-    """Query residues of the smallest search whose start-up (process, database open, one scan) is <= 5%."""
+def smallest_piece_residues(program: str, database_residues: float, startup_seconds: float) -> int:
+    """Query residues of the smallest search of `database_residues` whose BLAST+ start-up is <= 5%."""
     per_residue = RATE.get(program, RATE["blastp"]) * database_residues
     return math.ceil(startup_seconds / (STARTUP_SHARE * per_residue)) if per_residue > 0 else 1
 
