@@ -41,7 +41,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests bench
 
 bench: setup data
-	PARAMEDIC_DATA=$(DATA) $(PY) bench/throughput.py
+	PARAMEDIC_DATA=$(DATA) $(PY) bench/throughput.py --rounds 3
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache
