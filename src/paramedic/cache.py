@@ -16,9 +16,8 @@ def cache_dir(kind: str) -> Path:
 def file_key(path: str) -> str:
     """A key that changes when the file is replaced (an upgraded BLAST+): its path, size and mtime."""
     stat = os.stat(path)
-    return hashlib.sha256(f"{os.path.realpath(path)}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[
-        :16
-    ]
+    identity = f"{os.path.realpath(path)}:{stat.st_size}:{stat.st_mtime_ns}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
 def read_cached(kind: str, name: str) -> bytes | None:
@@ -29,8 +28,11 @@ def read_cached(kind: str, name: str) -> bytes | None:
 
 
 def write_cached(kind: str, name: str, data: bytes) -> None:
-    """Whole or not at all (temporary name, then rename); a cache that cannot be written is skipped."""
+    """Whole or not at all: a temporary name unique to this process (several jobs may write the same
+    entry at once; `durable.write_durably` names it per thread only), then a rename. A cache that cannot
+    be written is skipped."""
     directory = cache_dir(kind)
+    tmp = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=directory)
@@ -38,4 +40,5 @@ def write_cached(kind: str, name: str, data: bytes) -> None:
             fh.write(data)
         os.replace(tmp, directory / name)
     except OSError:
-        pass
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)

@@ -91,8 +91,13 @@ def _split(queries: range, size: int) -> tuple[range, ...]:
 
 def smallest_piece_residues(program: str, database_residues: float, startup_seconds: float) -> int:
     """Query residues of the smallest search of `database_residues` whose BLAST+ start-up is <= 5%."""
-    per_residue = RATE.get(program, RATE["blastp"]) * database_residues
+    per_residue = _seconds_per_query_residue(program, database_residues)
     return math.ceil(startup_seconds / (STARTUP_SHARE * per_residue)) if per_residue > 0 else 1
+
+
+def _seconds_per_query_residue(program: str, database_residues: float) -> float:
+    """Estimated single-thread search time per query residue against `database_residues` (RATE)."""
+    return RATE.get(program, RATE["blastp"]) * database_residues
 
 
 def decreasing_pieces(query_lengths: Sequence[int], workers: int, smallest: int) -> tuple[range, ...]:
@@ -137,7 +142,7 @@ def search_batch_size(
     n = len(query_lengths)
     mean_query = sum(query_lengths) / n
     mean_fragment = sum(fragment_residues) / len(fragment_residues)
-    per_query = RATE.get(program, RATE["blastp"]) * mean_query * mean_fragment
+    per_query = _seconds_per_query_residue(program, mean_fragment) * mean_query
     wanted = math.ceil(startup_seconds / (STARTUP_SHARE * per_query)) if per_query > 0 else n
     # At least ~4 tasks per worker so the last tasks do not leave workers idle for long.
     tasks_per_batch = len(fragment_residues)
