@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DATA = Path(os.environ.get("PARAMEDIC_DATA", Path.home() / ".cache/paramedic/data"))
 BIN = Path(sys.executable).parent
-POSTED = re.compile(rb"^  Posted date: .*$", re.M)
+POSTED = re.compile(rb"^ *Posted date: .*$", re.M)  # the text reports indent it by four spaces
 
 
 def timed(cmd: list[str], cwd: Path) -> tuple[float, float]:

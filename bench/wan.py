@@ -56,7 +56,7 @@ TOOLS = Path(os.environ.get("PARAMEDIC_TOOLS", Path.home() / ".cache/paramedic/t
 BIN = Path(sys.executable).parent
 PARAMEDIC = str(BIN / "paramedic")
 SSHD = "/usr/sbin/sshd"
-POSTED = re.compile(rb"^  Posted date: .*$", re.M)
+POSTED = re.compile(rb"^ *Posted date: .*$", re.M)  # the text reports indent it by four spaces
 FRAGMENTS = 4
 
 CONFIGS = {
