@@ -118,7 +118,7 @@ def test_plan_for_archive_reports_uses_large_shrinking_batches_and_half_batch_gr
     by_search = make_plan(**common)
     rendered = make_plan(**common, archive_render=True)
     sizes = [len(b) for b in rendered.batches]
-    assert sizes[:4] == [125, 125, 63, 63] and max(sizes[4:]) < 40  # the sliver left joins the last
+    assert sizes[:4] == [167, 167, 55, 55] and max(sizes[4:]) < 40  # 2/3 of the rest a round; a sliver joins
     halves = [half for b in rendered.batches for half in (b[: (len(b) + 1) // 2], b[(len(b) + 1) // 2 :])]
     assert rendered.pieces == tuple(h for h in halves if len(h))
     assert len(by_search.batches) > len(rendered.batches) and len(by_search.pieces[0]) == 10
@@ -146,7 +146,7 @@ def test_query_segmentation_pieces_shrink_so_workers_finish_together():
     plan = make_plan(**common)
     sizes = [sum(lengths[q] for q in piece) for piece in plan.pieces]
     assert plan.direct and plan.pieces == plan.batches
-    assert sizes[0] == max(sizes) and sizes[0] > 10 * sizes[-1]
+    assert max(sizes) in sizes[:2] and min(sizes[:2]) > 10 * sizes[-1]  # the first round holds the largest
     smallest = smallest_piece_residues("blastp", 9_000_000, 0.04)
     assert all(size >= smallest / 2 for size in sizes)
     assert len(plan.pieces) < 30  # few BLAST+ runs
