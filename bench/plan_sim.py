@@ -26,9 +26,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from itertools import islice
 from pathlib import Path
 
 from paramedic.blast.tools import run_tool
+from paramedic.db.fasta import read_fasta
 from paramedic.engine.job import measure_startup
 from paramedic.engine.plan import decreasing_pieces, make_plan, smallest_piece_residues
 
@@ -69,7 +71,7 @@ class CostModel:
         )
 
     def perfect(self, workers: int) -> float:
-        """All queries in one run, its work split evenly: the bound no plan beats."""
+        """All queries in one run, its work split evenly: a plan of several runs does at least this work."""
         return self.piece(range(0, len(self.lengths))) / workers
 
     def makespan(self, pieces: Sequence[range], workers: int) -> float:
@@ -78,14 +80,6 @@ class CostModel:
             idle = free.index(min(free))
             free[idle] += self.piece(piece)
         return max(free)
-
-
-def read_fasta(path: Path, n: int | None = None) -> list[tuple[str, str]]:
-    records = []
-    for record in path.read_text().split("\n>")[:n]:
-        header, _, seq = record.lstrip(">").partition("\n")
-        records.append((header, seq.replace("\n", "")))
-    return records
 
 
 def main() -> None:
@@ -106,9 +100,10 @@ def main() -> None:
             cwd=work / "ref", check=True, capture_output=True,
         )  # fmt: skip
     searcher = Searcher(work, work / "ref" / "uniprot")
-    queries = read_fasta(DATA / "mmseqs2" / "QUERY.fasta", args.queries)
+    records = islice(read_fasta(DATA / "mmseqs2" / "QUERY.fasta", "prot"), args.queries)
+    queries = [(r.header, r.sequence) for r in records]
     lengths = [len(s) for _, s in queries]
-    database_residues = sum(len(s) for _, s in read_fasta(DATA / "mmseqs2" / "DB.fasta"))
+    database_residues = sum(len(r.sequence) for r in read_fasta(DATA / "mmseqs2" / "DB.fasta", "prot"))
 
     print(f"timing {len(queries)} queries one at a time ...", file=sys.stderr)
     singles = [searcher.seconds([q]) for q in queries]
