@@ -1,7 +1,10 @@
+import dataclasses
+
 import pytest
 
 from paramedic.blast.hits import Hit
 from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask
+from tests.unit.fragments import searched
 
 
 def plan(n_queries=6, batch=3, fragments=3, group=2):
@@ -27,7 +30,7 @@ def drive(s: Scheduler, workers: int) -> list[tuple[int, object]]:
             progressed = True
             log.append((w, task))
             if isinstance(task, SearchTask):
-                s.search_done(task, fake_hits(task, s.plan))
+                s.search_done(task, searched(fake_hits(task, s.plan)))
             else:
                 s.regen_done(task)
         assert progressed, "scheduler stalled"
@@ -43,19 +46,28 @@ def test_every_search_task_once_and_every_piece_regenerated():
     assert pieces == [0, 1, 2]
 
 
-def test_merge_keeps_best_hits_per_query():
+def test_merge_keeps_hits_in_blast_order_when_no_hit_list_fills():
     p = plan()
-    s = Scheduler(p)
+    s = Scheduler(dataclasses.replace(p, hitlist_size=5))
     drive(s, workers=1)
-    # best two e-values come from fragments 0 and 1 (1e-10 and 1e-9)
-    assert s.metadata(4) == [40, 41]
+    # fragment 0 has the best e-value (1e-10), then 1 (1e-9), then 2
+    assert s.metadata(4) == [40, 41, 42]
+    assert s.searched_again == 0
+
+
+def test_a_filled_hit_list_sends_the_query_to_be_searched_again_against_its_preliminary_list():
+    s = Scheduler(plan())  # hitlist 2, three fragments with one hit each: the list fills
+    log = drive(s, workers=1)
+    assert s.metadata(4) == [40, 41, 42]  # the whole preliminary list, not the top 2
+    assert s.searched_again == 6
+    assert all(t.alignments is None for _, t in log if isinstance(t, RegenTask))
 
 
 def test_regeneration_preferred_once_a_batch_is_merged():
     p = plan(n_queries=4, batch=2, fragments=1, group=2)
     s = Scheduler(p)
     first = s.next_task(0)
-    s.search_done(first, fake_hits(first, p))
+    s.search_done(first, searched(fake_hits(first, p)))
     assert isinstance(s.next_task(0), RegenTask)
 
 
@@ -65,7 +77,7 @@ def test_affinity_prefers_cached_fragment():
     a = s.next_task(0)
     b = s.next_task(1)
     assert {a.fragment, b.fragment} == {0, 1}
-    s.search_done(a, fake_hits(a, p))
+    s.search_done(a, searched(fake_hits(a, p)))
     again = s.next_task(0)
     assert isinstance(again, SearchTask) and again.fragment == a.fragment
 
@@ -84,19 +96,19 @@ def test_wrong_hit_count_is_an_error():
     s = Scheduler(p)
     t = s.next_task(0)
     with pytest.raises(ValueError):
-        s.search_done(t, [])
+        s.search_done(t, searched([]))
 
 
 def test_kept_alignments_follow_the_merged_order_into_regeneration_tasks():
-    p = plan(n_queries=2, batch=2, fragments=2, group=2)
+    p = dataclasses.replace(plan(n_queries=2, batch=2, fragments=2, group=2), hitlist_size=5)
     s = Scheduler(p, keep_alignments=True)
     for _ in range(2):
         task = s.next_task(0)
         assert isinstance(task, SearchTask)
         s.search_done(
             task,
-            [[Hit(10.0 ** -(5 + task.fragment), 50, 10 * q + task.fragment, b"aln %d/%d" % (q, task.fragment))]
-             for q in range(2)],
+            searched([[Hit(10.0 ** -(5 + task.fragment), 50, 10 * q + task.fragment, b"aln %d/%d" % (q, task.fragment))]
+             for q in range(2)]),
         )  # fmt: skip
     regen = s.next_task(0)
     assert isinstance(regen, RegenTask)

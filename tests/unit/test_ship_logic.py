@@ -8,11 +8,12 @@ import struct
 
 import pytest
 
-from paramedic.blast.hits import Hit
+from paramedic.blast.hits import FragmentSearch, Hit
 from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask
 from paramedic.ship.auto import decide, ship_metadata
 from paramedic.ship.wire import MAX_PAYLOAD_BYTES, ProtocolError, recv_frame, send_frame
 from paramedic.site.store import safe_output_path
+from tests.unit.fragments import searched
 
 
 def _plan() -> Plan:
@@ -24,8 +25,8 @@ def _plan() -> Plan:
     )
 
 
-def _hits(n: int) -> list[list[Hit]]:
-    return [[Hit(gid=q, evalue=1e-10, score=50)] for q in range(n)]
+def _hits(n: int) -> FragmentSearch:
+    return searched([[Hit(gid=q, evalue=1e-10, score=50)] for q in range(n)])
 
 
 def test_held_pieces_are_released_for_shipping_not_as_tasks():

@@ -33,23 +33,29 @@ def shim_path() -> Path | None:
     """The compiled shim, built once per source version; None when it cannot be had."""
     if os.environ.get("PARAMEDIC_FORKSERVER", "1") == "0":
         return None
-    compiler = shutil.which("cc") or shutil.which("gcc")
+    return compiled(SOURCE)
+
+
+def compiled(source: Path) -> Path | None:
+    """A preload library built from `source` once per source version into the user's cache; None
+    without a C compiler (or when it fails)."""
     try:
-        source = SOURCE.read_bytes()
+        text = source.read_bytes()
     except OSError:
         return None
     cache = cache_dir("native")
-    target = cache / f"forkserver-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    target = cache / f"{source.stem}-{hashlib.sha256(text).hexdigest()[:16]}.so"
     if target.is_file():
         return target
+    compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".forkserver-", suffix=".so", dir=cache)
+        fd, tmp = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".so", dir=cache)
         os.close(fd)
         proc = subprocess.run(
-            [compiler, "-shared", "-fPIC", "-O2", "-o", tmp, str(SOURCE), "-ldl"], capture_output=True
+            [compiler, "-shared", "-fPIC", "-O2", "-o", tmp, str(source), "-ldl"], capture_output=True
         )
         if proc.returncode != 0:
             os.unlink(tmp)
@@ -66,12 +72,10 @@ class ForkServer:
     def __init__(self, executable: str, shim: Path, extra_env: dict[str, str] | None = None):
         request_read, self._requests = os.pipe()
         self._replies, reply_write = os.pipe()
-        env = dict(
-            os.environ,
-            **(extra_env or {}),
-            LD_PRELOAD=str(shim),
-            PARAMEDIC_FORKSERVER_FDS=f"{request_read},{reply_write}",
-        )
+        env = dict(os.environ, **(extra_env or {}))
+        # the fork server's shim first, then any other preload the caller asks for
+        env["LD_PRELOAD"] = ":".join(p for p in (str(shim), (extra_env or {}).get("LD_PRELOAD")) if p)
+        env["PARAMEDIC_FORKSERVER_FDS"] = f"{request_read},{reply_write}"
         self._proc = subprocess.Popen(
             [executable],
             env=env,

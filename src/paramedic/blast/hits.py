@@ -21,3 +21,35 @@ class Hit:
     score: int
     gid: int
     alignment: bytes = field(default=b"", compare=False, repr=False)
+
+
+TINY_EVALUE = 1.0e-180  # BLAST+'s s_EvalueComp: e-values below this compare equal
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One subject of a query's preliminary list: BLAST+'s ranking key, with the global ordinal id."""
+
+    evalue: float
+    score: int
+    gid: int
+
+    def key(self) -> tuple[float, int, int]:
+        """Sort key of BLAST+'s preliminary heap (s_EvalueCompareHSPLists): best first."""
+        return (0.0 if self.evalue < TINY_EVALUE else self.evalue, -self.score, -self.gid)
+
+
+@dataclass(frozen=True, slots=True)
+class PrelimList:
+    """A query's preliminary list from one search: its candidates and BLAST+'s limit N."""
+
+    limit: int
+    candidates: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True)
+class FragmentSearch:
+    """What one fragment search tells the merge, per query of its batch."""
+
+    hits: list[list[Hit]]  # merge keys (and alignments), in BLAST order
+    prelim: list[PrelimList | None]  # BLAST+'s preliminary list (paramedic.blast.prelim)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from paramedic.blast.alias import oid_mask, write_alias
 from paramedic.blast.archive import parse_fragment_archive
-from paramedic.blast.hits import Hit
+from paramedic.blast.hits import FragmentSearch
 from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
+from paramedic.blast.prelim import DUMP_NAME, batch_residues, environment, expected_limit, read_dump
 from paramedic.blast.programs import alias_suffix
 from paramedic.blast.tools import run_tool
 from paramedic.errors import BlastError
@@ -55,14 +56,18 @@ def search_fragment(
     queries: Sequence[tuple[str, str]],
     workdir: Path,
     keep_alignments: bool = False,
-) -> tuple[list[list[Hit]], RunStats]:
+    gids: Sequence[int] = (),
+) -> tuple[FragmentSearch, RunStats]:
     """Search a query batch against one fragment (whole-database statistics); merge keys per query.
 
     The search writes an archive (outfmt 11): the keys at full precision, and with `keep_alignments`
     each hit's alignments, from which `paramedic.blast.render` writes the report without searching again.
+    A preloaded shim writes BLAST+'s preliminary lists; `gids` maps the fragment's ordinal ids to global.
     """
     query_file = workdir / "search-queries.fasta"
     archive_file = workdir / "search.asn"
+    dump_file = workdir / DUMP_NAME
+    dump_file.unlink(missing_ok=True)
     write_queries(query_file, queries)
     argv = [
         program,
@@ -79,14 +84,26 @@ def search_fragment(
         str(archive_file),
     ]
     start = time.perf_counter()
-    run_tool(argv, cwd=workdir)
+    run_tool(argv, cwd=workdir, extra_env=environment())
     data = archive_file.read_bytes()
     archive_file.unlink()
+    try:
+        dump = dump_file.read_bytes()
+        dump_file.unlink()
+    except FileNotFoundError:
+        dump = b""
     try:
         hits = parse_fragment_archive(data, len(queries), keep_alignments)
     except ValueError as exc:
         raise BlastError(f"{program} on fragment {fragment}: unreadable archive: {exc}") from exc
-    return hits, RunStats(time.perf_counter() - start, len(data))
+    prelim = read_dump(dump, [len(s) for _, s in queries], batch_residues(program, options), gids)
+    limit = expected_limit(options, program)
+    if any(p is not None and p.limit != limit for p in prelim):
+        raise BlastError(
+            f"BLAST+ kept a preliminary list of another size than {limit}: this BLAST+ is not the 2.12 "
+            "the fragments strategy is built for; use --strategy queries"
+        )
+    return FragmentSearch(hits, prelim), RunStats(time.perf_counter() - start, len(data))
 
 
 def regenerate(

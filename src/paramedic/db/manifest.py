@@ -6,6 +6,7 @@ database whose manifest is missing or whose files do not match it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -87,3 +88,22 @@ def volume_sha256(db_dir: Path, volume: str) -> str:
             while chunk := fh.read(1 << 20):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+@functools.cache
+def fragment_members(db_dir: Path, n_fragments: int) -> tuple[tuple[int, ...], ...]:
+    """Per fragment, the global ordinal ids of its sequences in the fragment's own ordinal order
+    (fragments keep input order), read from sequences.tsv: BLAST+ inside a fragment knows only these."""
+    members: list[list[int]] = [[] for _ in range(n_fragments)]
+    path = db_dir / SEQUENCES_NAME
+    try:
+        with open(path) as fh:
+            next(fh, None)
+            for line in fh:
+                gid, fragment = line.split("\t", 2)[:2]
+                members[int(fragment)].append(int(gid))
+    except (OSError, ValueError, IndexError) as exc:
+        raise DatabaseError(f"{path}: unreadable ({exc})") from exc
+    if any(m != sorted(m) for m in members):
+        raise DatabaseError(f"{path}: sequences out of order")
+    return tuple(tuple(m) for m in members)

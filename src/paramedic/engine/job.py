@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paramedic.blast.options import BlastOptions
+from paramedic.blast.prelim import batch_residues, query_batches
 from paramedic.blast.programs import PROGRAMS, alias_suffix
 from paramedic.blast.render import can_render
 from paramedic.blast.run import Database
@@ -100,6 +101,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         "regen_group": settings.regen_group,
         "direct": direct,
         "archive_render": archive_render,
+        "blast_batches": query_batches([len(s) for _, s in queries], batch_residues(program.name, options)),
     }
     identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
     save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None

@@ -1,5 +1,14 @@
 """Merging per-fragment hit lists into what one BLAST+ run over the whole database would keep.
 
+A fragment search is BLAST+ on less data, and BLAST+ is not a filter: its preliminary stage keeps at most
+N candidates per query, and its composition-based traceback skips subjects once every query of a batch
+has filled its hit list (../shared/DESIGN.md, "Preliminary list"). `merge_query` therefore works from
+each fragment's preliminary list too (paramedic.blast.prelim): the whole database's list is the top N of
+their union, and the fragments' hits restricted to it are the whole database's hits whenever no hit list
+can have filled (no fragment reached `hitlist_size`, fewer than `hitlist_size` hits kept). Otherwise the
+query is not `exact` and its report is written by searching again against its whole preliminary list,
+which reproduces BLAST+'s own traceback, skips included (the search runs BLAST+'s own query batch).
+
 BLAST+ ranks subjects by best e-value ascending (equal within a relative 1e-6), then by the raw score of
 the first HSP descending, then by ordinal id descending; the merge applies the same rule to the keys read
 at full precision and keeps the first `hitlist_size` (-max_target_seqs). The result, the ordered global
@@ -9,9 +18,11 @@ ids of a query's subjects, is that query's metadata.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from paramedic.blast.hits import Hit
+from paramedic.blast.hits import Candidate, Hit, PrelimList
+from paramedic.errors import BlastError
 
 EVALUE_RELATIVE_TIE = 1e-6
 
@@ -36,3 +47,46 @@ def merge_hits(per_fragment: Iterable[list[Hit]], hitlist_size: int) -> list[Hit
     hits = [hit for fragment in per_fragment for hit in fragment]
     hits.sort(key=functools.cmp_to_key(blast_order))
     return hits[:hitlist_size]
+
+
+@dataclass(frozen=True)
+class MergedQuery:
+    """One query's merge: its hits when `exact`, and the subjects a regeneration searches against
+    (the metadata): the hits themselves, or the whole preliminary list when the hits alone would let a
+    regeneration rank other candidates than BLAST+ kept."""
+
+    hits: list[Hit]
+    subjects: list[int]
+    exact: bool
+
+
+def merge_query(
+    hits: Sequence[list[Hit]], prelims: Sequence[PrelimList | None], hitlist_size: int
+) -> MergedQuery:
+    """Merge one query's per-fragment hits and preliminary lists (same fragment order in both)."""
+    for fragment_hits, prelim in zip(hits, prelims, strict=True):
+        listed = {c.gid for c in prelim.candidates} if prelim else set()
+        if any(h.gid not in listed for h in fragment_hits):
+            raise BlastError("a fragment reported a hit outside its preliminary list: unexpected BLAST+")
+    whole = whole_list(prelims)
+    if whole is None:
+        return MergedQuery([], [], exact=True)
+    allowed = {c.gid for c in whole.candidates}
+    kept = [h for fragment_hits in hits for h in fragment_hits if h.gid in allowed]
+    merged = merge_hits([kept], hitlist_size)
+    filled = any(len(f) >= hitlist_size for f in hits) or len(kept) >= hitlist_size
+    saturated = sum(len(p.candidates) for p in prelims if p) > whole.limit
+    subjects = [c.gid for c in whole.candidates] if filled or saturated else [h.gid for h in merged]
+    return MergedQuery(merged, subjects, exact=not filled)
+
+
+def whole_list(per_fragment: Sequence[PrelimList | None]) -> PrelimList | None:
+    """The whole database's preliminary list: the top N of the union of the fragments' lists."""
+    lists = [p for p in per_fragment if p is not None]
+    if not lists:
+        return None
+    limit = lists[0].limit
+    if any(p.limit != limit for p in lists):
+        raise BlastError("fragment searches disagree on BLAST+'s preliminary list size")
+    union = sorted((c for p in lists for c in p.candidates), key=Candidate.key)
+    return PrelimList(limit, tuple(union[:limit]))

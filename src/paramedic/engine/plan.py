@@ -16,6 +16,7 @@ workers finish together.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -46,6 +47,55 @@ def make_plan(
     regen_group: int | None = None,
     direct: bool = False,
     archive_render: bool = False,
+    blast_batches: Sequence[range] = (),
+) -> Plan:
+    """The plan; every piece (a BLAST+ run that writes part of the report) is cut only where BLAST+
+    itself starts a batch of the user's query file (`blast_batches`, paramedic.blast.prelim): a query's
+    answer can depend on the other queries of its batch."""
+    plan = _make_plan(
+        program,
+        query_lengths,
+        fragment_residues,
+        workers,
+        hitlist_size,
+        startup_seconds,
+        stitchable,
+        batch,
+        regen_group,
+        direct,
+        archive_render,
+    )
+    if not blast_batches:
+        return plan
+    pieces = aligned(plan.pieces, blast_batches)
+    batches = pieces if plan.direct else plan.batches
+    return Plan(batches, plan.n_fragments, pieces, plan.hitlist_size, direct=plan.direct)
+
+
+def aligned(pieces: Sequence[range], blast_batches: Sequence[range]) -> tuple[range, ...]:
+    """`pieces` with each cut moved forward to the next start of a BLAST+ batch (pieces may merge)."""
+    n = pieces[-1].stop
+    starts = sorted({b.start for b in blast_batches if 0 < b.start < n} | {n})
+    cuts: list[int] = []
+    for piece in pieces:
+        stop = starts[bisect.bisect_left(starts, piece.stop)]
+        if not cuts or stop > cuts[-1]:
+            cuts.append(stop)
+    return tuple(range(a, b) for a, b in zip([0, *cuts], cuts, strict=False))
+
+
+def _make_plan(
+    program: str,
+    query_lengths: Sequence[int],
+    fragment_residues: Sequence[int],
+    workers: int,
+    hitlist_size: int,
+    startup_seconds: float,
+    stitchable: bool,
+    batch: int | None,
+    regen_group: int | None,
+    direct: bool,
+    archive_render: bool,
 ) -> Plan:
     n = len(query_lengths)
     pieces: tuple[range, ...]

@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 from paramedic.blast.render import Unrenderable, render
 from paramedic.blast.run import regenerate, search_fragment
+from paramedic.db.manifest import fragment_members
 from paramedic.db.seqids import seqid_table
 from paramedic.engine.job import Job
 from paramedic.engine.metadata import save_metadata
@@ -57,14 +58,15 @@ def execute(task: Task, job: Job, plan: Plan, workdir: Path, stats: RankStats) -
     if isinstance(task, SearchTask):
         batch = plan.batches[task.batch]
         queries = job.queries[batch.start : batch.stop]
-        hits, run = search_fragment(
-            job.program, job.options, job.db, task.fragment, queries, workdir, job.archive_render
+        gids = fragment_members(job.db.directory, len(job.db.fragments))[task.fragment]
+        result, run = search_fragment(
+            job.program, job.options, job.db, task.fragment, queries, workdir, job.archive_render, gids
         )
         stats.add("search", run.seconds)
         stats.tasks["search"] += 1
         stats.fragments.append(task.fragment)
         stats.search_output_bytes += run.output_bytes
-        return hits
+        return result
     queries = job.queries[task.first_query : task.first_query + task.n_queries]
     data = None
     if task.alignments is not None:

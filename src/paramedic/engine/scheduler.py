@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from paramedic.blast.hits import Hit
-from paramedic.engine.merge import merge_hits
+from paramedic.blast.hits import FragmentSearch, Hit, PrelimList
+from paramedic.engine.merge import merge_query
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,8 @@ class Scheduler:
     _pending: list[set[int]] = field(init=False)  # per batch: fragments not yet handed out
     _waiting: list[int] = field(init=False)  # per batch: fragment results still missing
     _hits: dict[int, list[list[list[Hit]]]] = field(init=False)  # batch -> per query -> per fragment hits
+    _prelim: dict[int, list[list[PrelimList | None]]] = field(init=False)  # the same for prelim lists
+    _inexact: set[int] = field(init=False)  # queries whose report must be written by searching again
     _merged: dict[int, list[int]] = field(init=False)  # global query -> merged subject ids
     _alignments: dict[int, tuple[bytes, ...]] = field(init=False)  # global query -> until its piece goes
     _ready: deque[RegenTask] = field(init=False)
@@ -100,6 +102,8 @@ class Scheduler:
         self._pending = [set(range(nf)) for _ in self.plan.batches]
         self._waiting = [nf] * len(self.plan.batches)
         self._hits = {}
+        self._prelim = {}
+        self._inexact = set()
         self._merged = {}
         self._alignments = {}
         self._ready = deque()
@@ -146,23 +150,28 @@ class Scheduler:
         held.add(choice.fragment)
         return choice
 
-    def search_done(self, task: SearchTask, hits: list[list[Hit]]) -> None:
+    def search_done(self, task: SearchTask, result: FragmentSearch) -> None:
         """Record one fragment's hits for a batch; when the batch is complete, merge it."""
         batch = self.plan.batches[task.batch]
-        if len(hits) != len(batch):
+        if len(result.hits) != len(batch) or len(result.prelim) != len(batch):
             raise ValueError(
-                f"search of batch {task.batch} returned {len(hits)} queries, expected {len(batch)}"
+                f"search of batch {task.batch} returned {len(result.hits)} queries, expected {len(batch)}"
             )
         per_query = self._hits.setdefault(task.batch, [[] for _ in batch])
-        for q, query_hits in enumerate(hits):
+        per_query_prelim = self._prelim.setdefault(task.batch, [[] for _ in batch])
+        for q, (query_hits, prelim) in enumerate(zip(result.hits, result.prelim, strict=True)):
             per_query[q].append(query_hits)
+            per_query_prelim[q].append(prelim)
         self._waiting[task.batch] -= 1
         if self._waiting[task.batch] == 0:
-            for q, fragments in zip(batch, self._hits.pop(task.batch), strict=True):
-                merged = merge_hits(fragments, self.plan.hitlist_size)
-                self._merged[q] = [h.gid for h in merged]
-                if self.keep_alignments:
-                    self._alignments[q] = tuple(h.alignment for h in merged)
+            hits, prelims = self._hits.pop(task.batch), self._prelim.pop(task.batch)
+            for q, fragments, lists in zip(batch, hits, prelims, strict=True):
+                merged = merge_query(fragments, lists, self.plan.hitlist_size)
+                self._merged[q] = merged.subjects
+                if not merged.exact:
+                    self._inexact.add(q)
+                elif self.keep_alignments:
+                    self._alignments[q] = tuple(h.alignment for h in merged.hits)
             self._release_pieces()
 
     def regen_done(self, task: RegenTask) -> None:
@@ -194,8 +203,14 @@ class Scheduler:
         return len(self._done_pieces) == len(self.plan.pieces)
 
     def metadata(self, query: int) -> list[int] | None:
-        """Merged subject ids of a query (None with query segmentation, which merges nothing)."""
+        """Subject ids a regeneration of a query searches against (None with query segmentation, which
+        merges nothing): its merged hits, or its whole preliminary list (paramedic.engine.merge)."""
         return self._merged.get(query)
+
+    @property
+    def searched_again(self) -> int:
+        """Queries whose report had to be written by searching again against their preliminary list."""
+        return len(self._inexact)
 
     def _release_pieces(self) -> None:
         """A piece becomes ready as soon as all its queries are merged (the writer restores order)."""
@@ -206,6 +221,9 @@ class Scheduler:
                 alignments = None
                 if all(q in self._alignments for q in piece):
                     alignments = tuple(self._alignments.pop(q) for q in piece)
+                else:  # a query that must be searched again: the whole piece is (BLAST+'s own batches)
+                    for q in piece:
+                        self._alignments.pop(q, None)
                 task = RegenTask(index, piece.start, len(piece), subjects, alignments)
                 (self.released if self.hold_pieces else self._ready).append(task)
                 self._unreleased.discard(index)

@@ -1,0 +1,143 @@
+"""BLAST+'s preliminary hit list, read out of fragment searches, and BLAST+'s own query batches.
+
+BLAST+ searches in two stages (../shared/DESIGN.md, "Preliminary list"): the preliminary stage keeps, per
+query, the best N subjects under one order (best e-value, score of the first HSP, ordinal id), and only
+those are aligned again in the traceback. Per subject both stages are independent of the other subjects,
+so the whole database's preliminary list is the top N of the union of the fragments' lists. The
+preloaded shim `native/prelim.c` writes each search's lists to `paramedic-prelim.bin` in its working
+directory; this module builds the shim, reads its records and checks them against what BLAST+ must have
+done (batch sizes, N), so that a BLAST+ whose internals differ is refused instead of trusted.
+
+BLAST+ reads the query file in batches (`GetQueryBatchSize`, `CBlastInput::GetNextSeqBatch`): queries
+are added while the batch holds fewer residues than the program's batch size. Within a batch, the
+composition-based traceback skips a subject only when every query of the batch has filled its hit list
+(`BlastCompo_EarlyTermination`), so a query's answer can depend on its batch: the engine cuts work only
+at these batch boundaries.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+
+from paramedic.blast.forkserver import compiled
+from paramedic.blast.hits import Candidate, PrelimList
+from paramedic.blast.options import BlastOptions
+from paramedic.errors import BlastError
+
+SOURCE = Path(__file__).with_name("native") / "prelim.c"
+DUMP_NAME = "paramedic-prelim.bin"
+_MAGIC = 0x50524C31
+_BATCH = struct.Struct("=Iii")
+_LIST = struct.Struct("=iii")
+_ENTRY = struct.Struct("=iid")
+
+# GetQueryBatchSize (BLAST+ 2.12, blast_input_aux.cpp): residues per batch, by program and task.
+_BATCH_RESIDUES = {"blastp": 10000, "blastx": 10002, "tblastx": 10002, "tblastn": 20000}
+_BLASTN_BATCH_RESIDUES = {"megablast": 5000000, "dc-megablast": 500000}
+
+
+@functools.cache
+def shim() -> Path | None:
+    """The compiled preload library, or None without a C compiler."""
+    return compiled(SOURCE)
+
+
+def environment() -> dict[str, str]:
+    """Extra environment for a search whose preliminary lists are to be read."""
+    library = shim()
+    if library is None:
+        raise BlastError(
+            "--strategy fragments needs a C compiler (Debian: apt-get install gcc) to read BLAST+'s "
+            "preliminary hit list; use --strategy queries"
+        )
+    return {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "1"}
+
+
+def batch_residues(program: str, options: BlastOptions) -> int:
+    """BLAST+'s query batch size in residues (GetQueryBatchSize), honouring its BATCH_SIZE variable."""
+    forced = os.environ.get("BATCH_SIZE")
+    if forced:
+        try:
+            return int(forced)
+        except ValueError as exc:
+            raise BlastError(f"BATCH_SIZE={forced!r} is not an integer") from exc
+    if program == "blastn":
+        return _BLASTN_BATCH_RESIDUES.get(options.get("task") or "megablast", 100000)
+    return _BATCH_RESIDUES.get(program, 10000)
+
+
+def query_batches(lengths: Sequence[int], residues: int) -> list[range]:
+    """BLAST+'s own batches of a query file: queries are added while fewer than `residues` are held."""
+    batches: list[range] = []
+    start = 0
+    while start < len(lengths):
+        held, stop = 0, start
+        while stop < len(lengths) and held < residues:
+            held += lengths[stop]
+            stop += 1
+        batches.append(range(start, stop))
+        start = stop
+    return batches
+
+
+def expected_limit(options: BlastOptions, program: str) -> int:
+    """N as BLAST+ 2.12 computes it (GetPrelimHitlistSize), to check the shim reads the right fields."""
+    hitlist = options.hitlist_size()
+    cbs = options.get("comp_based_stats")
+    default_cbs = program in ("blastp", "blastx", "tblastn")
+    uses_cbs = default_cbs and (cbs is None or cbs.upper() not in ("0", "F"))
+    if uses_cbs:
+        return 1050 if hitlist <= 500 else 2 * hitlist + 50
+    if options.has("ungapped") or program == "tblastx":
+        return hitlist
+    return min(max(2 * hitlist, 10), hitlist + 50)
+
+
+def read_dump(
+    data: bytes, lengths: Sequence[int], residues: int, gids: Sequence[int]
+) -> list[PrelimList | None]:
+    """Per query of the search (None: no candidate), from the shim's records.
+
+    `lengths` are the search's query lengths (its batches are recomputed and must match the records),
+    `gids` maps the searched database's ordinal ids to global ids. Anything unexpected raises BlastError:
+    a BLAST+ whose internals differ from 2.12's must never be trusted silently.
+    """
+    batches = query_batches(lengths, residues)
+    result: list[PrelimList | None] = [None] * len(lengths)
+    at = 0
+    for batch in batches:
+        try:
+            magic, n_queries, n_lists = _BATCH.unpack_from(data, at)
+        except struct.error:
+            raise _unexpected("fewer batches than BLAST+ must have searched") from None
+        at += _BATCH.size
+        if magic != _MAGIC or n_queries != len(batch) or not 0 <= n_lists <= n_queries:
+            raise _unexpected(f"a batch of {n_queries} queries where {len(batch)} were expected")
+        for _ in range(n_lists):
+            index, limit, count = _LIST.unpack_from(data, at)
+            at += _LIST.size
+            if not 0 <= index < n_queries or limit <= 0 or not 0 <= count <= limit:
+                raise _unexpected("a malformed query list")
+            candidates = []
+            for oid, score, evalue in _ENTRY.iter_unpack(data[at : at + count * _ENTRY.size]):
+                if not 0 <= oid < len(gids) or not evalue >= 0:
+                    raise _unexpected("a subject outside the database")
+                candidates.append(Candidate(evalue, score, gids[oid]))
+            at += count * _ENTRY.size
+            if len(candidates) != count:
+                raise _unexpected("a truncated query list")
+            result[batch.start + index] = PrelimList(limit, tuple(candidates))
+    if at != len(data):
+        raise _unexpected("more batches than BLAST+ must have searched")
+    return result
+
+
+def _unexpected(what: str) -> BlastError:
+    return BlastError(
+        f"BLAST+'s preliminary hit list could not be read ({what}); this BLAST+ is not the 2.12 the "
+        "fragments strategy is built for: use --strategy queries"
+    )
