@@ -26,7 +26,8 @@ _ALIGN_SEPARATOR = _ALIGN_CLOSE + b",\n" + _ALIGN_OPEN
 _QUERY_ID = re.compile(rb'local str "Query_(\d+)"')
 _SUBJECT_ID = re.compile(rb'local str "' + FRAGMENT_ID_PREFIX.encode() + rb'(\d+)"')
 _SCORE = re.compile(rb'id str "score",\s+value int (-?\d+)')
-_EVALUE = re.compile(rb'id str "e_value",\s+value real (?:\{ (-?\d+), 10, (-?\d+) \}|(0))')
+# Linked HSPs (sum statistics: tblastn, tblastx, some blastx) carry their set's e-value as "sum_e".
+_EVALUE = re.compile(rb'id str "(?:e_value|sum_e)",\s+value real (?:\{ (-?\d+), 10, (-?\d+) \}|(0))')
 
 
 def _alignment_list(data: bytes, at: int = 0) -> tuple[int, int] | None:

@@ -37,11 +37,29 @@ FORMATTER_OPTIONS = (
 ONE_REQUEST = {"BATCH_SIZE": "1000000000"}  # one archive request for the whole group
 
 
-def can_render(options: BlastOptions) -> bool:
-    """Whether reports in these options' format can be written from archives (else: by search)."""
+def can_render(program: str, options: BlastOptions) -> bool:
+    """Whether reports in these options' format can be written from archives (else: by search).
+
+    Not when the queries are masked: the formatter then printed the masks of other queries (outfmt 0,
+    5, 15 with blastn's default DUST or -seg yes), so masked searches write reports by searching again.
+    """
     if options.has("html") or options.has("parse_deflines"):
         return False
-    return options.outfmt_number() in ARCHIVE_FORMATS
+    return options.outfmt_number() in ARCHIVE_FORMATS and not masks_queries(program, options)
+
+
+# Query filters and their defaults (BLAST+ 2.12): blastn DUST on, tblastx SEG on, the others off.
+_FILTER_DEFAULTS = {"blastn": ("dust", True), "tblastx": ("seg", True)}
+_MASKING_OPTIONS = ("lcase_masking", "window_masker_db", "window_masker_taxid", "filtering_db")
+
+
+def masks_queries(program: str, options: BlastOptions) -> bool:
+    """Whether this search masks its queries (a filter on, lower case masking, a masker database)."""
+    if any(options.has(name) for name in _MASKING_OPTIONS):
+        return True
+    name, default = _FILTER_DEFAULTS.get(program, ("seg", False))
+    value = options.get(name)
+    return default if value is None else value.strip().lower() != "no"
 
 
 class Unrenderable(ValueError):

@@ -148,8 +148,12 @@ def regenerate(
 
 
 def user_db_name(db: Database) -> str:
-    """The -db string a regeneration run uses: the user's own, or a stand-in for an absolute path."""
-    return f"paramedic-db-{secrets.token_hex(6)}" if Path(db.arg).is_absolute() else db.arg
+    """The -db string a regeneration run uses: the user's own (placed inside the run's directory), or a
+    stand-in when the user's would reach outside it (an absolute path, a `..` component)."""
+    path = Path(db.arg)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        return f"paramedic-db-{secrets.token_hex(6)}"
+    return db.arg
 
 
 def place_database(run_dir: Path, db: Database, db_name: str, subjects: set[int] | None) -> None:

@@ -87,7 +87,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         not direct
         and not ships_metadata
         and settings.from_metadata is None
-        and can_render(options)
+        and can_render(program.name, options)
         and SeqIdTable.exists(db.directory)
     )
     plan_inputs = {
@@ -185,7 +185,8 @@ def choose_strategy(settings: SearchSettings, db: Database) -> str:
     needs_metadata = (
         settings.save_metadata is not None or settings.from_metadata is not None or ships_metadata
     )
-    if settings.strategy == "queries":
+    inexact = fragments_inexact(settings.blast_args)
+    if settings.strategy == "queries" or (settings.strategy == "auto" and inexact and not needs_metadata):
         if needs_metadata:
             raise UsageError(
                 "--strategy queries merges nothing, so it cannot save, use or ship metadata "
@@ -193,6 +194,8 @@ def choose_strategy(settings: SearchSettings, db: Database) -> str:
             )
         return "queries"
     if settings.strategy == "fragments" or needs_metadata:
+        if inexact:
+            raise UsageError(f"--strategy fragments (and metadata, which it makes) {inexact}")
         return "fragments"
     whole_bytes = sum(p.stat().st_size for p in db.directory.glob(db.whole + ".*"))
     try:
@@ -200,6 +203,22 @@ def choose_strategy(settings: SearchSettings, db: Database) -> str:
     except (ValueError, OSError):
         return "fragments"
     return "queries" if whole_bytes <= QUERIES_STRATEGY_MEMORY_SHARE * memory else "fragments"
+
+
+# Options the database-segmented engine cannot honour exactly, with the reason it refuses them.
+FRAGMENTS_REFUSE = {
+    "culling_limit": "cannot honour -culling_limit: BLAST+ culls a query's hits across all subjects, "
+    "so fragments culled apart keep hits the whole database drops; use --strategy queries",
+}
+
+
+def fragments_inexact(blast_args: list[str]) -> str | None:
+    """Why the fragments strategy would not be exact with these BLAST+ options (None: it would)."""
+    for arg in blast_args:
+        reason = FRAGMENTS_REFUSE.get(arg.lstrip("-")) if arg.startswith("-") else None
+        if reason:
+            return reason
+    return None
 
 
 def check_writable(path: Path) -> None:
