@@ -10,10 +10,12 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 setup: $(VENV)/.installed blast
 
-# ncbi-blast+ from Debian when BLAST+ is missing (idempotent).
+# ncbi-blast+ from Debian when BLAST+ is missing, and a C compiler for the shims that read BLAST+'s
+# preliminary hit list (needed by --strategy fragments) and serve BLAST+ runs (idempotent).
 blast:
 	@command -v blastp >/dev/null && command -v makeblastdb >/dev/null || \
 	  { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq ncbi-blast+ >/dev/null; }
+	@command -v cc >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq gcc >/dev/null; }
 	@blastp -version | head -1
 
 $(VENV)/.installed: pyproject.toml

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from paramedic.blast.options import BlastOptions
 from paramedic.blast.prelim import batch_residues, query_batches
+from paramedic.blast.prelim import environment as prelim_environment
 from paramedic.blast.programs import PROGRAMS, alias_suffix
 from paramedic.blast.render import can_render
 from paramedic.blast.run import Database
@@ -82,6 +83,8 @@ def prepare_job(settings: SearchSettings) -> Job:
             check_writable(out_path)
         record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
     direct = choose_strategy(settings, db) == "queries"
+    if not direct and settings.from_metadata is None:
+        prelim_environment()  # the shim that reads BLAST+'s preliminary list, built now or refused now
     ships_metadata = settings.ship is not None and settings.ship.mode == "metadata"
     archive_render = (
         not direct
