@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paramedic.blast.options import BlastOptions
+from paramedic.blast.prelim import READ as PRELIM_READ
 from paramedic.blast.prelim import batch_residues, query_batches
 from paramedic.blast.prelim import environment as prelim_environment
 from paramedic.blast.programs import PROGRAMS, alias_suffix
@@ -83,7 +84,7 @@ def prepare_job(settings: SearchSettings) -> Job:
             check_writable(out_path)
         record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
     direct = choose_strategy(settings, db) == "queries"
-    if not direct and settings.from_metadata is None:
+    if not direct and settings.from_metadata is None and program.name in PRELIM_READ:
         prelim_environment()  # the shim that reads BLAST+'s preliminary list, built now or refused now
     ships_metadata = settings.ship is not None and settings.ship.mode == "metadata"
     archive_render = (
@@ -104,7 +105,10 @@ def prepare_job(settings: SearchSettings) -> Job:
         "regen_group": settings.regen_group,
         "direct": direct,
         "archive_render": archive_render,
-        "blast_batches": query_batches([len(s) for _, s in queries], batch_residues(program.name, options)),
+        # pieces cut at BLAST+'s own query batches where that model is checked (paramedic.blast.prelim)
+        "blast_batches": query_batches([len(s) for _, s in queries], batch_residues(program.name, options))
+        if program.name in PRELIM_READ
+        else [],
     }
     identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
     save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None

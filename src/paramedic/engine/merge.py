@@ -49,6 +49,10 @@ def merge_hits(per_fragment: Iterable[list[Hit]], hitlist_size: int) -> list[Hit
     return hits[:hitlist_size]
 
 
+# Stands for a fragment search whose preliminary list was not read (paramedic.blast.prelim.READ).
+UNREAD = PrelimList(0, ())
+
+
 @dataclass(frozen=True)
 class MergedQuery:
     """One query's merge: its hits when `exact`, and the subjects a regeneration searches against
@@ -63,7 +67,13 @@ class MergedQuery:
 def merge_query(
     hits: Sequence[list[Hit]], prelims: Sequence[PrelimList | None], hitlist_size: int
 ) -> MergedQuery:
-    """Merge one query's per-fragment hits and preliminary lists (same fragment order in both)."""
+    """Merge one query's per-fragment hits and preliminary lists (same fragment order in both).
+
+    Without lists (UNREAD: programs not in paramedic.blast.prelim.READ) the fragments' hits are merged
+    alone, which is exact only while no query has more candidates than BLAST+ keeps (not checked)."""
+    if any(p is UNREAD for p in prelims):
+        merged = merge_hits(hits, hitlist_size)
+        return MergedQuery(merged, [h.gid for h in merged], exact=True)
     for fragment_hits, prelim in zip(hits, prelims, strict=True):
         listed = {c.gid for c in prelim.candidates} if prelim else set()
         if any(h.gid not in listed for h in fragment_hits):
