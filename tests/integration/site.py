@@ -2,19 +2,28 @@
 
 `StorageSite` runs the storage-site daemon as a user would (subprocess, real TLS), logs its stderr to a file,
 and can be killed with SIGKILL and restarted on the same port. `CuttingProxy` forwards TCP bytes between a
-compute site and the server and, once, closes both sides of a connection mid-transfer.
+compute site and the server and, once, closes both sides of a connection mid-transfer. `start_site` runs a
+`SiteServer` in this process (real sockets, real TLS 1.3, real files) with limits small enough that a
+fault probe takes seconds.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+from paramedic.ship.client import SiteAddress, TlsShipper
+from paramedic.site import server as server_module
+from paramedic.site.server import ServeSettings, SiteServer
 from tests.conftest import BIN
 
 LISTENING = re.compile(r"listening on [^ ]*:(\d+) ")
@@ -173,3 +182,96 @@ def _close(sock: socket.socket) -> None:
     except OSError:
         pass
     sock.close()
+
+
+# -- an in-process storage site for fault probes -----------------------------------------------------------
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class Site:
+    """A running in-process storage site; `lines` is its log."""
+
+    server: SiteServer
+    thread: threading.Thread
+    keys: Path
+    root: Path
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        assert self.server.listener is not None
+        return self.server.listener.getsockname()[1]
+
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_log(self, pattern: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.log()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pattern!r} not in the log:\n{self.log()}")
+            time.sleep(0.02)
+
+    def shipper(self, codec: str, setup: dict, payload: bytes = b"", client: str = "compute-a", **kw: Any):
+        kw.setdefault("timeout", 10.0)
+        kw.setdefault("streams", 1)
+        return TlsShipper(
+            SiteAddress("tls", "localhost", self.port), self.keys / client, codec, setup, payload, **kw
+        )
+
+    def client_context(self, client: str = "compute-a") -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(cafile=str(self.keys / client / "ca.pem"))
+        ctx.load_cert_chain(self.keys / client / "cert.pem", self.keys / client / "key.pem")
+        return ctx
+
+    def tls(self, client: str = "compute-a", timeout: float = 10.0) -> ssl.SSLSocket:
+        raw = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        return self.client_context(client).wrap_socket(raw, server_hostname="localhost")
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.thread.join(timeout=5)
+
+
+def start_site(settings: ServeSettings, keys: Path, monkeypatch) -> Site:
+    lines: list[str] = []
+    monkeypatch.setattr(server_module, "log", lines.append)
+    settings = replace(settings, listen="127.0.0.1:0", keys=keys / "server")
+    server = SiteServer(settings)
+    server.bind()
+    thread = threading.Thread(target=server.serve_forever, daemon=True, name="site")
+    thread.start()
+    return Site(server, thread, keys, settings.root, lines)
+
+
+def ship_bytes(site: Site, out: str, data: bytes, client: str = "compute-a") -> dict:
+    """A whole direct job: `data` lands at `out` under the site's root; the site's reply."""
+    from paramedic.ship.codecs import DirectCodec
+
+    shipper = site.shipper("direct", {"out": out}, client=client)
+    try:
+        shipper.start()
+        shipper.send(*DirectCodec().encode((0, data)))
+        return shipper.finish({"size": len(data), "sha256": sha256(data)})
+    finally:
+        shipper.close()
+
+
+def closed_within(sock: socket.socket, seconds: float) -> float | None:
+    """Seconds until the peer closed `sock` (reading and discarding), or None if still open after `seconds`."""
+    start = time.monotonic()
+    sock.settimeout(0.1)
+    while time.monotonic() - start < seconds:
+        try:
+            if sock.recv(4096) == b"":
+                return time.monotonic() - start
+        except TimeoutError:
+            continue
+        except (ConnectionResetError, ssl.SSLError, OSError):
+            return time.monotonic() - start
+    return None

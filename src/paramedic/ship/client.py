@@ -5,7 +5,10 @@ asks for it again when the digest does not match. A stream that breaks (a cut co
 server) reconnects with backoff, reopens the job, learns which chunks the site already holds and resends
 only the others. `finish` returns once the site reports the final file durable, with its digest.
 
-Streams keep up to WINDOW chunks in flight, so a long round trip does not serialise the transfer.
+Streams keep up to WINDOW chunks in flight, so a long round trip does not serialise the transfer. A stream
+with nothing to send says so every KEEPALIVE_SECONDS (the site closes silent connections and expires jobs
+nobody asks about). Waiting for the final file, the client gives up after --ship-timeout without progress
+(the site reports chunks decoded and decodes running). A compute job that fails cancels its site job.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from paramedic.site.tls import client_context
 WINDOW = 32
 CONNECT_SECONDS = 10.0
 REPLY_SECONDS = 120.0
+KEEPALIVE_SECONDS = 30.0  # well under the server's idle limit between frames (wire.FrameDeadlines.idle)
+CANCEL_SECONDS = 5.0
+KEEPALIVE = -1  # the in-flight index of a keep-alive request
 # Waiting for a reply, allow this rate for the bytes still in flight ahead of it (in kernel buffers and
 # relays): on a slow link shared by several streams a 4 MiB chunk alone takes minutes. Never longer than
 # --ship-timeout, the time after which the site counts as lost.
@@ -163,6 +169,8 @@ class TlsShipper:
         reply, _ = recv_frame(tls)
         if reply.get("op") == "error":
             raise SiteError(f"storage site: {reply.get('message')}")
+        if reply.get("op") == "busy":  # no connection slot free now: retried
+            raise ProtocolError(f"storage site busy: {reply.get('message')}")
         return reply
 
     def _open(self, tls: ssl.SSLSocket) -> set[int]:
@@ -248,17 +256,28 @@ class TlsShipper:
     def _pump(self, tls: ssl.SSLSocket) -> bool:
         """Send queued chunks and read acknowledgements until closing (True) or the stream breaks."""
         inflight: deque[tuple[int, int]] = deque()  # (chunk index, bytes on the wire), oldest first
+        last_frame = time.monotonic()
         try:
             while True:
+                keepalive = False
                 with self.shared.cond:
                     while not self.shared.queue and not inflight:
                         if self.shared.closing or self.shared.failure is not None:
                             return True
+                        if time.monotonic() - last_frame >= KEEPALIVE_SECONDS:
+                            keepalive = True
+                            break
                         self.shared.cond.wait(0.5)
                     chunk = None
                     if self.shared.queue and len(inflight) < WINDOW:
                         chunk = self.shared.pending.get(self.shared.queue.popleft())
+                if keepalive:
+                    last_frame = time.monotonic()
+                    inflight.append((KEEPALIVE, 0))
+                    self._count(send_frame(tls, {"op": "keepalive", "job": self.job_id}))
+                    continue
                 if chunk is not None:
+                    last_frame = time.monotonic()
                     payload = chunk.payload
                     if self.tamper is not None and not chunk.sent_before:
                         payload = self.tamper(chunk.index, payload)
@@ -281,6 +300,8 @@ class TlsShipper:
                 tls.settimeout(min(self.timeout, REPLY_SECONDS + ahead / SLOWEST_LINK_BYTES_PER_SECOND))
                 reply, _ = recv_frame(tls)
                 index, _ = inflight.popleft()
+                if index == KEEPALIVE and reply.get("op") == "alive":
+                    continue
                 if reply.get("op") == "ack" and reply.get("index") == index:
                     self._acknowledge({index})
                 elif reply.get("op") == "nack" and reply.get("index") == index:
@@ -295,7 +316,7 @@ class TlsShipper:
         finally:
             with self.shared.cond:  # whatever was in flight on a broken stream goes out again
                 for index, _ in reversed(inflight):
-                    if index in self.shared.pending:
+                    if index != KEEPALIVE and index in self.shared.pending:
                         self.shared.queue.appendleft(index)
                 self.shared.cond.notify_all()
 
@@ -334,11 +355,14 @@ class TlsShipper:
             self.shared.closing = True
             self.shared.cond.notify_all()
         header = {"op": "finish", "job": self.job_id, "chunks": self.next_index, **final}
+        # --ship-timeout bounds the wait without progress: a site that decodes (metadata: regenerates the
+        # report) may take long, one that answers "pending" with nothing running is stuck.
         deadline = time.monotonic() + self.timeout
+        progress: Any = None
 
         def ask() -> dict[str, Any]:
-            tls = self.connect()
-            with tls:
+            nonlocal deadline, progress
+            with self.connect() as tls:
                 self._open(tls)
                 while True:
                     reply = self.request(tls, header)
@@ -346,15 +370,46 @@ class TlsShipper:
                         return reply
                     if reply.get("op") != "pending":
                         raise ProtocolError(f"unexpected reply {reply.get('op')!r}")
-                    time.sleep(0.1)
+                    running = reply.get("running")
+                    now = time.monotonic()
+                    if (isinstance(running, int) and running > 0) or reply.get("decoded") != progress:
+                        progress = reply.get("decoded")
+                        deadline = now + self.timeout
+                    elif now > deadline:
+                        raise SiteError(
+                            f"the storage site {self.address} made no progress on the output for "
+                            f"{self.timeout:.0f} s (--ship-timeout)"
+                        )
+                    time.sleep(0.2)
 
+        delay = 0.2
         while True:
             try:
-                return self._with_retry(ask, deadline)
+                return ask()
             except SiteError:
                 raise
-            except (OSError, ProtocolError):
-                continue
+            except (OSError, ProtocolError) as exc:
+                refusal = tls_refusal(self.address, exc)
+                if refusal is not None:
+                    raise refusal from exc
+                if time.monotonic() + delay > deadline:
+                    raise SiteError(f"cannot reach the storage site {self.address}: {exc}") from exc
+                with self.stats_lock:
+                    self.stats.reconnects += 1
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def cancel(self) -> None:
+        """The compute job failed: tell the site to drop the job now (best effort, a few seconds at most)."""
+        self._fail(SiteError("cancelled"))
+        try:
+            raw = socket.create_connection((self.address.host, self.address.port), timeout=CANCEL_SECONDS)
+            with self.context.wrap_socket(raw, server_hostname=self.address.host) as tls:
+                tls.settimeout(CANCEL_SECONDS)
+                send_frame(tls, {"op": "cancel", "job": self.job_id})
+                recv_frame(tls)
+        except (OSError, ProtocolError):
+            pass
 
     def close(self) -> None:
         with self.shared.cond:

@@ -30,6 +30,9 @@ from paramedic.ship.wire import ProtocolError
 
 # The largest output range one chunk carries (the generic codecs split bigger pieces).
 RANGE_CHUNK_BYTES = 4 * 2**20
+# The largest zstd window the storage site accepts: a frame may ask for 128 MiB (or more) of buffer; what
+# the compute site makes (levels 3 and 9) needs at most 4 MiB.
+MAX_WINDOW_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,9 @@ class CompressedCodec(Codec):
         if not isinstance(length, int) or not 0 <= length <= RANGE_CHUNK_BYTES:
             raise ProtocolError("compressed chunk: bad length")
         try:
-            data = zstandard.ZstdDecompressor().decompress(payload, max_output_size=length)
+            data = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES).decompress(
+                payload, max_output_size=length
+            )
         except zstandard.ZstdError as exc:
             raise ProtocolError(f"compressed chunk: {exc}") from exc
         if len(data) != length:
@@ -148,11 +153,35 @@ def pack_json(value: Any) -> bytes:
     return zstandard.ZstdCompressor(level=9).compress(json.dumps(value, separators=(",", ":")).encode())
 
 
-def unpack_json(payload: bytes, max_bytes: int) -> Any:
+# A setup may inflate to at most this many times its compressed size (or SETUP_INFLATE_FLOOR bytes, whichever
+# is larger): real query sets compress 2x (mmseqs2's 500 queries: 1.9x), a decompression bomb 10,000x.
+SETUP_INFLATE_RATIO = 64
+SETUP_INFLATE_FLOOR = 16 * 2**20
+
+
+def inflate_bounded(payload: bytes, max_bytes: int, what: str = "setup") -> bytes:
+    """zstd-decompress `payload`, streaming, stopping as soon as the output passes its bound: `max_bytes`,
+    and SETUP_INFLATE_RATIO times the payload (so a small payload cannot make the site hold much)."""
+    limit = min(max_bytes, max(SETUP_INFLATE_FLOOR, SETUP_INFLATE_RATIO * len(payload)))
+    out = bytearray()
     try:
-        return json.loads(zstandard.ZstdDecompressor().decompress(payload, max_output_size=max_bytes))
-    except (zstandard.ZstdError, ValueError) as exc:
-        raise ProtocolError(f"setup is not compressed JSON: {exc}") from exc
+        decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
+        with decompressor.stream_reader(payload, read_across_frames=True) as reader:
+            while block := reader.read(1 << 20):
+                out += block
+                if len(out) > limit:
+                    raise ProtocolError(
+                        f"{what} inflates beyond {limit} bytes ({len(payload)} compressed): refused"
+                    )
+    except zstandard.ZstdError as exc:
+        raise ProtocolError(f"{what} is not zstd-compressed: {exc}") from exc
+    return bytes(out)
+
+
+def unpack_json(payload: bytes, max_bytes: int) -> Any:
+    from paramedic.ship.wire import loads_json
+
+    return loads_json(inflate_bounded(payload, max_bytes), "setup")
 
 
 def piece_ranges(value: Any, n_queries: int) -> tuple[range, ...]:

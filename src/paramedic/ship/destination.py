@@ -139,7 +139,11 @@ class Shipping:
         self.transport.close()
 
     def abort(self) -> None:
-        self.transport.close()
+        """The job failed here: the site drops its job (and its data) instead of keeping it open."""
+        try:
+            self.transport.cancel()
+        finally:
+            self.transport.close()
 
     def report(self) -> dict[str, Any]:
         stats = self.transport.stats

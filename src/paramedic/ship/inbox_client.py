@@ -108,5 +108,12 @@ class InboxShipper:
             raise SiteError(f"inbox {self.inbox}: no {what} from the storage site in {self.timeout:.0f} s")
         time.sleep(POLL_SECONDS)
 
+    def cancel(self) -> None:
+        """The compute job failed: ask the site to drop the job (best effort)."""
+        try:
+            write_durably(self.directory / "cancel.json", b"{}")
+        except OSError:
+            pass
+
     def close(self) -> None:
         pass

@@ -6,19 +6,28 @@ metadata, checks each chunk's SHA-256, stores it durably, acknowledges it, and d
 workers: for metadata, BLAST+ regenerates the report from the site's replica of the database. When a
 job is finished the output is made durable under --root and its digest is sent back.
 
-One thread per connection (at most MAX_CONNECTIONS); requests on a connection are answered in order,
-so a client can keep several chunks in flight. With --inbox the same jobs also arrive as files through a
-shared directory (`site.inbox`).
+One thread per connection; requests on a connection are answered in order, so a client can keep several
+chunks in flight. With --inbox the same jobs also arrive as files through a shared directory (`site.inbox`).
+
+Nobody holds the site with slow or silent connections (`Limits`): a connection that has not completed its
+TLS handshake has `handshake_seconds` in all, and such connections are bounded in number, also per source
+address; only an authenticated connection takes one of the `max_connections` slots, and one compute site
+at most `max_connections_per_peer` of them. Every frame must arrive by its deadline (`FrameDeadlines`: idle
+time between frames, and a whole frame within a time that grows with its declared size), and a connection
+is closed between frames after `connection_seconds` (the client reconnects and resends what was not
+acknowledged).
 """
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +36,40 @@ from paramedic.errors import UsageError
 from paramedic.ship.wire import (
     MAX_PAYLOAD_BYTES,
     ConnectionClosed,
+    FrameDeadlines,
+    FrameTimeout,
     ProtocolError,
     field_int,
     field_str,
     recv_frame,
     send_frame,
 )
-from paramedic.site.store import DEFAULT_EXPIRE_SECONDS, STATE_DIR_NAME, JobFailed, JobStore, Replica
+from paramedic.site.store import (
+    DEFAULT_EXPIRE_SECONDS,
+    DEFAULT_OPEN_IDLE_SECONDS,
+    STATE_DIR_NAME,
+    JobFailed,
+    JobStore,
+    Quota,
+    Replica,
+)
 from paramedic.site.tls import peer_name, server_context
 
 PROTOCOL_VERSION = 1
-MAX_CONNECTIONS = 64
-HANDSHAKE_SECONDS = 10.0
-IDLE_SECONDS = 600.0
+TLS_OWNER = "tls:"  # a job opened over TLS belongs to "tls:<certificate CN>" (the inbox's jobs do not)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client, or many, can hold of the server (defaults for a site serving a few compute sites)."""
+
+    handshake_seconds: float = 10.0  # the whole TLS handshake, however slowly the bytes come
+    max_handshakes: int = 256  # connections not yet authenticated, in all
+    max_handshakes_per_address: int = 32  # ... and from one source address
+    max_connections: int = 256  # authenticated connections
+    max_connections_per_peer: int = 80  # ... of one compute site (--streams is at most 64)
+    connection_seconds: float = 3600.0  # then closed between frames (the client reconnects)
+    frames: FrameDeadlines = field(default_factory=FrameDeadlines)
 
 
 @dataclass(frozen=True)
@@ -52,6 +82,9 @@ class ServeSettings:
     inbox: Path | None = None
     state: Path | None = None  # default: <root>/.paramedic-state
     expire_hours: float = DEFAULT_EXPIRE_SECONDS / 3600
+    limits: Limits = field(default_factory=Limits)
+    quota: Quota = field(default_factory=Quota)
+    open_idle_seconds: float = DEFAULT_OPEN_IDLE_SECONDS  # an open job with no request this long expires
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -83,8 +116,14 @@ class SiteServer:
             settings.io_workers,
             log,
             settings.expire_hours * 3600,
+            settings.open_idle_seconds,
+            settings.quota,
         )
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.limits = settings.limits
+        self.count_lock = threading.Lock()
+        self.handshakes: Counter[str] = Counter()  # source address -> connections in their handshake
+        self.connections: Counter[str] = Counter()  # compute site -> authenticated connections
+        self.refusals: Counter[tuple[str, str]] = Counter()  # (address, reason) -> refusals (logged sparsely)
         self.listener: socket.socket | None = None
         self.stopping = threading.Event()
 
@@ -108,11 +147,39 @@ class SiteServer:
                 if self.stopping.is_set():
                     break
                 raise
-            if not self.slots.acquire(blocking=False):
+            host = str(address[0])
+            with self.count_lock:
+                busy = (
+                    self.handshakes.total() >= self.limits.max_handshakes
+                    or self.handshakes[host] >= self.limits.max_handshakes_per_address
+                )
+                if not busy:
+                    self.handshakes[host] += 1
+            if busy:
                 sock.close()
-                log(f"refused {address[0]}: too many connections")
+                self._refused(host, "too many connections in their TLS handshake")
                 continue
-            threading.Thread(target=self._connection, args=(sock, address), daemon=True).start()
+            try:
+                threading.Thread(target=self._connection, args=(sock, host), daemon=True).start()
+            except RuntimeError:  # no thread to be had: refuse this one, keep serving the others
+                sock.close()
+                self._handshake_done(host)
+
+    def _refused(self, host: str, why: str) -> None:
+        """Log a refusal, but only the 1st, 2nd, 4th, 8th... from one address: a flood must not flood the log."""
+        with self.count_lock:
+            if len(self.refusals) > 10_000:  # many addresses: forget the counts rather than grow
+                self.refusals.clear()
+            self.refusals[host, why] += 1
+            n = self.refusals[host, why]
+        if n & (n - 1) == 0:
+            log(f"refused {host}: {why} ({n} so from this address)")
+
+    def _handshake_done(self, host: str) -> None:
+        with self.count_lock:
+            self.handshakes[host] -= 1
+            if self.handshakes[host] <= 0:
+                del self.handshakes[host]
 
     def stop(self) -> None:
         self.stopping.set()
@@ -121,28 +188,87 @@ class SiteServer:
         self.store.close()
 
     # -- one connection -------------------------------------------------------------------------------
-    def _connection(self, raw: socket.socket, address: tuple[Any, ...]) -> None:
+    def _connection(self, raw: socket.socket, host: str) -> None:
         try:
-            raw.settimeout(HANDSHAKE_SECONDS)
-            try:
-                assert self.context is not None
-                tls = self.context.wrap_socket(raw, server_side=True)
-                peer = peer_name(tls)
-            except (ssl.SSLError, OSError) as exc:
-                log(f"refused {address[0]}: {getattr(exc, 'reason', None) or exc}")
-                raw.close()
-                return
-            tls.settimeout(IDLE_SECONDS)
-            with tls:
-                self._serve_requests(tls, peer)
+            tls = self._handshake(raw, host)
         finally:
-            self.slots.release()
+            self._handshake_done(host)
+        if tls is None:
+            return
+        with tls:
+            try:
+                peer = peer_name(tls)
+            except ssl.SSLError as exc:
+                log(f"refused {host}: {exc}")
+                return
+            with self.count_lock:
+                busy = (
+                    self.connections.total() >= self.limits.max_connections
+                    or self.connections[peer] >= self.limits.max_connections_per_peer
+                )
+                if not busy:
+                    self.connections[peer] += 1
+            if busy:
+                self._refused(host, f"{peer} holds too many connections (or the site does)")
+                try:  # a clear reason for the client, which retries later
+                    tls.settimeout(1.0)
+                    send_frame(tls, {"op": "busy", "message": "storage site busy: too many connections"})
+                except OSError:
+                    pass
+                return
+            try:
+                self._serve_requests(tls, peer)
+            except Exception as exc:  # a bug must not kill the thread silently or leak the slot
+                log(f"{peer}: internal error, connection closed: {type(exc).__name__}: {exc}")
+            finally:
+                with self.count_lock:
+                    self.connections[peer] -= 1
+                    if self.connections[peer] <= 0:
+                        del self.connections[peer]
+
+    def _handshake(self, raw: socket.socket, host: str) -> ssl.SSLSocket | None:
+        """The TLS handshake, within handshake_seconds in all (a slow trickle of bytes does not extend it)."""
+        deadline = time.monotonic() + self.limits.handshake_seconds
+        try:
+            raw.setblocking(False)
+            assert self.context is not None
+            tls = self.context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
+        except (ssl.SSLError, OSError) as exc:
+            log(f"refused {host}: {getattr(exc, 'reason', None) or exc}")
+            raw.close()
+            return None
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no TLS handshake within {self.limits.handshake_seconds:g} s")
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    select.select([tls], [], [], left)
+                except ssl.SSLWantWriteError:
+                    select.select([], [tls], [], left)
+            tls.setblocking(True)
+            return tls
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            if isinstance(exc, TimeoutError):
+                self._refused(host, str(reason))
+            else:
+                log(f"refused {host}: {reason}")
+            tls.close()
+            return None
 
     def _serve_requests(self, tls: ssl.SSLSocket, peer: str) -> None:
-        while True:
+        closing_time = time.monotonic() + self.limits.connection_seconds
+        while time.monotonic() < closing_time:
             try:
-                header, payload = recv_frame(tls)
+                header, payload = recv_frame(tls, self.limits.frames)
             except ConnectionClosed:
+                return
+            except FrameTimeout as exc:
+                log(f"{peer}: connection dropped: too slow: {exc}")
                 return
             except (ProtocolError, OSError) as exc:
                 log(f"{peer}: connection dropped: {exc}")
@@ -153,10 +279,13 @@ class SiteServer:
                 reply = {"op": "error", "message": str(exc), "fatal": True}
             except ProtocolError as exc:
                 reply = {"op": "error", "message": str(exc), "fatal": True}
-                log(f"{peer}: refused request {header.get('op')!r}: {exc}")
+                log(f"{peer}: refused request {str(header.get('op'))[:40]!r}: {exc}")
             except OSError as exc:  # e.g. the disk is full: the job cannot go on here
                 reply = {"op": "error", "message": f"storage site I/O error: {exc}", "fatal": True}
-                log(f"{peer}: request {header.get('op')!r} failed: {exc}")
+                log(f"{peer}: request {str(header.get('op'))[:40]!r} failed: {exc}")
+            except Exception as exc:  # a bug: one line in the log, a clear error for the client
+                reply = {"op": "error", "message": "storage site internal error", "fatal": True}
+                log(f"{peer}: request {str(header.get('op'))[:40]!r} failed: internal error: {exc!r}")
             try:
                 send_frame(tls, reply)
             except OSError:
@@ -166,6 +295,7 @@ class SiteServer:
 
     def _handle(self, peer: str, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
         op = header["op"]
+        owner = TLS_OWNER + peer
         if op == "hello":
             return {
                 "op": "hello",
@@ -177,22 +307,29 @@ class SiteServer:
             return {"op": "pong", "bytes": len(payload)}
         if op == "open":
             has_setup = header.get("with_setup") is True
-            job = self.store.open(peer, header, payload if has_setup else None)
+            job = self.store.open(owner, header, payload if has_setup else None)
             if job is None:
                 return {"op": "need_setup"}
             with job.lock:
                 acked = sorted(job.acked)
             return {"op": "opened", "acked": acked}
-        job = self.store.get(peer, field_str(header, "job", 32))
+        job = self.store.get(owner, field_str(header, "job", 32))
         if op == "chunk":
             index = field_int(header, "index", 0)
             if self.store.put_chunk(job, header, payload):
                 return {"op": "ack", "index": index}
             log(f"job {job.job_id}: chunk {index} failed its SHA-256 check; asking again")
             return {"op": "nack", "index": index, "reason": "sha256 mismatch"}
+        if op == "keepalive":  # a live compute site between chunks (the job does not expire)
+            return {"op": "alive"}
+        if op == "cancel":
+            self.store.cancel(job)
+            return {"op": "cancelled"}
         if op == "finish":
             done = self.store.finish(job, header)
-            return {"op": "pending"} if done is None else {"op": "done", **done}
+            if done is None:  # progress, so that a waiting client can tell a busy site from a stuck one
+                return {"op": "pending", "decoded": len(job.decoded), "running": job.running}
+            return {"op": "done", **done}
         raise ProtocolError(f"unknown request {op!r}")
 
 

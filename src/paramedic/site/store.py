@@ -10,10 +10,20 @@ Every step is durable before it is acknowledged, so a restarted server resumes w
     state/<job>/done.json        the final file is in place: its size and SHA-256
     state/<job>/failed.json      the job cannot complete: why (final; a restart does not retry it)
 
-Jobs left idle for `expire_seconds` (--expire-after) move on, so abandoned jobs neither hold one of the
-MAX_ACTIVE_JOBS slots nor disk space for ever: an open job fails as expired (its partial data removed),
-and the record of a done or failed job is deleted (a client that lost its last reply can still ask
-until then).
+Jobs left idle move on, so abandoned jobs neither hold one of the MAX_ACTIVE_JOBS slots nor disk space
+for ever: an open job with no request for `open_idle_seconds` (default one hour, never longer than
+--expire-after; a live compute site sends a keep-alive every KEEPALIVE_SECONDS) fails as expired, its
+partial data removed, and the record of a done or failed job is deleted after `expire_seconds`
+(--expire-after: a client that lost its last reply can still ask until then). A compute site that fails
+cancels its job. One compute site holds at most MAX_ACTIVE_JOBS_PER_PEER open jobs, and `Quota` bounds the
+bytes a job and a compute site may hold and keeps a reserve of free space: a job that would pass a bound,
+or meets a full disk, fails and its data is removed, so the next jobs still find room.
+
+Every stored piece of output carries its SHA-256 (in decoded/N.json), checked when the final file is
+assembled; the final file is read back from disk and its digest compared with what was written (and, for
+output ranges, with the compute site's) before it is published. Output is written through `site.safefs`
+(no symbolic link is followed at write time; an existing file is never replaced; two jobs cannot hold the
+same output path).
 
 An `ordered` codec's chunks are unpacked in index order as the gaps fill (after a restart, by replaying the
 stored chunks from the first); their decoding, the expensive part, still runs in parallel.
@@ -24,6 +34,7 @@ computed from the bytes on disk, so what is reported is what was stored.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -41,14 +52,29 @@ from paramedic.durable import fsync_dir, write_durably
 from paramedic.errors import ParamedicError
 from paramedic.ship.codecs import Codec, make_codec
 from paramedic.ship.paths import output_path_problem
-from paramedic.ship.wire import ProtocolError, field_int, field_str
+from paramedic.ship.wire import ProtocolError, field_int, field_str, loads_json
+from paramedic.site.safefs import OutputLocation, TargetExists, UnsafePath
 
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
-MAX_ACTIVE_JOBS = 64
+MAX_ACTIVE_JOBS = 256
+MAX_ACTIVE_JOBS_PER_PEER = 32
 MAX_CHUNKS = 1_000_000
 MAX_QUEUED_DECODES = 256
 DEFAULT_EXPIRE_SECONDS = 7 * 24 * 3600.0
+DEFAULT_OPEN_IDLE_SECONDS = 3600.0
+KEEPALIVE_SECONDS = 30.0  # how often a live compute site touches its job (ship.client)
+HOUSEKEEPING_SECONDS = 60.0
 STATE_DIR_NAME = ".paramedic-state"
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Bytes a job, and all of one compute site's jobs, may hold (chunks, pieces, the partial output), and
+    the free space kept on the state's and the root's file systems (None: a bound not set)."""
+
+    job_bytes: int | None = None
+    peer_bytes: int | None = None
+    reserve_bytes: int = 256 * 2**20
 
 
 class JobFailed(Exception):
@@ -65,7 +91,8 @@ class Replica:
 
 
 def safe_output_path(root: Path, relative: str) -> Path:
-    """`relative` under `root`, or ProtocolError: no absolute paths, no `..`, no symlinks on the way."""
+    """`relative` under `root`, or ProtocolError: no absolute paths, no `..`, no symlinks on the way.
+    (A check of the path's shape; every write is checked again by `site.safefs`.)"""
     problem = output_path_problem(relative)
     if problem is not None:
         raise ProtocolError(f"output path {relative[:100]!r}: {problem}")
@@ -77,13 +104,16 @@ def safe_output_path(root: Path, relative: str) -> Path:
             raise ProtocolError(f"output path {relative!r}: {part} is a symbolic link")
         if current.exists() and not current.is_dir():
             raise ProtocolError(f"output path {relative!r}: {part} is not a directory")
-        current.mkdir(exist_ok=True)
     target = current / path.parts[-1]
     if target.is_symlink() or target.is_dir():
         raise ProtocolError(f"output path {relative!r}: exists and is not a regular file")
-    if not str(target.resolve()).startswith(str(root.resolve()) + os.sep):
-        raise ProtocolError(f"output path {relative!r}: leaves the root")
     return target
+
+
+def output_location(root_fd: int, relative: str, job_id: str) -> OutputLocation:
+    path = PurePosixPath(relative)
+    name = path.parts[-1]
+    return OutputLocation(root_fd, path.parts[:-1], name, f".{name}.paramedic-{job_id}", relative)
 
 
 @dataclass
@@ -95,15 +125,19 @@ class SiteJob:
     codec: Codec
     context: Any
     setup_header: dict[str, Any]
+    location: OutputLocation | None = None
     acked: set[int] = field(default_factory=set)
     decoded: dict[int, dict[str, Any]] = field(default_factory=dict)
     failure: str | None = None
     decode_seconds: float = 0.0
     unpacked: int = 0  # ordered codecs: chunks 0 .. unpacked-1 are unpacked
+    stored_bytes: int = 0  # chunks, pieces and output ranges held for the job (Quota)
+    running: int = 0  # decodes running now (reported to a client waiting in finish)
     # The last request for this job; wall-clock time, so that it survives restarts (file mtimes).
     touched: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock)
     unpack_lock: threading.Lock = field(default_factory=threading.Lock)
+    io_lock: threading.Lock = field(default_factory=threading.Lock)  # the partial file; finishing
 
     @property
     def partial(self) -> Path:
@@ -112,6 +146,10 @@ class SiteJob:
     def done(self) -> dict[str, Any] | None:
         path = self.directory / "done.json"
         return json.loads(path.read_text()) if path.exists() else None
+
+    @property
+    def active(self) -> bool:
+        return self.failure is None and not (self.directory / "done.json").exists()
 
 
 class JobStore:
@@ -123,18 +161,28 @@ class JobStore:
         io_workers: int,
         log=print,
         expire_seconds: float = DEFAULT_EXPIRE_SECONDS,
+        open_idle_seconds: float = DEFAULT_OPEN_IDLE_SECONDS,
+        quota: Quota | None = None,
     ):
         self.root = root.resolve()
+        self.root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.state = state
         self.replica = replica
         self.expire_seconds = expire_seconds
+        self.open_idle_seconds = min(open_idle_seconds, expire_seconds)
+        self.quota = quota or Quota()
         self.log = log
         self.jobs: dict[str, SiteJob] = {}
+        self.targets: dict[str, str] = {}  # output path -> the active job that writes it
         self.lock = threading.Lock()
+        self.targets_lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=io_workers, thread_name_prefix="io-worker")
         self.queue_slots = threading.BoundedSemaphore(MAX_QUEUED_DECODES)
-        self.state.mkdir(parents=True, exist_ok=True)
+        self.state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.stopping = threading.Event()
         self._resume_from_disk()
+        self.housekeeper = threading.Thread(target=self._housekeeping, daemon=True, name="housekeeping")
+        self.housekeeper.start()
 
     # -- opening --------------------------------------------------------------------------------------
     def open(self, peer: str, header: dict[str, Any], setup_payload: bytes | None) -> SiteJob | None:
@@ -152,31 +200,58 @@ class JobStore:
                     raise ProtocolError("job reopened with a different setup")
                 job.touched = time.time()
                 return job
-            active = sum(1 for j in self.jobs.values() if j.failure is None and j.done() is None)
-            if active >= MAX_ACTIVE_JOBS:
-                raise ProtocolError(f"storage site busy: {active} jobs open")
+            active = [j for j in self.jobs.values() if j.active]
+            if len(active) >= MAX_ACTIVE_JOBS:
+                raise ProtocolError(f"storage site busy: {len(active)} jobs open")
+            mine = sum(1 for j in active if j.peer == peer)
+            if mine >= MAX_ACTIVE_JOBS_PER_PEER:
+                raise ProtocolError(f"storage site busy: this compute site has {mine} jobs open")
             setup = header.get("setup")
             if not isinstance(setup, dict):
                 raise ProtocolError("open: setup must be an object")
             codec = make_codec(field_str(header, "codec", 64))
+            relative = field_str(setup, "out", 1024)
+            out = safe_output_path(self.root, relative)
+            with self.targets_lock:
+                if relative in self.targets:
+                    raise ProtocolError(f"output path {relative!r}: another job is writing it now")
+            location = output_location(self.root_fd, relative, job_id)
+            try:
+                location.check_target_free()
+            except OSError as exc:
+                raise ProtocolError(f"output path {relative!r}: {_describe(exc)}") from None
             if codec.layout == "pieces" and setup_payload is None:
                 return None
-            out = safe_output_path(self.root, field_str(setup, "out", 1024))
-            context = codec.prepare(setup, setup_payload or b"", self.replica)
+            payload = setup_payload or b""
+            self._check_free_space(len(payload))
+            context = codec.prepare(setup, payload, self.replica)
             directory = self.state / job_id
             tmp = self.state / f".{job_id}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            (tmp / "chunks").mkdir(parents=True)
-            (tmp / "decoded").mkdir()
-            (tmp / "pieces").mkdir()
-            write_durably(tmp / "setup.bin", setup_payload or b"")
-            record = {"job": job_id, "peer": peer, "codec": codec.name, "setup": setup, "opened": time.time()}
-            write_durably(tmp / "job.json", json.dumps(record).encode())
-            os.replace(tmp, directory)
-            fsync_dir(self.state)
-            job = SiteJob(job_id, directory, peer, out, codec, context, setup)
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                (tmp / "chunks").mkdir(parents=True)
+                (tmp / "decoded").mkdir()
+                (tmp / "pieces").mkdir()
+                write_durably(tmp / "setup.bin", payload)
+                record = {
+                    "job": job_id,
+                    "peer": peer,
+                    "codec": codec.name,
+                    "setup": setup,
+                    "opened": time.time(),
+                }
+                write_durably(tmp / "job.json", json.dumps(record).encode())
+                os.replace(tmp, directory)
+                fsync_dir(self.state)
+            except OSError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise ProtocolError(f"storage site cannot open the job: {_describe(exc)}") from None
+            job = SiteJob(job_id, directory, peer, out, codec, context, setup, location)
+            job.stored_bytes = len(payload)
             self.jobs[job_id] = job
-            self.log(f"job {job_id}: opened by {peer}, {codec.name}, output {setup['out']}")
+            with self.targets_lock:
+                self.targets[relative] = job_id
+            self.log(f"job {job_id}: opened by {peer}, {codec.name}, output {relative}")
             return job
 
     def get(self, peer: str, job_id: str) -> SiteJob:
@@ -187,20 +262,72 @@ class JobStore:
         job.touched = time.time()
         return job
 
+    def cancel(self, job: SiteJob) -> None:
+        """The compute site gave up (its search failed): the job ends now and its data goes."""
+        if job.active:
+            self._fail(job, "cancelled by the compute site")
+
     def _expire_idle_jobs(self) -> None:
-        """Move on every job idle for expire_seconds (called with self.lock held)."""
+        """Move on every idle job (called with self.lock held)."""
         now = time.time()
         for job in list(self.jobs.values()):
-            if now - job.touched < self.expire_seconds:
+            if job.active:
+                if now - job.touched >= self.open_idle_seconds:
+                    self._fail(job, f"expired: no request for {self.open_idle_seconds / 3600:g} hours")
+                    job.touched = now  # its failure stays readable for another period
                 continue
-            if job.failure is None and job.done() is None:
-                hours = self.expire_seconds / 3600
-                self._fail(job, f"expired: no request for {hours:g} hours")
-                job.touched = now  # its failure stays readable for another period
+            if now - job.touched < self.expire_seconds:
                 continue
             shutil.rmtree(job.directory, ignore_errors=True)
             del self.jobs[job.job_id]
             self.log(f"job {job.job_id}: record deleted after {self.expire_seconds / 3600:g} hours idle")
+
+    def _housekeeping(self) -> None:
+        """Idle jobs expire (and free their disk space) even when no new job opens."""
+        period = min(HOUSEKEEPING_SECONDS, max(self.open_idle_seconds / 4, 0.05))
+        while not self.stopping.wait(period):
+            try:
+                with self.lock:
+                    self._expire_idle_jobs()
+            except Exception as exc:  # keep the thread: one bad record must not stop expiry
+                self.log(f"housekeeping: {type(exc).__name__}: {exc}")
+
+    # -- space ----------------------------------------------------------------------------------------
+    def _check_free_space(self, more: int) -> None:
+        for path in (self.state, self.root):
+            try:
+                info = os.statvfs(path)
+            except OSError:
+                continue
+            free = info.f_bavail * info.f_frsize
+            if free - more < self.quota.reserve_bytes:
+                raise ProtocolError(
+                    f"storage site nearly full ({free} bytes free, {self.quota.reserve_bytes} kept in reserve)"
+                )
+
+    def _reserve(self, job: SiteJob, more: int) -> None:
+        """Fail the job (JobFailed) if `more` bytes would pass a quota or eat into the free-space reserve."""
+        quota = self.quota
+        problem = None
+        if quota.job_bytes is not None and job.stored_bytes + more > quota.job_bytes:
+            problem = (
+                f"the job would hold more than the storage site's per-job quota ({quota.job_bytes} bytes)"
+            )
+        elif quota.peer_bytes is not None:
+            with self.lock:
+                held = sum(j.stored_bytes for j in self.jobs.values() if j.peer == job.peer and j.active)
+            if held + more > quota.peer_bytes:
+                problem = (
+                    f"this compute site's jobs would hold more than its quota ({quota.peer_bytes} bytes)"
+                )
+        if problem is None:
+            try:
+                self._check_free_space(more)
+            except ProtocolError as exc:
+                problem = str(exc)
+        if problem is not None:
+            self._fail(job, problem)
+            raise JobFailed(job.failure or problem)
 
     # -- chunks ---------------------------------------------------------------------------------------
     def put_chunk(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> bool:
@@ -213,16 +340,18 @@ class JobStore:
         with job.lock:
             if index in job.acked:
                 return True
+        self._reserve(job, len(payload))
         chunk_header = {k: v for k, v in header.items() if k not in ("op", "job")}
         try:
             write_durably(job.directory / "chunks" / f"{index}.bin", payload)
             write_durably(job.directory / "chunks" / f"{index}.json", json.dumps(chunk_header).encode())
-        except OSError:
-            if job.failure is not None:  # failed meanwhile: its chunk directory is gone
-                raise JobFailed(job.failure) from None
-            raise
+        except OSError as exc:
+            if job.failure is None:  # e.g. the disk is full: the job ends here, its data goes
+                self._fail(job, f"storage site cannot store chunk {index}: {_describe(exc)}")
+            raise JobFailed(job.failure) from None
         with job.lock:
             job.acked.add(index)
+            job.stored_bytes += len(payload)
         if job.codec.ordered:
             self._unpack_in_order(job)
         else:
@@ -236,10 +365,13 @@ class JobStore:
                 index = job.unpacked
                 chunks = job.directory / "chunks"
                 try:
-                    header = json.loads((chunks / f"{index}.json").read_text())
+                    header = loads_json((chunks / f"{index}.json").read_bytes(), "chunk header")
                     data = job.codec.unpack(header, (chunks / f"{index}.bin").read_bytes(), job.context)
                 except (ProtocolError, ParamedicError, OSError, ValueError) as exc:
-                    self._fail(job, f"chunk {index}: {exc}")
+                    self._fail(job, f"chunk {index}: {_describe(exc)}")
+                    return
+                except Exception as exc:  # a bug in a codec: the job fails, the site goes on
+                    self._fail(job, f"chunk {index}: internal error while unpacking: {exc!r}")
                     return
                 job.unpacked += 1
                 if index not in job.decoded:
@@ -249,61 +381,94 @@ class JobStore:
         self, job: SiteJob, index: int, header: dict[str, Any], data: Any, *, unpacked: bool
     ) -> None:
         self.queue_slots.acquire()
-        future = self.pool.submit(self._decode, job, index, header, data, unpacked)
+        try:
+            future = self.pool.submit(self._decode, job, index, header, data, unpacked)
+        except RuntimeError:  # the store is closing
+            self.queue_slots.release()
+            return
         future.add_done_callback(lambda _: self.queue_slots.release())
 
     def _decode(self, job: SiteJob, index: int, header: dict[str, Any], data: Any, unpacked: bool) -> None:
+        """On an I/O worker. Whatever goes wrong fails the job, in the log and for the client: nothing may
+        vanish in the pool and leave the job pending."""
         if job.failure is not None:
             return
+        with job.lock:
+            job.running += 1
         start = time.perf_counter()
         try:
             if not unpacked:
                 data = job.codec.unpack(header, data, job.context)
             segments = job.codec.decode(header, data, job.context)
+            self._reserve(job, sum(len(seg.data) for seg in segments))
             placed = []
-            if job.codec.layout == "ranges":
-                fd = os.open(job.partial, os.O_WRONLY | os.O_CREAT, 0o644)
-                try:
+            with job.io_lock:
+                if job.failure is not None:
+                    return
+                if job.codec.layout == "ranges":
+                    assert job.location is not None
+                    with job.location.open_partial(create=True) as fd:
+                        for seg in segments:
+                            os.pwrite(fd, seg.data, seg.position)
+                            placed.append([seg.position, len(seg.data)])
+                        os.fsync(fd)
+                else:
                     for seg in segments:
-                        os.pwrite(fd, seg.data, seg.position)
-                        placed.append([seg.position, len(seg.data)])
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            else:
-                for seg in segments:
-                    write_durably(job.directory / "pieces" / f"{seg.position}.out", seg.data)
-                    placed.append([seg.position, len(seg.data)])
+                        write_durably(job.directory / "pieces" / f"{seg.position}.out", seg.data)
+                        placed.append([seg.position, len(seg.data), hashlib.sha256(seg.data).hexdigest()])
             marker = {"segments": placed, "seconds": time.perf_counter() - start}
             write_durably(job.directory / "decoded" / f"{index}.json", json.dumps(marker).encode())
             with job.lock:
                 job.decoded[index] = marker
                 job.decode_seconds += marker["seconds"]
+                job.stored_bytes += sum(p[1] for p in placed)
+        except JobFailed:
+            pass  # already failed (a quota), and logged
         except (ProtocolError, ParamedicError, OSError, ValueError) as exc:
-            self._fail(job, f"chunk {index}: {exc}")
+            self._fail(job, f"chunk {index}: {_describe(exc)}")
+        except Exception as exc:  # a bug in a codec, or in BLAST+'s handling: fail, never hang
+            self._fail(job, f"chunk {index}: internal error while decoding: {exc!r}")
+        finally:
+            with job.lock:
+                job.running -= 1
 
     def _fail(self, job: SiteJob, message: str) -> None:
-        """A failed job is final: recorded on disk (a restart does not retry it), its partial data removed."""
+        """A failed job is final: recorded on disk (a restart does not retry it), its partial data removed
+        first (so a failure for want of space frees space before it is recorded)."""
         with job.lock:
             if job.failure is not None:
                 return
             job.failure = message
         self.log(f"job {job.job_id}: failed: {message}")
+        with job.io_lock:
+            if job.location is not None:
+                job.location.drop_partial()
+        _drop_job_data(job.directory)
+        job.stored_bytes = 0
+        self._release_target(job)
         try:
             write_durably(job.directory / "failed.json", json.dumps({"message": message}).encode())
-            job.partial.unlink(missing_ok=True)
         except OSError as exc:
-            self.log(f"job {job.job_id}: cannot record the failure: {exc}")
-        _drop_job_data(job.directory)
+            self.log(f"job {job.job_id}: cannot record the failure: {_describe(exc)}")
+
+    def _release_target(self, job: SiteJob) -> None:
+        relative = job.setup_header.get("out")
+        with self.targets_lock:
+            if self.targets.get(relative) == job.job_id:
+                del self.targets[relative]
 
     # -- finishing ------------------------------------------------------------------------------------
     def finish(self, job: SiteJob, header: dict[str, Any]) -> dict[str, Any] | None:
         """The final file's size and digest once it is durable; None while chunks are still decoding."""
         try:
-            return self._finish(job, header)
+            with job.io_lock:
+                return self._finish(job, header)
         except JobFailed as exc:
             self._fail(job, str(exc))
             raise
+        except (OSError, UnsafePath) as exc:  # e.g. the disk filled while assembling
+            self._fail(job, f"cannot write the output: {_describe(exc)}")
+            raise JobFailed(job.failure) from None
 
     def _finish(self, job: SiteJob, header: dict[str, Any]) -> dict[str, Any] | None:
         done = job.done()
@@ -311,6 +476,8 @@ class JobStore:
             return done
         if job.failure is not None:
             raise JobFailed(job.failure)
+        location = job.location
+        assert location is not None
         n_chunks = field_int(header, "chunks", 1, MAX_CHUNKS)
         with job.lock:
             missing = [i for i in range(n_chunks) if i not in job.acked]
@@ -319,40 +486,73 @@ class JobStore:
             if any(i not in job.decoded for i in range(n_chunks)):
                 return None
             segments = sorted(tuple(s) for i in range(n_chunks) for s in job.decoded[i]["segments"])
+        wanted = header.get("sha256")
+        if location.published():  # a restart after the file got its name: only the records are left to do
+            return self._done(job, wanted)
         if job.codec.layout == "ranges":
             expected = field_int(header, "size", 0, 2**50)
             position = 0
-            for offset, length in segments:
+            for offset, length, *_ in segments:
                 if offset != position:
                     raise JobFailed(f"output ranges leave a gap or overlap at byte {position}")
                 position += length
             if position != expected:
                 raise JobFailed(f"output has {position} bytes, the compute site sent {expected}")
-            if expected == 0:
-                job.partial.touch()
-            os.truncate(job.partial, expected)
+            with location.open_partial(create=True) as fd:
+                os.ftruncate(fd, expected)
+                os.fsync(fd)
+                digest, _ = _digest_fd(fd)
+            if wanted is not None and wanted != digest:
+                raise JobFailed("the output's SHA-256 differs from the compute site's")
         else:
             indices = [s[0] for s in segments]
             if indices != list(range(len(job.context.pieces))):
                 raise JobFailed("pieces missing or repeated")
-            with open(job.partial, "wb") as fh:
-                pieces = ((i, (job.directory / "pieces" / f"{i}.out").read_bytes()) for i in indices)
+            sums = {s[0]: s[2] if len(s) > 2 else None for s in segments}
+            with location.open_partial(create=True, truncate=True) as fd:
+                out = _HashingFile(fd)
                 try:
-                    job.codec.assemble(pieces, job.context, fh)
+                    job.codec.assemble(self._checked_pieces(job, indices, sums), job.context, out)
                 except ValueError as exc:
                     raise JobFailed(f"cannot assemble the report: {exc}") from exc
-        digest, size = _digest(job.partial)
-        wanted = header.get("sha256")
-        if wanted is not None and wanted != digest:
-            raise JobFailed("the output's SHA-256 differs from the compute site's")
-        with open(job.partial, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(job.partial, job.out)
-        fsync_dir(job.out.parent)
-        done = {"sha256": digest, "bytes": size, "decode_seconds": round(job.decode_seconds, 3)}
+                os.fsync(fd)
+                on_disk, size = _digest_fd(fd)
+            if on_disk != out.digest.hexdigest() or size != out.size:
+                raise JobFailed("the output file on disk differs from what was assembled (SHA-256 mismatch)")
+        try:
+            location.publish()
+        except TargetExists as exc:
+            raise JobFailed(str(exc)) from None
+        return self._done(job, wanted)
+
+    def _checked_pieces(self, job: SiteJob, indices: list[int], sums: dict[int, str | None]):
+        for i in indices:
+            data = (job.directory / "pieces" / f"{i}.out").read_bytes()
+            if sums[i] is not None and hashlib.sha256(data).hexdigest() != sums[i]:
+                raise JobFailed(
+                    f"regenerated piece {i} changed on disk after it was written (SHA-256 mismatch)"
+                )
+            yield i, data
+
+    def _done(self, job: SiteJob, wanted: Any) -> dict[str, Any]:
+        """The published file's digest, from its bytes on disk; then the records."""
+        assert job.location is not None
+        digest = hashlib.sha256()
+        size = 0
+        for block in job.location.read_target():
+            digest.update(block)
+            size += len(block)
+        if wanted is not None and wanted != digest.hexdigest():
+            raise JobFailed("the published output's SHA-256 differs from the compute site's")
+        done = {"sha256": digest.hexdigest(), "bytes": size, "decode_seconds": round(job.decode_seconds, 3)}
         write_durably(job.directory / "done.json", json.dumps(done).encode())
+        job.location.drop_partial()
         _drop_job_data(job.directory)
-        self.log(f"job {job.job_id}: wrote {job.out} ({size} bytes, sha256 {digest[:16]}...)")
+        job.stored_bytes = 0
+        self._release_target(job)
+        self.log(
+            f"job {job.job_id}: wrote {job.location.display} ({size} bytes, sha256 {done['sha256'][:16]}...)"
+        )
         return done
 
     # -- restart --------------------------------------------------------------------------------------
@@ -361,29 +561,47 @@ class JobStore:
             if not JOB_ID.match(directory.name) or not (directory / "job.json").exists():
                 continue
             try:
-                record = json.loads((directory / "job.json").read_text())
+                record = loads_json((directory / "job.json").read_bytes(), "job.json")
                 codec = make_codec(record["codec"])
                 setup = record["setup"]
-                out = safe_output_path(self.root, setup["out"])
-                context = None
-                if not (directory / "done.json").exists() and not (directory / "failed.json").exists():
-                    context = codec.prepare(setup, (directory / "setup.bin").read_bytes(), self.replica)
-            except (ProtocolError, ParamedicError, OSError, ValueError, KeyError) as exc:
-                self.log(f"job {directory.name}: cannot resume ({exc}); left on disk")
+                relative = setup["out"]
+                out = safe_output_path(self.root, relative)
+                peer = str(record["peer"])
+            except (ProtocolError, ParamedicError, OSError, ValueError, KeyError, TypeError) as exc:
+                self.log(f"job {directory.name}: cannot resume ({_describe(exc)}); left on disk")
                 continue
-            job = SiteJob(directory.name, directory, record["peer"], out, codec, context, setup)
+            location = output_location(self.root_fd, relative, directory.name)
+            job = SiteJob(directory.name, directory, peer, out, codec, None, setup, location)
             job.touched = max(p.stat().st_mtime for p in (directory, *directory.rglob("*")))
             self.jobs[job.job_id] = job
             failed = directory / "failed.json"
             if failed.exists():
-                job.failure = json.loads(failed.read_text()).get("message", "failed")
+                try:
+                    job.failure = str(loads_json(failed.read_bytes(), "failed.json").get("message", "failed"))
+                except (ProtocolError, OSError, AttributeError):
+                    job.failure = "failed"
                 continue
             if job.done() is not None:
+                continue
+            try:
+                job.context = codec.prepare(setup, (directory / "setup.bin").read_bytes(), self.replica)
+            except (ProtocolError, ParamedicError, OSError, ValueError, MemoryError) as exc:
+                self._fail(job, f"cannot resume after a restart: {_describe(exc)}")
+                continue
+            with self.targets_lock:
+                holder = self.targets.setdefault(relative, job.job_id)
+            if holder != job.job_id:
+                self._fail(job, f"output path {relative!r}: another job is writing it now")
                 continue
             for path in (directory / "decoded").glob("*.json"):
                 job.decoded[int(path.stem)] = json.loads(path.read_text())
             for path in (directory / "chunks").glob("*.json"):
                 job.acked.add(int(path.stem))
+            job.stored_bytes = sum(
+                p.stat().st_size for sub in ("chunks", "pieces") for p in (directory / sub).glob("*")
+            )
+            if codec.layout == "ranges":
+                job.stored_bytes += sum(seg[1] for m in job.decoded.values() for seg in m["segments"])
             pending = len(job.acked - job.decoded.keys())
             if codec.ordered:
                 self._unpack_in_order(job)  # replays every stored chunk, decodes the undecoded ones
@@ -397,7 +615,33 @@ class JobStore:
             )
 
     def close(self) -> None:
+        self.stopping.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _HashingFile:
+    """A binary file object over a descriptor that digests what is written through it."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+        self.digest.update(data)
+        self.size += len(data)
+        return len(data)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for the log and the client: an OSError's reason without the state paths."""
+    if isinstance(exc, OSError) and not isinstance(exc, ProtocolError) and exc.strerror:
+        return exc.strerror if exc.errno != errno.ENOSPC else "no space left on device"
+    return str(exc)
 
 
 def _drop_job_data(directory: Path) -> None:
@@ -407,11 +651,13 @@ def _drop_job_data(directory: Path) -> None:
     (directory / "setup.bin").unlink(missing_ok=True)
 
 
-def _digest(path: Path) -> tuple[str, int]:
+def _digest_fd(fd: int) -> tuple[str, int]:
+    """SHA-256 and size of the file behind `fd`, read back from the start."""
     digest = hashlib.sha256()
     size = 0
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
-            size += len(block)
+    position = 0
+    while block := os.pread(fd, 1 << 20, position):
+        digest.update(block)
+        size += len(block)
+        position += len(block)
     return digest.hexdigest(), size
