@@ -31,16 +31,25 @@ from paramedic.errors import BlastError
 SOURCE = Path(__file__).with_name("native") / "prelim.c"
 DUMP_NAME = "paramedic-prelim.bin"
 _MAGIC = 0x50524C31
-# Programs whose preliminary lists are read and checked. blastn splits long queries into chunks that
-# this model of BLAST+'s batches does not describe yet; the other programs are not verified yet.
-READ = frozenset({"blastp"})
+_SPLIT_MAGIC = 0x50524C53
+# Programs whose preliminary lists are read and checked: all five. BATCHED: those whose query batches
+# BLAST+ fixes in advance (GetQueryBatchSize); blastn's app sizes them as it goes (CBatchSizeMixer).
+READ = frozenset({"blastp", "blastn", "blastx", "tblastn", "tblastx"})
+BATCHED = frozenset({"blastp", "blastx", "tblastn", "tblastx"})
 _BATCH = struct.Struct("=Iii")
 _LIST = struct.Struct("=iii")
 _ENTRY = struct.Struct("=iid")
 
 # GetQueryBatchSize (BLAST+ 2.12, blast_input_aux.cpp): residues per batch, by program and task.
 _BATCH_RESIDUES = {"blastp": 10000, "blastx": 10002, "tblastx": 10002, "tblastn": 20000}
-_BLASTN_BATCH_RESIDUES = {"megablast": 5000000, "dc-megablast": 500000}
+# SplitQuery_GetChunkSize: residues per query chunk, by program or blastn task.
+_CHUNK_RESIDUES = {
+    "blastp": 10000,
+    "blastx": 10002,
+    "tblastn": 20000,
+    "megablast": 5000000,
+    "dc-megablast": 5000000,
+}
 
 
 @functools.cache
@@ -60,17 +69,42 @@ def environment() -> dict[str, str]:
     return {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "1"}
 
 
-def batch_residues(program: str, options: BlastOptions) -> int:
-    """BLAST+'s query batch size in residues (GetQueryBatchSize), honouring its BATCH_SIZE variable."""
+def batch_residues(program: str, options: BlastOptions) -> int | None:
+    """BLAST+'s query batch size in residues (GetQueryBatchSize), honouring its BATCH_SIZE variable;
+    None for blastn, whose batches follow the search (CBatchSizeMixer)."""
+    if program not in BATCHED:
+        return None
     forced = os.environ.get("BATCH_SIZE")
     if forced:
         try:
             return int(forced)
         except ValueError as exc:
             raise BlastError(f"BATCH_SIZE={forced!r} is not an integer") from exc
-    if program == "blastn":
-        return _BLASTN_BATCH_RESIDUES.get(options.get("task") or "megablast", 100000)
     return _BATCH_RESIDUES.get(program, 10000)
+
+
+def split_query(program: str, options: BlastOptions, lengths: Sequence[int]) -> int | None:
+    """The first query that BLAST+ may split into chunks (SplitQuery_CalculateNumChunks), or None.
+
+    A batch is split when its residues reach two chunks less their overlap; the chunks' lists are merged
+    in a way the engine does not reproduce, so such a search is refused up front. tblastx (ungapped) and
+    blastx batches of several queries are never split. blastn's batches are not known in advance: a query
+    of half a chunk or more is taken as a risk. The runtime shim record is the last check."""
+    if program == "tblastx" or options.has("ungapped"):
+        return None
+    task = options.get("task") or ("megablast" if program == "blastn" else program)
+    chunk = _CHUNK_RESIDUES.get(task, 1_000_000 if program == "blastn" else _BATCH_RESIDUES[program])
+    overlap = 297 if program == "blastx" else 100
+    bound = 2 * (chunk - overlap) - 1000  # margin for the separators between concatenated queries
+    if program == "blastn":
+        return next((i for i, n in enumerate(lengths) if 2 * n >= chunk), None)
+    residues = batch_residues(program, options) or 1
+    for batch in query_batches(lengths, residues):
+        if program == "blastx" and len(batch) > 1:
+            continue
+        if sum(lengths[i] for i in batch) >= bound:
+            return max(batch, key=lambda i: lengths[i])
+    return None
 
 
 def query_batches(lengths: Sequence[int], residues: int) -> list[range]:
@@ -101,25 +135,35 @@ def expected_limit(options: BlastOptions, program: str) -> int:
 
 
 def read_dump(
-    data: bytes, lengths: Sequence[int], residues: int, gids: Sequence[int]
+    data: bytes, lengths: Sequence[int], residues: int | None, gids: Sequence[int]
 ) -> list[PrelimList | None]:
     """Per query of the search (None: no candidate), from the shim's records.
 
-    `lengths` are the search's query lengths (its batches are recomputed and must match the records),
-    `gids` maps the searched database's ordinal ids to global ids. Anything unexpected raises BlastError:
-    a BLAST+ whose internals differ from 2.12's must never be trusted silently.
+    `lengths` are the search's query lengths. With `residues` (programs whose batches are modelled) the
+    batches are recomputed and must match the records; blastn sizes its batches as it goes
+    (CBatchSizeMixer), so there the records need only cover the queries in order. `gids` maps the
+    searched database's ordinal ids to global ids. Anything unexpected raises BlastError: a BLAST+ whose
+    internals differ from 2.12's must never be trusted silently.
     """
-    batches = query_batches(lengths, residues)
+    expected = query_batches(lengths, residues) if residues is not None else None
     result: list[PrelimList | None] = [None] * len(lengths)
-    at = 0
-    for batch in batches:
+    at = start = batches = 0
+    while at < len(data):
         try:
             magic, n_queries, n_lists = _BATCH.unpack_from(data, at)
         except struct.error:
-            raise _unexpected("fewer batches than BLAST+ must have searched") from None
+            raise _unexpected("a truncated record") from None
         at += _BATCH.size
-        if magic != _MAGIC or n_queries != len(batch) or not 0 <= n_lists <= n_queries:
-            raise _unexpected(f"a batch of {n_queries} queries where {len(batch)} were expected")
+        if magic == _SPLIT_MAGIC:
+            raise BlastError(
+                "BLAST+ split a long query into chunks, which --strategy fragments does not reproduce "
+                "exactly: use --strategy queries"
+            )
+        batch = range(start, start + n_queries)
+        if expected is not None and (batches >= len(expected) or expected[batches] != batch):
+            raise _unexpected(f"a batch of {n_queries} queries where BLAST+ 2.12 makes another")
+        if magic != _MAGIC or n_queries <= 0 or batch.stop > len(lengths) or not 0 <= n_lists <= n_queries:
+            raise _unexpected(f"a batch of {n_queries} queries at query {start + 1}")
         for _ in range(n_lists):
             index, limit, count = _LIST.unpack_from(data, at)
             at += _LIST.size
@@ -134,8 +178,9 @@ def read_dump(
             if len(candidates) != count:
                 raise _unexpected("a truncated query list")
             result[batch.start + index] = PrelimList(limit, tuple(candidates))
-    if at != len(data):
-        raise _unexpected("more batches than BLAST+ must have searched")
+        start, batches = batch.stop, batches + 1
+    if start != len(lengths):
+        raise _unexpected(f"lists for {start} of {len(lengths)} queries")
     return result
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from paramedic.blast.options import BlastOptions
 from paramedic.blast.prelim import READ as PRELIM_READ
-from paramedic.blast.prelim import batch_residues, query_batches
+from paramedic.blast.prelim import batch_residues, query_batches, split_query
 from paramedic.blast.prelim import environment as prelim_environment
 from paramedic.blast.programs import PROGRAMS, alias_suffix
 from paramedic.blast.render import can_render
@@ -83,7 +83,9 @@ def prepare_job(settings: SearchSettings) -> Job:
         if out_path is not None:
             check_writable(out_path)
         record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
-    direct = choose_strategy(settings, db) == "queries"
+    lengths = [len(s) for _, s in queries]
+    inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
+    direct = choose_strategy(settings, db, inexact) == "queries"
     if not direct and settings.from_metadata is None and program.name in PRELIM_READ:
         prelim_environment()  # the shim that reads BLAST+'s preliminary list, built now or refused now
     ships_metadata = settings.ship is not None and settings.ship.mode == "metadata"
@@ -96,7 +98,7 @@ def prepare_job(settings: SearchSettings) -> Job:
     )
     plan_inputs = {
         "program": program.name,
-        "query_lengths": [len(s) for _, s in queries],
+        "query_lengths": lengths,
         "fragment_residues": [f.length for f in manifest.fragments],
         "hitlist_size": options.hitlist_size(),
         "startup_seconds": measure_startup(program.name),
@@ -105,9 +107,9 @@ def prepare_job(settings: SearchSettings) -> Job:
         "regen_group": settings.regen_group,
         "direct": direct,
         "archive_render": archive_render,
-        # pieces cut at BLAST+'s own query batches where that model is checked (paramedic.blast.prelim)
-        "blast_batches": query_batches([len(s) for _, s in queries], batch_residues(program.name, options))
-        if program.name in PRELIM_READ
+        # pieces cut at BLAST+'s own query batches where it fixes them (paramedic.blast.prelim)
+        "blast_batches": query_batches(lengths, residues)
+        if (residues := batch_residues(program.name, options))
         else [],
     }
     identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
@@ -180,19 +182,19 @@ def resolve_database(arg: str, cwd: Path) -> tuple[Database, Manifest]:
 QUERIES_STRATEGY_MEMORY_SHARE = 0.25
 
 
-def choose_strategy(settings: SearchSettings, db: Database) -> str:
+def choose_strategy(settings: SearchSettings, db: Database, inexact: str | None = None) -> str:
     """How to split the work: "fragments" (database segmentation: search fragments, merge, regenerate)
     or "queries" (query segmentation: each task searches the whole database and writes its report).
 
     Query segmentation does less work (no merge, no regeneration) but needs the whole database on every
     node, and produces no metadata; database segmentation is the mpiBLAST engine for databases larger
-    than a node's memory, and the source of the metadata that ParaMEDIC ships.
+    than a node's memory, and the source of the metadata that ParaMEDIC ships. `inexact` says why the
+    fragments strategy would not be exact here (fragments_inexact and the like); auto then avoids it.
     """
     ships_metadata = settings.ship is not None and settings.ship.mode in ("metadata", "auto")
     needs_metadata = (
         settings.save_metadata is not None or settings.from_metadata is not None or ships_metadata
     )
-    inexact = fragments_inexact(settings.blast_args)
     if settings.strategy == "queries" or (settings.strategy == "auto" and inexact and not needs_metadata):
         if needs_metadata:
             raise UsageError(
@@ -217,6 +219,18 @@ FRAGMENTS_REFUSE = {
     "culling_limit": "cannot honour -culling_limit: BLAST+ culls a query's hits across all subjects, "
     "so fragments culled apart keep hits the whole database drops; use --strategy queries",
 }
+
+
+def _split_reason(program: str, options: BlastOptions, lengths: list[int], queries: list) -> str | None:
+    """Why the fragments strategy refuses these queries: one that BLAST+ may split into chunks."""
+    index = split_query(program, options, lengths)
+    if index is None:
+        return None
+    name = queries[index][0].split()[0] if queries[index][0] else f"#{index + 1}"
+    return (
+        f"cannot search query {name} ({lengths[index]} residues) exactly: BLAST+ splits a query batch "
+        "this long into chunks whose lists the merge does not reproduce; use --strategy queries"
+    )
 
 
 def fragments_inexact(blast_args: list[str]) -> str | None:

@@ -9,9 +9,10 @@ can have filled (no fragment reached `hitlist_size`, fewer than `hitlist_size` h
 query is not `exact` and its report is written by searching again against its whole preliminary list,
 which reproduces BLAST+'s own traceback, skips included (the search runs BLAST+'s own query batch).
 
-BLAST+ ranks subjects by best e-value ascending (equal within a relative 1e-6), then by the raw score of
-the first HSP descending, then by ordinal id descending; the merge applies the same rule to the keys read
-at full precision and keeps the first `hitlist_size` (-max_target_seqs). The result, the ordered global
+BLAST+ ranks subjects by best e-value ascending (s_EvalueComp: exact, or both below 1e-180), then by the
+raw score of the first HSP descending, then by ordinal id descending; the merge applies the same rule to
+the keys read at full precision (the archive's 15 significant digits; sum statistics make e-values of
+equal alignments differ from the eighth digit on, with the subject's length) and keeps the first `hitlist_size` (-max_target_seqs). The result, the ordered global
 ids of a query's subjects, is that query's metadata.
 """
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from paramedic.blast.hits import Candidate, Hit, PrelimList
 from paramedic.errors import BlastError
 
-EVALUE_RELATIVE_TIE = 1e-6
+TINY_EVALUE = 1.0e-180  # s_EvalueComp: two e-values below this are equal
 
 
 def blast_order(a: Hit, b: Hit) -> int:
@@ -37,9 +38,7 @@ def blast_order(a: Hit, b: Hit) -> int:
 
 
 def _evalues_equal(x: float, y: float) -> bool:
-    if x == y:
-        return True
-    return abs(x - y) <= EVALUE_RELATIVE_TIE * max(abs(x), abs(y))
+    return x == y or (x < TINY_EVALUE and y < TINY_EVALUE)
 
 
 def merge_hits(per_fragment: Iterable[list[Hit]], hitlist_size: int) -> list[Hit]:

@@ -14,7 +14,12 @@
  * as BLAST+ would (BlastHSPStreamSimpleClose), appends the kept lists to ./paramedic-prelim.bin in the
  * working directory, and calls the real BlastHSPStreamClose. Active only when PARAMEDIC_PRELIM=1.
  *
+ * BLAST+ splits a long query batch into chunks (SplitQuery_CalculateNumChunks) and merges the chunks'
+ * lists with BlastHSPStreamMerge; those lists are not a top-N the merge can reproduce, so the shim also
+ * interposes BlastHSPStreamMerge and writes a split record, on which the engine refuses the search.
+ *
  * Record, native byte order:
+ *   split:  uint32 magic 0x50524c53 ("PRLS"), int32 0, int32 0
  *   batch:  uint32 magic 0x50524c31 ("PRL1"), int32 number of queries, int32 number of query lists
  *   list:   int32 query index in the batch, int32 hsplist_max (BLAST+'s N), int32 entries
  *   entry:  int32 subject oid, int32 score of the best HSP, double best e-value
@@ -101,6 +106,7 @@ typedef struct BlastHSPStream {
 typedef void (*close_fn)(BlastHSPStream *);
 
 #define MAGIC 0x50524c31u
+#define SPLIT_MAGIC 0x50524c53u
 #define TINY_EVALUE 1.0e-180 /* s_EvalueComp: two e-values below this are equal */
 
 /* The key BLAST+'s heap (s_EvalueCompareHSPLists) ranks a list by: its best e-value, and the score of
@@ -152,14 +158,34 @@ static void dump(const BlastHSPResults *results) {
     fclose(out);
 }
 
+static int active(void) {
+    const char *on = getenv("PARAMEDIC_PRELIM");
+    return on != NULL && strcmp(on, "1") == 0;
+}
+
+typedef int (*merge_fn)(void *, uint32_t, BlastHSPStream *, BlastHSPStream *);
+
+int BlastHSPStreamMerge(void *split_blk, uint32_t chunk, BlastHSPStream *from, BlastHSPStream *into) {
+    static merge_fn real_merge;
+    if (real_merge == NULL) real_merge = (merge_fn)dlsym(RTLD_NEXT, "BlastHSPStreamMerge");
+    if (active()) {
+        FILE *out = fopen("paramedic-prelim.bin", "ab");
+        if (out != NULL) {
+            uint32_t record[3] = {SPLIT_MAGIC, 0, 0};
+            fwrite(record, sizeof record, 1, out);
+            fclose(out);
+        }
+    }
+    return real_merge(split_blk, chunk, from, into);
+}
+
 void BlastHSPStreamClose(BlastHSPStream *stream) {
     static close_fn real_close, simple_close;
     if (real_close == NULL) {
         real_close = (close_fn)dlsym(RTLD_NEXT, "BlastHSPStreamClose");
         simple_close = (close_fn)dlsym(RTLD_NEXT, "BlastHSPStreamSimpleClose");
     }
-    const char *on = getenv("PARAMEDIC_PRELIM");
-    if (on != NULL && strcmp(on, "1") == 0 && stream != NULL && stream->results != NULL &&
+    if (active() && stream != NULL && stream->results != NULL &&
         !stream->results_sorted && simple_close != NULL) {
         simple_close(stream); /* runs the writer's finaliser once, as the real close would */
         dump(stream->results);
