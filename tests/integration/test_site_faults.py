@@ -13,14 +13,18 @@ import struct
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from paramedic.ship import codecs
 from paramedic.ship.client import SiteError
+from paramedic.ship.codecs import Codec, DirectCodec, Segment
 from paramedic.ship.wire import FrameDeadlines, recv_frame, send_frame
 from paramedic.site.server import Limits, ServeSettings
+from paramedic.site.store import Quota
 from tests.conftest import paramedic, take_fasta
-from tests.integration.site import Site, closed_within, ship_bytes, start_site
+from tests.integration.site import Site, closed_within, sha256, ship_bytes, start_site
 
 pytestmark = pytest.mark.integration
 
@@ -297,3 +301,337 @@ def test_a_bomb_left_in_the_state_by_an_older_site_does_not_stop_a_restart(world
         "cannot resume after a restart: setup inflates beyond"
     )
     assert not (state / job / "setup.bin").exists()
+
+
+# -- toy codecs (no BLAST): the store's mechanisms, through the real server -------------------------------------
+
+
+class _BoomCodec(DirectCodec):
+    """Output ranges whose decoding raises an error no codec is expected to raise."""
+
+    name = "test-boom"
+
+    def decode(self, header, payload, context):
+        return [Segment(0, payload)] if payload != b"boom" else {}["no such key"]
+
+
+class _PiecesCodec(Codec):
+    """Each chunk is one piece (its index), stored as regenerated pieces are, assembled in order."""
+
+    name = "test-pieces"
+    layout = "pieces"
+
+    def encode(self, unit):
+        index, data = unit
+        return {"piece": index}, data
+
+    def prepare(self, setup, payload, site):
+        return SimpleNamespace(pieces=range(setup["pieces"]))
+
+    def decode(self, header, payload, context):
+        return [Segment(header["piece"], payload)]
+
+    def assemble(self, pieces, context, out):
+        for _, data in pieces:
+            out.write(data)
+
+
+@pytest.fixture
+def toy_codecs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(codecs.CODECS, _BoomCodec.name, _BoomCodec)
+    monkeypatch.setitem(codecs.CODECS, _PiecesCodec.name, _PiecesCodec)
+
+
+def _wait(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+# -- 8. an unexpected error while decoding fails the job, in the log and for the client ---------------------
+
+
+def test_an_unexpected_decode_error_fails_the_job(make_site, toy_codecs) -> None:
+    """A KeyError in the pool used to vanish: the job stayed pending for ever and nothing was logged."""
+    site = make_site()
+    shipper = site.shipper("test-boom", {"out": "boom/x.bin"})
+    try:
+        shipper.start()
+        shipper.send({"offset": 0, "length": 4}, b"boom")
+        with pytest.raises(
+            SiteError, match=r"storage site: chunk 0: internal error while decoding: KeyError"
+        ):
+            shipper.finish({"size": 4, "sha256": sha256(b"boom")})
+    finally:
+        shipper.close()
+    site.wait_log(r"failed: chunk 0: internal error while decoding: KeyError\('no such key'\)")
+    assert "Traceback" not in site.log()
+    assert not list((site.root / "boom").iterdir())  # no hidden partial file left
+
+
+# -- 5. regenerated pieces carry checksums; the final file is read back -----------------------------------------
+
+
+def test_a_piece_corrupted_on_disk_is_not_delivered(make_site, toy_codecs) -> None:
+    site = make_site()
+    shipper = site.shipper("test-pieces", {"out": "p/x.txt", "pieces": 2}, b"setup")
+    try:
+        shipper.start()
+        shipper.send({"piece": 0}, b"first\n")
+        shipper.send({"piece": 1}, b"second\n")
+        job = site.server.store.jobs[shipper.job_id]
+        _wait(lambda: len(job.decoded) == 2)
+        piece = job.directory / "pieces" / "1.out"
+        piece.write_bytes(b"sec0nd\n")  # a bit flip on the site's disk
+        with pytest.raises(SiteError, match=r"regenerated piece 1 changed on disk after it was written"):
+            shipper.finish({})
+    finally:
+        shipper.close()
+    assert not (site.root / "p" / "x.txt").exists()
+    assert (
+        ship_pieces(site, "p/y.txt", [b"first\n", b"second\n"])["bytes"] == 13
+    )  # an intact job goes through
+    assert (site.root / "p" / "y.txt").read_bytes() == b"first\nsecond\n"
+
+
+def ship_pieces(site: Site, out: str, pieces: list[bytes]) -> dict:
+    shipper = site.shipper("test-pieces", {"out": out, "pieces": len(pieces)}, b"setup")
+    try:
+        shipper.start()
+        for i, data in enumerate(pieces):
+            shipper.send({"piece": i}, data)
+        return shipper.finish({})
+    finally:
+        shipper.close()
+
+
+# -- 6. symbolic links swapped in after the job opened ----------------------------------------------------------
+
+
+def test_a_directory_swapped_for_a_symlink_is_not_followed(make_site, tmp_path: Path) -> None:
+    site = make_site()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shipper = site.shipper("direct", {"out": "d/x.bin"})
+    try:
+        shipper.start()
+        (site.root / "d").rmdir()
+        (site.root / "d").symlink_to(outside)  # after the open's check
+        shipper.send({"offset": 0, "length": 3}, b"abc")
+        with pytest.raises(SiteError, match=r"d is a symbolic link or not a directory"):
+            shipper.finish({"size": 3, "sha256": sha256(b"abc")})
+    finally:
+        shipper.close()
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("codec", ["direct", "test-pieces"])
+def test_a_symlink_planted_at_the_temporary_name_is_not_followed(
+    make_site, toy_codecs, tmp_path: Path, codec: str
+) -> None:
+    site = make_site()
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious")
+    setup = {"out": "t/x.bin", "pieces": 1}
+    shipper = site.shipper(codec, setup, b"setup")
+    try:
+        shipper.start()
+        (site.root / "t" / f".x.bin.paramedic-{shipper.job_id}").symlink_to(victim)
+        shipper.send({"offset": 0, "length": 3} if codec == "direct" else {"piece": 0}, b"abc")
+        with pytest.raises(SiteError, match=r"its temporary file is a symbolic link"):
+            shipper.finish({"size": 3, "sha256": sha256(b"abc")} if codec == "direct" else {})
+    finally:
+        shipper.close()
+    assert victim.read_bytes() == b"precious"
+    assert not (site.root / "t" / "x.bin").exists()
+
+
+def test_a_hard_link_planted_at_the_temporary_name_is_not_written(make_site, tmp_path: Path) -> None:
+    site = make_site()
+    victim = site.root / "victim.txt"
+    victim.write_bytes(b"precious")
+    shipper = site.shipper("direct", {"out": "h/x.bin"})
+    try:
+        shipper.start()
+        (site.root / "h" / f".x.bin.paramedic-{shipper.job_id}").hardlink_to(victim)
+        shipper.send({"offset": 0, "length": 3}, b"abc")
+        with pytest.raises(SiteError, match=r"its temporary file was replaced"):
+            shipper.finish({"size": 3, "sha256": sha256(b"abc")})
+    finally:
+        shipper.close()
+    assert victim.read_bytes() == b"precious"
+
+
+# -- 7. an existing output is never replaced; one output path, one job at a time --------------------------------
+
+
+def test_an_existing_file_is_not_replaced(make_site) -> None:
+    site = make_site()
+    assert ship_bytes(site, "e/x.bin", b"first", client="compute-b")["bytes"] == 5
+    with pytest.raises(SiteError, match=r"a file is already there \(the storage site never replaces one"):
+        ship_bytes(site, "e/x.bin", b"second")
+    assert (site.root / "e" / "x.bin").read_bytes() == b"first"
+
+
+def test_two_jobs_cannot_write_the_same_output_at_once(make_site) -> None:
+    """Both used to exit 0, and one output was lost."""
+    site = make_site()
+    first = site.shipper("direct", {"out": "same/x.bin"})
+    second = site.shipper("direct", {"out": "same/x.bin"}, client="compute-b")
+    try:
+        first.start()
+        with pytest.raises(SiteError, match=r"another job is writing it now"):
+            second.start()
+        first.send({"offset": 0, "length": 3}, b"one")
+        assert first.finish({"size": 3, "sha256": sha256(b"one")})["bytes"] == 3
+    finally:
+        first.close()
+        second.close()
+    assert (site.root / "same" / "x.bin").read_bytes() == b"one"
+
+
+def test_a_file_that_appears_while_the_job_runs_is_kept(make_site) -> None:
+    site = make_site()
+    shipper = site.shipper("direct", {"out": "late/x.bin"})
+    try:
+        shipper.start()
+        (site.root / "late" / "x.bin").write_bytes(b"someone else's")
+        shipper.send({"offset": 0, "length": 3}, b"abc")
+        with pytest.raises(SiteError, match=r"a file appeared there while the job ran; not replaced"):
+            shipper.finish({"size": 3, "sha256": sha256(b"abc")})
+    finally:
+        shipper.close()
+    assert (site.root / "late" / "x.bin").read_bytes() == b"someone else's"
+    assert sorted(p.name for p in (site.root / "late").iterdir()) == ["x.bin"]
+
+
+# -- 3. idle jobs, failed compute jobs --------------------------------------------------------------------------
+
+
+def _open_raw(site: Site, out: str, client: str = "compute-a") -> str:
+    """Open a direct job and store one chunk, then go away without a word (a killed search)."""
+    import uuid
+
+    job = uuid.uuid4().hex
+    with site.tls(client) as tls:
+        send_frame(tls, {"op": "open", "job": job, "codec": "direct", "setup": {"out": out}})
+        assert recv_frame(tls)[0]["op"] == "opened"
+        send_frame(
+            tls,
+            {"op": "chunk", "job": job, "index": 0, "offset": 0, "length": 1, "sha256": sha256(b"x")},
+            b"x",
+        )
+        assert recv_frame(tls)[0]["op"] == "ack"
+    return job
+
+
+def test_an_abandoned_job_expires_soon_and_frees_its_output_path(make_site) -> None:
+    """Killed searches used to hold a job slot, their data and their output path for 168 hours."""
+    site = make_site(open_idle_seconds=1.0)
+    job = _open_raw(site, "gone/x.bin")
+    store = site.server.store
+    _wait(lambda: store.jobs[job].failure == "expired: no request for 1 s", timeout=5)
+    assert list((site.root / "gone").iterdir()) == []  # the hidden partial file is gone
+    assert not (store.jobs[job].directory / "chunks").exists()
+    assert ship_bytes(site, "gone/x.bin", b"new")["bytes"] == 3
+
+
+def test_one_compute_site_cannot_hold_every_job(make_site, monkeypatch: pytest.MonkeyPatch) -> None:
+    from paramedic.site import store as store_module
+
+    monkeypatch.setattr(store_module, "MAX_ACTIVE_JOBS_PER_PEER", 3)
+    site = make_site()
+    for i in range(3):
+        _open_raw(site, f"many/{i}.bin", client="compute-b")
+    with pytest.raises(AssertionError):
+        _open_raw(site, "many/3.bin", client="compute-b")
+    site.wait_log(r"refused request 'open': storage site busy: this compute site has 3 jobs open")
+    assert ship_bytes(site, "many/a.bin", b"a")["bytes"] == 1
+
+
+def test_a_failed_compute_job_cancels_its_site_job(make_site) -> None:
+    from paramedic.ship.destination import Shipping
+
+    site = make_site()
+    shipper = site.shipper("direct", {"out": "c/x.bin"})
+    shipper.start()
+    shipping = Shipping(None, "direct", DirectCodec(), shipper, 1)  # type: ignore[arg-type]
+    shipping.write(b"partial output")
+    job = site.server.store.jobs[shipper.job_id]
+    _wait(lambda: len(job.decoded) == 1)
+    shipping.abort()  # what the engine calls when the search fails
+    assert job.failure == "cancelled by the compute site"
+    assert list((site.root / "c").iterdir()) == [] and not (job.directory / "chunks").exists()
+
+
+# -- 4. quotas and full disks -----------------------------------------------------------------------------------
+
+
+def _ship_ranges(site: Site, out: str, sizes: list[int], client: str = "compute-a"):
+    shipper = site.shipper("direct", {"out": out}, client=client)
+    try:
+        shipper.start()
+        offset = 0
+        for size in sizes:
+            shipper.send({"offset": offset, "length": size}, b"y" * size)
+            offset += size
+        return shipper.finish({"size": offset, "sha256": sha256(b"y" * offset)})
+    finally:
+        shipper.close()
+
+
+def test_a_job_over_its_quota_fails_and_leaves_nothing(make_site) -> None:
+    site = make_site(quota=Quota(job_bytes=10_000))
+    with pytest.raises(SiteError, match=r"per-job quota \(10000 bytes\)"):
+        _ship_ranges(site, "q/big.bin", [3000, 3000])  # a chunk and its output range: 2 x 3000 each
+    assert list((site.root / "q").iterdir()) == []
+    job = next(iter(site.server.store.jobs.values()))
+    assert not (job.directory / "chunks").exists()
+    assert _ship_ranges(site, "q/small.bin", [1000])["bytes"] == 1000
+
+
+def test_a_compute_site_over_its_quota_cannot_crowd_out_the_others(make_site) -> None:
+    site = make_site(quota=Quota(peer_bytes=10_000))
+    _open_raw(site, "p/held.bin", client="compute-b")
+    with pytest.raises(SiteError, match=r"this compute site's jobs would hold more than its quota"):
+        _ship_ranges(site, "p/b.bin", [6000], client="compute-b")
+    assert _ship_ranges(site, "p/a.bin", [4000])["bytes"] == 4000  # chunk and range: 8000 bytes held
+
+
+@pytest.mark.parametrize("seen", ["before", "by the kernel"])
+def test_a_full_disk_fails_the_job_and_frees_its_space(
+    make_site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seen: str
+) -> None:
+    """After a disk-full failure its chunks, pieces and partial file used to stay: every later job failed.
+    The site sees a full disk coming (free space checked before each write) or gets ENOSPC itself."""
+    import os
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)]).returncode
+    ):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        site = make_site(root=disk, quota=Quota(reserve_bytes=0))
+        if seen != "before":
+            monkeypatch.setattr(site.server.store, "_check_free_space", lambda more: None)
+        message = r"nearly full \(\d+ bytes free" if seen == "before" else r"no space left on device"
+        with pytest.raises(SiteError, match=message):
+            _ship_ranges(site, "full/x.bin", [1_000_000] * 6)
+        _wait(lambda: all(not j.active for j in site.server.store.jobs.values()))
+        used = sum(p.stat().st_size for p in disk.rglob("*") if p.is_file())
+        assert used < 10_000, sorted(str(p) for p in disk.rglob("*") if p.is_file())
+        assert _ship_ranges(site, "full/y.bin", [1_000_000])["bytes"] == 1_000_000
+        site.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+
+
+def test_a_nearly_full_disk_refuses_new_jobs_with_a_reason(make_site) -> None:
+    site = make_site(quota=Quota(reserve_bytes=2**62))
+    with pytest.raises(SiteError, match=r"storage site nearly full \(\d+ bytes free, \d+ kept in reserve\)"):
+        ship_bytes(site, "n/x.bin", b"x")

@@ -273,14 +273,14 @@ class JobStore:
         for job in list(self.jobs.values()):
             if job.active:
                 if now - job.touched >= self.open_idle_seconds:
-                    self._fail(job, f"expired: no request for {self.open_idle_seconds / 3600:g} hours")
+                    self._fail(job, f"expired: no request for {_duration(self.open_idle_seconds)}")
                     job.touched = now  # its failure stays readable for another period
                 continue
             if now - job.touched < self.expire_seconds:
                 continue
             shutil.rmtree(job.directory, ignore_errors=True)
             del self.jobs[job.job_id]
-            self.log(f"job {job.job_id}: record deleted after {self.expire_seconds / 3600:g} hours idle")
+            self.log(f"job {job.job_id}: record deleted after {_duration(self.expire_seconds)} idle")
 
     def _housekeeping(self) -> None:
         """Idle jobs expire (and free their disk space) even when no new job opens."""
@@ -635,6 +635,10 @@ class _HashingFile:
         self.digest.update(data)
         self.size += len(data)
         return len(data)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:g} hours" if seconds >= 3600 else f"{seconds:g} s"
 
 
 def _describe(exc: BaseException) -> str:
