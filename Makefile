@@ -6,7 +6,7 @@ DATA     ?= $(or $(PARAMEDIC_DATA),$(HOME)/.cache/paramedic/data)
 DEMO     ?= demo-run
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup blast data demo test lint bench clean
+.PHONY: setup blast data demo test lint bench conformance clean
 
 setup: $(VENV)/.installed blast
 
@@ -37,6 +37,11 @@ demo: setup data
 
 test: setup data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q
+
+# The whole conformance matrix (tests/conformance): paramedic against BLAST+ on the unsplit database, cell
+# by cell; writes docs/CONFORMANCE.md. About an hour on 2 cores; `make test` runs a slice of it.
+conformance: setup data
+	PARAMEDIC_DATA=$(DATA) $(PY) -m tests.conformance --out docs/CONFORMANCE.md
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

@@ -48,8 +48,14 @@ def can_render(program: str, options: BlastOptions) -> bool:
     return options.outfmt_number() in ARCHIVE_FORMATS and not masks_queries(program, options)
 
 
-# Query filters and their defaults (BLAST+ 2.12): blastn DUST on, tblastx SEG on, the others off.
-_FILTER_DEFAULTS = {"blastn": ("dust", True), "tblastx": ("seg", True)}
+# Query filters and their defaults (BLAST+ 2.12, `-help`): blastn DUST on; SEG on for blastx, tblastn and
+# tblastx, off for blastp.
+_FILTER_DEFAULTS = {
+    "blastn": ("dust", True),
+    "blastx": ("seg", True),
+    "tblastn": ("seg", True),
+    "tblastx": ("seg", True),
+}
 _MASKING_OPTIONS = ("lcase_masking", "window_masker_db", "window_masker_taxid", "filtering_db")
 
 

@@ -1,0 +1,179 @@
+"""The cells of the conformance matrix, and how one cell is judged.
+
+A cell is (data set, program, BLAST+ options, outfmt, fragment count, strategy). Its verdict:
+- identical: paramedic's output equals BLAST+'s on the unsplit database, byte for byte (the text
+  reports' "Posted date" line, the database's build time, aside);
+- refused: paramedic exited 2 before searching, with one line on stderr and no output file;
+- differs / error: anything else (the harness fails on these);
+- n/a: BLAST+ itself rejects the combination (no reference to compare with).
+
+The matrix varies one axis at a time around the defaults: every program at 1, 4, 16 and 64 fragments;
+each option family at 4 fragments; each outfmt at 4 fragments; the saturating set at every count.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conformance.datasets import DataSet
+from tests.conftest import BIN, without_posted_date
+
+# program -> (database set, query molecule)
+PROGRAMS = {
+    "blastp": ("proteins", "prot"),
+    "blastx": ("proteins", "nucl"),
+    "blastn": ("genomes", "nucl"),
+    "tblastn": ("genomes", "prot"),
+    "tblastx": ("genomes", "nucl"),
+}
+FRAGMENT_COUNTS = (1, 4, 16, 64)
+CAPS = [("-max_target_seqs", n) for n in ("1", "5", "500", "5000")]
+COMMON = [
+    (),
+    ("-evalue", "1e-5"),
+    *CAPS,
+    ("-culling_limit", "2"),
+    ("-qcov_hsp_perc", "50"),
+    ("-max_hsps", "1"),
+]
+PROTEIN_QUERY = [("-seg", "yes"), ("-soft_masking", "true"), ("-matrix", "BLOSUM45"), ("-word_size", "2")]
+CBS = [("-comp_based_stats", str(n)) for n in range(4)]
+OPTIONS = {
+    "blastp": COMMON + PROTEIN_QUERY + CBS,
+    "tblastn": COMMON + PROTEIN_QUERY + CBS,
+    "blastx": COMMON + [("-seg", "yes"), ("-matrix", "BLOSUM45"), ("-word_size", "2")] + CBS,
+    "blastn": COMMON
+    + [("-dust", "no"), ("-soft_masking", "false"), ("-word_size", "16")]
+    + [("-task", t) for t in ("blastn", "blastn-short", "dc-megablast")],
+    "tblastx": COMMON + [("-seg", "no"), ("-matrix", "BLOSUM45")],
+}
+OUTFMTS = [str(n) for n in range(19) if n != 17] + ["6 qseqid sseqid evalue bitscore staxid", "17"]
+TEXT = {"0", "1", "2", "3", "4"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    dataset: str
+    program: str
+    options: tuple[str, ...]
+    outfmt: str
+    fragments: int
+    strategy: str  # "fragments" (the engine) or "auto" (the default)
+
+    def label(self) -> str:
+        return " ".join(self.options) or "defaults"
+
+
+def cells(full: bool) -> Iterator[Cell]:
+    """The whole matrix (`full`) or the slice `make test` runs."""
+    if not full:
+        for program, (dataset, _) in PROGRAMS.items():
+            yield Cell(dataset, program, (), "6", 4, "fragments")
+        yield Cell("genomes", "blastn", ("-max_target_seqs", "5"), "6", 16, "fragments")
+        yield Cell("genomes", "tblastn", (), "0", 4, "fragments")
+        yield Cell("proteins", "blastp", ("-culling_limit", "2"), "6", 4, "fragments")
+        yield Cell("proteins", "blastp", ("-culling_limit", "2"), "6", 4, "auto")
+        yield Cell("saturating", "blastp", (), "6", 16, "fragments")
+        return
+    for program, (dataset, _) in PROGRAMS.items():
+        for n in FRAGMENT_COUNTS:
+            yield Cell(dataset, program, (), "6", n, "fragments")
+        yield Cell(dataset, program, (), "6", 4, "auto")
+        for options in OPTIONS[program][1:]:
+            for strategy in ("fragments", "auto"):
+                yield Cell(dataset, program, options, "6", 4, strategy)
+        yield Cell(dataset, program, ("-html",), "0", 4, "fragments")
+        for outfmt in OUTFMTS:
+            if outfmt != "6":
+                yield Cell(dataset, program, (), outfmt, 4, "fragments")
+    for n in FRAGMENT_COUNTS:
+        yield Cell("saturating", "blastp", (), "6", n, "fragments")
+        yield Cell("saturating", "blastp", ("-max_target_seqs", "5"), "6", n, "fragments")
+    yield Cell("saturating", "blastp", (), "0", 16, "fragments")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    cell: Cell
+    result: str  # identical, refused, differs, error, n/a
+    detail: str = ""
+
+
+class Judge:
+    """Runs cells against data sets, caching BLAST+'s reference output per (set, program, options, outfmt)."""
+
+    def __init__(self, sets: dict[str, DataSet], workdir: Path) -> None:
+        self.sets = sets
+        self.workdir = workdir
+        self._references: dict[tuple, bytes | None] = {}
+        self._count = 0
+
+    def reference(self, cell: Cell) -> bytes | None:
+        key = (cell.dataset, cell.program, cell.options, cell.outfmt)
+        if key not in self._references:
+            data = self.sets[cell.dataset]
+            out = self._out("ref")
+            proc = subprocess.run(
+                [cell.program, *self._args(cell, data, out)],
+                cwd=data.reference_dir(), capture_output=True, timeout=1800,
+            )  # fmt: skip
+            self._references[key] = self._read(out, cell) if proc.returncode == 0 else None
+        return self._references[key]
+
+    def judge(self, cell: Cell) -> Verdict:
+        expected = self.reference(cell)
+        if expected is None:
+            return Verdict(cell, "n/a", "BLAST+ rejects it")
+        data = self.sets[cell.dataset]
+        out = self._out("paramedic")
+        proc = subprocess.run(
+            [str(BIN / "paramedic"), "search", cell.program, *self._args(cell, data, out),
+             "--strategy", cell.strategy, "--quiet"],
+            cwd=data.fragments_dir(cell.fragments), capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        if proc.returncode == 2:
+            lines = proc.stderr.strip().splitlines()
+            if len(lines) == 1 and not out.exists():
+                return Verdict(cell, "refused", lines[0].removeprefix("paramedic: error: "))
+            return Verdict(cell, "error", f"exit 2 without a clean refusal: {proc.stderr.strip()[:200]}")
+        if proc.returncode != 0:
+            return Verdict(cell, "error", f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        actual = self._read(out, cell)
+        if actual == expected:
+            return Verdict(cell, "identical")
+        return Verdict(cell, "differs", _first_difference(expected, actual))
+
+    def _args(self, cell: Cell, data: DataSet, out: Path) -> list[str]:
+        molecule = PROGRAMS[cell.program][1]
+        return ["-query", str(data.queries[molecule]), "-db", data.db, *cell.options,
+                "-outfmt", cell.outfmt, "-out", str(out)]  # fmt: skip
+
+    def _out(self, who: str) -> Path:
+        self._count += 1
+        return self.workdir / f"{who}-{self._count}.out"
+
+    def _read(self, out: Path, cell: Cell) -> bytes:
+        """The output, with multi-file formats (13, 14: -out names a prefix) read file by file."""
+        parts = sorted(out.parent.glob(out.name + "_*")) if cell.outfmt in ("13", "14") else [out]
+        data = b"".join(p.name.encode() + b"\n" + p.read_bytes() for p in parts if p.exists())
+        for p in [out, *parts, out.with_name(out.name + ".run.json")]:
+            p.unlink(missing_ok=True)
+        if cell.outfmt.split()[0] in TEXT:
+            data = without_posted_date(data, cell.outfmt) if b"Posted date" in data else data
+        return data.replace(str(out).encode(), b"<out>").replace(out.name.encode(), b"<out>")
+
+
+def _first_difference(expected: bytes, actual: bytes) -> str:
+    a, b = expected.splitlines(), actual.splitlines()
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"line {i + 1}: BLAST+ {x[:80]!r}, paramedic {y[:80]!r}"
+    return f"BLAST+ {len(a)} lines, paramedic {len(b)} lines"
+
+
+def environment_note() -> str:
+    return f"{os.uname().sysname} {os.uname().machine}, {os.cpu_count()} cores"
