@@ -23,6 +23,14 @@ from tests.integration.equality import cut_dna_queries, read_gz_fasta
 AMINO = "ACDEFGHIKLMNPQRSTVWY"
 # mmseqs2 queries (0-based) that fill BLAST+'s preliminary list against the saturating database.
 SATURATING_QUERIES = (6, 57, 71, 0, 1, 2)
+# One codon per amino acid (standard code), to write protein queries as DNA for blastx.
+CODON = dict(
+    zip(
+        "ACDEFGHIKLMNPQRSTVWYX",
+        "GCT TGT GAT GAA TTT GGT CAT ATT AAA CTG ATG AAT CCG CAG CGT AGC ACC GTG TGG TAT NNN".split(),
+        strict=True,
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -111,5 +119,8 @@ def saturating(data: Path, root: Path, fragment_counts: tuple[int, ...]) -> Data
             records.append((f"copy{c}_{i}", copy))
     fasta = _write(root / "saturating.fasta", records)
     _format(root, fasta, "saturating", "prot", fragment_counts)
-    prot = _write(root / "prot-queries.fasta", _protein_queries(data, SATURATING_QUERIES))
-    return DataSet("saturating", root, "saturating", "prot", {"prot": prot})
+    chosen = _protein_queries(data, SATURATING_QUERIES)
+    prot = _write(root / "prot-queries.fasta", chosen)
+    dna = [(h, "".join(CODON.get(a, "NNN") for a in seq)) for h, seq in chosen]
+    nucl = _write(root / "dna-queries.fasta", dna)
+    return DataSet("saturating", root, "saturating", "prot", {"prot": prot, "nucl": nucl})

@@ -14,11 +14,14 @@ each option family at 4 fragments; each outfmt at 4 fragments; the saturating se
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from paramedic.blast.prelim import DUMP_NAME, shim
 from tests.conformance.datasets import DataSet
 from tests.conftest import BIN, without_posted_date
 
@@ -63,6 +66,7 @@ class Cell:
     outfmt: str
     fragments: int
     strategy: str  # "fragments" (the engine) or "auto" (the default)
+    saturates: bool = False  # exists to fill BLAST+'s preliminary list: checked on the unsplit database
 
     def label(self) -> str:
         return " ".join(self.options) or "defaults"
@@ -73,11 +77,13 @@ def cells(full: bool) -> Iterator[Cell]:
     if not full:
         for program, (dataset, _) in PROGRAMS.items():
             yield Cell(dataset, program, (), "6", 4, "fragments")
-        yield Cell("genomes", "blastn", ("-max_target_seqs", "5"), "6", 16, "fragments")
+        yield Cell("genomes", "blastn", ("-max_target_seqs", "5"), "6", 16, "fragments", saturates=True)
+        yield Cell("genomes", "tblastx", ("-max_target_seqs", "5"), "6", 4, "fragments", saturates=True)
         yield Cell("genomes", "tblastn", (), "0", 4, "fragments")
         yield Cell("proteins", "blastp", ("-culling_limit", "2"), "6", 4, "fragments")
         yield Cell("proteins", "blastp", ("-culling_limit", "2"), "6", 4, "auto")
-        yield Cell("saturating", "blastp", (), "6", 16, "fragments")
+        yield Cell("saturating", "blastp", (), "6", 16, "fragments", saturates=True)
+        yield Cell("saturating", "blastp", ("-max_target_seqs", "5"), "6", 4, "fragments", saturates=True)
         return
     for program, (dataset, _) in PROGRAMS.items():
         for n in FRAGMENT_COUNTS:
@@ -91,9 +97,14 @@ def cells(full: bool) -> Iterator[Cell]:
             if outfmt != "6":
                 yield Cell(dataset, program, (), outfmt, 4, "fragments")
     for n in FRAGMENT_COUNTS:
-        yield Cell("saturating", "blastp", (), "6", n, "fragments")
-        yield Cell("saturating", "blastp", ("-max_target_seqs", "5"), "6", n, "fragments")
-    yield Cell("saturating", "blastp", (), "0", 16, "fragments")
+        yield Cell("saturating", "blastp", (), "6", n, "fragments", saturates=True)
+        yield Cell("saturating", "blastp", ("-max_target_seqs", "5"), "6", n, "fragments", saturates=True)
+        yield Cell("saturating", "blastx", (), "6", n, "fragments", saturates=True)
+    yield Cell("saturating", "blastp", (), "0", 16, "fragments", saturates=True)
+    for program in ("blastn", "tblastn", "tblastx"):
+        for n in (4, 64):
+            caps = ("-max_target_seqs", "5", "-comp_based_stats", "0") if program == "tblastn" else CAPS[1]
+            yield Cell(PROGRAMS[program][0], program, caps, "6", n, "fragments", saturates=True)
 
 
 @dataclass(frozen=True)
@@ -124,10 +135,34 @@ class Judge:
             self._references[key] = self._read(out, cell) if proc.returncode == 0 else None
         return self._references[key]
 
+    def full_lists(self, cell: Cell) -> int:
+        """How many queries fill BLAST+'s preliminary list on the unsplit database (read by the shim)."""
+        library = shim()
+        assert library is not None, "the preliminary-list shim needs a C compiler"
+        data = self.sets[cell.dataset]
+        with tempfile.TemporaryDirectory(dir=self.workdir) as tmp:
+            args = self._args(cell, data, Path(os.devnull))
+            args[args.index("-db") + 1] = str(data.reference_dir() / data.db)
+            env = {**os.environ, "LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "1"}
+            subprocess.run([cell.program, *args], cwd=tmp, env=env, check=True, capture_output=True)
+            dump = Path(tmp, DUMP_NAME).read_bytes()
+        full = at = 0
+        while at < len(dump):
+            _, _, lists = struct.unpack_from("=Iii", dump, at)
+            at += 12
+            for _ in range(lists):
+                _, limit, count = struct.unpack_from("=iii", dump, at)
+                at += 12 + 16 * count
+                full += count == limit
+        return full
+
     def judge(self, cell: Cell) -> Verdict:
         expected = self.reference(cell)
         if expected is None:
             return Verdict(cell, "n/a", "BLAST+ rejects it")
+        full = self.full_lists(cell) if cell.saturates else 0
+        if cell.saturates and not full:
+            return Verdict(cell, "error", "the data no longer fills BLAST+'s preliminary list")
         data = self.sets[cell.dataset]
         out = self._out("paramedic")
         proc = subprocess.run(
@@ -144,7 +179,7 @@ class Judge:
             return Verdict(cell, "error", f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
         actual = self._read(out, cell)
         if actual == expected:
-            return Verdict(cell, "identical")
+            return Verdict(cell, "identical", f"{full} queries fill the preliminary list" if full else "")
         return Verdict(cell, "differs", _first_difference(expected, actual))
 
     def _args(self, cell: Cell, data: DataSet, out: Path) -> list[str]:
