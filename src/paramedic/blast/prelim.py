@@ -121,13 +121,17 @@ def query_batches(lengths: Sequence[int], residues: int) -> list[range]:
     return batches
 
 
+def composition_adjusted(options: BlastOptions, program: str) -> bool:
+    """Whether the traceback adjusts for composition (blastp, blastx, tblastn unless -comp_based_stats 0):
+    only then can it skip subjects once a batch's hit lists are full (BlastCompo_EarlyTermination)."""
+    cbs = options.get("comp_based_stats")
+    return program in ("blastp", "blastx", "tblastn") and (cbs is None or cbs.upper() not in ("0", "F"))
+
+
 def expected_limit(options: BlastOptions, program: str) -> int:
     """N as BLAST+ 2.12 computes it (GetPrelimHitlistSize), to check the shim reads the right fields."""
     hitlist = options.hitlist_size()
-    cbs = options.get("comp_based_stats")
-    default_cbs = program in ("blastp", "blastx", "tblastn")
-    uses_cbs = default_cbs and (cbs is None or cbs.upper() not in ("0", "F"))
-    if uses_cbs:
+    if composition_adjusted(options, program):
         return 1050 if hitlist <= 500 else 2 * hitlist + 50
     if options.has("ungapped") or program == "tblastx":
         return hitlist

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from paramedic.blast.options import BlastOptions
 from paramedic.blast.prelim import READ as PRELIM_READ
-from paramedic.blast.prelim import batch_residues, query_batches, split_query
+from paramedic.blast.prelim import batch_residues, composition_adjusted, query_batches, split_query
 from paramedic.blast.prelim import environment as prelim_environment
 from paramedic.blast.programs import PROGRAMS, alias_suffix
 from paramedic.blast.render import can_render
@@ -111,6 +111,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         "blast_batches": query_batches(lengths, residues)
         if (residues := batch_residues(program.name, options))
         else [],
+        "early_stop": composition_adjusted(options, program.name),
     }
     identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
     save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None

@@ -64,9 +64,16 @@ class MergedQuery:
 
 
 def merge_query(
-    hits: Sequence[list[Hit]], prelims: Sequence[PrelimList | None], hitlist_size: int
+    hits: Sequence[list[Hit]],
+    prelims: Sequence[PrelimList | None],
+    hitlist_size: int,
+    early_stop: bool = True,
 ) -> MergedQuery:
     """Merge one query's per-fragment hits and preliminary lists (same fragment order in both).
+
+    `early_stop`: the traceback may skip subjects once hit lists are full (composition-based statistics,
+    paramedic.blast.prelim.composition_adjusted). Without it every listed subject is aligned on its own,
+    so the fragments' hits on the whole list are the whole database's, filled or not.
 
     Without lists (UNREAD: programs not in paramedic.blast.prelim.READ) the fragments' hits are merged
     alone, which is exact only while no query has more candidates than BLAST+ keeps (not checked)."""
@@ -83,7 +90,7 @@ def merge_query(
     allowed = {c.gid for c in whole.candidates}
     kept = [h for fragment_hits in hits for h in fragment_hits if h.gid in allowed]
     merged = merge_hits([kept], hitlist_size)
-    filled = any(len(f) >= hitlist_size for f in hits) or len(kept) >= hitlist_size
+    filled = early_stop and (any(len(f) >= hitlist_size for f in hits) or len(kept) >= hitlist_size)
     saturated = sum(len(p.candidates) for p in prelims if p) > whole.limit
     subjects = [c.gid for c in whole.candidates] if filled or saturated else [h.gid for h in merged]
     return MergedQuery(merged, subjects, exact=not filled)

@@ -48,6 +48,7 @@ def make_plan(
     direct: bool = False,
     archive_render: bool = False,
     blast_batches: Sequence[range] = (),
+    early_stop: bool = True,
 ) -> Plan:
     """The plan; every piece (a BLAST+ run that writes part of the report) is cut only where BLAST+
     itself starts a batch of the user's query file (`blast_batches`, paramedic.blast.prelim): a query's
@@ -65,11 +66,9 @@ def make_plan(
         direct,
         archive_render,
     )
-    if not blast_batches:
-        return plan
-    pieces = aligned(plan.pieces, blast_batches)
+    pieces = aligned(plan.pieces, blast_batches) if blast_batches else plan.pieces
     batches = pieces if plan.direct else plan.batches
-    return Plan(batches, plan.n_fragments, pieces, plan.hitlist_size, direct=plan.direct)
+    return Plan(batches, plan.n_fragments, pieces, plan.hitlist_size, plan.direct, early_stop)
 
 
 def aligned(pieces: Sequence[range], blast_batches: Sequence[range]) -> tuple[range, ...]:
