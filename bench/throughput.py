@@ -138,6 +138,7 @@ def main() -> None:
     ]
     for strategy, out in (("fragments", "paramedic.out"), ("queries", "paramedic-q.out")):
         lines += phase_table(strategy, json.loads((work / f"{out}.run.json").read_text()))
+    lines += shim_cost(work, q, args.fragments)
     text = "\n".join(lines)
     print(text)
     if not args.no_record:
@@ -146,6 +147,26 @@ def main() -> None:
             results_md.write_text("# Benchmark results\n\nNewest first within each benchmark.\n\n")
         with open(results_md, "a") as fh:
             fh.write(text + "\n")
+
+
+def shim_cost(work: Path, queries: str, fragments: int) -> list[str]:
+    """The preliminary-list shim's own cost: one fragment search with and without it, side by side."""
+    from paramedic.blast.prelim import environment
+
+    fragment = sorted((work / "pm" / "uniprot").glob("f000.p*"))[0].with_suffix("")
+    cmd = ["blastp", "-query", queries, "-db", str(fragment), "-outfmt", "11", "-out", os.devnull]
+    walls = {}
+    for name, env in (("plain", {}), ("shim", environment())):
+        start = time.perf_counter()
+        subprocess.run(cmd, cwd=work, env={**os.environ, **env}, check=True, capture_output=True)
+        walls[name] = time.perf_counter() - start
+    (work / "paramedic-prelim.bin").unlink(missing_ok=True)
+    return [
+        "",
+        f"Preliminary-list shim, one fragment of {fragments} (1 thread, all queries): "
+        f"{walls['shim']:.1f} s with it, {walls['plain']:.1f} s without ({walls['shim'] / walls['plain']:.3f}).",
+        "",
+    ]
 
 
 def phase_table(strategy: str, record: dict) -> list[str]:
@@ -157,8 +178,13 @@ def phase_table(strategy: str, record: dict) -> list[str]:
         f"{record['pieces']} pieces): "
         + ", ".join(f"{k} {v:.1f}" for k, v in totals.items())
         + (
-            f"; regeneration = {100 * totals['regenerate'] / search:.1f}% of search."
+            f"; regeneration = {100 * totals['regenerate'] / search:.1f}% of search"
             if totals["regenerate"]
+            else ""
+        )
+        + (
+            f"; {record['searched_again']} of {record['queries']} queries searched again (hit list filled)."
+            if record.get("searched_again") is not None
             else "."
         ),
         "",

@@ -261,6 +261,7 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
         output_bytes=ship_report["output_bytes"] if ship_report else writer.bytes_written if writer else 0,
         metadata_pairs=None if plan.direct else sum(len(m) for m in merged),
         queries_with_hits=None if plan.direct else sum(1 for m in merged if m),
+        searched_again=None if plan.direct else scheduler.searched_again,
         ranks_stats=[stats, *worker_stats],
         ship=ship_report,
     )

@@ -68,6 +68,7 @@ class RunRecord:
     output_bytes: int
     metadata_pairs: int | None  # merged (query, subject) pairs: the size of the semantic metadata
     queries_with_hits: int | None  # None with query segmentation (nothing is merged)
+    searched_again: int | None  # queries whose hit list filled: report by search against their whole list
     ranks_stats: list[RankStats]
     ship: dict[str, object] | None = None  # with --site: shipping figures (see ship.destination)
 
@@ -108,7 +109,8 @@ class RunRecord:
             "  CPU-side time per phase (all ranks): " + ", ".join(f"{p} {totals[p]:.1f} s" for p in PHASES),
             f"  strategy: {self.strategy}"
             + (
-                f"; hits: {self.metadata_pairs} query-subject pairs, {self.queries_with_hits} queries with hits"
+                f"; hits: {self.metadata_pairs} query-subject pairs, {self.queries_with_hits} queries with hits, "
+                f"{self.searched_again} searched again (hit list filled)"
                 if self.metadata_pairs is not None
                 else " (query segmentation: whole database per task, no merge)"
             ),
