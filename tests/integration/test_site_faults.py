@@ -531,7 +531,8 @@ def test_an_abandoned_job_expires_soon_and_frees_its_output_path(make_site) -> N
     site = make_site(open_idle_seconds=1.0)
     job = _open_raw(site, "gone/x.bin")
     store = site.server.store
-    _wait(lambda: store.jobs[job].failure == "expired: no request for 1 s", timeout=5)
+    _wait(lambda: (store.jobs[job].directory / "failed.json").exists(), timeout=5)  # recorded last
+    assert store.jobs[job].failure == "expired: no request for 1 s"
     assert list((site.root / "gone").iterdir()) == []  # the hidden partial file is gone
     assert not (store.jobs[job].directory / "chunks").exists()
     assert ship_bytes(site, "gone/x.bin", b"new")["bytes"] == 3

@@ -208,7 +208,9 @@ def start_shipping(
     if settings.site.scheme == "file":
         from paramedic.ship.inbox_client import InboxShipper
 
-        transport: Any = InboxShipper(settings.site, codec.name, setup, payload, settings.timeout)
+        transport: Any = InboxShipper(
+            settings.site, codec.name, setup, payload, settings.timeout, settings.keys
+        )
     else:
         assert settings.keys is not None
         transport = TlsShipper(

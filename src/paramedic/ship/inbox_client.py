@@ -6,30 +6,49 @@ so the storage site (`paramedic serve --inbox`) never reads a half-written file:
     open.json            codec and setup        setup.bin          the setup payload
     chunk-N.bin          a chunk's payload      chunk-N.json       its header with the SHA-256 (last)
     finish.json          chunk count, size and digest of the output (ranges codecs)
+    cancel.json          the compute job failed: drop the job
 
 The storage site answers with files too: `ack-N` (stored durably), `nack-N` (digest mismatch: the chunk
-is written again), `done.json` (the final file's digest) or `error.json`. Access control is the shared
-filesystem's; the chunks carry the same checksums as over TLS.
+is written again), `progress.json` (while the final file is being made), `done.json` (the final file's
+digest) or `error.json`. The compute site removes the job's directory once it has the answer; it bumps the
+directory's time every KEEPALIVE_SECONDS while the job is open (the site removes idle directories).
+
+With `--keys` (a compute site's keys from `paramedic keys`) every JSON file is signed (`site.signing`), and
+only replies signed by the storage site's certificate from the same CA count: a forged `done.json` or
+`ack-N` is ignored. Without keys, access control is the shared filesystem's alone (see `site.inbox`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import threading
 import time
-import uuid
+from pathlib import Path
 from typing import Any
 
 from paramedic.durable import write_durably
 from paramedic.ship.client import ShipStats, SiteAddress, SiteError
+from paramedic.ship.wire import MAX_HEADER_BYTES, ProtocolError, loads_json
 
 POLL_SECONDS = 0.05
+KEEPALIVE_SECONDS = 30.0
 
 
 class InboxShipper:
     def __init__(
-        self, address: SiteAddress, codec: str, setup: dict[str, Any], setup_payload: bytes, timeout: float
+        self,
+        address: SiteAddress,
+        codec: str,
+        setup: dict[str, Any],
+        setup_payload: bytes,
+        timeout: float,
+        keys: Path | None = None,
     ):
+        import uuid
+
         assert address.path is not None
         self.inbox = address.path
         self.job_id = uuid.uuid4().hex
@@ -41,7 +60,58 @@ class InboxShipper:
         self.stats = ShipStats()
         self.unacked: dict[int, tuple[dict[str, Any], bytes]] = {}
         self.next_index = 0
+        self.signer = None
+        if keys is not None:
+            from paramedic.site.signing import Signer
 
+            self.signer = Signer(keys)
+        self.unverified: str | None = None  # an error.json that is not the site's (signed mode)
+        self.stopping = threading.Event()
+        self.keepalive = threading.Thread(target=self._keepalive, daemon=True, name="inbox-keepalive")
+
+    # -- files ----------------------------------------------------------------------------------------
+    def _signed(self, kind: str, body: dict[str, Any]) -> bytes:
+        if self.signer is None:
+            return json.dumps(body).encode()
+        return self.signer.envelope({**body, "kind": kind, "job": self.job_id})
+
+    def _reply(self, name: str, kind: str) -> dict[str, Any] | None:
+        """A reply file's content when it is there and (with keys) signed by the storage site for this job
+        and this name; None otherwise. Unsigned replies are whatever JSON object they hold (empty: {})."""
+        path = self.directory / name
+        try:
+            if path.is_symlink() or not path.is_file():
+                return None
+            with open(path, "rb") as fh:
+                data = fh.read(MAX_HEADER_BYTES + 1)
+        except OSError:
+            return None
+        try:
+            if self.signer is None:
+                if not data.strip():
+                    return {}
+                body = loads_json(data, name)
+                if isinstance(body, dict) and isinstance(body.get("body"), str):  # a signed reply
+                    body = loads_json(body["body"], name)
+                if not isinstance(body, dict):
+                    raise ProtocolError(f"{name}: not a JSON object")
+                return body
+            from paramedic.site.signing import SERVER
+
+            body, _ = self.signer.open_envelope(data, SERVER, name)
+        except ProtocolError as exc:
+            if self.signer is None:
+                raise SiteError(f"inbox {self.inbox}: the storage site's {exc}") from None
+            if kind == "error":
+                self.unverified = str(exc)
+            return None
+        if body.get("kind") != kind or body.get("job") != self.job_id:
+            if kind == "error":
+                self.unverified = f"{name}: signed for another file or job"
+            return None
+        return body
+
+    # -- the job --------------------------------------------------------------------------------------
     def start(self) -> None:
         if not self.inbox.is_dir():
             raise SiteError(f"inbox {self.inbox}: not a directory")
@@ -49,10 +119,19 @@ class InboxShipper:
             self.directory.mkdir()
             write_durably(self.directory / "setup.bin", self.setup_payload)
             opening = {"job": self.job_id, "codec": self.codec, "setup": self.setup}
-            write_durably(self.directory / "open.json", json.dumps(opening).encode())
+            opening["setup_sha256"] = hashlib.sha256(self.setup_payload).hexdigest()
+            write_durably(self.directory / "open.json", self._signed("open", opening))
         except OSError as exc:
             raise SiteError(f"inbox {self.inbox}: cannot write: {exc.strerror}") from exc
         self.stats.setup_bytes = len(self.setup_payload)
+        self.keepalive.start()
+
+    def _keepalive(self) -> None:
+        while not self.stopping.wait(KEEPALIVE_SECONDS):
+            try:
+                os.utime(self.directory)
+            except OSError:
+                return
 
     def send(self, header: dict[str, Any], payload: bytes) -> None:
         index = self.next_index
@@ -69,25 +148,25 @@ class InboxShipper:
         if self.stats.first_send is None:
             self.stats.first_send = time.perf_counter()
         write_durably(self.directory / f"chunk-{index}.bin", payload)
-        write_durably(self.directory / f"chunk-{index}.json", json.dumps(full).encode())
+        write_durably(self.directory / f"chunk-{index}.json", self._signed("chunk", full))
         self.stats.wire_bytes += len(payload)
 
     def _collect_acks(self) -> None:
         self._check_error()
         for index in list(self.unacked):
-            if (self.directory / f"ack-{index}").exists():
+            if self._reply(f"ack-{index}", "ack") is not None:
                 del self.unacked[index]
                 self.stats.last_ack = time.perf_counter()
-            elif (self.directory / f"nack-{index}").exists():
+            elif self._reply(f"nack-{index}", "nack") is not None:
                 (self.directory / f"nack-{index}").unlink()
                 self.stats.resent += 1
                 self._write_chunk(index)
 
     def _check_error(self) -> None:
-        error = self.directory / "error.json"
-        if error.exists():
-            message = json.loads(error.read_text()).get("message", "failed")
-            raise SiteError(f"storage site: {message}")
+        error = self._reply("error.json", "error")
+        if error is not None:
+            self._remove()
+            raise SiteError(f"storage site: {str(error.get('message', 'failed'))[:500]}")
 
     def finish(self, final: dict[str, Any]) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout
@@ -95,25 +174,48 @@ class InboxShipper:
             self._collect_acks()
             self._wait(deadline, "acknowledgements")
         write_durably(
-            self.directory / "finish.json", json.dumps({"chunks": self.next_index, **final}).encode()
+            self.directory / "finish.json", self._signed("finish", {"chunks": self.next_index, **final})
         )
-        done = self.directory / "done.json"
-        while not done.exists():
+        deadline = time.monotonic() + self.timeout
+        progress = None
+        while (done := self._reply("done.json", "done")) is None:
             self._check_error()
+            seen = self._progress()
+            if seen is not None and (seen != progress or seen.get("running")):
+                progress = seen
+                deadline = time.monotonic() + self.timeout  # the site is making the file: wait on
             self._wait(deadline, "the final file")
-        return json.loads(done.read_text())
+        self._remove()
+        return done
+
+    def _progress(self) -> dict[str, Any] | None:
+        """progress.json is never signed: it can only make the compute site wait longer, never succeed."""
+        try:
+            body = loads_json((self.directory / "progress.json").read_bytes()[:4096], "progress.json")
+        except (OSError, ProtocolError):
+            return None
+        return body if isinstance(body, dict) else None
 
     def _wait(self, deadline: float, what: str) -> None:
         if time.monotonic() > deadline:
-            raise SiteError(f"inbox {self.inbox}: no {what} from the storage site in {self.timeout:.0f} s")
+            note = f" (ignored an error.json not from the site: {self.unverified})" if self.unverified else ""
+            raise SiteError(
+                f"inbox {self.inbox}: no {what} from the storage site in {self.timeout:.0f} s{note}"
+            )
         time.sleep(POLL_SECONDS)
+
+    def _remove(self) -> None:
+        """The answer is in: the job's directory (with the queries) goes."""
+        self.stopping.set()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def cancel(self) -> None:
         """The compute job failed: ask the site to drop the job (best effort)."""
         try:
-            write_durably(self.directory / "cancel.json", b"{}")
+            if self.directory.is_dir():
+                write_durably(self.directory / "cancel.json", self._signed("cancel", {}))
         except OSError:
             pass
 
     def close(self) -> None:
-        pass
+        self.stopping.set()

@@ -341,9 +341,10 @@ def serve(settings: ServeSettings) -> int:
     if settings.inbox is not None:
         from paramedic.site.inbox import InboxWatcher
 
-        inbox = InboxWatcher(settings.inbox, server.store, log)
+        inbox = InboxWatcher(settings.inbox, server.store, log, settings.keys, settings.open_idle_seconds)
         inbox.start()
-        log(f"watching inbox {settings.inbox}, replica {settings.replica}")
+        signed = "signed jobs only" if settings.keys is not None else "unsigned: trusts whoever can write it"
+        log(f"watching inbox {settings.inbox} ({signed}), replica {settings.replica}")
     try:
         if settings.keys is not None:
             host, port = server.bind()

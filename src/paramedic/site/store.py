@@ -306,17 +306,21 @@ class JobStore:
                 )
 
     def _reserve(self, job: SiteJob, more: int) -> None:
-        """Fail the job (JobFailed) if `more` bytes would pass a quota or eat into the free-space reserve."""
+        """Count `more` bytes against the job, or fail the job (JobFailed) if they would pass a quota or eat
+        into the free-space reserve. Counted at once, so concurrent decodes cannot both pass a bound."""
         quota = self.quota
         problem = None
-        if quota.job_bytes is not None and job.stored_bytes + more > quota.job_bytes:
-            problem = (
-                f"the job would hold more than the storage site's per-job quota ({quota.job_bytes} bytes)"
-            )
-        elif quota.peer_bytes is not None:
+        with job.lock:
+            if quota.job_bytes is not None and job.stored_bytes + more > quota.job_bytes:
+                problem = (
+                    f"the job would hold more than the storage site's per-job quota ({quota.job_bytes} bytes)"
+                )
+            else:
+                job.stored_bytes += more
+        if problem is None and quota.peer_bytes is not None:
             with self.lock:
                 held = sum(j.stored_bytes for j in self.jobs.values() if j.peer == job.peer and j.active)
-            if held + more > quota.peer_bytes:
+            if held > quota.peer_bytes:
                 problem = (
                     f"this compute site's jobs would hold more than its quota ({quota.peer_bytes} bytes)"
                 )
@@ -351,7 +355,6 @@ class JobStore:
             raise JobFailed(job.failure) from None
         with job.lock:
             job.acked.add(index)
-            job.stored_bytes += len(payload)
         if job.codec.ordered:
             self._unpack_in_order(job)
         else:
@@ -421,7 +424,6 @@ class JobStore:
             with job.lock:
                 job.decoded[index] = marker
                 job.decode_seconds += marker["seconds"]
-                job.stored_bytes += sum(p[1] for p in placed)
         except JobFailed:
             pass  # already failed (a quota), and logged
         except (ProtocolError, ParamedicError, OSError, ValueError) as exc:
