@@ -50,9 +50,10 @@ def make_plan(
     blast_batches: Sequence[range] = (),
     early_stop: bool = True,
 ) -> Plan:
-    """The plan; every piece (a BLAST+ run that writes part of the report) is cut only where BLAST+
-    itself starts a batch of the user's query file (`blast_batches`, paramedic.blast.prelim): a query's
-    answer can depend on the other queries of its batch."""
+    """The plan; every search batch and every piece (a BLAST+ run that writes part of the report) is cut
+    only where BLAST+ itself starts a batch of the user's query file (`blast_batches`,
+    paramedic.blast.prelim): a query's answer can depend on the other queries of its batch (tblastx
+    found a subject for a query searched with its batch that it missed for the query alone)."""
     plan = _make_plan(
         program,
         query_lengths,
@@ -66,8 +67,10 @@ def make_plan(
         direct,
         archive_render,
     )
-    pieces = aligned(plan.pieces, blast_batches) if blast_batches else plan.pieces
-    batches = pieces if plan.direct else plan.batches
+    if not blast_batches:
+        return Plan(plan.batches, plan.n_fragments, plan.pieces, plan.hitlist_size, plan.direct, early_stop)
+    pieces = aligned(plan.pieces, blast_batches)
+    batches = pieces if plan.direct else aligned(plan.batches, blast_batches)
     return Plan(batches, plan.n_fragments, pieces, plan.hitlist_size, plan.direct, early_stop)
 
 
