@@ -287,6 +287,7 @@ class SiteServer:
                 reply = {"op": "error", "message": "storage site internal error", "fatal": True}
                 log(f"{peer}: request {str(header.get('op'))[:40]!r} failed: internal error: {exc!r}")
             try:
+                tls.settimeout(self.limits.frames.frame)  # recv_frame left the frame's remaining time
                 send_frame(tls, reply)
             except OSError:
                 return

@@ -569,6 +569,8 @@ class JobStore:
                 relative = setup["out"]
                 out = safe_output_path(self.root, relative)
                 peer = str(record["peer"])
+                if ":" not in peer and peer != "inbox":  # recorded before owners had a transport prefix
+                    peer = f"tls:{peer}"
             except (ProtocolError, ParamedicError, OSError, ValueError, KeyError, TypeError) as exc:
                 self.log(f"job {directory.name}: cannot resume ({_describe(exc)}); left on disk")
                 continue
