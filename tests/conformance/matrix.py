@@ -193,9 +193,9 @@ class Judge:
 
     def _read(self, out: Path, cell: Cell) -> bytes:
         """The output, with multi-file formats (13, 14: -out names a prefix) read file by file."""
-        parts = sorted(out.parent.glob(out.name + "_*")) if cell.outfmt in ("13", "14") else [out]
+        parts = [out, *sorted(out.parent.glob(out.name + "_*"))] if cell.outfmt in ("13", "14") else [out]
         data = b"".join(p.name.encode() + b"\n" + p.read_bytes() for p in parts if p.exists())
-        for p in [out, *parts, out.with_name(out.name + ".run.json")]:
+        for p in [*parts, out.with_name(out.name + ".run.json")]:
             p.unlink(missing_ok=True)
         if cell.outfmt.split()[0] in TEXT:
             data = without_posted_date(data, cell.outfmt) if b"Posted date" in data else data

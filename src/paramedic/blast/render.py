@@ -45,6 +45,8 @@ def can_render(program: str, options: BlastOptions) -> bool:
     """
     if options.has("html") or options.has("parse_deflines"):
         return False
+    if options.has("qcov_hsp_perc"):  # BLAST+ ranks subjects by HSPs the filter removed from the archive
+        return False
     return options.outfmt_number() in ARCHIVE_FORMATS and not masks_queries(program, options)
 
 

@@ -63,6 +63,7 @@ def prepare_job(settings: SearchSettings) -> Job:
     for required in ("query", "db"):
         if not options.get(required):
             raise UsageError(f"-{required} is required")
+    check_outfmt(program.name, options)
     cwd = settings.cwd
     query_path = _resolve(cwd, options.get("query") or "")
     queries = [(r.header, r.sequence) for r in read_fasta(query_path, program.query_type)]
@@ -111,7 +112,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         "blast_batches": query_batches(lengths, residues)
         if (residues := batch_residues(program.name, options))
         else [],
-        "early_stop": composition_adjusted(options, program.name),
+        "search_filled_again": composition_adjusted(options, program.name) or options.has("qcov_hsp_perc"),
     }
     identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
     save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None
@@ -220,6 +221,24 @@ FRAGMENTS_REFUSE = {
     "culling_limit": "cannot honour -culling_limit: BLAST+ culls a query's hits across all subjects, "
     "so fragments culled apart keep hits the whole database drops; use --strategy queries",
 }
+
+
+# BLAST+ 2.12's report formats are 0-18; these are refused before anything runs.
+_OUTFMT_REFUSED = {
+    13: "writes one file per query, which paramedic does not assemble; use -outfmt 15 (single-file JSON)",
+    14: "writes one file per query, which paramedic does not assemble; use -outfmt 16 (single-file XML2)",
+}
+
+
+def check_outfmt(program: str, options: BlastOptions) -> None:
+    """Refuse, before MPI starts, a format BLAST+ does not have or paramedic cannot write whole."""
+    number = options.outfmt_number()
+    if not 0 <= number <= 18:
+        raise UsageError(f"-outfmt {number}: BLAST+ formats are 0 to 18")
+    if number == 17 and program != "blastn":
+        raise UsageError("-outfmt 17 (SAM) is for blastn only")
+    if number in _OUTFMT_REFUSED:
+        raise UsageError(f"-outfmt {number} {_OUTFMT_REFUSED[number]}")
 
 
 def _split_reason(program: str, options: BlastOptions, lengths: list[int], queries: list) -> str | None:

@@ -67,13 +67,15 @@ def merge_query(
     hits: Sequence[list[Hit]],
     prelims: Sequence[PrelimList | None],
     hitlist_size: int,
-    early_stop: bool = True,
+    search_filled_again: bool = True,
 ) -> MergedQuery:
     """Merge one query's per-fragment hits and preliminary lists (same fragment order in both).
 
-    `early_stop`: the traceback may skip subjects once hit lists are full (composition-based statistics,
-    paramedic.blast.prelim.composition_adjusted). Without it every listed subject is aligned on its own,
-    so the fragments' hits on the whole list are the whole database's, filled or not.
+    `search_filled_again`: a filled hit list is searched again against the whole list, because which
+    subjects BLAST+ keeps then depends on what the hits do not show: the traceback may skip subjects once
+    hit lists are full (composition-based statistics), or rank subjects by HSPs a filter then removed
+    (-qcov_hsp_perc). Otherwise every listed subject is aligned and ranked on its own, so the fragments'
+    hits on the whole list are the whole database's, filled or not.
 
     Without lists (UNREAD: programs not in paramedic.blast.prelim.READ) the fragments' hits are merged
     alone, which is exact only while no query has more candidates than BLAST+ keeps (not checked)."""
@@ -90,7 +92,8 @@ def merge_query(
     allowed = {c.gid for c in whole.candidates}
     kept = [h for fragment_hits in hits for h in fragment_hits if h.gid in allowed]
     merged = merge_hits([kept], hitlist_size)
-    filled = early_stop and (any(len(f) >= hitlist_size for f in hits) or len(kept) >= hitlist_size)
+    filled = any(len(f) >= hitlist_size for f in hits) or len(kept) >= hitlist_size
+    filled = filled and search_filled_again
     saturated = sum(len(p.candidates) for p in prelims if p) > whole.limit
     subjects = [c.gid for c in whole.candidates] if filled or saturated else [h.gid for h in merged]
     return MergedQuery(merged, subjects, exact=not filled)

@@ -48,7 +48,7 @@ def make_plan(
     direct: bool = False,
     archive_render: bool = False,
     blast_batches: Sequence[range] = (),
-    early_stop: bool = True,
+    search_filled_again: bool = True,
 ) -> Plan:
     """The plan; every search batch and every piece (a BLAST+ run that writes part of the report) is cut
     only where BLAST+ itself starts a batch of the user's query file (`blast_batches`,
@@ -68,10 +68,12 @@ def make_plan(
         archive_render,
     )
     if not blast_batches:
-        return Plan(plan.batches, plan.n_fragments, plan.pieces, plan.hitlist_size, plan.direct, early_stop)
+        return Plan(
+            plan.batches, plan.n_fragments, plan.pieces, plan.hitlist_size, plan.direct, search_filled_again
+        )
     pieces = aligned(plan.pieces, blast_batches)
     batches = pieces if plan.direct else aligned(plan.batches, blast_batches)
-    return Plan(batches, plan.n_fragments, pieces, plan.hitlist_size, plan.direct, early_stop)
+    return Plan(batches, plan.n_fragments, pieces, plan.hitlist_size, plan.direct, search_filled_again)
 
 
 def aligned(pieces: Sequence[range], blast_batches: Sequence[range]) -> tuple[range, ...]:

@@ -55,7 +55,7 @@ class Plan:
     pieces: tuple[range, ...]  # query index ranges of the regeneration pieces, consecutive
     hitlist_size: int
     direct: bool = False  # query segmentation: each piece searched against the whole database, no merge
-    early_stop: bool = True  # the traceback may skip subjects once hit lists fill (paramedic.engine.merge)
+    search_filled_again: bool = True  # a filled hit list is searched again (paramedic.engine.merge)
 
     def __post_init__(self) -> None:
         _check_cover(self.batches, "batches")
@@ -167,7 +167,7 @@ class Scheduler:
         if self._waiting[task.batch] == 0:
             hits, prelims = self._hits.pop(task.batch), self._prelim.pop(task.batch)
             for q, fragments, lists in zip(batch, hits, prelims, strict=True):
-                merged = merge_query(fragments, lists, self.plan.hitlist_size, self.plan.early_stop)
+                merged = merge_query(fragments, lists, self.plan.hitlist_size, self.plan.search_filled_again)
                 self._merged[q] = merged.subjects
                 if not merged.exact:
                     self._inexact.add(q)
