@@ -21,7 +21,7 @@ from tests.conftest import DATA
 
 
 def build_sets(workdir: Path, full: bool) -> dict[str, datasets.DataSet]:
-    counts = FRAGMENT_COUNTS if full else (4, 16)
+    counts = (*FRAGMENT_COUNTS, 12) if full else (4, 16)
     n = 6 if full else 5
     return {
         "proteins": datasets.proteins(DATA, workdir / "proteins", counts, n),

@@ -8,7 +8,9 @@ A cell is (data set, program, BLAST+ options, outfmt, fragment count, strategy).
 - n/a: BLAST+ itself rejects the combination (no reference to compare with).
 
 The matrix varies one axis at a time around the defaults: every program at 1, 4, 16 and 64 fragments;
-each option family at 4 fragments; each outfmt at 4 fragments; the saturating set at every count.
+each option family at 4 fragments; each outfmt at 4 fragments; the saturating set at every count; and
+the options and formats of held-out runs (-seg/-dust yes, -qcov_hsp_perc, -max_target_seqs 5 x outfmt 0,
+5, 7) crossed at 12 fragments.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ PROGRAMS = {
     "tblastx": ("genomes", "nucl"),
 }
 FRAGMENT_COUNTS = (1, 4, 16, 64)
+# The options and report formats held-out runs use, crossed at 12 fragments.
+CROSSED_OPTIONS = [("-seg", "yes"), ("-qcov_hsp_perc", "50"), ("-max_target_seqs", "5")]
+CROSSED_OUTFMTS = ["0", "5", "7"]
 CAPS = [("-max_target_seqs", n) for n in ("1", "5", "500", "5000")]
 COMMON = [
     (),
@@ -93,6 +98,11 @@ def cells(full: bool) -> Iterator[Cell]:
             for strategy in ("fragments", "auto"):
                 yield Cell(dataset, program, options, "6", 4, strategy)
         yield Cell(dataset, program, ("-html",), "0", 4, "fragments")
+        for options in CROSSED_OPTIONS:
+            if options[0] == "-seg" and program == "blastn":
+                options = ("-dust", "yes")
+            for outfmt in CROSSED_OUTFMTS:
+                yield Cell(dataset, program, options, outfmt, 12, "fragments")
         for outfmt in OUTFMTS:
             if outfmt != "6":
                 yield Cell(dataset, program, (), outfmt, 4, "fragments")
