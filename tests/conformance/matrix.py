@@ -45,6 +45,7 @@ COMMON = [
     ("-evalue", "1e-5"),
     *CAPS,
     ("-culling_limit", "2"),
+    ("-best_hit_overhang", "0.1"),
     ("-qcov_hsp_perc", "50"),
     ("-max_hsps", "1"),
 ]

@@ -220,6 +220,10 @@ def choose_strategy(settings: SearchSettings, db: Database, inexact: str | None 
 FRAGMENTS_REFUSE = {
     "culling_limit": "cannot honour -culling_limit: BLAST+ culls a query's hits across all subjects, "
     "so fragments culled apart keep hits the whole database drops; use --strategy queries",
+    "best_hit_overhang": "cannot honour -best_hit_overhang: BLAST+ keeps a query's best hits across all "
+    "subjects, so fragments filtered apart keep hits the whole database drops; use --strategy queries",
+    "best_hit_score_edge": "cannot honour -best_hit_score_edge: BLAST+ keeps a query's best hits across all "
+    "subjects, so fragments filtered apart keep hits the whole database drops; use --strategy queries",
 }
 
 
