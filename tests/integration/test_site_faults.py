@@ -636,3 +636,22 @@ def test_a_nearly_full_disk_refuses_new_jobs_with_a_reason(make_site) -> None:
     site = make_site(quota=Quota(reserve_bytes=2**62))
     with pytest.raises(SiteError, match=r"storage site nearly full \(\d+ bytes free, \d+ kept in reserve\)"):
         ship_bytes(site, "n/x.bin", b"x")
+
+
+def test_a_killed_search_started_again_supersedes_its_silent_job(make_site) -> None:
+    """The same compute site, the same output, its earlier job silent for minutes: a search killed (no
+    cancel) and run again must not wait for the old job to expire. Another site's job is never taken."""
+    from paramedic.site.store import STALE_SECONDS
+
+    site = make_site()
+    old = _open_raw(site, "again/x.bin")
+    with pytest.raises(SiteError, match=r"another job is writing it now"):
+        ship_bytes(site, "again/x.bin", b"b", client="compute-b")
+    with pytest.raises(SiteError, match=r"another job is writing it now"):
+        ship_bytes(site, "again/x.bin", b"new")  # the old one may still be alive
+    site.server.store.jobs[old].touched -= STALE_SECONDS + 1
+    with pytest.raises(SiteError, match=r"another job is writing it now"):
+        ship_bytes(site, "again/x.bin", b"b", client="compute-b")
+    assert ship_bytes(site, "again/x.bin", b"new")["bytes"] == 3
+    assert site.server.store.jobs[old].failure.startswith("superseded")
+    assert sorted(p.name for p in (site.root / "again").iterdir()) == ["x.bin"]

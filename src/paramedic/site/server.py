@@ -143,10 +143,13 @@ class SiteServer:
                 sock, address = self.listener.accept()
             except TimeoutError:
                 continue
-            except OSError:
+            except OSError as exc:
                 if self.stopping.is_set():
                     break
-                raise
+                # e.g. out of file descriptors (EMFILE) under a flood: keep serving those already in
+                self._refused("-", f"cannot accept: {exc.strerror or exc}")
+                time.sleep(0.05)
+                continue
             host = str(address[0])
             with self.count_lock:
                 busy = (

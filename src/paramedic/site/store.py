@@ -15,7 +15,8 @@ for ever: an open job with no request for `open_idle_seconds` (default one hour,
 --expire-after; a live compute site sends a keep-alive every KEEPALIVE_SECONDS) fails as expired, its
 partial data removed, and the record of a done or failed job is deleted after `expire_seconds`
 (--expire-after: a client that lost its last reply can still ask until then). A compute site that fails
-cancels its job. One compute site holds at most MAX_ACTIVE_JOBS_PER_PEER open jobs, and `Quota` bounds the
+cancels its job; a new job of the same compute site for the same output supersedes a job of its silent for
+STALE_SECONDS (a search killed and started again). One compute site holds at most MAX_ACTIVE_JOBS_PER_PEER open jobs, and `Quota` bounds the
 bytes a job and a compute site may hold and keeps a reserve of free space: a job that would pass a bound,
 or meets a full disk, fails and its data is removed, so the next jobs still find room.
 
@@ -63,6 +64,7 @@ MAX_QUEUED_DECODES = 256
 DEFAULT_EXPIRE_SECONDS = 7 * 24 * 3600.0
 DEFAULT_OPEN_IDLE_SECONDS = 3600.0
 KEEPALIVE_SECONDS = 30.0  # how often a live compute site touches its job (ship.client)
+STALE_SECONDS = 4 * KEEPALIVE_SECONDS  # a job this silent is no longer fed by a live compute site
 HOUSEKEEPING_SECONDS = 60.0
 STATE_DIR_NAME = ".paramedic-state"
 
@@ -213,8 +215,15 @@ class JobStore:
             relative = field_str(setup, "out", 1024)
             out = safe_output_path(self.root, relative)
             with self.targets_lock:
-                if relative in self.targets:
-                    raise ProtocolError(f"output path {relative!r}: another job is writing it now")
+                holder = self.jobs.get(self.targets.get(relative, ""))
+            if holder is not None and holder.active:
+                if holder.peer != peer or time.time() - holder.touched < STALE_SECONDS:
+                    raise ProtocolError(
+                        f"output path {relative!r}: another job is writing it now (retry once it ends or expires)"
+                    )
+                # the same compute site, and that job silent for minutes (a live one sends keep-alives): a
+                # search killed and started again
+                self._fail(holder, "superseded: a new job of the same compute site writes the same output")
             location = output_location(self.root_fd, relative, job_id)
             try:
                 location.check_target_free()
