@@ -5,6 +5,7 @@ Both kinds of run live here so that nothing outside `paramedic.blast` knows how 
 
 from __future__ import annotations
 
+import re
 import secrets
 import shutil
 import time
@@ -147,6 +148,8 @@ def regenerate(
     start = time.perf_counter()
     run_tool(argv, cwd=run_dir)
     data = as_user_db(out_file.read_bytes(), db, db_name)
+    if options.outfmt_number() == 17:
+        data = sam_command_line(data, program, options)
     stats = RunStats(time.perf_counter() - start, len(data))
     shutil.rmtree(run_dir)
     return data, stats
@@ -181,6 +184,13 @@ def place_database(run_dir: Path, db: Database, db_name: str, subjects: set[int]
         length=db.length,
         oidlist=str(mask) if mask else None,
     )
+
+
+def sam_command_line(report: bytes, program: str, options: BlastOptions) -> bytes:
+    """SAM's @PG line holds BLAST+'s own command line (`CL:`): show the user's, as one BLAST+ run prints it
+    (arguments joined by spaces, a trailing space), not the regeneration run's."""
+    line = f"{program} {' '.join(options.argv())} ".encode()
+    return re.sub(rb"^(@PG\t.*?\tCL:)[^\t\n]*", lambda m: m.group(1) + line, report, count=1, flags=re.M)
 
 
 def as_user_db(report: bytes, db: Database, db_name: str) -> bytes:
