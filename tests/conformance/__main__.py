@@ -65,6 +65,7 @@ def main() -> int:
     parser.add_argument("--slice", action="store_true", help="only the cells `make test` runs")
     parser.add_argument("--workdir", type=Path, help="where data sets are built (default: a temporary one)")
     parser.add_argument("--out", type=Path, help="write the table here (e.g. docs/CONFORMANCE.md)")
+    parser.add_argument("--only", action="append", help="only cells of this program (repeatable)")
     args = parser.parse_args()
     full = not args.slice
     with tempfile.TemporaryDirectory(prefix="paramedic-conformance-") as tmp:
@@ -76,7 +77,7 @@ def main() -> int:
         runs.mkdir(exist_ok=True)
         judge = Judge(sets, runs)
         verdicts = []
-        todo = list(cells(full))
+        todo = [c for c in cells(full) if not args.only or c.program in args.only]
         for i, cell in enumerate(todo, 1):
             verdict = judge.judge(cell)
             verdicts.append(verdict)
