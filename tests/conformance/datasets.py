@@ -64,9 +64,16 @@ def _write(path: Path, records: list[tuple[str, str]]) -> Path:
 
 
 def _format(root: Path, fasta: Path, db: str, dbtype: str, fragment_counts: tuple[int, ...]) -> None:
-    (root / "ref").mkdir(parents=True, exist_ok=True)
-    blast("makeblastdb", "-in", str(fasta), "-dbtype", dbtype, "-parse_seqids", "-out", db, cwd=root / "ref")
+    """The reference database and the fragmented ones; those already in a reused work directory are kept
+    (`paramedic format` writes its manifest last, so a database with one is complete)."""
+    if not list((root / "ref").glob(f"{db}.?db")):
+        (root / "ref").mkdir(parents=True, exist_ok=True)
+        blast(
+            "makeblastdb", "-in", str(fasta), "-dbtype", dbtype, "-parse_seqids", "-out", db, cwd=root / "ref"
+        )
     for n in fragment_counts:
+        if (root / f"p{n}" / db / "manifest.json").exists():
+            continue
         paramedic(
             "format", "--in", str(fasta), "--dbtype", dbtype, "--fragments", str(n),
             "--out", str(root / f"p{n}" / db), "--quiet",
