@@ -175,3 +175,23 @@ def test_query_segmentation_keeps_unstitchable_formats_in_one_piece():
     plan = make_plan(program="blastp", query_lengths=[300] * 50, fragment_residues=[9_000_000], workers=2,
                      hitlist_size=500, startup_seconds=0.04, stitchable=False, direct=True)  # fmt: skip
     assert plan.pieces == (range(0, 50),)
+
+
+def test_batches_and_pieces_start_where_blast_starts_a_batch():
+    from paramedic.blast.prelim import query_batches
+    from paramedic.engine.plan import make_plan
+
+    lengths = [((i * 7919) % 900) + 50 for i in range(400)]
+    blast_batches = query_batches(lengths, 10000)
+    starts = {b.start for b in blast_batches}
+    common = dict(program="blastp", query_lengths=lengths, fragment_residues=[2_000_000] * 4, workers=2,
+                  hitlist_size=500, startup_seconds=0.04, stitchable=True)  # fmt: skip
+    for extra in ({}, {"archive_render": True}, {"direct": True}, {"batch": 7, "regen_group": 3}):
+        plan = make_plan(**common, **extra, blast_batches=blast_batches)
+        assert {b.start for b in plan.batches} <= starts, extra
+        assert {p.start for p in plan.pieces} <= starts, extra
+        batch_starts = {b.start for b in plan.batches}
+        for piece in plan.pieces:  # a piece never spans two search batches
+            assert not any(piece.start < s < piece.stop for s in batch_starts), extra
+        unaligned = make_plan(**common, **extra)
+        assert len(plan.batches) <= len(unaligned.batches) and len(plan.pieces) <= len(unaligned.pieces)
