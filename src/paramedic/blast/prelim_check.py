@@ -1,0 +1,74 @@
+"""Checks, once per BLAST+ installation, that the preliminary-list shim reads this BLAST+ right.
+
+The shim (native/prelim.c) reads BLAST+ 2.12's structures by their layout. Every fragment search is
+checked as it runs (paramedic.blast.prelim.read_dump), but a BLAST+ with other internals should be
+found before the job starts, not by its first search: a three-protein search whose preliminary list is
+known is run with the shim, and the result is cached per BLAST+ executable (path, size, modification
+time) and shim build.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from paramedic.blast.options import BlastOptions
+from paramedic.blast.prelim import DUMP_NAME, environment, expected_limit, read_dump
+from paramedic.blast.tools import require_tool
+from paramedic.cache import file_key, read_cached, write_cached
+from paramedic.errors import BlastError
+
+# Three unrelated made-up proteins; the queries are the first two, so each query's list holds its own
+# subject first (best e-value), the third protein nowhere.
+_PROTEINS = (
+    "MSTNPKPQRKTKRNTNRRPQDVKFPGGGQIVGGVYLLPRRGPRLGVRATRKTSERSQPRGRRQPIPKARRPEGRTWAQPGYPWPLYGNEG",
+    "MKVLAAGIVGLLLAQGCSSDEKKEEVKTEAPKAEETTPAAEETAPAAEEKPAEEKPAEEQKPAEETKSEEKPAAAEKPAEEKPAAEEPKA",
+    "MWHRTLLLSGFAVLAYAQNLTETCDRYLGEHNHCLIGPCHDWSTFSPQANGTRDYHFWVNLTKIGEFYQAYNETVLRAKCLPAGTWQSS",
+)
+
+
+@functools.cache
+def check_shim() -> None:
+    """Raise BlastError unless the shim reads this BLAST+'s preliminary list as 2.12's."""
+    blastp = require_tool("blastp")
+    env = environment()
+    key = hashlib.sha256(f"{file_key(blastp)}:{env['LD_PRELOAD']}".encode()).hexdigest()[:16]
+    if read_cached("prelim-check", key) == b"ok\n":
+        return
+    with tempfile.TemporaryDirectory(prefix="paramedic-prelim-check-") as tmp:
+        work = Path(tmp)
+        (work / "db.fasta").write_text("".join(f">s{i}\n{p}\n" for i, p in enumerate(_PROTEINS)))
+        (work / "q.fasta").write_text("".join(f">q{i}\n{p}\n" for i, p in enumerate(_PROTEINS[:2])))
+        try:
+            subprocess.run(
+                [require_tool("makeblastdb"), "-in", "db.fasta", "-dbtype", "prot", "-out", "db"],
+                cwd=work, check=True, capture_output=True, timeout=60,
+            )  # fmt: skip
+            subprocess.run(
+                [blastp, "-query", "q.fasta", "-db", "db", "-outfmt", "6", "-out", os.devnull],
+                cwd=work, check=True, capture_output=True, timeout=60, env={**os.environ, **env},
+            )  # fmt: skip
+            dump = (work / DUMP_NAME).read_bytes()
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise _refused(f"the check search failed: {exc}") from None
+    lengths = [len(p) for p in _PROTEINS[:2]]
+    lists = read_dump(dump, lengths, 10000, range(len(_PROTEINS)))
+    limit = expected_limit(BlastOptions({}), "blastp")
+    for query, found in enumerate(lists):
+        if found is None or found.limit != limit or not found.candidates:
+            raise _refused(f"query {query + 1} of the check has no list of size {limit}")
+        best = min(found.candidates, key=lambda c: c.key())
+        if best.gid != query or any(c.gid == 2 for c in found.candidates):
+            raise _refused(f"query {query + 1} of the check has another list than BLAST+ 2.12 keeps")
+    write_cached("prelim-check", key, b"ok\n")
+
+
+def _refused(why: str) -> BlastError:
+    return BlastError(
+        f"BLAST+'s preliminary hit list cannot be read from this BLAST+ ({why}); the fragments strategy "
+        "is built for BLAST+ 2.12: use --strategy queries"
+    )

@@ -1,0 +1,41 @@
+"""The start-up check that the preliminary-list shim reads this BLAST+ (paramedic.blast.prelim_check):
+it passes on the installed BLAST+ 2.12, is cached, and refuses with one clear error when the shim's
+records are not what BLAST+ 2.12 gives (here: a shim that writes nothing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paramedic.blast import prelim, prelim_check
+from paramedic.errors import BlastError
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    prelim.shim.cache_clear()
+    prelim_check.check_shim.cache_clear()
+    yield
+    prelim.shim.cache_clear()
+    prelim_check.check_shim.cache_clear()
+
+
+def test_the_installed_blast_passes_and_is_cached(data_dir: Path, tmp_path: Path) -> None:
+    prelim_check.check_shim()
+    assert [p.read_bytes() for p in (tmp_path / "cache" / "paramedic" / "prelim-check").iterdir()] == [
+        b"ok\n"
+    ]
+
+
+def test_a_shim_that_does_not_read_blast_is_refused(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = prelim.environment()
+    monkeypatch.setattr(prelim_check, "environment", lambda: {**real, "PARAMEDIC_PRELIM": "0"})
+    with pytest.raises(BlastError, match="use --strategy queries"):
+        prelim_check.check_shim()
+    assert not (tmp_path / "cache" / "paramedic" / "prelim-check").exists()
