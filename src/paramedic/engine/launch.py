@@ -38,6 +38,8 @@ ERROR_FILE_VARIABLE = "PARAMEDIC_ERROR_FILE"
 PROGRESS_FILE_VARIABLE = "PARAMEDIC_PROGRESS_FILE"
 # Names this job's hidden partial output (output.writer.LocalFile), so the launcher can remove it.
 JOB_ID_VARIABLE = "PARAMEDIC_JOB_ID"
+# Where each rank notes its process id, so the launcher can wait for (or end) stragglers.
+RANKS_DIR_VARIABLE = "PARAMEDIC_RANKS_DIR"
 # Seconds mpiexec gets to stop its ranks after an interrupt before it is killed.
 STOP_SECONDS = 10.0
 # MPICH prints these besides the ranks' own output: `Abort(5) on node 0 (rank 0 in comm 0): ...` on
@@ -77,6 +79,7 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
     job_id = uuid.uuid4().hex[:12]
     try:
         (job_dir / "tmp").mkdir()
+        (job_dir / "ranks").mkdir()
         env = dict(
             os.environ,
             **{
@@ -84,6 +87,7 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
                 ERROR_FILE_VARIABLE: str(job_dir / "error.txt"),
                 PROGRESS_FILE_VARIABLE: str(job_dir / "progress"),
                 JOB_ID_VARIABLE: job_id,
+                RANKS_DIR_VARIABLE: str(job_dir / "ranks"),
                 "TMPDIR": str(job_dir / "tmp"),  # every rank's, BLAST+'s and hydra's temporary files
             },
         )
@@ -131,6 +135,7 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
                     os.killpg(proc.pid, signal.SIGKILL)  # mpiexec did not stop its ranks in time
         for t in relays:
             t.join(timeout=5)
+        _end_stragglers(job_dir / "ranks")
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -154,6 +159,35 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
         flush=True,
     )
     return JobError.exit_code
+
+
+def _end_stragglers(ranks_dir: Path) -> None:
+    """Ranks (each a session of its own under hydra, with its BLAST+ processes) may outlive mpiexec by
+    a moment after a kill: wait for them, then end their process groups, before anything is removed."""
+    pids = [int(p.name) for p in ranks_dir.iterdir() if p.name.isdigit()]
+    deadline = time.monotonic() + STOP_SECONDS / 2
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        time.sleep(0.05)
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
 
 
 def _relay_stdout(stream: IO[bytes], exit_string: list[bytes]) -> None:
@@ -274,6 +308,12 @@ def run_under_mpi(settings: SearchSettings, argv: list[str], np_ignored: bool = 
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+    ranks_dir = os.environ.get(RANKS_DIR_VARIABLE)
+    if ranks_dir:
+        try:
+            Path(ranks_dir, str(os.getpid())).touch()
+        except OSError:
+            pass
     try:
         return _run_rank(settings, argv, comm, np_ignored)
     except _Refused as refused:  # every rank knows already: no abort, the usual one-line error
