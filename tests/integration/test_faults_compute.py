@@ -119,3 +119,48 @@ def test_interrupted_launcher_exits_130_and_leaves_nothing(site: Path, tmp_path:
     assert not out.exists()
     assert left_behind(tmp_path, tmp_path / "tmp") == []
     assert not [pid for pid in ranks if alive(pid)]  # no rank outlives the launcher
+
+
+def test_truncated_volume_is_a_database_error(site: Path, tmp_path: Path) -> None:
+    """Item 13: a truncated .pin gave exit 5 "blastp failed (exit 139)" after MPI had started."""
+    subprocess.run(["cp", "-r", str(site / "dbs" / "db"), str(tmp_path / "db")], check=True)
+    (tmp_path / "db.pal").write_text((site / "dbs" / "db.pal").read_text())
+    search = ["search", "blastp", "-query", str(site / "q.fasta"), "-db", "db", "-out", "o.txt", "--np", "2"]
+    paramedic(*search, cwd=tmp_path)  # verified once (digests), then cached
+    (tmp_path / "o.txt").unlink()
+    pin = tmp_path / "db" / "f001.pin"
+    pin.write_bytes(pin.read_bytes()[:100])
+    proc = paramedic(*search, cwd=tmp_path, check=False, env={"TMPDIR": str(tmp_path)})
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"paramedic: error: {tmp_path / 'db'}: corrupt database: volume f001 does not match the manifest's "
+        "checksum (changed or damaged since `paramedic format`; format it again)"
+    ]
+    assert not (tmp_path / "o.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "option,message",
+    [
+        (["-evalue", "abc"], "-evalue abc: Argument cannot be converted"),
+        (["-word_size", "1"], "-word_size 1: Illegal value, expected >=2"),
+        (["-sorthits", "7"], "-sorthits 7: Illegal value"),
+        (["-matrix", "FOO"], "FOO is not a supported matrix"),
+    ],
+)
+def test_bad_option_value_is_refused_before_mpi(
+    site: Path, tmp_path: Path, option: list[str], message: str
+) -> None:
+    """Item 14: option values were checked only on the workers (exit 5 with MPICH's Abort line)."""
+    tmp = tmp_path / "tmp"
+    proc = subprocess.run(
+        [str(BIN / "paramedic"), "search", "blastp", "-query", str(site / "q.fasta"), "-db",
+         str(site / "dbs/db"), "-out", "o.txt", "--np", "2", *option],
+        cwd=tmp_path, env=env_with_tmp(tmp), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("paramedic: error: blastp refuses the options: ")
+    assert message in lines[0]
+    assert proc.stdout == ""
+    assert left_behind(tmp_path, tmp) == []

@@ -71,6 +71,7 @@ def find_mpiexec() -> str | None:
 def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]) -> int:
     if under_mpi():
         return run_under_mpi(settings, argv, np_ignored=workers is not None)
+    check_before_launch(settings)
     mpiexec = find_mpiexec()
     if mpiexec is None:
         raise JobError("mpiexec not found: run `make setup` (installs MPICH in .venv) or install an MPI")
@@ -96,6 +97,27 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
     finally:
         _remove_partial(settings, job_id)
         shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def check_before_launch(settings: SearchSettings) -> None:
+    """Before MPI starts: the options, the -outfmt, the database and the option values (BLAST+ checks
+    them); what cannot be checked here yet is left to rank 0, which checks everything again."""
+    from paramedic.blast.options import CHECKED_VARIABLE, BlastOptions, check_values
+    from paramedic.blast.programs import PROGRAMS
+    from paramedic.engine.job import check_outfmt, resolve_database
+
+    program = PROGRAMS.get(settings.program)
+    if program is None:
+        return
+    options = BlastOptions.parse(program.name, settings.blast_args)
+    check_outfmt(program.name, options)
+    if not options.get("db"):
+        return
+    db, _ = resolve_database(options.get("db") or "", settings.cwd)
+    if db.dbtype != program.db_type:
+        return
+    check_values(program.name, options, str(db.directory))
+    os.environ[CHECKED_VARIABLE] = "1"
 
 
 def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar: bool) -> int:
