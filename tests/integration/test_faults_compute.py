@@ -164,3 +164,25 @@ def test_bad_option_value_is_refused_before_mpi(
     assert message in lines[0]
     assert proc.stdout == ""
     assert left_behind(tmp_path, tmp) == []
+
+
+def test_help_and_version_and_np_and_plurals(site: Path, tmp_path: Path) -> None:
+    """Item 15: `search --help` exited 2, the top-level help was a developer docstring, `search X
+    -version` ran program X, --np was silently ignored under mpiexec, the summary said "1 workers"."""
+    text = " ".join(paramedic("search", "--help").stdout.split())
+    assert "--np" in text and "ignored under mpiexec" in text
+    assert "half a search batch" in text  # --regen-batch's real default
+    top = paramedic("--help").stdout
+    assert top.startswith("paramedic: parallel NCBI BLAST+") and "typed settings" not in top
+    proc = paramedic("search", "touch", "-version", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "unknown program 'touch'" in proc.stderr
+    assert not (tmp_path / "-version").exists()
+    proc = subprocess.run(
+        [str(BIN / "mpiexec"), "-n", "2", str(BIN / "paramedic"), "search", "blastp", "-query",
+         str(site / "q.fasta"), "-db", str(site / "dbs/db"), "-out", "o.txt", "--np", "4",
+         "--strategy", "queries"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "paramedic: --np ignored under mpiexec: using the 2 ranks given" in proc.stderr
+    assert " on 1 worker in " in proc.stderr and "1 whole-database search of 3 queries" in proc.stderr

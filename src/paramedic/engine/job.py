@@ -76,10 +76,11 @@ def prepare_job(settings: SearchSettings) -> Job:
     check_values(program.name, options, str(db.directory))  # BLAST+ checks the values (skipped if done)
     out = options.get("out")
     if settings.ship is not None:
-        # -out names the file under the storage site's root; the run record stays here.
+        # -out names the file under the storage site's root; the run record stays here, at the same
+        # relative path (one record per output path, as for a local -out)
         check_shippable(options)
         out_path = None
-        record = settings.record or cwd / (Path(settings.ship.out).name + ".run.json")
+        record = settings.record or cwd / (settings.ship.out + ".run.json")
     else:
         out_path = _resolve(cwd, out) if out and out != "-" else None
         if out_path is not None:
