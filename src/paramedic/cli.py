@@ -1,16 +1,4 @@
-"""Command line: parsing only. Builds typed settings and calls the library.
-
-    paramedic format --in db.fasta[.gz] --dbtype prot --fragments 8 --out dbs/uniprot
-    paramedic search blastp -query q.fasta -db dbs/uniprot -out hits.txt [BLAST+ options] [--np N] ...
-    paramedic keys --out keys/ --server storage.example.org --client compute-a
-    paramedic serve --replica dbs/uniprot --root /data/results --listen 0.0.0.0:7700 --keys keys/server
-    paramedic search blastp ... -out run42/hits.txt --site tls://storage.example.org:7700 \
-        --keys keys/compute-a --ship metadata
-
-BLAST+ options keep their single-dash spelling; the engine's own options use double dashes.
-Exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output, 7 job
-failure on some rank, 8 storage site (refused, failed or unreachable), 130 interrupted.
-"""
+"""Command line: parsing only. Builds typed settings and calls the library (USAGE is the user's help)."""
 
 from __future__ import annotations
 
@@ -24,6 +12,25 @@ from paramedic.errors import ParamedicError, UsageError
 
 # Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
 MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
+USAGE = """\
+paramedic: parallel NCBI BLAST+ on MPI, with ParaMEDIC's metadata shipping to a storage site.
+
+usage: paramedic COMMAND [options]     (paramedic COMMAND --help for a command's options)
+
+commands:
+  format   split a FASTA database into BLAST+ fragments with a manifest
+             paramedic format --in db.fasta --dbtype prot --fragments 8 --out dbs/uniprot
+  search   search with BLAST+ in parallel (BLAST+ options keep their single dash)
+             paramedic search blastp -query q.fasta -db dbs/uniprot -out hits.txt -evalue 1e-5
+             mpiexec -n 64 paramedic search blastp -query q.fasta -db dbs/uniprot -out hits.tsv -outfmt 6
+  keys     make a private CA and TLS certificates for a storage site and its compute sites
+             paramedic keys --out keys --server storage.example.org --client compute-a
+  serve    storage site: receive output or metadata and write the output under --root
+             paramedic serve --replica dbs/uniprot --root /data/results --keys keys/server
+
+exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output,
+7 the parallel job failed on some rank (or a rank was killed), 8 storage site, 130 interrupted."""
+
 ENGINE_OPTIONS_WITH_VALUE = {
     "--np",
     "--batch",
@@ -62,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
+        print(USAGE, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     if argv[0] == "--version":
         print(f"paramedic {__version__}")
@@ -100,6 +107,7 @@ def _keys(argv: list[str]) -> int:
 
 def _serve(argv: list[str]) -> int:
     from paramedic.site.server import ServeSettings, serve
+    from paramedic.site.store import Quota
 
     parser = _parser("serve", "Storage site: receive output or metadata over TLS and write the output.")
     parser.add_argument(
@@ -108,7 +116,10 @@ def _serve(argv: list[str]) -> int:
     parser.add_argument("--root", required=True, type=Path, help="directory that receives the output files")
     parser.add_argument("--listen", default="0.0.0.0:7700", help="HOST:PORT (default 0.0.0.0:7700)")
     parser.add_argument(
-        "--keys", type=Path, help="the server's keys (from paramedic keys) for the TLS listener"
+        "--keys",
+        type=Path,
+        help="the server's keys (from paramedic keys): the TLS listener's certificate and CA; with --inbox "
+        "the inbox then also requires jobs signed by a compute site's certificate from that CA",
     )
     parser.add_argument("--io-workers", type=int, default=2, help="regeneration workers (default 2)")
     parser.add_argument("--inbox", type=Path, help="also take jobs from this shared directory")
@@ -118,14 +129,44 @@ def _serve(argv: list[str]) -> int:
         type=float,
         default=168.0,
         metavar="HOURS",
-        help="a job idle this long moves on: an open one fails as expired, a done or failed one's record "
-        "is deleted (default 168 = 7 days)",
+        help="how long the record of a done or failed job is kept, so a compute site that lost the last "
+        "reply can still ask for it (default 168 = 7 days)",
+    )
+    parser.add_argument(
+        "--open-idle",
+        type=float,
+        default=1.0,
+        metavar="HOURS",
+        help="an open job with no request this long fails as expired and its data is removed (default 1; "
+        "a live compute site keeps its job alive every 30 s; never more than --expire-after)",
+    )
+    parser.add_argument(
+        "--job-quota",
+        type=_size,
+        metavar="BYTES",
+        help="bytes one job may hold (e.g. 50G; default: no bound)",
+    )
+    parser.add_argument(
+        "--site-quota",
+        type=_size,
+        metavar="BYTES",
+        help="bytes all the jobs of one compute site may hold (e.g. 500G; default: no bound)",
+    )
+    parser.add_argument(
+        "--reserve",
+        type=_size,
+        default=256 * 2**20,
+        metavar="BYTES",
+        help="free space kept on the file systems of --root and the state (default 256M); a job that "
+        "would go below it fails and its data is removed",
     )
     args = parser.parse_args(argv)
     if args.io_workers < 1:
         raise UsageError("--io-workers must be at least 1")
     if not args.expire_after > 0:
         raise UsageError("--expire-after must be a positive number of hours")
+    if not args.open_idle > 0:
+        raise UsageError("--open-idle must be a positive number of hours")
     return serve(
         ServeSettings(
             args.replica,
@@ -136,8 +177,26 @@ def _serve(argv: list[str]) -> int:
             args.inbox,
             args.state,
             args.expire_after,
+            quota=Quota(job_bytes=args.job_quota, peer_bytes=args.site_quota, reserve_bytes=args.reserve),
+            open_idle_seconds=args.open_idle * 3600,
         )
     )
+
+
+_SIZE = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _size(text: str) -> int:
+    """A byte count: 1000000, 500M, 50G, 2T (binary units)."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = value[-1:] if value[-1:] in _SIZE and value[-1:] else ""
+    try:
+        number = float(value[: len(value) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 500M, 50G)") from None
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 500M, 50G)")
+    return int(number * _SIZE[unit])
 
 
 def _format(argv: list[str]) -> int:
@@ -166,15 +225,42 @@ def _format(argv: list[str]) -> int:
     return 0
 
 
+SEARCH_USAGE = "paramedic search PROGRAM -query FILE -db NAME [BLAST+ options] [engine options]"
+
+
 def _search(argv: list[str]) -> int:
+    from paramedic.blast.programs import PROGRAMS
+
+    parser = _search_parser()
+    if argv and argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
     if not argv or argv[0].startswith("-"):
-        raise UsageError("usage: paramedic search PROGRAM -query FILE -db NAME [BLAST+ options] [--np N]")
+        raise UsageError(f"usage: {SEARCH_USAGE} (paramedic search --help)")
     program, rest = argv[0], argv[1:]
+    if program not in PROGRAMS:
+        raise UsageError(f"unknown program {program!r}: choose one of {', '.join(PROGRAMS)}")
     if rest and rest[0] in ("-h", "-help", "-version"):
-        os.execvp(program, [program, rest[0]])
+        os.execvp(program, [program, rest[0]])  # BLAST+'s own help or version for a BLAST+ program
     engine_args, blast_args = split_engine_options(rest)
-    parser = _parser("search", "Search with BLAST+ in parallel over a formatted database.")
-    parser.add_argument("--np", type=int, help="worker processes (default: all local cores)")
+    args = parser.parse_args(engine_args)
+    return _run_search(program, args, blast_args, argv)
+
+
+def _search_parser() -> argparse.ArgumentParser:
+    parser = _parser(
+        "search",
+        "Search with BLAST+ in parallel over a database made by `paramedic format`. BLAST+ options keep "
+        "their own single-dash spelling and meaning (PROGRAM is blastn, blastp, blastx, tblastn or tblastx; "
+        "`paramedic search PROGRAM -help` shows them); the engine's options below use double dashes.",
+        usage=SEARCH_USAGE,
+    )
+    parser.add_argument(
+        "--np",
+        type=int,
+        help="worker processes when paramedic starts MPI itself (default: all local cores); "
+        "ignored under mpiexec/srun, which give the ranks",
+    )
     parser.add_argument(
         "--strategy",
         choices=["auto", "fragments", "queries"],
@@ -183,15 +269,28 @@ def _search(argv: list[str]) -> int:
         "auto (default): queries when the database fits in a quarter of memory and no metadata is asked",
     )
     parser.add_argument("--batch", type=int, help="queries per search task (default: sized automatically)")
-    parser.add_argument("--regen-batch", type=int, help="queries per regeneration run (default: 10)")
-    parser.add_argument("--record", type=Path, help="run record path (default: <out>.run.json)")
+    parser.add_argument(
+        "--regen-batch",
+        type=int,
+        help="queries per regeneration run (default: half a search batch when the report is written "
+        "from the search's alignments, else 10)",
+    )
+    parser.add_argument(
+        "--record",
+        type=Path,
+        help="run record path (default: <out>.run.json; with --site, "
+        "<out>.run.json under the current directory)",
+    )
     parser.add_argument("--metadata", type=Path, help="also save the merged subjects per query (JSON)")
     parser.add_argument(
         "--from-metadata", type=Path, help="do not search: regenerate the output from saved --metadata"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
-    parser.add_argument("--site", help="storage site: tls://HOST:PORT or file:///shared/inbox")
-    parser.add_argument("--keys", type=Path, help="this compute site's keys (from paramedic keys)")
+    parser.add_argument(
+        "--site",
+        help="storage site: tls://HOST:PORT or file:///shared/inbox; -out is then a path under the "
+        "site's --root and the run record is written here at that same relative path",
+    )
     parser.add_argument(
         "--ship",
         choices=["direct", "compressed", "metadata", "auto"],
@@ -202,7 +301,16 @@ def _search(argv: list[str]) -> int:
     parser.add_argument(
         "--ship-timeout", type=float, default=300.0, help="seconds to keep retrying a lost site (default 300)"
     )
-    args = parser.parse_args(engine_args)
+    parser.add_argument(
+        "--keys",
+        type=Path,
+        help="this compute site's keys (from paramedic keys): the TLS client certificate for tls://, "
+        "and for file:// the key that signs the inbox jobs (needed when the site's inbox uses --keys)",
+    )
+    return parser
+
+
+def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], argv: list[str]) -> int:
     for name in ("np", "batch", "regen_batch"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -257,8 +365,8 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _parser(command: str, description: str) -> argparse.ArgumentParser:
-    return _Parser(prog=f"paramedic {command}", description=description, allow_abbrev=False)
+def _parser(command: str, description: str, usage: str | None = None) -> argparse.ArgumentParser:
+    return _Parser(prog=f"paramedic {command}", description=description, usage=usage, allow_abbrev=False)
 
 
 if __name__ == "__main__":

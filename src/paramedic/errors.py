@@ -55,3 +55,9 @@ class JobError(ParamedicError):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+class InternalError(ParamedicError):
+    """A bug, reported as one line (PARAMEDIC_DEBUG=1 shows the traceback)."""
+
+    exit_code = 1

@@ -8,9 +8,12 @@ instead of failing on every worker.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from paramedic.blast.tools import require_tool
 from paramedic.cache import file_key, read_cached, write_cached
@@ -180,3 +183,44 @@ def _positive_int(name: str, value: str, allow_zero: bool = False) -> int:
     if number < (0 if allow_zero else 1):
         raise UsageError(f"-{name} must be {'>= 0' if allow_zero else '>= 1'}, got {value}")
     return number
+
+
+# Set (to "1") by the launching process once check_values passed, so rank 0 does not check again.
+CHECKED_VARIABLE = "PARAMEDIC_OPTIONS_CHECKED"
+_ARGUMENT_ERROR = re.compile(r'Argument "(\w+)"\. (.*?):\s+`(.*)\'$')
+
+
+def check_values(program: str, options: BlastOptions, db: str) -> None:
+    """Let BLAST+ itself check the option values before any rank starts: the user's options with an
+    empty query file, against the database, writing nothing. BLAST+ parses and checks every option (types,
+    ranges, permissible values, matrices, incompatible options) and stops at the empty query: about
+    0.08 s. Anything it refuses is a usage error, one line."""
+    if os.environ.get(CHECKED_VARIABLE) == "1":
+        return
+    exe = require_tool(program)
+    with tempfile.TemporaryDirectory(prefix="paramedic-check-") as tmp:
+        empty = Path(tmp) / "empty.fasta"
+        empty.write_bytes(b"")
+        argv = [exe, *options.without("query", "db", "out").argv(), "-query", str(empty), "-db", db]
+        try:
+            proc = subprocess.run(
+                [*argv, "-out", os.devnull], cwd=tmp, capture_output=True, text=True, timeout=120
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise BlastError(f"cannot run {program} to check the options: {exc}") from exc
+    if proc.returncode != 0:
+        raise UsageError(f"{program} refuses the options: {_refusal(proc.stderr)}")
+
+
+def _refusal(stderr: str) -> str:
+    """BLAST+'s reason in one line: `-evalue abc: Argument cannot be converted`."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in lines:
+        m = _ARGUMENT_ERROR.search(ln)
+        if m:
+            return f"-{m.group(1)} {m.group(3)}: {m.group(2).strip()}"
+    for i, ln in enumerate(lines):
+        if "error:" in ln.lower():
+            text = " ".join([ln.split(":", 1)[1].strip(), *lines[i + 1 : i + 12]])
+            return text if len(text) <= 300 else text[:297] + "..."
+    return lines[-1] if lines else "no message"

@@ -34,6 +34,7 @@ from paramedic.blast.tools import blast_version, run_tool
 from paramedic.db.fasta import read_fasta
 from paramedic.db.manifest import (
     FORMAT_VERSION,
+    FRAGMENT_DIGESTS,
     MANIFEST_NAME,
     SEQUENCES_NAME,
     WHOLE_NAME,
@@ -129,6 +130,7 @@ def _build(settings: FormatSettings, build: Path, progress: Callable[[str], None
             nseq=nseq,
             length=length,
         )
+        (build / f"{volumes[i]}.fasta").unlink()  # before the digest: it covers what stays on disk
         fragments.append(
             Fragment(
                 name=name,
@@ -138,7 +140,6 @@ def _build(settings: FormatSettings, build: Path, progress: Callable[[str], None
                 sha256=volume_sha256(build, volumes[i]),
             )
         )
-        (build / f"{volumes[i]}.fasta").unlink()
     whole_fasta.unlink()
     with open(build / SEQUENCES_NAME, "w") as fh:
         fh.write("gid\tfragment\tlength\tid\n")
@@ -155,7 +156,9 @@ def _build(settings: FormatSettings, build: Path, progress: Callable[[str], None
         fragments=fragments,
         input_path=str(settings.input),
         content_sha256=digest.hexdigest(),
-        tools={"blast": blast_version(), "paramedic": __version__},
+        # "digests": the fragments' digests cover their files as stored (databases formatted before
+        # this also counted a FASTA file removed afterwards, so their fragments cannot be verified)
+        tools={"blast": blast_version(), "paramedic": __version__, "digests": FRAGMENT_DIGESTS},
     )
     (build / MANIFEST_NAME).write_text(manifest.to_json())
     return manifest

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from paramedic.blast.options import BlastOptions
+from paramedic.blast.options import BlastOptions, check_values
 from paramedic.blast.prelim import READ as PRELIM_READ
 from paramedic.blast.prelim import batch_residues, composition_adjusted, query_batches, split_query
 from paramedic.blast.prelim_check import check_shim
@@ -22,7 +22,7 @@ from paramedic.blast.render import can_render
 from paramedic.blast.run import Database
 from paramedic.blast.tools import require_tool
 from paramedic.db.fasta import read_fasta
-from paramedic.db.manifest import Manifest, load_manifest
+from paramedic.db.manifest import Manifest, load_manifest, verify_volumes
 from paramedic.db.seqids import SeqIdTable
 from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
@@ -73,12 +73,14 @@ def prepare_job(settings: SearchSettings) -> Job:
         raise UsageError(
             f"{program.name} searches a {kind[program.db_type]} database; {db.arg} is {kind[db.dbtype]}"
         )
+    check_values(program.name, options, str(db.directory))  # BLAST+ checks the values (skipped if done)
     out = options.get("out")
     if settings.ship is not None:
-        # -out names the file under the storage site's root; the run record stays here.
+        # -out names the file under the storage site's root; the run record stays here, at the same
+        # relative path (one record per output path, as for a local -out)
         check_shippable(options)
         out_path = None
-        record = settings.record or cwd / (Path(settings.ship.out).name + ".run.json")
+        record = settings.record or cwd / (settings.ship.out + ".run.json")
     else:
         out_path = _resolve(cwd, out) if out and out != "-" else None
         if out_path is not None:
@@ -156,6 +158,7 @@ def resolve_database(arg: str, cwd: Path) -> tuple[Database, Manifest]:
         raise DatabaseError(f"database {arg!r} not found (looked in {', '.join(str(c) for c in candidates)})")
     directory = directory.resolve()
     manifest = load_manifest(directory)
+    verify_volumes(directory, manifest)  # sizes on every search, digests once per database (cached)
     missing = [
         name
         for name in [manifest.whole, *(f.name for f in manifest.fragments)]

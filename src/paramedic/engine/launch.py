@@ -3,25 +3,51 @@
 Without an MPI launcher, `paramedic search` runs on all local cores: it starts `mpiexec -n <cores + 1>`
 (one master, one worker per core) from the project's own MPI (the `mpich` wheel in the virtual
 environment), falling back to an mpiexec on PATH. Under a launcher it uses the ranks it is given.
+
+The launching process owns the terminal and the clean-up: it draws the progress bar (rank 0 writes its
+count to a file; a rank's stderr is not a terminal under mpiexec), passes the ranks' output through
+without MPICH's own abort lines and banner, prints one message when the job fails, and removes what a
+killed job leaves behind: every rank's temporary files live in one directory of its own (TMPDIR), and
+the hidden partial output is named after the job.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import uuid
 from pathlib import Path
+from typing import IO, Any
 
 from paramedic.cli import MPI_RANK_VARIABLES
 from paramedic.engine.settings import SearchSettings
-from paramedic.errors import JobError, ParamedicError
+from paramedic.errors import InternalError, JobError, ParamedicError
 
 LAUNCHED_VARIABLE = "PARAMEDIC_LAUNCHED"
 # Where a failing rank leaves its one-line message for the launching process: mpiexec may tear the job
 # down before it forwards the rank's stderr, and the user must still see why the job failed.
 ERROR_FILE_VARIABLE = "PARAMEDIC_ERROR_FILE"
+# Where rank 0 writes "<queries written> <queries>" for the launcher's progress bar.
+PROGRESS_FILE_VARIABLE = "PARAMEDIC_PROGRESS_FILE"
+# Names this job's hidden partial output (output.writer.LocalFile), so the launcher can remove it.
+JOB_ID_VARIABLE = "PARAMEDIC_JOB_ID"
+# Where each rank notes its process id, so the launcher can wait for (or end) stragglers.
+RANKS_DIR_VARIABLE = "PARAMEDIC_RANKS_DIR"
+# Seconds mpiexec gets to stop its ranks after an interrupt before it is killed.
+STOP_SECONDS = 10.0
+# MPICH prints these besides the ranks' own output: `Abort(5) on node 0 (rank 0 in comm 0): ...` on
+# stderr, hydra's "BAD TERMINATION" banner on stdout. The launcher prints one paramedic line instead.
+_MPICH_STDERR = re.compile(rb"^(Abort\(\d+\) on node |\[mpiexec@|\[proxy:)")
+_BANNER_RULE = b"=" * 20
+_BANNER_TITLE = b"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES"
+_EXIT_STRING = re.compile(rb"TERMINATED WITH THE EXIT STRING: (.*)")
 
 
 def under_mpi() -> bool:
@@ -44,22 +70,245 @@ def find_mpiexec() -> str | None:
 
 def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]) -> int:
     if under_mpi():
-        return run_under_mpi(settings, argv)
+        return run_under_mpi(settings, argv, np_ignored=workers is not None)
+    check_before_launch(settings)
     mpiexec = find_mpiexec()
     if mpiexec is None:
         raise JobError("mpiexec not found: run `make setup` (installs MPICH in .venv) or install an MPI")
     ranks = (workers or local_cores()) + 1
-    with tempfile.NamedTemporaryFile(prefix="paramedic-error-", suffix=".txt") as error_file:
-        env = dict(os.environ, **{LAUNCHED_VARIABLE: "1", ERROR_FILE_VARIABLE: error_file.name})
+    job_dir = Path(tempfile.mkdtemp(prefix="paramedic-job-"))
+    job_id = uuid.uuid4().hex[:12]
+    try:
+        (job_dir / "tmp").mkdir()
+        (job_dir / "ranks").mkdir()
+        env = dict(
+            os.environ,
+            **{
+                LAUNCHED_VARIABLE: "1",
+                ERROR_FILE_VARIABLE: str(job_dir / "error.txt"),
+                PROGRESS_FILE_VARIABLE: str(job_dir / "progress"),
+                JOB_ID_VARIABLE: job_id,
+                RANKS_DIR_VARIABLE: str(job_dir / "ranks"),
+                "TMPDIR": str(job_dir / "tmp"),  # every rank's, BLAST+'s and hydra's temporary files
+            },
+        )
         command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "paramedic", *argv]
+        return _supervise(command, env, job_dir, show_bar=not settings.quiet and sys.stderr.isatty())
+    finally:
+        _remove_partial(settings, job_id)
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def check_before_launch(settings: SearchSettings) -> None:
+    """Before MPI starts: the options, the -outfmt, the database and the option values (BLAST+ checks
+    them); what cannot be checked here yet is left to rank 0, which checks everything again."""
+    from paramedic.blast.options import CHECKED_VARIABLE, BlastOptions, check_values
+    from paramedic.blast.programs import PROGRAMS
+    from paramedic.engine.job import check_outfmt, resolve_database
+
+    program = PROGRAMS.get(settings.program)
+    if program is None:
+        return
+    options = BlastOptions.parse(program.name, settings.blast_args)
+    check_outfmt(program.name, options)
+    if not options.get("db"):
+        return
+    db, _ = resolve_database(options.get("db") or "", settings.cwd)
+    if db.dbtype != program.db_type:
+        return
+    check_values(program.name, options, str(db.directory))
+    os.environ[CHECKED_VARIABLE] = "1"
+
+
+def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar: bool) -> int:
+    """Run mpiexec in a session of its own (a terminal's Ctrl-C reaches only us; we stop the job)."""
+    interrupted: list[float] = []  # when the first interrupt came
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if not interrupted:
+            interrupted.append(time.monotonic())
         try:
-            code = subprocess.call(command, env=env)
-        except KeyboardInterrupt:
-            return 130
-        message = Path(error_file.name).read_text(errors="replace").strip()
-        if code != 0 and message:
-            print(message.splitlines()[0], file=sys.stderr, flush=True)
+            proc.send_signal(signal.SIGINT)  # hydra stops every rank
+        except OSError:
+            pass
+
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    bar = _Bar(job_dir / "progress") if show_bar else None
+    exit_string: list[bytes] = []
+    said: list[bytes] = []  # paramedic's own error lines the ranks printed
+    relays = [
+        threading.Thread(target=_relay_stdout, args=(proc.stdout, exit_string), daemon=True),
+        threading.Thread(target=_relay_stderr, args=(proc.stderr, bar, said), daemon=True),
+    ]
+    for t in relays:
+        t.start()
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if bar is not None:
+                    bar.update()
+                if interrupted and time.monotonic() - interrupted[0] > STOP_SECONDS:
+                    os.killpg(proc.pid, signal.SIGKILL)  # mpiexec did not stop its ranks in time
+        for t in relays:
+            t.join(timeout=5)
+        _end_stragglers(job_dir / "ranks")
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if bar is not None:
+            bar.close(success=False)
+    if bar is not None and code == 0:
+        bar.update()
+    if interrupted:
+        print("paramedic: interrupted: the job was stopped and its temporary files removed", file=sys.stderr)
+        return 130
+    if code == 0 or said:  # a job refused before its search: rank 0 said why and every rank exited
         return code
+    message = _read(job_dir / "error.txt")
+    if message:
+        print(message.splitlines()[0], file=sys.stderr, flush=True)
+        return code
+    why = exit_string[0].decode(errors="replace").strip() if exit_string else f"exit {code}"
+    print(
+        f"paramedic: error: a rank of the job ended without a message ({why}); every rank was stopped",
+        file=sys.stderr,
+        flush=True,
+    )
+    return JobError.exit_code
+
+
+def _end_stragglers(ranks_dir: Path) -> None:
+    """Ranks (each a session of its own under hydra, with its BLAST+ processes) may outlive mpiexec by
+    a moment after a kill: wait for them, then end their process groups, before anything is removed."""
+    pids = [int(p.name) for p in ranks_dir.iterdir() if p.name.isdigit()]
+    deadline = time.monotonic() + STOP_SECONDS / 2
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        time.sleep(0.05)
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
+def _relay_stdout(stream: IO[bytes], exit_string: list[bytes]) -> None:
+    """The ranks' stdout (the report with `-out -`) passes through; hydra's banner stops it."""
+    out = sys.stdout.buffer
+    held: list[bytes] = []  # an empty line or a rule that may start the banner
+    in_banner = False
+    for line in iter(stream.readline, b""):
+        if in_banner:
+            m = _EXIT_STRING.search(line)
+            if m:
+                exit_string.append(m.group(1))
+            continue
+        if line.startswith(b"[mpiexec@"):  # hydra's own notes, e.g. "Sending Ctrl-C to processes"
+            continue
+        if _BANNER_TITLE in line:
+            in_banner = True
+            held.clear()
+            continue
+        if line.strip() == b"" or line.startswith(_BANNER_RULE):
+            held.append(line)
+            continue
+        for h in held:
+            out.write(h)
+        held.clear()
+        out.write(line)
+        out.flush()
+    for h in held:
+        out.write(h)
+    out.flush()
+
+
+def _relay_stderr(stream: IO[bytes], bar: _Bar | None, said: list[bytes]) -> None:
+    for line in iter(stream.readline, b""):
+        if _MPICH_STDERR.match(line):
+            continue
+        if line.startswith((b"paramedic: error:", b"paramedic: internal error:")):
+            said.append(line)
+        if bar is not None:
+            bar.write(line.decode(errors="replace").rstrip("\n"))
+        else:
+            sys.stderr.buffer.write(line)
+            sys.stderr.flush()
+
+
+class _Bar:
+    """The progress bar, drawn by the launcher from the count rank 0 writes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.bar: Any = None
+        self.lock = threading.Lock()
+
+    def update(self) -> None:
+        fields = _read(self.path).split()
+        if len(fields) != 2 or not all(f.isdigit() for f in fields):
+            return
+        done, total = int(fields[0]), int(fields[1])
+        with self.lock:
+            if self.bar is None:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit="query", desc="paramedic", file=sys.stderr)
+            self.bar.update(done - self.bar.n)
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            if self.bar is None:
+                print(text, file=sys.stderr, flush=True)
+            else:
+                self.bar.write(text, file=sys.stderr)
+
+    def close(self, success: bool) -> None:
+        with self.lock:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _remove_partial(settings: SearchSettings, job_id: str) -> None:
+    """A rank killed while writing leaves `.<out>.partial-<job id>` beside the output: remove it."""
+    if settings.ship is not None:
+        return
+    args = settings.blast_args
+    out = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "-out"), None)
+    if not out or out == "-":
+        return
+    path = Path(out) if Path(out).is_absolute() else settings.cwd / out
+    try:
+        path.with_name(f".{path.name}.partial-{job_id}").unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def report_failure(line: str) -> None:
@@ -75,47 +324,84 @@ def report_failure(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def run_under_mpi(settings: SearchSettings, argv: list[str]) -> int:
-    """Every rank runs this. Rank 0 prepares and checks the job; any failure ends all ranks."""
+def run_under_mpi(settings: SearchSettings, argv: list[str], np_ignored: bool = False) -> int:
+    """Every rank runs this, all of it under the abort handler (as `mpi4py.run` does): any failure on
+    any rank ends every rank with one message, never a rank left waiting."""
     from mpi4py import MPI
 
-    from paramedic.blast.tools import warm_up
-    from paramedic.engine.job import prepare_job
-    from paramedic.engine.roles import run_job
-
     comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
-    job = failure = None
-    if rank != 0:
-        warm_up(settings.program)  # this worker's BLAST+ fork server starts while rank 0 checks the job
-    if rank == 0:
+    ranks_dir = os.environ.get(RANKS_DIR_VARIABLE)
+    if ranks_dir:
         try:
-            job = prepare_job(settings)
-        except ParamedicError as exc:
-            failure = exc
-    job, failure = comm.bcast((job, failure), root=0)
-    if failure is not None:
-        if rank == 0:
-            raise failure
-        return failure.exit_code
+            Path(ranks_dir, str(os.getpid())).touch()
+        except OSError:
+            pass
     try:
-        record = run_job(job, comm, ["paramedic", *argv])
-    except BaseException as exc:  # end every rank with the message, never hang (as mpi4py.run does)
+        return _run_rank(settings, argv, comm, np_ignored)
+    except _Refused as refused:  # every rank knows already: no abort, the usual one-line error
+        raise refused.args[0] from None
+    except BaseException as exc:  # end every rank with the message, never hang
         code = (
             exc.exit_code
             if isinstance(exc, ParamedicError)
             else 130
             if isinstance(exc, KeyboardInterrupt)
+            else exc.code
+            if isinstance(exc, SystemExit) and isinstance(exc.code, int)
             else 1
         )
-        text = str(exc) if isinstance(exc, ParamedicError) else f"internal error: {type(exc).__name__}: {exc}"
-        report_failure(f"paramedic: error: {text}")
+        if isinstance(exc, KeyboardInterrupt):
+            text = "interrupted"
+        elif isinstance(exc, ParamedicError):
+            text = f"error: {exc}"
+        else:
+            text = f"error: internal error: {type(exc).__name__}: {exc} (PARAMEDIC_DEBUG=1 shows more)"
+        report_failure(f"paramedic: {text}")
         if os.environ.get("PARAMEDIC_DEBUG"):
             import traceback
 
             traceback.print_exc()
         comm.Abort(code)
         return code
+
+
+class _Refused(Exception):
+    """The job was refused while rank 0 prepared it: every rank knows, and exits with its code."""
+
+
+def _run_rank(settings: SearchSettings, argv: list[str], comm: Any, np_ignored: bool) -> int:
+    from paramedic.blast.tools import warm_up
+    from paramedic.engine.job import prepare_job
+    from paramedic.engine.roles import run_job
+
+    rank = comm.Get_rank()
+    job = failure = None
+    if rank != 0:
+        warm_up(settings.program)  # this worker's BLAST+ fork server starts while rank 0 checks the job
+    if rank == 0:
+        if np_ignored and LAUNCHED_VARIABLE not in os.environ and not settings.quiet:
+            print(
+                f"paramedic: --np ignored under mpiexec: using the {comm.Get_size()} ranks given",
+                file=sys.stderr,
+            )
+        try:
+            job = prepare_job(settings)
+        except ParamedicError as exc:
+            failure = exc
+        except Exception as exc:  # a bug while preparing: every rank still learns of it (no hang)
+            if os.environ.get("PARAMEDIC_DEBUG"):
+                import traceback
+
+                traceback.print_exc()
+            failure = InternalError(
+                f"internal error: {type(exc).__name__}: {exc} (PARAMEDIC_DEBUG=1 shows more)"
+            )
+    job, failure = comm.bcast((job, failure), root=0)
+    if failure is not None:
+        if rank == 0:
+            raise _Refused(failure)
+        return failure.exit_code
+    record = run_job(job, comm, ["paramedic", *argv])
     if record is not None:
         if job.record is not None:
             record.write(job.record)

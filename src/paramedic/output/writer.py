@@ -72,7 +72,9 @@ class LocalFile:
         if out is None:
             self.fh = sys.stdout.buffer
         else:
-            self.tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+            # named after the job when paramedic launched it, so the launcher removes it after a kill
+            job = os.environ.get("PARAMEDIC_JOB_ID") or str(os.getpid())
+            self.tmp = out.with_name(f".{out.name}.partial-{job}")
             try:
                 self.fh = open(self.tmp, "wb")
             except OSError as exc:

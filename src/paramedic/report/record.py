@@ -79,13 +79,18 @@ class RunRecord:
         return tasks * self.blast_startup_seconds / search if search else 0.0
 
     def _tasks_line(self) -> str:
+        n = _count
         searches = sum(r.tasks["search"] for r in self.ranks_stats)
         share = f"start-up ~{100 * self.startup_share():.1f}% of search"
         if self.strategy == "queries":
-            return f"  tasks: {searches} whole-database searches of {self.search_batch_queries} queries ({share})"
+            return (
+                f"  tasks: {n(searches, 'whole-database search', 'es')} of "
+                f"{n(self.search_batch_queries, 'query', 'ies')} ({share})"
+            )
         return (
-            f"  tasks: {searches} searches in {self.batches} batches of {self.search_batch_queries} queries "
-            f"({share}), {self.pieces} regenerations of {self.regen_group_queries}"
+            f"  tasks: {n(searches, 'search', 'es')} in {n(self.batches, 'batch', 'es')} of "
+            f"{n(self.search_batch_queries, 'query', 'ies')} ({share}), "
+            f"{n(self.pieces, 'regeneration')} of {self.regen_group_queries}"
         )
 
     def phase_totals(self) -> dict[str, float]:
@@ -95,6 +100,7 @@ class RunRecord:
         data = asdict(self)
         data["phase_totals"] = self.phase_totals()
         data["search_startup_share"] = round(self.startup_share(), 4)
+        path.parent.mkdir(parents=True, exist_ok=True)  # a --site job's record mirrors the remote path
         tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(tmp, path)
@@ -102,14 +108,15 @@ class RunRecord:
     def summary(self) -> str:
         totals = self.phase_totals()
         lines = [
-            f"paramedic: {self.program} {self.queries} queries x "
-            + ("the whole database" if self.strategy == "queries" else f"{self.fragments} fragments")
-            + f" on {self.workers} workers in {self.wall_seconds:.1f} s",
+            f"paramedic: {self.program} {_count(self.queries, 'query', 'ies')} x "
+            + ("the whole database" if self.strategy == "queries" else _count(self.fragments, "fragment"))
+            + f" on {_count(self.workers, 'worker')} in {self.wall_seconds:.1f} s",
             self._tasks_line(),
             "  CPU-side time per phase (all ranks): " + ", ".join(f"{p} {totals[p]:.1f} s" for p in PHASES),
             f"  strategy: {self.strategy}"
             + (
-                f"; hits: {self.metadata_pairs} query-subject pairs, {self.queries_with_hits} queries with hits, "
+                f"; hits: {_count(self.metadata_pairs, 'query-subject pair')}, "
+                f"{_count(self.queries_with_hits, 'query', 'ies')} with hits, "
                 f"{self.searched_again} searched again (hit list filled)"
                 if self.metadata_pairs is not None
                 else " (query segmentation: whole database per task, no merge)"
@@ -127,3 +134,10 @@ class RunRecord:
         peak = max((r.peak_blast_rss_mb for r in self.ranks_stats), default=0.0)
         lines.append(f"  peak memory: BLAST+ {peak:.0f} MB per process")
         return "\n".join(lines)
+
+
+def _count(n: int, word: str, plural: str = "s") -> str:
+    """ "1 batch", "2 batches"; plural "ies" replaces a final y ("1 query", "3 queries")."""
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n:,} {word[:-1] + 'ies' if plural == 'ies' else word + plural}"

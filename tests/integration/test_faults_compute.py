@@ -1,0 +1,188 @@
+"""Faults at the compute site: unexpected errors, killed ranks, an interrupted launcher, corrupt databases
+and bad option values end the job with one line and a documented exit code, leaving nothing behind
+(real mpiexec ranks, real BLAST+, real signals)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, paramedic, take_fasta
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("faults")
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 2000)
+    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "q.fasta", 3)
+    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "q100.fasta", 100)
+    paramedic(
+        "format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "2", "--out", "dbs/db", cwd=root
+    )
+    return root
+
+
+def env_with_tmp(tmp: Path) -> dict[str, str]:
+    tmp.mkdir(exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmp)}
+
+
+def left_behind(cwd: Path, tmp: Path) -> list[str]:
+    hidden = [p.name for p in cwd.iterdir() if ".partial" in p.name]
+    return hidden + [p.name for p in tmp.iterdir()]
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def start_long_search(site: Path, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """A search that runs for several seconds; returns once its partial output exists."""
+    out = tmp_path / "o.txt"
+    proc = subprocess.Popen(
+        [str(BIN / "paramedic"), "search", "blastp", "-query", str(site / "q100.fasta"), "-db",
+         str(site / "dbs/db"), "-out", str(out), "--np", "2", "--strategy", "fragments"],
+        cwd=tmp_path, env=env_with_tmp(tmp_path / "tmp"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not any(".partial" in p.name for p in tmp_path.iterdir()):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)
+    return proc, out
+
+
+def test_unexpected_error_while_preparing_ends_every_rank(site: Path, tmp_path: Path) -> None:
+    """Issue 11 item 11: a non-paramedic exception on rank 0 before the job starts left the other ranks
+    waiting in bcast for ever under `mpiexec -n 3`."""
+    db = tmp_path / "db"
+    subprocess.run(["cp", "-r", str(site / "dbs" / "db"), str(db)], check=True)
+    subprocess.run(["cp", str(site / "dbs" / "db.pal"), str(tmp_path / "db.pal")], check=True)
+    manifest = json.loads((db / "manifest.json").read_text())
+    manifest["whole"] = 5  # not a name: a TypeError deep in the checks, not one of paramedic's errors
+    (db / "manifest.json").write_text(json.dumps(manifest))
+    proc = subprocess.run(
+        [str(BIN / "mpiexec"), "-n", "3", str(BIN / "paramedic"), "search", "blastp", "-query",
+         str(site / "q.fasta"), "-db", str(db), "-out", "o.txt"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode in (1, 4), proc.stderr
+    assert "paramedic: error:" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o.txt").exists()
+
+
+def test_killed_rank_exits_7_with_one_message_and_nothing_left(site: Path, tmp_path: Path) -> None:
+    """Item 12: SIGKILL of one worker rank exited 9 with MPICH's banner on stdout and left the partial
+    output and the ranks' directories in $TMPDIR."""
+    proc, out = start_long_search(site, tmp_path)
+    (mpiexec,) = children(proc.pid)
+    proxy = children(mpiexec)[0]
+    ranks = children(proxy)
+    assert len(ranks) == 3
+    os.kill(ranks[-1], signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 7, stderr
+    assert stdout == b""
+    lines = stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("paramedic: error:") and "signal 9" in lines[0], stderr
+    assert not out.exists()
+    assert left_behind(tmp_path, tmp_path / "tmp") == []
+
+
+def test_interrupted_launcher_exits_130_and_leaves_nothing(site: Path, tmp_path: Path) -> None:
+    """Item 12: SIGINT of the launcher exited 130 with nothing printed and left files behind."""
+    proc, out = start_long_search(site, tmp_path)
+    ranks = children(children(children(proc.pid)[0])[0])
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert stdout == b""
+    lines = stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("paramedic: interrupted"), stderr
+    assert not out.exists()
+    assert left_behind(tmp_path, tmp_path / "tmp") == []
+    assert not [pid for pid in ranks if alive(pid)]  # no rank outlives the launcher
+
+
+def test_truncated_volume_is_a_database_error(site: Path, tmp_path: Path) -> None:
+    """Item 13: a truncated .pin gave exit 5 "blastp failed (exit 139)" after MPI had started."""
+    subprocess.run(["cp", "-r", str(site / "dbs" / "db"), str(tmp_path / "db")], check=True)
+    (tmp_path / "db.pal").write_text((site / "dbs" / "db.pal").read_text())
+    search = ["search", "blastp", "-query", str(site / "q.fasta"), "-db", "db", "-out", "o.txt", "--np", "2"]
+    paramedic(*search, cwd=tmp_path)  # verified once (digests), then cached
+    (tmp_path / "o.txt").unlink()
+    pin = tmp_path / "db" / "f001.pin"
+    pin.write_bytes(pin.read_bytes()[:100])
+    proc = paramedic(*search, cwd=tmp_path, check=False, env={"TMPDIR": str(tmp_path)})
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"paramedic: error: {tmp_path / 'db'}: corrupt database: volume f001 does not match the manifest's "
+        "checksum (changed or damaged since `paramedic format`; format it again)"
+    ]
+    assert not (tmp_path / "o.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "option,message",
+    [
+        (["-evalue", "abc"], "-evalue abc: Argument cannot be converted"),
+        (["-word_size", "1"], "-word_size 1: Illegal value, expected >=2"),
+        (["-sorthits", "7"], "-sorthits 7: Illegal value"),
+        (["-matrix", "FOO"], "FOO is not a supported matrix"),
+    ],
+)
+def test_bad_option_value_is_refused_before_mpi(
+    site: Path, tmp_path: Path, option: list[str], message: str
+) -> None:
+    """Item 14: option values were checked only on the workers (exit 5 with MPICH's Abort line)."""
+    tmp = tmp_path / "tmp"
+    proc = subprocess.run(
+        [str(BIN / "paramedic"), "search", "blastp", "-query", str(site / "q.fasta"), "-db",
+         str(site / "dbs/db"), "-out", "o.txt", "--np", "2", *option],
+        cwd=tmp_path, env=env_with_tmp(tmp), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("paramedic: error: blastp refuses the options: ")
+    assert message in lines[0]
+    assert proc.stdout == ""
+    assert left_behind(tmp_path, tmp) == []
+
+
+def test_help_and_version_and_np_and_plurals(site: Path, tmp_path: Path) -> None:
+    """Item 15: `search --help` exited 2, the top-level help was a developer docstring, `search X
+    -version` ran program X, --np was silently ignored under mpiexec, the summary said "1 workers"."""
+    text = " ".join(paramedic("search", "--help").stdout.split())
+    assert "--np" in text and "ignored under mpiexec" in text
+    assert "half a search batch" in text  # --regen-batch's real default
+    top = paramedic("--help").stdout
+    assert top.startswith("paramedic: parallel NCBI BLAST+") and "typed settings" not in top
+    proc = paramedic("search", "touch", "-version", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "unknown program 'touch'" in proc.stderr
+    assert not (tmp_path / "-version").exists()
+    proc = subprocess.run(
+        [str(BIN / "mpiexec"), "-n", "2", str(BIN / "paramedic"), "search", "blastp", "-query",
+         str(site / "q.fasta"), "-db", str(site / "dbs/db"), "-out", "o.txt", "--np", "4",
+         "--strategy", "queries"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "paramedic: --np ignored under mpiexec: using the 2 ranks given" in proc.stderr
+    assert " on 1 worker in " in proc.stderr and "1 whole-database search of 3 queries" in proc.stderr
