@@ -5,6 +5,8 @@ on data it checks still saturates.
 - -culling_limit is refused by the engine up front (exit 2, one line, no output); `auto` honours it
   exactly by query segmentation.
 - A -db path with `..` keeps regeneration's alias files inside its own directory.
+- tblastx's answer for a query depends on the other queries of its BLAST+ batch: the engine's search
+  batches start where BLAST+'s do, even with --batch 1.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import blast, paramedic, take_fasta
+from tests.integration.equality import cut_dna_queries, read_gz_fasta
 
 pytestmark = pytest.mark.integration
 
@@ -78,3 +81,49 @@ def test_a_db_path_with_dotdot_writes_nothing_outside_the_run(small: Path) -> No
     )  # fmt: skip
     assert sorted(p.name for p in (small / "p4").iterdir()) == before
     assert out.read_bytes().replace(b"../p4/small", b"small") == expected.read_bytes()
+
+
+# tblastx: the 9th of these genome pieces (cut_dna_queries(genomes, 30, seed 7), the first 12) finds a
+# subject (NODE_186, e-value 3.9) when BLAST+ searches it in its query batch, and not when it is searched
+# alone. The engine once searched it alone (a search batch of one query) and lost that subject.
+BATCH_QUERY = 8  # 0-based index of that query
+
+
+@pytest.fixture(scope="module")
+def batched(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tblastx-batch")
+    sources = sorted((data_dir / "ragout").glob("*/*.fasta.gz")) + sorted(
+        (data_dir / "ragout").glob("*/references/*.fasta.gz")
+    )
+    records = [r for path in sources for r in read_gz_fasta(path)]
+    with open(root / "genomes.fasta", "w") as fh:
+        for header, seq in records:
+            fh.write(f">{header}\n{seq}\n")
+    cut_dna_queries([r for r in records if len(r[1]) > 1_000_000], 30, 7, root / "all.fasta")
+    take_fasta(root / "all.fasta", root / "queries.fasta", 12)
+    take_fasta(root / "all.fasta", root / "alone.fasta", 1, start=BATCH_QUERY)
+    (root / "ref").mkdir()
+    blast(
+        "makeblastdb", "-in", "../genomes.fasta", "-dbtype", "nucl", "-parse_seqids", "-out", "genomes",
+        cwd=root / "ref",
+    )  # fmt: skip
+    paramedic(
+        "format", "--in", str(root / "genomes.fasta"), "--dbtype", "nucl", "--fragments", "8",
+        "--out", str(root / "p8" / "genomes"), "--quiet",
+    )  # fmt: skip
+    return root
+
+
+def test_tblastx_answers_depend_on_the_query_batch_and_the_engine_keeps_blasts_batches(batched: Path) -> None:
+    in_batch, alone, out = batched / "batch.tsv", batched / "alone.tsv", batched / "engine.tsv"
+    args = ["-db", "genomes", "-outfmt", "6"]
+    blast("tblastx", "-query", "../queries.fasta", *args, "-out", str(in_batch), cwd=batched / "ref")
+    blast("tblastx", "-query", "../alone.fasta", *args, "-out", str(alone), cwd=batched / "ref")
+    name = (batched / "alone.fasta").read_text().split()[0][1:]
+    with_batch = [ln for ln in in_batch.read_text().splitlines() if ln.split("\t")[0] == name]
+    assert sorted(with_batch) != sorted(alone.read_text().splitlines()), "the data no longer shows the case"
+    paramedic(
+        "search", "tblastx", "-query", "../queries.fasta", *args, "-out", str(out), "--batch", "1",
+        "--np", "2", "--strategy", "fragments", "--quiet", cwd=batched / "p8",
+    )  # fmt: skip
+    assert out.read_bytes() == in_batch.read_bytes()
