@@ -27,6 +27,18 @@ def read_gz_fasta(path: Path) -> list[tuple[str, str]]:
     return records
 
 
+def write_ragout_genomes(data_dir: Path, out: Path) -> list[tuple[str, str]]:
+    """Every genome and contig set of ragout-examples (65 Mbp) into one FASTA file; returns the records."""
+    sources = sorted((data_dir / "ragout").glob("*/*.fasta.gz")) + sorted(
+        (data_dir / "ragout").glob("*/references/*.fasta.gz")
+    )
+    records = [r for path in sources for r in read_gz_fasta(path)]
+    with open(out, "w") as fh:
+        for header, seq in records:
+            fh.write(f">{header}\n{seq}\n")
+    return records
+
+
 def cut_dna_queries(genomes: list[tuple[str, str]], n: int, seed: int, out: Path) -> None:
     """`n` pieces of 300-3000 bp cut from `genomes` at seeded random places, every other one reverse
     complemented: real sequence that hits each strain carrying it (many subjects, ties between strains)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import paramedic, without_posted_date
-from tests.integration.equality import Site, cut_dna_queries, read_gz_fasta
+from tests.integration.equality import Site, cut_dna_queries, write_ragout_genomes
 
 pytestmark = pytest.mark.integration
 
@@ -26,13 +26,7 @@ DIRECT = {(4, None): "5", (4, "10"): "0", (7, None): "6", (7, "10"): "7"}
 @pytest.fixture(scope="module")
 def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
     root = tmp_path_factory.mktemp("blastn")
-    sources = sorted((data_dir / "ragout").glob("*/*.fasta.gz")) + sorted(
-        (data_dir / "ragout").glob("*/references/*.fasta.gz")
-    )
-    records = [r for path in sources for r in read_gz_fasta(path)]
-    with open(root / "genomes.fasta", "w") as fh:
-        for header, seq in records:
-            fh.write(f">{header}\n{seq}\n")
+    records = write_ragout_genomes(data_dir, root / "genomes.fasta")
     genomes = [r for r in records if len(r[1]) > 1_000_000]
     cut_dna_queries(genomes, 60, 20261121, root / "queries.fasta")
     site = Site(root, "blastn", "genomes", "nucl", TITLE, DIRECT)

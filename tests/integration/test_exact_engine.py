@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import blast, paramedic, take_fasta
-from tests.integration.equality import cut_dna_queries, read_gz_fasta
+from tests.integration.equality import cut_dna_queries, write_ragout_genomes
 
 pytestmark = pytest.mark.integration
 
@@ -92,13 +92,7 @@ BATCH_QUERY = 8  # 0-based index of that query
 @pytest.fixture(scope="module")
 def batched(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("tblastx-batch")
-    sources = sorted((data_dir / "ragout").glob("*/*.fasta.gz")) + sorted(
-        (data_dir / "ragout").glob("*/references/*.fasta.gz")
-    )
-    records = [r for path in sources for r in read_gz_fasta(path)]
-    with open(root / "genomes.fasta", "w") as fh:
-        for header, seq in records:
-            fh.write(f">{header}\n{seq}\n")
+    records = write_ragout_genomes(data_dir, root / "genomes.fasta")
     cut_dna_queries([r for r in records if len(r[1]) > 1_000_000], 30, 7, root / "all.fasta")
     take_fasta(root / "all.fasta", root / "queries.fasta", 12)
     take_fasta(root / "all.fasta", root / "alone.fasta", 1, start=BATCH_QUERY)
