@@ -53,4 +53,3 @@ class FragmentSearch:
 
     hits: list[list[Hit]]  # merge keys (and alignments), in BLAST order
     prelim: list[PrelimList | None]  # BLAST+'s preliminary list (paramedic.blast.prelim)
-    prelim_read: bool = True  # False: this program's lists are not read (paramedic.blast.prelim.READ)

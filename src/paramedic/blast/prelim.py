@@ -32,9 +32,8 @@ SOURCE = Path(__file__).with_name("native") / "prelim.c"
 DUMP_NAME = "paramedic-prelim.bin"
 _MAGIC = 0x50524C31
 _SPLIT_MAGIC = 0x50524C53
-# Programs whose preliminary lists are read and checked: all five. BATCHED: those whose query batches
-# BLAST+ fixes in advance (GetQueryBatchSize); blastn's app sizes them as it goes (CBatchSizeMixer).
-READ = frozenset({"blastp", "blastn", "blastx", "tblastn", "tblastx"})
+# Programs whose query batches BLAST+ fixes in advance (GetQueryBatchSize); blastn's app sizes them as
+# it goes (CBatchSizeMixer). Every program's preliminary lists are read.
 BATCHED = frozenset({"blastp", "blastx", "tblastn", "tblastx"})
 _BATCH = struct.Struct("=Iii")
 _LIST = struct.Struct("=iii")

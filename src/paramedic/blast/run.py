@@ -17,7 +17,7 @@ from paramedic.blast.alias import oid_mask, write_alias
 from paramedic.blast.archive import parse_fragment_archive
 from paramedic.blast.hits import FragmentSearch
 from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
-from paramedic.blast.prelim import DUMP_NAME, READ, batch_residues, environment, expected_limit, read_dump
+from paramedic.blast.prelim import DUMP_NAME, batch_residues, environment, expected_limit, read_dump
 from paramedic.blast.programs import alias_suffix
 from paramedic.blast.tools import run_tool
 from paramedic.errors import BlastError
@@ -85,8 +85,7 @@ def search_fragment(
         str(archive_file),
     ]
     start = time.perf_counter()
-    read = program in READ
-    run_tool(argv, cwd=workdir, extra_env=environment() if read else None)
+    run_tool(argv, cwd=workdir, extra_env=environment())
     data = archive_file.read_bytes()
     archive_file.unlink()
     try:
@@ -98,10 +97,6 @@ def search_fragment(
         hits = parse_fragment_archive(data, len(queries), keep_alignments)
     except ValueError as exc:
         raise BlastError(f"{program} on fragment {fragment}: unreadable archive: {exc}") from exc
-    if not read:
-        return FragmentSearch(hits, [None] * len(hits), False), RunStats(
-            time.perf_counter() - start, len(data)
-        )
     prelim = read_dump(dump, [len(s) for _, s in queries], batch_residues(program, options), gids)
     limit = expected_limit(options, program)
     if any(p is not None and p.limit != limit for p in prelim):

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paramedic.blast.options import BlastOptions, check_values
-from paramedic.blast.prelim import READ as PRELIM_READ
 from paramedic.blast.prelim import batch_residues, composition_adjusted, query_batches, split_query
 from paramedic.blast.prelim_check import check_shim
 from paramedic.blast.programs import PROGRAMS, alias_suffix
@@ -89,7 +88,7 @@ def prepare_job(settings: SearchSettings) -> Job:
     lengths = [len(s) for _, s in queries]
     inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
     direct = choose_strategy(settings, db, inexact) == "queries"
-    if not direct and settings.from_metadata is None and program.name in PRELIM_READ:
+    if not direct and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
     ships_metadata = settings.ship is not None and settings.ship.mode == "metadata"
     archive_render = (

@@ -48,10 +48,6 @@ def merge_hits(per_fragment: Iterable[list[Hit]], hitlist_size: int) -> list[Hit
     return hits[:hitlist_size]
 
 
-# Stands for a fragment search whose preliminary list was not read (paramedic.blast.prelim.READ).
-UNREAD = PrelimList(0, ())
-
-
 @dataclass(frozen=True)
 class MergedQuery:
     """One query's merge: its hits when `exact`, and the subjects a regeneration searches against
@@ -75,13 +71,7 @@ def merge_query(
     subjects BLAST+ keeps then depends on what the hits do not show: the traceback may skip subjects once
     hit lists are full (composition-based statistics), or rank subjects by HSPs a filter then removed
     (-qcov_hsp_perc). Otherwise every listed subject is aligned and ranked on its own, so the fragments'
-    hits on the whole list are the whole database's, filled or not.
-
-    Without lists (UNREAD: programs not in paramedic.blast.prelim.READ) the fragments' hits are merged
-    alone, which is exact only while no query has more candidates than BLAST+ keeps (not checked)."""
-    if any(p is UNREAD for p in prelims):
-        merged = merge_hits(hits, hitlist_size)
-        return MergedQuery(merged, [h.gid for h in merged], exact=True)
+    hits on the whole list are the whole database's, filled or not."""
     for fragment_hits, prelim in zip(hits, prelims, strict=True):
         listed = {c.gid for c in prelim.candidates} if prelim else set()
         if any(h.gid not in listed for h in fragment_hits):

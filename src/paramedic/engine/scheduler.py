@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from paramedic.blast.hits import FragmentSearch, Hit, PrelimList
-from paramedic.engine.merge import UNREAD, merge_query
+from paramedic.engine.merge import merge_query
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class Scheduler:
         per_query_prelim = self._prelim.setdefault(task.batch, [[] for _ in batch])
         for q, (query_hits, prelim) in enumerate(zip(result.hits, result.prelim, strict=True)):
             per_query[q].append(query_hits)
-            per_query_prelim[q].append(prelim if result.prelim_read else UNREAD)
+            per_query_prelim[q].append(prelim)
         self._waiting[task.batch] -= 1
         if self._waiting[task.batch] == 0:
             hits, prelims = self._hits.pop(task.batch), self._prelim.pop(task.batch)
