@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
 from paramedic import __version__
 from paramedic.errors import ParamedicError, UsageError
 
+# Set by `paramedic search` in the ranks it starts (engine.launch).
+LAUNCHED_VARIABLE = "PARAMEDIC_LAUNCHED"
 # Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
 MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
 USAGE = """\
@@ -78,12 +81,21 @@ def _dispatch(argv: list[str]) -> int:
     if command == "format":
         return _format(rest)
     if command == "search":
+        if not any(name in os.environ for name in (*MPI_RANK_VARIABLES, LAUNCHED_VARIABLE)):
+            # the launching process: SIGTERM or SIGHUP before the job's supervisor takes them over (while
+            # the modules load and the job is checked) is an interrupt too (exit 130, one line)
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, _interrupt)
         return _search(rest)
     if command == "keys":
         return _keys(rest)
     if command == "serve":
         return _serve(rest)
     raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve)")
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _keys(argv: list[str]) -> int:

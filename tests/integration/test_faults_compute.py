@@ -186,3 +186,45 @@ def test_help_and_version_and_np_and_plurals(site: Path, tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     assert "paramedic: --np ignored under mpiexec: using the 2 ranks given" in proc.stderr
     assert " on 1 worker in " in proc.stderr and "1 whole-database search of 3 queries" in proc.stderr
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for the signal (SigCgt in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(mask >> (signum - 1) & 1)
+
+
+@pytest.mark.parametrize("when", ["while loading", "as the ranks start"])
+def test_terminated_launcher_exits_130_with_one_line(site: Path, tmp_path: Path, when: str) -> None:
+    """Found by the fault soak (bench/faults.py): SIGTERM of the launcher while it loaded and checked the
+    job killed it with no message (exit -15); an interrupt as the ranks started made every rank print its
+    own "paramedic: interrupted" besides the launcher's line."""
+    tmp = tmp_path / "tmp"
+    proc = subprocess.Popen(
+        [str(BIN / "paramedic"), "search", "blastp", "-query", str(site / "q100.fasta"), "-db",
+         str(site / "dbs/db"), "-out", "o.txt", "--np", "2", "--quiet"],
+        cwd=tmp_path, env=env_with_tmp(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    if when == "while loading":  # as soon as the launcher takes SIGTERM: before MPI starts
+        while not catches(proc.pid, signal.SIGTERM):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.002)
+        assert not list(tmp.iterdir()), "SIGTERM was taken over only once the job had started"
+    else:  # as soon as the ranks exist (they are loading their modules and MPI)
+        ranks: list[int] = []
+        while not ranks:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            ranks = [r for m in children(proc.pid) for p in children(m) for r in children(p)]
+            time.sleep(0.002)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    lines = stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("paramedic: interrupted"), stderr
+    assert stdout == b""
+    assert left_behind(tmp_path, tmp) == []

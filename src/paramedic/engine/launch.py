@@ -26,11 +26,10 @@ import uuid
 from pathlib import Path
 from typing import IO, Any
 
-from paramedic.cli import MPI_RANK_VARIABLES
+from paramedic.cli import LAUNCHED_VARIABLE, MPI_RANK_VARIABLES
 from paramedic.engine.settings import SearchSettings
 from paramedic.errors import InternalError, JobError, ParamedicError
 
-LAUNCHED_VARIABLE = "PARAMEDIC_LAUNCHED"
 # Where a failing rank leaves its one-line message for the launching process: mpiexec may tear the job
 # down before it forwards the rank's stderr, and the user must still see why the job failed.
 ERROR_FILE_VARIABLE = "PARAMEDIC_ERROR_FILE"
@@ -141,7 +140,7 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
     said: list[bytes] = []  # paramedic's own error lines the ranks printed
     relays = [
         threading.Thread(target=_relay_stdout, args=(proc.stdout, exit_string), daemon=True),
-        threading.Thread(target=_relay_stderr, args=(proc.stderr, bar, said), daemon=True),
+        threading.Thread(target=_relay_stderr, args=(proc.stderr, bar, said, interrupted), daemon=True),
     ]
     for t in relays:
         t.start()
@@ -242,9 +241,9 @@ def _relay_stdout(stream: IO[bytes], exit_string: list[bytes]) -> None:
     out.flush()
 
 
-def _relay_stderr(stream: IO[bytes], bar: _Bar | None, said: list[bytes]) -> None:
+def _relay_stderr(stream: IO[bytes], bar: _Bar | None, said: list[bytes], interrupted: list[float]) -> None:
     for line in iter(stream.readline, b""):
-        if _MPICH_STDERR.match(line):
+        if _MPICH_STDERR.match(line) or interrupted:  # once interrupted, the launcher alone says so
             continue
         if line.startswith((b"paramedic: error:", b"paramedic: internal error:")):
             said.append(line)
