@@ -228,3 +228,32 @@ def test_terminated_launcher_exits_130_with_one_line(site: Path, tmp_path: Path,
     assert len(lines) == 1 and lines[0].startswith("paramedic: interrupted"), stderr
     assert stdout == b""
     assert left_behind(tmp_path, tmp) == []
+
+
+def mapped_shared_memory(pids: list[int]) -> set[Path]:
+    """The files in /dev/shm these processes map (MPICH's segment for the node's ranks), not yet unlinked."""
+    found = set()
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            path = line.split(maxsplit=5)[-1]
+            if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
+                found.add(Path(path))
+    return found
+
+
+@pytest.mark.parametrize("how", ["rank killed", "launcher interrupted"])
+def test_a_stopped_job_leaves_no_shared_memory(site: Path, tmp_path: Path, how: str) -> None:
+    """Found by the fault soak (bench/faults.py, each job with a /dev/shm of its own): MPICH unlinks its
+    shared-memory segment only in MPI_Finalize, so every job that failed after MPI started (exit 5, 7, 8,
+    130) left a few MiB of memory in /dev/shm for ever."""
+    proc, out = start_long_search(site, tmp_path)
+    ranks = [r for m in children(proc.pid) for p in children(m) for r in children(p)]
+    segments = mapped_shared_memory(ranks)
+    assert segments, "the ranks map no shared memory: nothing to check"
+    if how == "rank killed":
+        os.kill(ranks[-1], signal.SIGKILL)
+    else:
+        proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == (7 if how == "rank killed" else 130)
+    assert [s for s in segments if s.exists()] == []
