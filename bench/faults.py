@@ -67,6 +67,7 @@ LISTENING = re.compile(r"listening on [^ ]*:(\d+) ")
 STATE = ".paramedic-state"
 JOB_RECORD_FILES = {"job.json", "done.json", "failed.json"}
 MODES = ("direct", "compressed", "metadata")
+KEPT = "paramedic: finished work is kept in "  # the launcher's second line when a journal is kept
 
 
 class Interrupted(Exception):
@@ -431,12 +432,18 @@ class Kind:
 
 @dataclass
 class Attempt:
+    """One run of a job's command; a job that failed runs again, the same command in the same directory
+    (as a user does, so a kept journal resumes it), up to --retries times."""
+
     aid: str
+    job: str
+    attempt: int
     client: int
     kind: Kind
     mode: str
     streams: int
-    directory: Path
+    directory: Path  # this run's TMPDIR, /dev/shm, stdout and stderr
+    workdir: Path  # the job's working directory (its run record and journal), the same for every run
     out: str  # relative to the site's --root
     proc: subprocess.Popen | None = None
     started: float = 0.0
@@ -447,11 +454,13 @@ class Attempt:
 
     @property
     def cwd(self) -> Path:
-        return self.directory / "cwd"
+        return self.workdir
 
     @property
     def tmp(self) -> Path:
         return self.directory / "tmp"
+
+    shm: Path | None = None  # this job's private /dev/shm (MPICH's shared memory segments land there)
 
 
 class Soak:
@@ -479,6 +488,9 @@ class Soak:
         self.site: Site | None = None
         self.expected_tmp_leftovers = 0  # files in the TMPDIR of jobs whose every process was killed
         self.published_after_failure = 0
+        self.shm_leftovers_after_kill = 0  # MPICH segments of jobs whose every process was killed
+        self.rss_by_life: dict[int, int] = {}  # the site's process id -> its peak RSS
+        self.shm: Path | None = None  # a tmpfs: each job gets a directory of it as its /dev/shm
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     def violation(self, what: str, **detail: Any) -> None:
@@ -525,25 +537,64 @@ class Soak:
         while not self.stop_jobs.is_set():
             n += 1
             kind = rng.choice(self.kinds)
-            aid = f"c{client}n{n:04d}"
-            attempt = Attempt(aid, client, kind, rng.choice(MODES), rng.randint(1, 3),
-                              self.work / "jobs" / aid, f"runs/{aid}-k{kind.index}.out")  # fmt: skip
-            try:
-                self.run_attempt(attempt)
-            except Exception as exc:  # the harness itself: say so, keep the soak going
-                self.violation("harness error", job=aid, error=f"{type(exc).__name__}: {exc}")
+            job = f"c{client}n{n:04d}"
+            mode, streams = rng.choice(MODES), rng.randint(1, 3)
+            workdir = self.work / "jobs" / job / "cwd"
+            workdir.mkdir(parents=True)
+            with self.lock:
+                self.counts["jobs started"] += 1
+            for attempt in range(1 + self.args.retries):
+                if attempt and self.stop_jobs.is_set():
+                    break
+                at = Attempt(f"{job}t{attempt}", job, attempt, client, kind, mode, streams,
+                             self.work / "jobs" / job / f"t{attempt}", workdir, f"runs/{job}-k{kind.index}.out")  # fmt: skip
+                try:
+                    self.run_attempt(at)
+                except Exception as exc:  # the harness itself: say so, keep the soak going
+                    self.violation("harness error", job=at.aid, error=f"{type(exc).__name__}: {exc}")
+                    break
+                if at.code == 0:
+                    with self.lock:
+                        self.counts["jobs done"] += 1
+                        self.counts[f"jobs done at run {attempt + 1}"] += 1
+                    break
+                self.stop_jobs.wait(rng.uniform(0.5, 2.0))
+            self.end_job(workdir, kind, f"runs/{job}-k{kind.index}.out")
             self.stop_jobs.wait(rng.uniform(0, 1.0))
+
+    def end_job(self, workdir: Path, kind: Kind, out: str) -> None:
+        """After a job's last run: what a failed job left (a journal kept for a resume that will not come
+        now; an output the site published though no run heard it) is counted and removed."""
+        journals = [p for p in workdir.iterdir() if p.name.endswith(".journal")] if workdir.exists() else []
+        journals += [p for p in (workdir / "runs").glob(".*.journal")] if (workdir / "runs").exists() else []
+        if journals:
+            with self.lock:
+                self.counts["journals kept by a job that gave up"] += len(journals)
+        published = self.site_root / out
+        if published.is_file():
+            if sha256_file(published) != kind.sha256:
+                self.violation("published output differs from the local run", path=out)
+            else:
+                with self.lock:
+                    self.published_after_failure += 1
+            published.unlink()
+        shutil.rmtree(workdir, ignore_errors=True)
 
     def run_attempt(self, at: Attempt) -> None:
         a = self.args
-        at.cwd.mkdir(parents=True)
-        at.tmp.mkdir()
+        at.tmp.mkdir(parents=True)
         argv = [
             PARAMEDIC, "search", "blastp", "-query", str(at.kind.queries), "-db", str(self.work / "compute" / "db" / "uni"),
             "-out", at.out, "-outfmt", at.kind.outfmt, "--np", str(a.np), "--site", f"tls://localhost:{self.link.port}",
             "--keys", str(self.work / "keys" / f"compute-{at.client}"), "--ship", at.mode, "--streams", str(at.streams),
             "--ship-timeout", str(a.ship_timeout), "--quiet",
         ]  # fmt: skip
+        if self.shm is not None:  # a mount namespace of its own, with a private /dev/shm: what the job's
+            # MPICH leaves there is its own (shm_open names are global, /dev/shm is shared by everyone)
+            at.shm = self.shm / at.aid
+            at.shm.mkdir()
+            argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                    'mount --bind "$0" /dev/shm && exec "$@"', str(at.shm), *argv]  # fmt: skip
         env = {**os.environ, "TMPDIR": str(at.tmp), MARK: f"{self.run_id}:job:{at.aid}:"}
         env.pop("PARAMEDIC_DEBUG", None)
         with open(at.directory / "stdout", "wb") as out, open(at.directory / "stderr", "wb") as err:
@@ -553,7 +604,7 @@ class Soak:
         with self.lock:
             self.attempts.append(at)
             self.running[at.aid] = at
-            self.counts["jobs started"] += 1
+            self.counts["runs started"] += 1
         try:
             at.code = at.proc.wait(timeout=a.hang_seconds)
         except subprocess.TimeoutExpired:
@@ -575,17 +626,20 @@ class Soak:
             self.counts[f"exit {at.code}"] += 1
         if "Traceback" in stderr or "Traceback" in stdout:
             self.violation("traceback", **where, stderr=stderr[-800:])
+        shm_left = sorted(p.name for p in at.shm.iterdir()) if at.shm is not None else []
         if at.killed == "tree":
-            # every process was killed: nobody could clean up. Count what it left in its TMPDIR, then go on
-            # (its site job is cancelled by nobody: it must expire at the site, checked at the end).
+            # every process was killed: nobody could clean up. Count what it left in its TMPDIR and
+            # /dev/shm, then go on (its site job is cancelled by nobody: it must expire at the site).
             leftovers = list(at.tmp.iterdir())
             self.expected_tmp_leftovers += len(leftovers)
+            self.shm_leftovers_after_kill += len(shm_left)
             shutil.rmtree(at.tmp, ignore_errors=True)
             at.tmp.mkdir()
         else:
             if at.code != 0 and at.code not in DOCUMENTED_FAILURES:
                 self.violation("undocumented exit code", **where, stderr=stderr[-400:])
-            if at.code != 0 and (len(lines) != 1 or not lines[0].startswith("paramedic: ")):
+            said = [line for line in lines if not line.startswith(KEPT)]  # a kept journal: one line more
+            if at.code != 0 and (len(said) != 1 or not said[0].startswith("paramedic: ") or len(lines) > 2):
                 self.violation("not one line", **where, stderr=stderr[-800:])
             if stdout.strip():
                 self.violation("output on stdout", **where, stdout=stdout[-400:])
@@ -599,16 +653,26 @@ class Soak:
             tmp_left = sorted(str(p.relative_to(at.tmp)) for p in at.tmp.rglob("*"))
             if tmp_left:
                 self.violation("left behind in TMPDIR", **where, files=tmp_left[:10])
+            if shm_left:
+                self.violation("left behind in /dev/shm", **where, files=shm_left[:10])
+        if at.shm is not None:
+            shutil.rmtree(at.shm, ignore_errors=True)  # tmpfs pages: give them back at once
         record = at.cwd / f"{at.out}.run.json"
         cwd_left = sorted(
-            str(p.relative_to(at.cwd)) for p in at.cwd.rglob("*") if p.is_file() and p != record
+            str(p.relative_to(at.cwd))
+            for p in at.cwd.rglob("*")
+            if p.is_file() and p != record and (at.code == 0 or not _in_journal(p))
         )
         if cwd_left and at.killed != "tree":
             self.violation("left behind in the working directory", **where, files=cwd_left[:10])
         if at.code == 0:
             if record.exists():
                 with contextlib.suppress(ValueError, OSError):
-                    at.ship = json.loads(record.read_text()).get("ship") or {}
+                    run_record = json.loads(record.read_text())
+                    at.ship = run_record.get("ship") or {}
+                    if run_record.get("resumed"):
+                        with self.lock:
+                            self.counts["runs that resumed from a journal"] += 1
             published = self.site_root / at.out
             if not published.is_file():
                 self.violation("exit 0 without output at the site", **where)
@@ -625,13 +689,8 @@ class Soak:
             return
         published = self.site_root / at.out
         if published.is_file():  # the site finished, the client did not hear it (killed, link down)
-            digest = sha256_file(published)
-            if digest != at.kind.sha256:
-                self.violation("published output differs from the local run", **where, sha256=digest)
-            else:
-                with self.lock:
-                    self.published_after_failure += 1
-            published.unlink()
+            with self.lock:
+                self.counts["runs failed after the site published the output"] += 1
 
     # -- chaos ------------------------------------------------------------------------------------------
     def chaos(self) -> None:
@@ -677,11 +736,7 @@ class Soak:
         how = self.rng.choices(["tree", "rank", "term"], weights=[6, 3, 1])[0]
         prefix = f"{self.run_id}:job:{at.aid}:"
         if how == "rank":
-            ranks = [
-                p
-                for p in marked(prefix)
-                if _cmdline(p).startswith(sys.executable) and "-m paramedic" in _cmdline(p)
-            ]
+            ranks = [p for p in marked(prefix) if _is_rank(p)]
             if not ranks:
                 return
             at.killed = how
@@ -750,6 +805,7 @@ class Soak:
                 own = rss_kib(pid) * 1024
                 tree = sum(rss_kib(p) for p in marked(f"{self.run_id}:site")) * 1024
                 with self.lock:
+                    self.rss_by_life[pid] = max(self.rss_by_life.get(pid, 0), own)
                     self.rss_peak = max(self.rss_peak, own)
                     self.rss_tree_peak = max(self.rss_tree_peak, tree)
                     self.rss_samples.append((round(time.monotonic() - self.t0, 1), own))
@@ -847,6 +903,14 @@ class Soak:
         log(
             f"site --root: {self.disk.kind}, {self.disk.free() / 2**20:.1f} MiB free; --reserve {a.reserve_mib} MiB"
         )
+        if os.geteuid() == 0 and shutil.which("unshare"):
+            shm = w / "shm"
+            shm.mkdir()
+            if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2g", "tmpfs", str(shm)]).returncode == 0:
+                self.shm = shm
+        log(
+            f"clients' /dev/shm: {'private per job' if self.shm else 'shared (leftovers there not attributed)'}"
+        )
         self.site = Site(a, w, self.site_root, self.run_id)
         self.site.start()
         time.sleep(1.0)
@@ -908,13 +972,27 @@ class Soak:
             "site_root": self.disk.kind,
             "link": {"backend": self.link.backend, "version": self.link.version},
             "jobs": {
-                "started": len(self.attempts),
-                "finished_exit_0": len(finished),
-                "finished_by_mode": by_mode,
+                "started": self.counts["jobs started"],
+                "done": self.counts["jobs done"],
+                "done_at_run": {
+                    k.rsplit(" ", 1)[1]: v
+                    for k, v in sorted(self.counts.items())
+                    if k.startswith("jobs done at run")
+                },  # fmt: skip
+                "done_by_mode": by_mode,
                 "outputs_verified_sha256": self.counts["outputs verified"],
+                "gave_up_with_a_journal_kept": self.counts["journals kept by a job that gave up"],
+                "published_although_no_run_heard_it_verified": self.published_after_failure,
+            },
+            "runs": {
+                "started": len(self.attempts),
+                "exit_0": len(finished),
                 "failed_by_exit_code": dict(sorted(failed.items())),
                 "killed_every_process": sum(1 for at in self.attempts if at.killed == "tree"),
-                "published_although_the_client_failed_verified": self.published_after_failure,
+                "resumed_from_a_journal_and_exit_0": self.counts["runs that resumed from a journal"],
+                "failed_after_the_site_published": self.counts[
+                    "runs failed after the site published the output"
+                ],
             },
             "faults": {
                 "client_kills": {
@@ -942,9 +1020,14 @@ class Soak:
                 "rss_bound_bytes": self.bound,
                 "rss_bound": self.bound_why,
                 "rss_tree_peak_bytes": self.rss_tree_peak,
+                "rss_peak_per_life_bytes": list(self.rss_by_life.values()),
                 "starts": self.site.starts,
             },
-            "client_tmp_files_after_kill_9_of_every_process": self.expected_tmp_leftovers,
+            "after_kill_9_of_every_process": {
+                "client_tmpdir_entries": self.expected_tmp_leftovers,
+                "dev_shm_segments": self.shm_leftovers_after_kill,
+                "dev_shm_private_per_job": self.shm is not None,
+            },
             "violations": self.violations,
             "events": self.events,
         }
@@ -960,6 +1043,8 @@ class Soak:
             self.link.close()
         if self.disk is not None:
             self.disk.close()
+        if self.shm is not None:
+            subprocess.run(["umount", "-l", str(self.shm)], capture_output=True)
 
 
 def _cmdline(pid: int) -> str:
@@ -967,6 +1052,15 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def _in_journal(path: Path) -> bool:
+    return any(part.endswith(".journal") for part in path.parts)
+
+
+def _is_rank(pid: int) -> bool:
+    args = _cmdline(pid).split(" ")
+    return len(args) > 2 and Path(args[0]).name.startswith("python") and args[1:3] == ["-m", "paramedic"]
 
 
 def _is_open_job(directory: Path) -> bool:
@@ -979,12 +1073,13 @@ def _is_open_job(directory: Path) -> bool:
 
 
 def summary(result: dict[str, Any]) -> str:
-    j, f, b, s = result["jobs"], result["faults"], result["bytes"], result["site"]
+    j, r, f, b, s = result["jobs"], result["runs"], result["faults"], result["bytes"], result["site"]
     mib = 2**20
     lines = [
-        f"jobs: {j['started']} started, {j['finished_exit_0']} exit 0 ({j['outputs_verified_sha256']} outputs "
-        f"sha256-identical to the local run; by mode {j['finished_by_mode']}), failed by exit code "
-        f"{j['failed_by_exit_code']}, {j['killed_every_process']} killed outright",
+        f"jobs: {j['started']} started, {j['done']} done (at run {j['done_at_run']}; "
+        f"{j['outputs_verified_sha256']} outputs sha256-identical to the local run; by mode {j['done_by_mode']})",
+        f"runs: {r['started']} started, {r['exit_0']} exit 0 ({r['resumed_from_a_journal_and_exit_0']} resumed "
+        f"from a journal), failed by exit code {r['failed_by_exit_code']}, {r['killed_every_process']} killed outright",
         f"faults: client kills {f['client_kills']}, site kill -9 {f['site_kills']} / restarts {f['site_restarts']}, "
         f"link {f['link']}, disk full {f['disk_full_episodes']}",
         f"bytes: {b['output_verified']:,} output verified, {b['shipped_payload']:,} payload shipped, "
@@ -1012,6 +1107,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reserve-mib", type=int, default=8, help="the site's --reserve")
     p.add_argument("--open-idle-seconds", type=float, default=75.0, help="the site's --open-idle (in s)")
     p.add_argument("--ship-timeout", type=float, default=30.0)
+    p.add_argument("--retries", type=int, default=3, help="runs of a failed job again (default 3)")
     p.add_argument("--hang-seconds", type=float, default=300.0, help="a job running longer hangs")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "faults.json")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
