@@ -287,6 +287,12 @@ def _search_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="discard the finished work an interrupted run of this search kept (its journal, "
+        ".<out>.journal) and start afresh; by default the same command continues where it stopped",
+    )
+    parser.add_argument(
         "--site",
         help="storage site: tls://HOST:PORT or file:///shared/inbox; -out is then a path under the "
         "site's --root and the run record is written here at that same relative path",
@@ -337,6 +343,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         from_metadata=args.from_metadata,
         strategy=args.strategy,
         ship=ship,
+        restart=args.restart,
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
 

@@ -40,6 +40,18 @@ def left_behind(cwd: Path, tmp: Path) -> list[str]:
     return hidden + [p.name for p in tmp.iterdir()]
 
 
+def check_journal(cwd: Path, out: Path, lines: list[str]) -> None:
+    """A stopped search keeps its journal (finished work, for the next run: test_resume.py) exactly when
+    it says so in one more line; the journal holds no partial output."""
+    journal = cwd / f".{out.name}.journal"
+    kept = [line for line in lines if line.startswith("paramedic: finished work is kept in")]
+    assert journal.exists() == bool(kept), lines
+    if kept:
+        assert str(journal) in kept[0]
+        assert not (journal / "output.partial").exists()
+        assert any((journal / "search").iterdir()) or any((journal / "piece").iterdir())
+
+
 def children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]
@@ -61,7 +73,7 @@ def start_long_search(site: Path, tmp_path: Path) -> tuple[subprocess.Popen, Pat
         cwd=tmp_path, env=env_with_tmp(tmp_path / "tmp"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     deadline = time.monotonic() + 60
-    while not any(".partial" in p.name for p in tmp_path.iterdir()):
+    while not (tmp_path / ".o.txt.journal" / "output.partial").exists():
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -101,7 +113,9 @@ def test_killed_rank_exits_7_with_one_message_and_nothing_left(site: Path, tmp_p
     assert proc.returncode == 7, stderr
     assert stdout == b""
     lines = stderr.decode().strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("paramedic: error:") and "signal 9" in lines[0], stderr
+    assert lines[0].startswith("paramedic: error:") and "signal 9" in lines[0], stderr
+    check_journal(tmp_path, out, lines[1:])
+    assert len(lines) <= 2, stderr
     assert not out.exists()
     assert left_behind(tmp_path, tmp_path / "tmp") == []
 
@@ -115,7 +129,9 @@ def test_interrupted_launcher_exits_130_and_leaves_nothing(site: Path, tmp_path:
     assert proc.returncode == 130, stderr
     assert stdout == b""
     lines = stderr.decode().strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("paramedic: interrupted"), stderr
+    assert lines[0].startswith("paramedic: interrupted"), stderr
+    check_journal(tmp_path, out, lines[1:])
+    assert len(lines) <= 2, stderr
     assert not out.exists()
     assert left_behind(tmp_path, tmp_path / "tmp") == []
     assert not [pid for pid in ranks if alive(pid)]  # no rank outlives the launcher
