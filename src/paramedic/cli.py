@@ -293,6 +293,11 @@ def _search_parser() -> argparse.ArgumentParser:
         ".<out>.journal) and start afresh; by default the same command continues where it stopped",
     )
     parser.add_argument(
+        "--no-journal",
+        action="store_true",
+        help="keep no journal of finished work (saves its disk space; a stopped run then starts afresh)",
+    )
+    parser.add_argument(
         "--site",
         help="storage site: tls://HOST:PORT or file:///shared/inbox; -out is then a path under the "
         "site's --root and the run record is written here at that same relative path",
@@ -322,6 +327,9 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
 
+    if args.restart and args.no_journal:
+        raise UsageError("--restart discards a journal and --no-journal keeps none: choose one")
+
     from paramedic.engine.launch import launch_or_run
     from paramedic.engine.settings import SearchSettings
 
@@ -344,6 +352,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         strategy=args.strategy,
         ship=ship,
         restart=args.restart,
+        journal=not args.no_journal,
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
 

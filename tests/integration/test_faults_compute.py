@@ -122,6 +122,7 @@ def test_killed_rank_exits_7_with_one_message_and_nothing_left(site: Path, tmp_p
 
 def test_interrupted_launcher_exits_130_and_leaves_nothing(site: Path, tmp_path: Path) -> None:
     """Item 12: SIGINT of the launcher exited 130 with nothing printed and left files behind."""
+    hydra = set(Path("/tmp").glob("hydra_hwloc_xmlfile_*"))  # MPICH's, in /tmp whatever $TMPDIR says
     proc, out = start_long_search(site, tmp_path)
     ranks = children(children(children(proc.pid)[0])[0])
     proc.send_signal(signal.SIGINT)
@@ -135,6 +136,7 @@ def test_interrupted_launcher_exits_130_and_leaves_nothing(site: Path, tmp_path:
     assert not out.exists()
     assert left_behind(tmp_path, tmp_path / "tmp") == []
     assert not [pid for pid in ranks if alive(pid)]  # no rank outlives the launcher
+    assert set(Path("/tmp").glob("hydra_hwloc_xmlfile_*")) <= hydra
 
 
 def test_truncated_volume_is_a_database_error(site: Path, tmp_path: Path) -> None:

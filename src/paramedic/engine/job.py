@@ -97,13 +97,13 @@ def prepare_job(settings: SearchSettings) -> Job:
         check_shippable(options)
         out_path = None
         record = settings.record or cwd / (settings.ship.out + ".run.json")
-        journal = journal_path(cwd / settings.ship.out)
+        journal = journal_path(cwd / settings.ship.out) if settings.journal else None
     else:
         out_path = _resolve(cwd, out) if out and out != "-" else None
         if out_path is not None:
             check_writable(out_path)
         record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
-        journal = journal_path(out_path) if out_path else None
+        journal = journal_path(out_path) if out_path and settings.journal else None
     lengths = [len(s) for _, s in queries]
     inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
     direct = choose_strategy(settings, db, inexact) == "queries"

@@ -93,7 +93,10 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
             },
         )
         command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "paramedic", *argv]
+        hydra_before, started = _hydra_files(), time.time()
         code = _supervise(command, env, job_dir, show_bar=not settings.quiet and sys.stderr.isatty())
+        if code != 0:
+            _remove_hydra_files(hydra_before, started)
     finally:
         _remove_partial(settings, job_id)
         shutil.rmtree(job_dir, ignore_errors=True)
@@ -324,6 +327,33 @@ def _output_path(settings: SearchSettings) -> Path | None:
     if not out or out == "-":
         return None
     return Path(out) if Path(out).is_absolute() else settings.cwd / out
+
+
+# MPICH's hydra writes its hardware topology to this file name in /tmp (not $TMPDIR) and removes it when it
+# ends normally; a stopped or killed mpiexec leaves it.
+_HYDRA_TOPOLOGY = "hydra_hwloc_xmlfile_"
+
+
+def _hydra_files() -> set[str]:
+    try:
+        return {n for n in os.listdir("/tmp") if n.startswith(_HYDRA_TOPOLOGY)}
+    except OSError:
+        return set()
+
+
+def _remove_hydra_files(before: set[str], started: float) -> None:
+    """After a failed or stopped job: the topology files that appeared while our mpiexec ran, are ours
+    (the user's) and were not touched since it ended. Another mpiexec started meanwhile on this machine
+    may have made one of them; its proxies read it only as they start."""
+    uid = os.getuid()
+    for name in _hydra_files() - before:
+        path = Path("/tmp", name)
+        try:
+            info = path.lstat()
+            if info.st_uid == uid and info.st_mtime >= started - 1 and path.is_file():
+                path.unlink()
+        except OSError:
+            pass
 
 
 def _remove_partial(settings: SearchSettings, job_id: str) -> None:
