@@ -204,3 +204,36 @@ def test_help_and_version_and_np_and_plurals(site: Path, tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     assert "paramedic: --np ignored under mpiexec: using the 2 ranks given" in proc.stderr
     assert " on 1 worker in " in proc.stderr and "1 whole-database search of 3 queries" in proc.stderr
+
+
+def test_progress_bar_is_drawn_by_the_launcher_on_a_terminal(site: Path, tmp_path: Path) -> None:
+    """Item 15: the bar never appeared (a rank's stderr is not a terminal under mpiexec): the launching
+    process draws it from rank 0's count when its own stderr is a terminal."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(
+        terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0)
+    )  # 100 columns, as a terminal
+    proc = subprocess.Popen(
+        [str(BIN / "paramedic"), "search", "blastp", "-query", str(site / "q100.fasta"), "-db",
+         str(site / "dbs/db"), "-out", "o.txt", "--np", "2"],
+        cwd=tmp_path, env=env_with_tmp(tmp_path / "tmp"), stdout=subprocess.DEVNULL, stderr=terminal,
+    )  # fmt: skip
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the terminal closed: the search ended
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(controller)
+    assert proc.wait(timeout=120) == 0, shown
+    assert b"paramedic: 100%" in shown and b"100/100" in shown and b"query" in shown, shown
+    assert b"paramedic: blastp 100 queries" in shown  # then the summary
