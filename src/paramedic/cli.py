@@ -299,6 +299,17 @@ def _search_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="discard the finished work an interrupted run of this search kept (its journal, "
+        ".<out>.journal) and start afresh; by default the same command continues where it stopped",
+    )
+    parser.add_argument(
+        "--no-journal",
+        action="store_true",
+        help="keep no journal of finished work (saves its disk space; a stopped run then starts afresh)",
+    )
+    parser.add_argument(
         "--site",
         help="storage site: tls://HOST:PORT or file:///shared/inbox; -out is then a path under the "
         "site's --root and the run record is written here at that same relative path",
@@ -328,6 +339,9 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
 
+    if args.restart and args.no_journal:
+        raise UsageError("--restart discards a journal and --no-journal keeps none: choose one")
+
     from paramedic.engine.launch import launch_or_run
     from paramedic.engine.settings import SearchSettings
 
@@ -349,6 +363,8 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         from_metadata=args.from_metadata,
         strategy=args.strategy,
         ship=ship,
+        restart=args.restart,
+        journal=not args.no_journal,
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
 

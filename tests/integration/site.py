@@ -32,7 +32,16 @@ LISTENING = re.compile(r"listening on [^ ]*:(\d+) ")
 class StorageSite:
     """`paramedic serve` in a subprocess; always `stop()` it (the fixtures do, in their teardown)."""
 
-    def __init__(self, replica: Path, root: Path, keys: Path, log: Path, io_workers: int = 2):
+    def __init__(
+        self,
+        replica: Path,
+        root: Path,
+        keys: Path,
+        log: Path,
+        io_workers: int = 2,
+        extra: tuple[str, ...] = (),
+    ):
+        self.extra = extra  # more `paramedic serve` flags
         self.replica = replica
         self.root = root
         self.keys = keys
@@ -55,6 +64,7 @@ class StorageSite:
         argv = [
             str(BIN / "paramedic"), "serve", "--replica", str(self.replica), "--root", str(self.root),
             "--listen", f"127.0.0.1:{self.port}", "--keys", str(self.keys), "--io-workers", str(self.io_workers),
+            *self.extra,
         ]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)

@@ -40,6 +40,18 @@ def left_behind(cwd: Path, tmp: Path) -> list[str]:
     return hidden + [p.name for p in tmp.iterdir()]
 
 
+def check_journal(cwd: Path, out: Path, lines: list[str]) -> None:
+    """A stopped search keeps its journal (finished work, for the next run: test_resume.py) exactly when
+    it says so in one more line; the journal holds no partial output."""
+    journal = cwd / f".{out.name}.journal"
+    kept = [line for line in lines if line.startswith("paramedic: finished work is kept in")]
+    assert journal.exists() == bool(kept), lines
+    if kept:
+        assert str(journal) in kept[0]
+        assert not (journal / "output.partial").exists()
+        assert any((journal / "search").iterdir()) or any((journal / "piece").iterdir())
+
+
 def children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]
@@ -61,7 +73,7 @@ def start_long_search(site: Path, tmp_path: Path) -> tuple[subprocess.Popen, Pat
         cwd=tmp_path, env=env_with_tmp(tmp_path / "tmp"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     deadline = time.monotonic() + 60
-    while not any(".partial" in p.name for p in tmp_path.iterdir()):
+    while not (tmp_path / ".o.txt.journal" / "output.partial").exists():
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -101,13 +113,16 @@ def test_killed_rank_exits_7_with_one_message_and_nothing_left(site: Path, tmp_p
     assert proc.returncode == 7, stderr
     assert stdout == b""
     lines = stderr.decode().strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("paramedic: error:") and "signal 9" in lines[0], stderr
+    assert lines[0].startswith("paramedic: error:") and "signal 9" in lines[0], stderr
+    check_journal(tmp_path, out, lines[1:])
+    assert len(lines) <= 2, stderr
     assert not out.exists()
     assert left_behind(tmp_path, tmp_path / "tmp") == []
 
 
 def test_interrupted_launcher_exits_130_and_leaves_nothing(site: Path, tmp_path: Path) -> None:
     """Item 12: SIGINT of the launcher exited 130 with nothing printed and left files behind."""
+    hydra = set(Path("/tmp").glob("hydra_hwloc_xmlfile_*"))  # MPICH's, in /tmp whatever $TMPDIR says
     proc, out = start_long_search(site, tmp_path)
     ranks = children(children(children(proc.pid)[0])[0])
     proc.send_signal(signal.SIGINT)
@@ -115,10 +130,13 @@ def test_interrupted_launcher_exits_130_and_leaves_nothing(site: Path, tmp_path:
     assert proc.returncode == 130, stderr
     assert stdout == b""
     lines = stderr.decode().strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("paramedic: interrupted"), stderr
+    assert lines[0].startswith("paramedic: interrupted"), stderr
+    check_journal(tmp_path, out, lines[1:])
+    assert len(lines) <= 2, stderr
     assert not out.exists()
     assert left_behind(tmp_path, tmp_path / "tmp") == []
     assert not [pid for pid in ranks if alive(pid)]  # no rank outlives the launcher
+    assert set(Path("/tmp").glob("hydra_hwloc_xmlfile_*")) <= hydra
 
 
 def test_truncated_volume_is_a_database_error(site: Path, tmp_path: Path) -> None:
@@ -186,6 +204,39 @@ def test_help_and_version_and_np_and_plurals(site: Path, tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     assert "paramedic: --np ignored under mpiexec: using the 2 ranks given" in proc.stderr
     assert " on 1 worker in " in proc.stderr and "1 whole-database search of 3 queries" in proc.stderr
+
+
+def test_progress_bar_is_drawn_by_the_launcher_on_a_terminal(site: Path, tmp_path: Path) -> None:
+    """Item 15: the bar never appeared (a rank's stderr is not a terminal under mpiexec): the launching
+    process draws it from rank 0's count when its own stderr is a terminal."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(
+        terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0)
+    )  # 100 columns, as a terminal
+    proc = subprocess.Popen(
+        [str(BIN / "paramedic"), "search", "blastp", "-query", str(site / "q100.fasta"), "-db",
+         str(site / "dbs/db"), "-out", "o.txt", "--np", "2"],
+        cwd=tmp_path, env=env_with_tmp(tmp_path / "tmp"), stdout=subprocess.DEVNULL, stderr=terminal,
+    )  # fmt: skip
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the terminal closed: the search ended
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(controller)
+    assert proc.wait(timeout=120) == 0, shown
+    assert b"paramedic: 100%" in shown and b"100/100" in shown and b"query" in shown, shown
+    assert b"paramedic: blastp 100 queries" in shown  # then the summary
 
 
 def catches(pid: int, signum: int) -> bool:

@@ -23,6 +23,7 @@ from paramedic.blast.tools import require_tool
 from paramedic.db.fasta import read_fasta
 from paramedic.db.manifest import Manifest, load_manifest, verify_volumes
 from paramedic.db.seqids import SeqIdTable
+from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
@@ -49,9 +50,25 @@ class Job:
     ship: ShipSettings | None = None
     # Fragment searches keep their alignments and reports are written from them (paramedic.blast.render)
     archive_render: bool = False
+    # Where finished work is kept so that the search resumes after a kill (paramedic.engine.journal);
+    # None when the report goes to standard output
+    journal: Path | None = None
+    restart: bool = False
 
     def plan(self, workers: int) -> Plan:
         return make_plan(workers=workers, **self.plan_inputs)  # type: ignore[arg-type]
+
+    def journal_identity(self) -> dict[str, object]:
+        """What the journaled work depends on: a journal made with anything else is not continued."""
+        return {
+            "program": self.program,
+            "options": self.options.without("query", "db", "out").argv(),
+            "database": self.manifest_checksum,
+            "queries": self.identity.queries_sha256,
+            "strategy": "queries" if self.plan_inputs["direct"] else "fragments",
+            "alignments": self.archive_render,
+            "from_metadata": self.preloaded is not None,
+        }
 
 
 def prepare_job(settings: SearchSettings) -> Job:
@@ -80,11 +97,13 @@ def prepare_job(settings: SearchSettings) -> Job:
         check_shippable(options)
         out_path = None
         record = settings.record or cwd / (settings.ship.out + ".run.json")
+        journal = journal_path(cwd / settings.ship.out) if settings.journal else None
     else:
         out_path = _resolve(cwd, out) if out and out != "-" else None
         if out_path is not None:
             check_writable(out_path)
         record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
+        journal = journal_path(out_path) if out_path and settings.journal else None
     lengths = [len(s) for _, s in queries]
     inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
     direct = choose_strategy(settings, db, inexact) == "queries"
@@ -137,6 +156,8 @@ def prepare_job(settings: SearchSettings) -> Job:
         preloaded=preloaded,
         ship=settings.ship,
         archive_render=archive_render,
+        journal=journal,
+        restart=settings.restart,
     )
 
 

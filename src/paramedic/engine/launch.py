@@ -92,10 +92,32 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
             },
         )
         command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "paramedic", *argv]
-        return _supervise(command, env, job_dir, show_bar=not settings.quiet and sys.stderr.isatty())
+        hydra_before, started = _hydra_files(), time.time()
+        code = _supervise(command, env, job_dir, show_bar=not settings.quiet and sys.stderr.isatty())
+        if code != 0:
+            _remove_hydra_files(hydra_before, started)
     finally:
         _remove_partial(settings, job_id)
         shutil.rmtree(job_dir, ignore_errors=True)
+    if code != 0:
+        say_journal_kept(settings)
+    return code
+
+
+def say_journal_kept(settings: SearchSettings) -> None:
+    """After a failed or interrupted search: whether its finished work waits in a journal (what a killed
+    rank left half-written there is removed)."""
+    from paramedic.engine.journal import journal_path, tidy
+
+    out = _output_path(settings)
+    journal = journal_path(out) if out is not None else None
+    if journal is not None and journal.is_dir() and tidy(journal):
+        print(
+            f"paramedic: finished work is kept in {journal}: the same command continues the search, "
+            "--restart starts it afresh",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def check_before_launch(settings: SearchSettings) -> None:
@@ -316,15 +338,49 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _remove_partial(settings: SearchSettings, job_id: str) -> None:
-    """A rank killed while writing leaves `.<out>.partial-<job id>` beside the output: remove it."""
+def _output_path(settings: SearchSettings) -> Path | None:
+    """The local output file (with --site: the run record's stem, the path under the site's root)."""
     if settings.ship is not None:
-        return
+        return settings.cwd / settings.ship.out
     args = settings.blast_args
     out = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "-out"), None)
     if not out or out == "-":
+        return None
+    return Path(out) if Path(out).is_absolute() else settings.cwd / out
+
+
+# MPICH's hydra writes its hardware topology to this file name in /tmp (not $TMPDIR) and removes it when it
+# ends normally; a stopped or killed mpiexec leaves it.
+_HYDRA_TOPOLOGY = "hydra_hwloc_xmlfile_"
+
+
+def _hydra_files() -> set[str]:
+    try:
+        return {n for n in os.listdir("/tmp") if n.startswith(_HYDRA_TOPOLOGY)}
+    except OSError:
+        return set()
+
+
+def _remove_hydra_files(before: set[str], started: float) -> None:
+    """After a failed or stopped job: the topology files that appeared while our mpiexec ran, are ours
+    (the user's) and were not touched since it ended. Another mpiexec started meanwhile on this machine
+    may have made one of them; its proxies read it only as they start."""
+    uid = os.getuid()
+    for name in _hydra_files() - before:
+        path = Path("/tmp", name)
+        try:
+            info = path.lstat()
+            if info.st_uid == uid and info.st_mtime >= started - 1 and path.is_file():
+                path.unlink()
+        except OSError:
+            pass
+
+
+def _remove_partial(settings: SearchSettings, job_id: str) -> None:
+    """A rank killed while writing leaves `.<out>.partial-<job id>` beside the output: remove it."""
+    path = _output_path(settings)
+    if settings.ship is not None or path is None:
         return
-    path = Path(out) if Path(out).is_absolute() else settings.cwd / out
     try:
         path.with_name(f".{path.name}.partial-{job_id}").unlink(missing_ok=True)
     except OSError:
@@ -381,6 +437,8 @@ def run_under_mpi(settings: SearchSettings, argv: list[str], np_ignored: bool = 
         else:
             text = f"error: internal error: {type(exc).__name__}: {exc} (PARAMEDIC_DEBUG=1 shows more)"
         report_failure(f"paramedic: {text}")
+        if comm.Get_rank() == 0 and LAUNCHED_VARIABLE not in os.environ:
+            say_journal_kept(settings)  # under the user's own mpiexec; else the launcher says it
         if os.environ.get("PARAMEDIC_DEBUG"):
             import traceback
 

@@ -23,16 +23,17 @@ from paramedic.blast.run import regenerate, search_fragment
 from paramedic.db.manifest import fragment_members
 from paramedic.db.seqids import seqid_table
 from paramedic.engine.job import Job
+from paramedic.engine.journal import Journal, Replay
 from paramedic.engine.metadata import save_metadata
 from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask, Task
 from paramedic.errors import JobError, ParamedicError
-from paramedic.output.writer import LocalFile, OrderedWriter
+from paramedic.output.writer import ByteSink, LocalFile, OrderedWriter
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord
 from paramedic.ship.auto import Link, decide, measure_link
 from paramedic.ship.blast_codec import BlastJobSetup, BlastMetadataCodec
 from paramedic.ship.client import SiteError
-from paramedic.ship.destination import Shipping, start_shipping
+from paramedic.ship.destination import Shipping, cancel_site_job, start_shipping
 
 # Waits between probes start short and double up to the maximum: a master waiting through a long search
 # wakes 100 times a second instead of 500 (each wake-up takes a core from a BLAST+ run for a moment),
@@ -94,16 +95,25 @@ def execute(task: Task, job: Job, plan: Plan, workdir: Path, stats: RankStats) -
 
 def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
     """Run the job on this rank; the master returns the run record, workers return None."""
-    workers = max(1, comm.Get_size() - 1)
-    plan = job.plan(workers)
+    plan: Plan | None = None
+    journal: Journal | None = None
+    replay = Replay((), ())
+    if comm.Get_rank() == 0:
+        plan = job.plan(max(1, comm.Get_size() - 1))
+        if job.journal is not None:  # resuming: the journal's plan, whatever the ranks are this time
+            journal, plan, replay = Journal.open(job.journal, job.journal_identity(), plan, job.restart)
+    plan = comm.bcast(plan, root=0)
+    assert plan is not None
     workdir = Path(tempfile.mkdtemp(prefix=f"paramedic-rank{comm.Get_rank()}-"))
     try:
         if comm.Get_rank() == 0:
-            return _master(job, plan, comm, workdir, command)
+            return _master(job, plan, comm, workdir, command, journal, replay)
         _worker(job, plan, comm, workdir)
         return None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        if journal is not None:
+            journal.close(complete=False)  # kept for the next run if it holds finished work
 
 
 def _worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path) -> None:
@@ -126,13 +136,21 @@ def _worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path) -> None:
     comm.send(stats, dest=0, tag=TAG_STATS)
 
 
-def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[str]) -> RunRecord:
+def _master(
+    job: Job,
+    plan: Plan,
+    comm: MPI.Comm,
+    workdir: Path,
+    command: list[str],
+    journal: Journal | None,
+    replay: Replay,
+) -> RunRecord:
     start = time.perf_counter()
     size = comm.Get_size()
     stats = RankStats(rank=0, role="master" if size > 1 else "master+worker")
     auto = job.ship is not None and job.ship.mode == "auto"
     link = measure_site(job) if auto else None
-    shipping = open_shipping(job, plan, job.ship.mode) if job.ship is not None and not auto else None
+    shipping = open_shipping(job, plan, job.ship.mode, journal) if job.ship is not None and not auto else None
     scheduler = Scheduler(
         plan,
         hold_pieces=auto or (shipping is not None and shipping.holds_pieces),
@@ -140,10 +158,29 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
     )
     progress = Progress(len(job.queries), quiet=job.quiet)
     writer: OrderedWriter | None = None
+
+    def open_writer(sink: ByteSink) -> OrderedWriter:
+        """The ordered writer, with the pieces an earlier run of the job wrote (journaled) in it."""
+        opened = OrderedWriter(sink, job.options.outfmt(), plan.pieces)
+        if journal is None:
+            return opened
+        for index in replay.pieces:
+            data = journal.load_piece(index)
+            if data is not None:
+                scheduler.restore_piece(index)
+                progress.advance(opened.add(index, data))
+        return opened
+
     try:
+        if journal is not None:
+            for task in replay.searches:
+                result = journal.load_search(task, len(plan.batches[task.batch]))
+                if result is not None:
+                    scheduler.restore_search(task, result)
         if not auto and (shipping is None or not shipping.holds_pieces):
-            sink = shipping if shipping is not None else LocalFile(job.out)
-            writer = OrderedWriter(sink, job.options.outfmt(), plan.pieces)
+            partial = journal.partial_output if journal is not None else None
+            sink = shipping if shipping is not None else LocalFile(job.out, partial)
+            writer = open_writer(sink)
 
         def ship_released() -> None:
             nonlocal shipping, writer
@@ -158,12 +195,15 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
                 probe = dataclasses.replace(released[0], alignments=None)
                 output = execute(probe, job, plan, workdir, stats)
                 mode, decision = decide_from_probe(job, probe, output, time.perf_counter() - t, link)
-                shipping = open_shipping(job, plan, mode)
+                shipping = open_shipping(job, plan, mode, journal)
                 shipping.decision = decision
                 if not shipping.holds_pieces:
-                    writer = OrderedWriter(shipping, job.options.outfmt(), plan.pieces)
-                    progress.advance(writer.add(probe.piece, output))
-                    scheduler.requeue(released[1:])
+                    if journal is not None:
+                        journal.piece_done(probe.piece, output)
+                    writer = open_writer(shipping)
+                    if probe.piece not in replay.pieces:
+                        progress.advance(writer.add(probe.piece, output))
+                    scheduler.requeue([task for task in released[1:] if task.piece not in replay.pieces])
                     scheduler.stop_holding()
                     stats.add("write", time.perf_counter() - t)
                     return
@@ -174,13 +214,17 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
         def accept(task: Task, payload: Any) -> None:
             if isinstance(task, SearchTask):
                 t = time.perf_counter()
+                if journal is not None:  # durable before it counts
+                    journal.search_done(task, payload)
                 scheduler.search_done(task, payload)
                 stats.add("merge", time.perf_counter() - t)
                 ship_released()
             else:
                 assert isinstance(task, RegenTask) and writer is not None
-                scheduler.regen_done(task)
                 t = time.perf_counter()
+                if journal is not None:
+                    journal.piece_done(task.piece, payload)
+                scheduler.regen_done(task)
                 progress.advance(writer.add(task.piece, payload))
                 stats.add("write", time.perf_counter() - t)
 
@@ -228,6 +272,9 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
             writer.commit()
         elif shipping is not None:
             shipping.commit()
+        merged = [scheduler.metadata(q) or [] for q in range(len(job.queries))]
+        if job.save_metadata is not None:
+            save_metadata(job.save_metadata, job.identity, merged)
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -236,11 +283,10 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
         raise
     finally:
         progress.close()
+    if journal is not None:
+        journal.close(complete=True)  # the output is complete: the journal goes
     stats.measure_memory()
     ship_report = shipping.report() if shipping else None
-    merged = [scheduler.metadata(q) or [] for q in range(len(job.queries))]
-    if job.save_metadata is not None:
-        save_metadata(job.save_metadata, job.identity, merged)
     return RunRecord(
         program=job.program,
         command=command,
@@ -262,6 +308,7 @@ def _master(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, command: list[s
         metadata_pairs=None if plan.direct else sum(len(m) for m in merged),
         queries_with_hits=None if plan.direct else sum(1 for m in merged if m),
         searched_again=None if plan.direct else scheduler.searched_again,
+        resumed={"searches": journal.kept_searches, "pieces": journal.kept_pieces} if journal else None,
         ranks_stats=[stats, *worker_stats],
         ship=ship_report,
     )
@@ -288,7 +335,7 @@ def decide_from_probe(
     return decide(link, len(job.queries), probe.n_queries, output, seconds, len(payload), encode_seconds)
 
 
-def open_shipping(job: Job, plan: Plan, mode: str) -> Shipping:
+def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = None) -> Shipping:
     """With --site: open the job at the storage site (refusals, e.g. a replica mismatch, fail here)."""
     assert job.ship is not None
     if mode == "metadata" and plan.direct:
@@ -303,4 +350,10 @@ def open_shipping(job: Job, plan: Plan, mode: str) -> Shipping:
             pieces=plan.pieces,
             queries=job.queries,
         )
-    return start_shipping(job.ship, mode, setup, job.db.nseq, len(job.queries))
+    earlier = journal.earlier_site_job() if journal is not None else None
+    if earlier is not None:  # a killed run's job still holds the output path at the site
+        cancel_site_job(job.ship, earlier)
+    shipping = start_shipping(job.ship, mode, setup, job.db.nseq, len(job.queries))
+    if journal is not None:
+        journal.note_site_job(shipping.transport.job_id)
+    return shipping

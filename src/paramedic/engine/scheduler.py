@@ -127,6 +127,20 @@ class Scheduler:
         self._waiting = [0] * len(self.plan.batches)
         self._release_pieces()
 
+    def restore_search(self, task: SearchTask, result: FragmentSearch) -> None:
+        """A search finished by an earlier run of the job (paramedic.engine.journal): not handed out again."""
+        if task.fragment not in self._pending[task.batch]:
+            raise ValueError(f"search {task} is not pending")
+        self._pending[task.batch].discard(task.fragment)
+        self.search_done(task, result)
+
+    def restore_piece(self, index: int) -> None:
+        """A piece written by an earlier run of the job: it is done, whether released yet or not."""
+        self._ready = deque(t for t in self._ready if t.piece != index)
+        self.released = [t for t in self.released if t.piece != index]
+        self._unreleased.discard(index)
+        self._done_pieces.add(index)
+
     # -- events -------------------------------------------------------------------------------------
     def next_task(self, worker: int) -> Task | None:
         """The task for an idle worker, or None when nothing can be handed out right now."""

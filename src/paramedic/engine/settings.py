@@ -25,4 +25,6 @@ class SearchSettings:
     strategy: str = "auto"  # "fragments", "queries" or "auto" (see choose_strategy)
     from_metadata: Path | None = None  # skip the search: regenerate from saved metadata
     ship: ShipSettings | None = None  # send the output to a storage site (--site) instead of -out here
+    restart: bool = False  # discard the journal of an earlier, unfinished run instead of continuing it
+    journal: bool = True  # keep finished work in a journal beside the output (paramedic.engine.journal)
     cwd: Path = field(default_factory=Path.cwd)

@@ -65,16 +65,18 @@ class OrderedWriter:
 class LocalFile:
     """A report file made durable under its final name only when complete (fsync, rename, fsync dir)."""
 
-    def __init__(self, out: Path | None):
+    def __init__(self, out: Path | None, partial: Path | None = None):
+        """`partial`: where the file is written until it is complete (in the same directory as `out`);
+        by default named after the job when paramedic launched it, so the launcher removes it after a
+        kill."""
         self.out = out
         self.tmp: Path | None = None
         self.fh: BinaryIO
         if out is None:
             self.fh = sys.stdout.buffer
         else:
-            # named after the job when paramedic launched it, so the launcher removes it after a kill
             job = os.environ.get("PARAMEDIC_JOB_ID") or str(os.getpid())
-            self.tmp = out.with_name(f".{out.name}.partial-{job}")
+            self.tmp = partial or out.with_name(f".{out.name}.partial-{job}")
             try:
                 self.fh = open(self.tmp, "wb")
             except OSError as exc:

@@ -71,6 +71,9 @@ class RunRecord:
     searched_again: int | None  # queries whose hit list filled: report by search against their whole list
     ranks_stats: list[RankStats]
     ship: dict[str, object] | None = None  # with --site: shipping figures (see ship.destination)
+    # Work an earlier, unfinished run of the job had finished, taken from its journal instead of being
+    # done again: {"searches": fragment searches, "pieces": report pieces} (None: no journal)
+    resumed: dict[str, int] | None = None
 
     def startup_share(self) -> float:
         """Estimated share of BLAST+ process start-up in the search phase (goal: under 5%)."""
@@ -123,6 +126,11 @@ class RunRecord:
             ),
             f"  output: {self.output} ({self.output_bytes:,} bytes)",
         ]
+        if self.resumed and (self.resumed["searches"] or self.resumed["pieces"]):
+            lines.append(
+                f"  resumed: {_count(self.resumed['searches'], 'fragment search', 'es')} and "
+                f"{_count(self.resumed['pieces'], 'report piece')} kept from an earlier run"
+            )
         if self.ship is not None:
             ship = self.ship
             lines.append(

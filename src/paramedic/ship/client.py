@@ -142,10 +142,11 @@ class TlsShipper:
         streams: int = 4,
         timeout: float = 300.0,
         tamper: Callable[[int, bytes], bytes] | None = None,
+        job_id: str | None = None,
     ):
         self.address = address
         self.context = client_context(keys)
-        self.job_id = uuid.uuid4().hex
+        self.job_id = job_id or uuid.uuid4().hex
         self.codec = codec
         self.setup = setup
         self.setup_payload = setup_payload

@@ -12,6 +12,7 @@ the merge of its queries is done. The job ends only when the site reports the fi
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -187,6 +188,25 @@ def _consecutive(tasks: Sequence[RegenTask], max_ids: int) -> list[list[RegenTas
             runs.append([task])
             ids = n
     return runs
+
+
+def cancel_site_job(settings: ShipSettings, job_id: str) -> None:
+    """Drop a job this compute site opened in an earlier run that was killed (best effort): a search
+    that resumes opens a new one, and the site lets only one job write an output path."""
+    if not re.fullmatch(r"[0-9a-f]{32}", job_id):
+        return
+    transport: Any
+    if settings.site.scheme == "file":
+        from paramedic.ship.inbox_client import InboxShipper
+
+        transport = InboxShipper(settings.site, "", {}, b"", settings.timeout, settings.keys, job_id=job_id)
+    else:
+        assert settings.keys is not None
+        transport = TlsShipper(settings.site, settings.keys, "", {}, b"", 1, settings.timeout, job_id=job_id)
+    try:
+        transport.cancel()
+    finally:
+        transport.close()
 
 
 def start_shipping(

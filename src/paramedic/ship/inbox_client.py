@@ -46,12 +46,13 @@ class InboxShipper:
         setup_payload: bytes,
         timeout: float,
         keys: Path | None = None,
+        job_id: str | None = None,
     ):
         import uuid
 
         assert address.path is not None
         self.inbox = address.path
-        self.job_id = uuid.uuid4().hex
+        self.job_id = job_id or uuid.uuid4().hex
         self.directory = self.inbox / self.job_id
         self.codec = codec
         self.setup = setup

@@ -1,0 +1,350 @@
+"""The journal: a search's finished work, durable beside its output, so that a killed search resumes.
+
+A search killed at any point (every rank SIGKILLed, a node lost, a batch system's time limit) and run
+again with the same command continues where it stopped: rank 0 writes each finished task to the journal
+before it counts (file fsynced, renamed, directory fsynced), and a new run replays the journal into the
+scheduler and the writer, so only unfinished work is searched again. The replayed run's output is the
+bytes an uninterrupted run writes: a fragment search's result is its exact merge keys (e-values at full
+precision), a piece is BLAST+'s own report bytes, and the plan (query batches, pieces, fragments) is the
+journal's, whatever the number of ranks this time.
+
+Layout of `.<out>.journal/` (beside the output; with --site, beside the run record):
+
+    job.json            what the output depends on (program, options, database manifest, queries digest,
+                        strategy) and the plan; a journal made by another search is refused
+    lock                held (flock) by the run that owns the journal: two runs never share one
+    search/B-F          fragment F's result for search batch B (zlib-compressed JSON)
+    piece/N             report piece N, BLAST+'s bytes (not kept when pieces ship as metadata)
+    site-job            with --site: the storage-site job this run opened (a resumed run cancels it
+                        and opens a new one, sending what the journal holds again)
+    output.partial      the report being written; renamed to the output when complete
+
+The journal is removed when the output is complete. A failed or interrupted search keeps it when it holds
+finished work (the launcher says so); `--restart` discards it. Journal files are the user's own files,
+read back only by the same user's searches: they are still validated, and a record that does not decode
+is dropped and its task run again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sys
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from paramedic.blast.hits import Candidate, FragmentSearch, Hit, PrelimList
+from paramedic.durable import fsync_dir
+from paramedic.engine.scheduler import Plan, SearchTask
+from paramedic.errors import OutputError, UsageError
+
+KIND = "paramedic-journal"
+VERSION = 1
+
+
+def journal_path(output: Path) -> Path:
+    """The journal of the search whose output (or, with --site, run record stem) is `output`."""
+    return output.with_name(f".{output.name}.journal")
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a journal holds from earlier runs of the search."""
+
+    searches: tuple[SearchTask, ...]  # in the order to replay them
+    pieces: tuple[int, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not self.searches and not self.pieces
+
+
+class Journal:
+    """One search's journal, owned (locked) by this run. Only rank 0 uses it."""
+
+    def __init__(self, path: Path, lock: IO[bytes]):
+        self.path = path
+        self._lock = lock
+        self.kept_searches = 0
+        self.kept_pieces = 0
+        self._closed = False
+
+    # -- opening ------------------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls, path: Path, identity: dict[str, Any], plan: Plan, restart: bool
+    ) -> tuple[Journal, Plan, Replay]:
+        """Take the journal at `path` (creating it), check it belongs to this search, and return it with
+        the plan to follow (the journal's, when it resumes) and what to replay."""
+        if restart and path.exists():
+            _remove_tree(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # a --site job's journal mirrors the remote path
+            path.mkdir(exist_ok=True)
+            (path / "search").mkdir(exist_ok=True)
+            (path / "piece").mkdir(exist_ok=True)
+            lock = open(path / "lock", "ab")
+        except OSError as exc:
+            raise OutputError(f"cannot keep the search's journal {path}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            lock.close()
+            raise UsageError(
+                f"another search is writing this output now (its journal {path} is in use)"
+            ) from exc
+        journal = cls(path, lock)
+        try:
+            plan = journal._agree(identity, plan)
+            replay = journal._replay(plan)
+        except BaseException:
+            journal._unlock()
+            raise
+        return journal, plan, replay
+
+    def _agree(self, identity: dict[str, Any], plan: Plan) -> Plan:
+        """The journal's plan if it was made by this same search; a new journal otherwise."""
+        job_file = self.path / "job.json"
+        if not job_file.exists():
+            self._write(
+                job_file,
+                json.dumps(
+                    {"kind": KIND, "version": VERSION, "identity": identity, "plan": _plan_json(plan)}
+                ).encode(),
+            )
+            return plan
+        try:
+            data = json.loads(job_file.read_text())
+            if data.get("kind") != KIND or data.get("version") != VERSION:
+                raise ValueError("not a version 1 journal")
+            stored = data["identity"]
+            journaled = _plan_from_json(data["plan"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(
+                f"the journal {self.path} is unreadable ({exc}); add --restart to discard it and start afresh"
+            ) from exc
+        if stored != identity:
+            differs = sorted(k for k in set(stored) | set(identity) if stored.get(k) != identity.get(k))
+            raise UsageError(
+                f"the journal {self.path} is from another search (different {', '.join(differs)}): run the "
+                "same command as before to continue it, or add --restart to discard it and start afresh"
+            )
+        if journaled.n_queries != plan.n_queries or journaled.n_fragments != plan.n_fragments:
+            raise UsageError(
+                f"the journal {self.path} does not fit this search; add --restart to start afresh"
+            )
+        return journaled
+
+    def _replay(self, plan: Plan) -> Replay:
+        searches = []
+        for name in sorted(os.listdir(self.path / "search")):
+            task = _search_task(name, plan)
+            if task is None:
+                (self.path / "search" / name).unlink(missing_ok=True)  # a temporary file or junk
+            else:
+                searches.append(task)
+        pieces = []
+        for name in sorted(os.listdir(self.path / "piece")):
+            if name.isdigit() and int(name) < len(plan.pieces) and str(int(name)) == name:
+                pieces.append(int(name))
+            else:
+                (self.path / "piece" / name).unlink(missing_ok=True)
+        searches.sort(key=lambda t: (t.batch, t.fragment))
+        return Replay(tuple(searches), tuple(sorted(pieces)))
+
+    # -- reading back -------------------------------------------------------------------------------
+    def load_search(self, task: SearchTask, queries: int) -> FragmentSearch | None:
+        """A journaled fragment search, or None when its record does not decode (it is run again)."""
+        path = self.path / "search" / f"{task.batch}-{task.fragment}"
+        try:
+            result = decode_search(zlib.decompress(path.read_bytes()))
+        except (OSError, ValueError, zlib.error, KeyError, TypeError) as exc:
+            _warn(f"journal record {path.name} dropped ({exc}): searching it again")
+            path.unlink(missing_ok=True)
+            return None
+        if len(result.hits) != queries or len(result.prelim) != queries:
+            path.unlink(missing_ok=True)
+            return None
+        self.kept_searches += 1
+        return result
+
+    def load_piece(self, index: int) -> bytes | None:
+        try:
+            data = (self.path / "piece" / str(index)).read_bytes()
+        except OSError:
+            return None
+        self.kept_pieces += 1
+        return data
+
+    # -- recording ----------------------------------------------------------------------------------
+    def search_done(self, task: SearchTask, result: FragmentSearch) -> None:
+        self._write(
+            self.path / "search" / f"{task.batch}-{task.fragment}", zlib.compress(encode_search(result), 1)
+        )
+
+    def piece_done(self, index: int, data: bytes) -> None:
+        self._write(self.path / "piece" / str(index), data)
+
+    def earlier_site_job(self) -> str | None:
+        """The storage-site job an earlier run of this search opened (to be cancelled), if any."""
+        try:
+            return (self.path / "site-job").read_text().strip() or None
+        except OSError:
+            return None
+
+    def note_site_job(self, job_id: str) -> None:
+        self._write(self.path / "site-job", job_id.encode())
+
+    @property
+    def partial_output(self) -> Path:
+        return self.path / "output.partial"
+
+    def close(self, complete: bool) -> bool:
+        """End this run's use of the journal: removed when the output is complete or nothing finished
+        is in it; otherwise kept for the next run. Returns whether it was kept."""
+        if self._closed:
+            return False
+        self._closed = True
+        keep = not complete and self._holds_work()
+        if not keep:
+            _remove_tree(self.path)
+        self._unlock()
+        return keep
+
+    def _holds_work(self) -> bool:
+        return any(any(True for _ in _names(self.path / d)) for d in ("search", "piece"))
+
+    def _write(self, path: Path, data: bytes) -> None:
+        """Durable before it counts: the file fsynced, renamed into place, its directory fsynced."""
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise OutputError(f"cannot write the search's journal {self.path}: {exc.strerror}") from exc
+
+    def _unlock(self) -> None:
+        try:
+            self._lock.close()  # releases the flock
+        except OSError:
+            pass
+
+
+def tidy(path: Path) -> bool:
+    """After a run that ended without closing its journal (a rank killed): drop its partial output, and
+    the whole journal if it holds no finished work. Returns whether finished work is kept. A journal that
+    another run holds now is left alone."""
+    try:
+        lock = open(path / "lock", "ab")
+    except OSError:
+        return False
+    with lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        journal = Journal(path, lock)
+        (path / "output.partial").unlink(missing_ok=True)
+        journal._closed = True
+        if journal._holds_work():
+            return True
+        _remove_tree(path)
+        return False
+
+
+# -- encoding ---------------------------------------------------------------------------------------
+def encode_search(result: FragmentSearch) -> bytes:
+    """A fragment search's result as JSON: floats written as Python writes them read back exactly,
+    alignments (archive text) as Latin-1 strings, which map bytes one to one."""
+    data = {
+        "hits": [[[h.evalue, h.score, h.gid, h.alignment.decode("latin-1")] for h in q] for q in result.hits],
+        "prelim": [
+            None if p is None else [p.limit, [[c.evalue, c.score, c.gid] for c in p.candidates]]
+            for p in result.prelim
+        ],
+    }
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def decode_search(raw: bytes) -> FragmentSearch:
+    data = json.loads(raw)
+    hits = [
+        [Hit(_float(e), _int(s), _int(g), a.encode("latin-1")) for e, s, g, a in query]
+        for query in data["hits"]
+    ]
+    prelim = [
+        None
+        if p is None
+        else PrelimList(_int(p[0]), tuple(Candidate(_float(e), _int(s), _int(g)) for e, s, g in p[1]))
+        for p in data["prelim"]
+    ]
+    return FragmentSearch(hits, prelim)
+
+
+def _float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, found {type(value).__name__}")
+    return float(value)
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, found {type(value).__name__}")
+    return value
+
+
+def _plan_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "batches": [[r.start, r.stop] for r in plan.batches],
+        "pieces": [[r.start, r.stop] for r in plan.pieces],
+        "n_fragments": plan.n_fragments,
+        "hitlist_size": plan.hitlist_size,
+        "direct": plan.direct,
+        "search_filled_again": plan.search_filled_again,
+    }
+
+
+def _plan_from_json(data: dict[str, Any]) -> Plan:
+    return Plan(
+        batches=tuple(range(_int(a), _int(b)) for a, b in data["batches"]),
+        n_fragments=_int(data["n_fragments"]),
+        pieces=tuple(range(_int(a), _int(b)) for a, b in data["pieces"]),
+        hitlist_size=_int(data["hitlist_size"]),
+        direct=bool(data["direct"]),
+        search_filled_again=bool(data["search_filled_again"]),
+    )
+
+
+def _search_task(name: str, plan: Plan) -> SearchTask | None:
+    batch, _, fragment = name.partition("-")
+    if not (batch.isdigit() and fragment.isdigit()):
+        return None
+    task = SearchTask(int(batch), int(fragment))
+    if task.batch >= len(plan.batches) or task.fragment >= plan.n_fragments or plan.direct:
+        return None
+    return task
+
+
+def _names(directory: Path) -> Iterator[str]:
+    try:
+        yield from (n for n in os.listdir(directory) if not n.startswith("."))
+    except OSError:
+        return
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _warn(text: str) -> None:
+    print(f"paramedic: {text}", file=sys.stderr, flush=True)

@@ -1,0 +1,212 @@
+"""Resume (issue 11 item 16): a search whose every rank is SIGKILLed, run again with the same command,
+continues from its journal and writes the bytes an uninterrupted run writes; a changed search is refused,
+--restart starts afresh, two runs never share a journal. Real mpiexec ranks, real BLAST+, real signals,
+a real storage site over TLS."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, paramedic, take_fasta
+from tests.integration.site import StorageSite
+
+pytestmark = pytest.mark.integration
+
+QUERIES = 60
+FRAGMENTS = 6
+# Small search tasks and one query per report piece: many tasks of each kind, so a kill lands between two.
+ENGINE = ["--strategy", "fragments", "--batch", "6", "--regen-batch", "1", "--quiet"]
+
+
+@dataclass
+class Data:
+    base: Path
+    queries: Path
+    db: Path
+    reference: bytes  # the uninterrupted run's output (outfmt 0)
+
+
+@pytest.fixture(scope="module")
+def data(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Data:
+    base = tmp_path_factory.mktemp("resume")
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 6000)
+    queries = take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", base / "q.fasta", QUERIES)
+    paramedic(
+        "format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", str(FRAGMENTS), "--out", "db/uni",
+        "--quiet", cwd=base,
+    )  # fmt: skip
+    paramedic(
+        "search", "blastp", *blast_args(queries, base / "db/uni", base / "ref.txt"), *ENGINE, "--np", "2"
+    )
+    return Data(base, queries, base / "db/uni", (base / "ref.txt").read_bytes())
+
+
+def blast_args(queries: Path, db: Path, out: Path | str) -> list[str]:
+    return ["-query", str(queries), "-db", str(db), "-out", str(out), "-evalue", "1e-5"]
+
+
+def records(journal: Path, kind: str) -> list[str]:
+    try:
+        return [n for n in os.listdir(journal / kind) if not n.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
+def kill_every_rank_when(command: list[str], cwd: Path, journal: Path, ready, limit: float = 120) -> None:
+    """Run `command` under our own `mpiexec -n 3` and SIGKILL mpiexec and every rank (with its BLAST+
+    processes) as soon as `ready(journal)` holds: as a node loss or a batch system's hard kill would."""
+    ranks_dir = cwd / "ranks"
+    ranks_dir.mkdir(exist_ok=True)
+    tmp = cwd / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "PARAMEDIC_RANKS_DIR": str(ranks_dir), "TMPDIR": str(tmp)}
+    mpiexec = subprocess.Popen(
+        [str(BIN / "mpiexec"), "-n", "3", sys.executable, "-m", "paramedic", *command],
+        cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + limit
+    try:
+        while not ready(journal):
+            assert mpiexec.poll() is None, f"the search ended before the kill: {mpiexec.stderr.read()!r}"
+            assert time.monotonic() < deadline, "the search never reached the point to kill it at"
+            time.sleep(0.01)
+    finally:
+        ranks = [int(p.name) for p in ranks_dir.iterdir() if p.name.isdigit()]
+        for pid in ranks:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        os.killpg(mpiexec.pid, signal.SIGKILL)
+        mpiexec.wait()
+    for pid in ranks:  # every rank is gone before the next run starts
+        while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            time.sleep(0.05)
+
+
+def searches_done(at_least: int):
+    return lambda journal: len(records(journal, "search")) >= at_least and not records(journal, "piece")
+
+
+def pieces_done(at_least: int):
+    return lambda journal: len(records(journal, "piece")) >= at_least
+
+
+def total_searches(record: dict) -> int:
+    return sum(rank["tasks"].get("search", 0) for rank in record["ranks_stats"])
+
+
+@pytest.mark.parametrize(
+    "kill_at", [searches_done(3), pieces_done(1)], ids=["while searching", "while writing"]
+)
+def test_killed_search_run_again_continues_and_equals_an_uninterrupted_run(
+    data: Data, tmp_path: Path, kill_at
+) -> None:
+    out = tmp_path / "hits.txt"
+    journal = tmp_path / ".hits.txt.journal"
+    command = ["search", "blastp", *blast_args(data.queries, data.db, out), *ENGINE]
+    kill_every_rank_when(command, tmp_path, journal, kill_at)
+    kept_searches, kept_pieces = len(records(journal, "search")), len(records(journal, "piece"))
+    assert kill_at(journal) and not out.exists()
+
+    # run again, by the launcher and with fewer ranks: the journal's plan is followed
+    proc = paramedic(*command, "--np", "1", cwd=tmp_path)
+    assert out.read_bytes() == data.reference
+    record = json.loads((tmp_path / "hits.txt.run.json").read_text())
+    assert record["resumed"]["searches"] >= kept_searches > 0
+    assert record["resumed"]["pieces"] >= kept_pieces
+    # only unfinished work was searched again: this run's searches and the kept ones make one full grid
+    assert total_searches(record) + record["resumed"]["searches"] == record["batches"] * FRAGMENTS
+    assert not journal.exists()  # the output is complete: the journal is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hits.txt", "hits.txt.run.json", "ranks", "tmp"]
+    assert proc.stderr == ""
+
+
+def test_a_changed_search_is_refused_and_restart_starts_afresh(data: Data, tmp_path: Path) -> None:
+    out = tmp_path / "hits.txt"
+    journal = tmp_path / ".hits.txt.journal"
+    queries = tmp_path / "q.fasta"
+    queries.write_bytes(data.queries.read_bytes())
+    command = ["search", "blastp", *blast_args(queries, data.db, out), *ENGINE]
+    kill_every_rank_when(command, tmp_path, journal, searches_done(2))
+
+    queries.write_text(data.queries.read_text().replace(">", ">x", 1))  # another first query name
+    proc = paramedic(*command, cwd=tmp_path, check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert "is from another search (different queries)" in lines[0] and "--restart" in lines[0], lines
+    assert records(journal, "search") and not out.exists()  # the journal is left as it was
+
+    queries.write_bytes(data.queries.read_bytes())
+    stricter = [("1e-6" if a == "1e-5" else a) for a in command]
+    proc = paramedic(*stricter, cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "(different options)" in proc.stderr, proc.stderr
+
+    paramedic(*command, "--restart", cwd=tmp_path)
+    assert out.read_bytes() == data.reference
+    record = json.loads((tmp_path / "hits.txt.run.json").read_text())
+    assert record["resumed"] == {"searches": 0, "pieces": 0}
+    assert total_searches(record) == record["batches"] * FRAGMENTS
+    assert not journal.exists()
+
+
+def test_a_journal_in_use_is_not_shared(data: Data, tmp_path: Path) -> None:
+    """Two runs of one search at once: the second is refused (before it writes anything)."""
+    out = tmp_path / "hits.txt"
+    journal = tmp_path / ".hits.txt.journal"
+    journal.mkdir()
+    with open(journal / "lock", "ab") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # as the first run holds it
+        proc = paramedic("search", "blastp", *blast_args(data.queries, data.db, out), *ENGINE, cwd=tmp_path,
+                         check=False)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "another search is writing this output now" in proc.stderr
+    assert not out.exists()
+    assert sorted(os.listdir(journal)) == ["lock", "piece", "search"]  # nothing of the refused run's
+
+
+@pytest.fixture(scope="module")
+def storage(data: Data, tmp_path_factory: pytest.TempPathFactory):
+    base = tmp_path_factory.mktemp("resume-site")
+    (base / "root").mkdir()
+    subprocess.run(["cp", "-r", str(data.db.parent), str(base / "replica")], check=True)
+    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
+    site = StorageSite(base / "replica" / "uni", base / "root", base / "keys" / "server", base / "serve.log")
+    site.start()
+    try:
+        yield site, base / "keys" / "compute-a"
+    finally:
+        site.stop()
+
+
+@pytest.mark.parametrize("mode", ["direct", "metadata"])
+def test_killed_site_search_run_again_continues(data: Data, storage, tmp_path: Path, mode: str) -> None:
+    """With --site the journal lives beside the run record; the run again cancels the killed run's site
+    job (which still holds the output path) and ships what the journal holds again."""
+    site, keys = storage
+    out = f"resumed-{mode}.txt"
+    journal = tmp_path / f".{out}.journal"
+    command = [
+        "search", "blastp", *blast_args(data.queries, data.db, out), *ENGINE,
+        "--site", site.url, "--keys", str(keys), "--ship", mode,
+    ]  # fmt: skip
+    kill_every_rank_when(command, tmp_path, journal, searches_done(3))
+    assert (journal / "site-job").exists()
+
+    paramedic(*command, "--np", "1", cwd=tmp_path)
+    assert (site.root / out).read_bytes() == data.reference
+    record = json.loads((tmp_path / f"{out}.run.json").read_text())
+    assert record["resumed"]["searches"] >= 3
+    assert total_searches(record) + record["resumed"]["searches"] == record["batches"] * FRAGMENTS
+    assert not journal.exists()
+    assert "superseded" not in site.log()  # the old job was cancelled, not waited out

@@ -1,0 +1,106 @@
+"""The journal's records and its replay into the scheduler (paramedic.engine.journal), without MPI."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from pathlib import Path
+
+import pytest
+
+from paramedic.blast.hits import Candidate, FragmentSearch, Hit, PrelimList
+from paramedic.engine.journal import Journal, decode_search, encode_search
+from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask
+from paramedic.errors import UsageError
+
+PLAN = Plan(
+    batches=(range(0, 2), range(2, 3)), n_fragments=2, pieces=(range(0, 1), range(1, 3)), hitlist_size=5
+)
+IDENTITY = {"program": "blastp", "queries": "abc"}
+
+
+def result(n_queries: int, gid: int) -> FragmentSearch:
+    # e-values that differ in the last bits, as sum statistics give them: the journal must keep them exact
+    evalue = 4.658239190000001e-3
+    close = math.nextafter(evalue, 1)
+    return FragmentSearch(
+        hits=[[Hit(evalue, 50 + q, gid + q, b"Seq-align ::= {\xff\x00}")] for q in range(n_queries)],
+        prelim=[
+            PrelimList(500, (Candidate(evalue, 50 + q, gid + q), Candidate(close, 40, gid + 100)))
+            for q in range(n_queries)
+        ],
+    )
+
+
+def test_a_search_result_reads_back_exactly() -> None:
+    original = result(3, 7)
+    back = decode_search(encode_search(original))
+    assert back == original
+    assert [h.alignment for q in back.hits for h in q] == [h.alignment for q in original.hits for h in q]
+    assert back.prelim[1].candidates[1].evalue == math.nextafter(back.prelim[1].candidates[0].evalue, 1)
+
+
+def test_replay_restores_the_scheduler_and_the_plan_of_the_first_run(tmp_path: Path) -> None:
+    path = tmp_path / ".out.journal"
+    journal, plan, replay = Journal.open(path, IDENTITY, PLAN, restart=False)
+    assert plan == PLAN and replay.empty
+    journal.search_done(SearchTask(0, 0), result(2, 10))
+    journal.search_done(SearchTask(0, 1), result(2, 20))
+    journal.piece_done(0, b"piece zero")
+    assert journal.close(complete=False)  # finished work: kept
+
+    other_plan = Plan(batches=(range(0, 3),), n_fragments=2, pieces=(range(0, 3),), hitlist_size=5)
+    journal, plan, replay = Journal.open(path, IDENTITY, other_plan, restart=False)
+    assert plan == PLAN  # the journal's plan, not the one this run would make
+    assert replay.searches == (SearchTask(0, 0), SearchTask(0, 1)) and replay.pieces == (0,)
+    scheduler = Scheduler(plan)
+    for task in replay.searches:
+        loaded = journal.load_search(task, len(plan.batches[task.batch]))
+        assert loaded is not None
+        scheduler.restore_search(task, loaded)
+    scheduler.restore_piece(0)
+    # batch 0 is merged, piece 0 is done: only batch 1's searches remain, then piece 1
+    handed = [scheduler.next_task(1), scheduler.next_task(1), scheduler.next_task(1)]
+    assert handed == [SearchTask(1, 0), SearchTask(1, 1), None]
+    assert set(scheduler.metadata(0) or ()) == {10, 20} and set(scheduler.metadata(1) or ()) == {11, 21}
+    assert journal.kept_searches == 2
+    journal.close(complete=True)
+    assert not path.exists()
+
+
+def test_a_record_that_does_not_decode_is_dropped_and_searched_again(tmp_path: Path) -> None:
+    path = tmp_path / ".out.journal"
+    journal, plan, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
+    journal.search_done(SearchTask(1, 0), result(1, 3))
+    (path / "search" / "1-0").write_bytes(zlib.compress(b'{"hits": [[["x", 1, 2, ""]]], "prelim": [null]}'))
+    (path / "search" / "9-0").write_bytes(b"")  # outside the plan
+    journal.close(complete=False)
+    journal, plan, replay = Journal.open(path, IDENTITY, PLAN, restart=False)
+    assert replay.searches == (SearchTask(1, 0),)
+    assert journal.load_search(SearchTask(1, 0), 1) is None
+    assert not (path / "search" / "1-0").exists() and not (path / "search" / "9-0").exists()
+    assert not journal.close(complete=False)  # nothing finished left: removed
+    assert not path.exists()
+
+
+def test_another_search_is_refused_and_restart_discards(tmp_path: Path) -> None:
+    path = tmp_path / ".out.journal"
+    journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
+    journal.piece_done(1, b"x")
+    journal.close(complete=False)
+    with pytest.raises(UsageError, match=r"another search \(different queries\).*--restart"):
+        Journal.open(path, {**IDENTITY, "queries": "def"}, PLAN, restart=False)
+    journal, _, replay = Journal.open(path, {**IDENTITY, "queries": "def"}, PLAN, restart=True)
+    assert replay.empty
+    journal.close(complete=True)
+
+
+def test_restore_piece_takes_a_ready_piece_out_of_the_queue() -> None:
+    scheduler = Scheduler(Plan(batches=(range(0, 2),), n_fragments=1, pieces=(range(0, 1), range(1, 2)),
+                               hitlist_size=5, direct=True))  # fmt: skip
+    scheduler.restore_piece(0)
+    task = scheduler.next_task(1)
+    assert isinstance(task, RegenTask) and task.piece == 1
+    assert scheduler.next_task(1) is None
+    scheduler.regen_done(task)
+    assert scheduler.finished
