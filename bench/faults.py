@@ -476,6 +476,7 @@ class Soak:
         self.attempts: list[Attempt] = []
         self.running: dict[str, Attempt] = {}
         self.violations: list[dict[str, Any]] = []
+        self.messages: Counter[str] = Counter()  # failed runs' messages, numbers as N
         self.counts: Counter[str] = Counter()
         self.events: list[dict[str, Any]] = []
         self.rss_peak = 0
@@ -558,7 +559,7 @@ class Soak:
                         self.counts["jobs done"] += 1
                         self.counts[f"jobs done at run {attempt + 1}"] += 1
                     break
-                self.stop_jobs.wait(rng.uniform(0.5, 2.0))
+                self.stop_jobs.wait(rng.uniform(2.0, 8.0))
             self.end_job(workdir, kind, f"runs/{job}-k{kind.index}.out")
             self.stop_jobs.wait(rng.uniform(0, 1.0))
 
@@ -643,6 +644,11 @@ class Soak:
                 self.violation("not one line", **where, stderr=stderr[-800:])
             if stdout.strip():
                 self.violation("output on stdout", **where, stdout=stdout[-400:])
+            if at.code != 0 and said:
+                message = re.sub(r"runs/c\d+n\d+-k\d+\.out", "runs/<job>.out", said[0])
+                message = re.sub(r"\d[\d,.]*", "N", message)[:160]
+                with self.lock:
+                    self.messages[message] += 1
             time.sleep(0.2)
             deadline = time.monotonic() + 15
             while (left := marked(f"{self.run_id}:job:{at.aid}:")) and time.monotonic() < deadline:
@@ -670,7 +676,8 @@ class Soak:
                 with contextlib.suppress(ValueError, OSError):
                     run_record = json.loads(record.read_text())
                     at.ship = run_record.get("ship") or {}
-                    if run_record.get("resumed"):
+                    resumed = run_record.get("resumed") or {}
+                    if any(isinstance(v, int) and v > 0 for v in resumed.values()):
                         with self.lock:
                             self.counts["runs that resumed from a journal"] += 1
             published = self.site_root / at.out
@@ -993,6 +1000,7 @@ class Soak:
                 "failed_after_the_site_published": self.counts[
                     "runs failed after the site published the output"
                 ],
+                "failure_messages": dict(self.messages.most_common()),
             },
             "faults": {
                 "client_kills": {
