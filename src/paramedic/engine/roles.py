@@ -230,7 +230,7 @@ def _master(
 
         if job.preloaded is not None:
             scheduler.preload(job.preloaded)
-            ship_released()
+        ship_released()  # pieces a preload or the journal's searches released: no search may follow
         if size == 1:
             while not scheduler.finished:
                 task = scheduler.next_task(0)
