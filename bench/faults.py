@@ -451,6 +451,7 @@ class Attempt:
     code: int | None = None
     killed: str = ""  # "tree", "rank", "term": what the chaos did to it
     ship: dict[str, Any] = field(default_factory=dict)
+    message: str = ""  # a failed run's first line
 
     @property
     def cwd(self) -> Path:
@@ -517,6 +518,7 @@ class Soak:
         run([PARAMEDIC, "keys", "--out", str(w / "keys"), "--server", "localhost",
              *[x for c in clients for x in ("--client", c)]])  # fmt: skip
         (w / "queries").mkdir()
+        (w / "gave-up").mkdir()
         (w / "reference").mkdir()
         outfmts = ["0", "7"]
         for k in range(a.kinds):
@@ -579,6 +581,8 @@ class Soak:
                 with self.lock:
                     self.published_after_failure += 1
             published.unlink()
+        if self.args.keep and journals:  # for a look at what a resume would start from
+            shutil.move(workdir, self.work / "gave-up" / workdir.parent.name)
         shutil.rmtree(workdir, ignore_errors=True)
 
     def run_attempt(self, at: Attempt) -> None:
@@ -645,6 +649,9 @@ class Soak:
             if stdout.strip():
                 self.violation("output on stdout", **where, stdout=stdout[-400:])
             if at.code != 0 and said:
+                at.message = said[0][:300]
+                if "internal" in said[0]:  # an internal error is a bug, whatever its exit code
+                    self.violation("internal error", **where, stderr=stderr[-400:])
                 message = re.sub(r"runs/c\d+n\d+-k\d+\.out", "runs/<job>.out", said[0])
                 message = re.sub(r"\d[\d,.]*", "N", message)[:160]
                 with self.lock:
@@ -1037,6 +1044,19 @@ class Soak:
                 "dev_shm_private_per_job": self.shm is not None,
             },
             "violations": self.violations,
+            "run_list": [
+                {
+                    "run": at.aid,
+                    "mode": at.mode,
+                    "streams": at.streams,
+                    "kind": at.kind.index,
+                    "exit": at.code,
+                    "killed": at.killed or None,
+                    "seconds": round(at.seconds, 1),
+                    "message": at.message or None,
+                }
+                for at in sorted(self.attempts, key=lambda at: at.started)
+            ],  # fmt: skip
             "events": self.events,
         }
 
