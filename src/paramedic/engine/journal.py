@@ -64,6 +64,9 @@ class Replay:
         return not self.searches and not self.pieces
 
 
+NOTHING = Replay((), ())  # a run with no journal, or a new one
+
+
 class Journal:
     """One search's journal, owned (locked) by this run. Only rank 0 uses it."""
 

@@ -60,21 +60,28 @@ class Plan:
     def __post_init__(self) -> None:
         _check_cover(self.batches, "batches")
         _check_cover(self.pieces, "pieces")
+        if (self.batches[0].start, self.batches[-1].stop) != (self.pieces[0].start, self.pieces[-1].stop):
+            raise ValueError("batches and pieces must cover the same queries")
         if self.n_fragments < 1:
             raise ValueError("need at least one fragment")
 
     @property
+    def first_query(self) -> int:
+        """Global index of the plan's first query: 0 for a whole job, more for a part of one."""
+        return self.batches[0].start
+
+    @property
     def n_queries(self) -> int:
-        return self.batches[-1].stop
+        return self.batches[-1].stop - self.first_query
 
 
 def _check_cover(ranges: tuple[range, ...], what: str) -> None:
     if (
         not ranges
-        or ranges[0].start != 0
+        or ranges[0].start < 0
         or any(a.stop != b.start for a, b in zip(ranges, ranges[1:], strict=False))
     ):
-        raise ValueError(f"{what} must be consecutive ranges starting at query 0")
+        raise ValueError(f"{what} must be consecutive ranges of query indices")
     if any(len(r) == 0 for r in ranges):
         raise ValueError(f"{what} must not be empty")
 
@@ -122,7 +129,7 @@ class Scheduler:
         """Start from known metadata (a saved search): no search tasks, only regeneration."""
         if len(merged) != self.plan.n_queries:
             raise ValueError(f"metadata has {len(merged)} queries, the job {self.plan.n_queries}")
-        self._merged = dict(enumerate(merged))
+        self._merged = dict(enumerate(merged, start=self.plan.first_query))
         self._pending = [set() for _ in self.plan.batches]
         self._waiting = [0] * len(self.plan.batches)
         self._release_pieces()
@@ -134,8 +141,9 @@ class Scheduler:
         self._pending[task.batch].discard(task.fragment)
         self.search_done(task, result)
 
-    def restore_piece(self, index: int) -> None:
-        """A piece written by an earlier run of the job: it is done, whether released yet or not."""
+    def mark_piece_done(self, index: int) -> None:
+        """A piece whose report was written otherwise (by an earlier run of the job, or as the --ship
+        auto probe): it is done, whether released yet or not."""
         self._ready = deque(t for t in self._ready if t.piece != index)
         self.released = [t for t in self.released if t.piece != index]
         self._unreleased.discard(index)
@@ -199,12 +207,6 @@ class Scheduler:
         for task in taken:
             self._done_pieces.add(task.piece)
         return taken
-
-    def requeue(self, tasks: list[RegenTask]) -> None:
-        """Taken pieces that are to be regenerated after all (ahead of everything else)."""
-        for task in tasks:
-            self._done_pieces.discard(task.piece)
-        self._ready.extendleft(reversed(tasks))
 
     def stop_holding(self) -> None:
         """From now on released pieces become regeneration tasks again (held ones first)."""
