@@ -104,7 +104,8 @@ def check_before_launch(settings: SearchSettings) -> None:
     them); what cannot be checked here yet is left to rank 0, which checks everything again."""
     from paramedic.blast.options import CHECKED_VARIABLE, BlastOptions, check_values
     from paramedic.blast.programs import PROGRAMS
-    from paramedic.engine.job import check_outfmt, resolve_database
+    from paramedic.db.locate import resolve_database
+    from paramedic.engine.job import check_outfmt
 
     program = PROGRAMS.get(settings.program)
     if program is None:

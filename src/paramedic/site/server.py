@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paramedic.engine.job import resolve_database
+from paramedic.db.locate import resolve_database
 from paramedic.errors import UsageError
 from paramedic.ship.tls import peer_name, server_context
 from paramedic.ship.wire import (
