@@ -26,10 +26,11 @@ import uuid
 from pathlib import Path
 from typing import IO, Any
 
-from paramedic.cli import MPI_RANK_VARIABLES
 from paramedic.engine.settings import SearchSettings
 from paramedic.errors import InternalError, JobError, ParamedicError
 
+# Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
+MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
 LAUNCHED_VARIABLE = "PARAMEDIC_LAUNCHED"
 # Where a failing rank leaves its one-line message for the launching process: mpiexec may tear the job
 # down before it forwards the rank's stderr, and the user must still see why the job failed.
