@@ -51,8 +51,9 @@ from typing import Any
 from paramedic.blast.run import Database
 from paramedic.durable import fsync_dir, write_durably
 from paramedic.errors import ParamedicError
-from paramedic.ship.codecs import Codec, make_codec
+from paramedic.ship.codecs import Codec
 from paramedic.ship.paths import output_path_problem
+from paramedic.ship.registry import make_codec
 from paramedic.ship.wire import ProtocolError, field_int, field_str, loads_json
 from paramedic.site.safefs import OutputLocation, TargetExists, UnsafePath
 
