@@ -79,7 +79,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         # relative path (one record per output path, as for a local -out)
         check_shippable(options)
         out_path = None
-        record = settings.record or cwd / (settings.ship.out + ".run.json")
+        record: Path | None = settings.record or cwd / (settings.ship.out + ".run.json")
     else:
         out_path = _resolve(cwd, out) if out and out != "-" else None
         if out_path is not None:

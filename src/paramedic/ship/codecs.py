@@ -23,7 +23,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import zstandard
 
@@ -42,6 +42,12 @@ class Segment:
 
     position: int
     data: bytes
+
+
+class BinaryWriter(Protocol):
+    """Where `assemble` writes the final file: anything with a binary `write`."""
+
+    def write(self, data: bytes, /) -> object: ...
 
 
 class Codec(ABC):
@@ -68,7 +74,7 @@ class Codec(ABC):
     def decode(self, header: dict[str, Any], payload: Any, context: Any) -> list[Segment]:
         """Output for one unpacked payload; ProtocolError (or a ParamedicError) when it is malformed."""
 
-    def assemble(self, pieces: Iterator[tuple[int, bytes]], context: Any, out: BinaryIO) -> None:
+    def assemble(self, pieces: Iterator[tuple[int, bytes]], context: Any, out: BinaryWriter) -> None:
         """Write the final file from all pieces in order ("pieces" layout only)."""
         raise NotImplementedError
 
