@@ -66,7 +66,7 @@ lint: setup
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports --no-logo
 
 bench: setup data
 	PARAMEDIC_DATA=$(DATA) $(PY) bench/throughput.py --rounds 3
