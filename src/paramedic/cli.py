@@ -10,8 +10,6 @@ from pathlib import Path
 from paramedic import __version__
 from paramedic.errors import ParamedicError, UsageError
 
-# Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
-MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
 USAGE = """\
 paramedic: parallel NCBI BLAST+ on MPI, with ParaMEDIC's metadata shipping to a storage site.
 

@@ -368,7 +368,7 @@ def _metadata_setup(sites: Sites, n_queries: int = 2, pieces: int = 1) -> tuple[
     """The setup `open_shipping` would send for the first `n_queries` queries, outfmt 7, in `pieces`
     equal regeneration pieces."""
     from paramedic.db.fasta import read_fasta
-    from paramedic.engine.job import resolve_database
+    from paramedic.db.locate import resolve_database
 
     db, manifest = resolve_database("db/uni", sites.compute)
     queries = [(r.header, r.sequence) for r in read_fasta(sites.compute / "q.fasta", "prot")][:n_queries]

@@ -2,7 +2,7 @@
 
 An alias with `NSEQ` and `LENGTH` of the whole database makes BLAST+ compute e-values (blastp and blastn)
 and print size lines exactly as for the whole database; `OIDLIST` restricts a search to a bit mask of
-ordinal ids without copying any sequence (see DESIGN.md, "Statistics and merge").
+ordinal ids without copying any sequence (see docs/DESIGN.md, "Statistics and merge").
 """
 
 from __future__ import annotations

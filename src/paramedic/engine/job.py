@@ -16,19 +16,19 @@ from pathlib import Path
 from paramedic.blast.options import BlastOptions, check_values
 from paramedic.blast.prelim import batch_residues, composition_adjusted, query_batches, split_query
 from paramedic.blast.prelim_check import check_shim
-from paramedic.blast.programs import PROGRAMS, alias_suffix
+from paramedic.blast.programs import PROGRAMS
 from paramedic.blast.render import can_render
 from paramedic.blast.run import Database
 from paramedic.blast.tools import require_tool
 from paramedic.db.fasta import read_fasta
-from paramedic.db.manifest import Manifest, load_manifest, verify_volumes
+from paramedic.db.locate import resolve_database
 from paramedic.db.seqids import SeqIdTable
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings
-from paramedic.errors import BlastError, DatabaseError, OutputError, UsageError
+from paramedic.errors import BlastError, OutputError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.ship.destination import ShipSettings, check_shippable
 
@@ -96,7 +96,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         # relative path (one record per output path, as for a local -out)
         check_shippable(options)
         out_path = None
-        record = settings.record or cwd / (settings.ship.out + ".run.json")
+        record: Path | None = settings.record or cwd / (settings.ship.out + ".run.json")
         journal = journal_path(cwd / settings.ship.out) if settings.journal else None
     else:
         out_path = _resolve(cwd, out) if out and out != "-" else None
@@ -164,42 +164,6 @@ def prepare_job(settings: SearchSettings) -> Job:
 def _resolve(cwd: Path, path: str) -> Path:
     p = Path(path)
     return p if p.is_absolute() else cwd / p
-
-
-def resolve_database(arg: str, cwd: Path) -> tuple[Database, Manifest]:
-    """Find the database as BLAST+ does (current directory, then $BLASTDB) and check it is complete."""
-    candidates = [_resolve(cwd, arg)]
-    if not Path(arg).is_absolute():
-        candidates += [Path(d) / arg for d in os.environ.get("BLASTDB", "").split(":") if d]
-    directory = next((c for c in candidates if (c / "manifest.json").is_file()), None)
-    if directory is None:
-        if any(c.with_name(c.name + suffix).exists() for c in candidates for suffix in (".pal", ".nal")):
-            raise DatabaseError(f"{arg}: a BLAST+ database but not one made by `paramedic format`")
-        raise DatabaseError(f"database {arg!r} not found (looked in {', '.join(str(c) for c in candidates)})")
-    directory = directory.resolve()
-    manifest = load_manifest(directory)
-    verify_volumes(directory, manifest)  # sizes on every search, digests once per database (cached)
-    missing = [
-        name
-        for name in [manifest.whole, *(f.name for f in manifest.fragments)]
-        if not list(directory.glob(name + ".*"))
-    ]
-    if missing:
-        raise DatabaseError(f"{arg}: incomplete database, missing {', '.join(missing)}")
-    top_alias = directory.with_name(directory.name + alias_suffix(manifest.dbtype))
-    if not top_alias.is_file():
-        raise DatabaseError(f"{arg}: incomplete database, missing {top_alias.name}")
-    database = Database(
-        arg=arg,
-        directory=directory,
-        dbtype=manifest.dbtype,
-        title=manifest.title,
-        nseq=manifest.nseq,
-        length=manifest.length,
-        whole=manifest.whole,
-        fragments=tuple(f.name for f in manifest.fragments),
-    )
-    return database, manifest
 
 
 # Query segmentation is chosen when the whole database takes at most this share of the machine's memory:

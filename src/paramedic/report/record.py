@@ -119,7 +119,7 @@ class RunRecord:
             f"  strategy: {self.strategy}"
             + (
                 f"; hits: {_count(self.metadata_pairs, 'query-subject pair')}, "
-                f"{_count(self.queries_with_hits, 'query', 'ies')} with hits, "
+                f"{_count(self.queries_with_hits or 0, 'query', 'ies')} with hits, "
                 f"{self.searched_again} searched again (hit list filled)"
                 if self.metadata_pairs is not None
                 else " (query segmentation: whole database per task, no merge)"

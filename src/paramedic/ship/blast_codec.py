@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any
 
 from paramedic.blast.options import BlastOptions
 from paramedic.blast.programs import PROGRAMS
@@ -21,6 +21,7 @@ from paramedic.blast.run import Database, regenerate
 from paramedic.errors import ParamedicError
 from paramedic.output.stitch import Stitcher, can_stitch
 from paramedic.ship.codecs import (
+    BinaryWriter,
     Codec,
     Segment,
     pack_json,
@@ -172,7 +173,9 @@ class BlastMetadataCodec(Codec):
             segments.append(Segment(index, data))
         return segments
 
-    def assemble(self, pieces: Iterator[tuple[int, bytes]], context: BlastSiteContext, out: BinaryIO) -> None:
+    def assemble(
+        self, pieces: Iterator[tuple[int, bytes]], context: BlastSiteContext, out: BinaryWriter
+    ) -> None:
         stitcher = Stitcher(context.options.outfmt(), len(context.pieces))
         total = len(context.queries)
         for index, data in pieces:

@@ -27,8 +27,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from paramedic.errors import ParamedicError, UsageError
+from paramedic.ship.tls import client_context
 from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
-from paramedic.site.tls import client_context
 
 WINDOW = 32
 CONNECT_SECONDS = 10.0

@@ -17,10 +17,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from paramedic.blast.options import BlastOptions
-from paramedic.engine.scheduler import RegenTask
 from paramedic.errors import UsageError
 from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS, BlastJobSetup, BlastMetadataCodec
 from paramedic.ship.client import SiteAddress, SiteError, TlsShipper
@@ -32,6 +31,20 @@ METADATA_FLUSH_SECONDS = 10.0
 # Ids per metadata container: well under idcodec.MAX_IDS, so big jobs ship in several containers (which
 # still refer to each other's ids: the cost of splitting is a few bytes per container).
 METADATA_CONTAINER_IDS = 2**18
+
+
+class Piece(Protocol):
+    """What shipping metadata reads of a released output piece (the engine's `RegenTask` is one): its
+    position in the output, its queries, and per query the merged subject ids in BLAST order."""
+
+    @property
+    def piece(self) -> int: ...
+    @property
+    def first_query(self) -> int: ...
+    @property
+    def n_queries(self) -> int: ...
+    @property
+    def subjects(self) -> tuple[tuple[int, ...], ...] | None: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,7 @@ class Shipping:
         self.result: dict[str, Any] | None = None
         self.finish_seconds = 0.0
         self.decision: dict[str, Any] | None = None
-        self.buffered: list[RegenTask] = []
+        self.buffered: list[Piece] = []
         self.buffered_since = 0.0
         self.flush_queries = 1  # set by start_shipping: a quarter of the job's queries
 
@@ -104,7 +117,7 @@ class Shipping:
         self.digest.update(data)
 
     # -- pieces: metadata ------------------------------------------------------------------------------
-    def ship_pieces(self, tasks: Sequence[RegenTask]) -> None:
+    def ship_pieces(self, tasks: Sequence[Piece]) -> None:
         """Ship released pieces, a few at a time: consecutive ones travel as one chunk (each chunk costs a
         container header and a round trip; the ids compress against earlier chunks' either way), so pieces
         wait until a quarter of the queries or METADATA_FLUSH_SECONDS have gathered. The site still gets
@@ -175,9 +188,9 @@ class Shipping:
         }
 
 
-def _consecutive(tasks: Sequence[RegenTask], max_ids: int) -> list[list[RegenTask]]:
+def _consecutive(tasks: Sequence[Piece], max_ids: int) -> list[list[Piece]]:
     """Runs of consecutive pieces, each holding at most `max_ids` subject ids (or a single piece)."""
-    runs: list[list[RegenTask]] = []
+    runs: list[list[Piece]] = []
     ids = 0
     for task in sorted(tasks, key=lambda t: t.piece):
         n = sum(len(s) for s in task.subjects or ())

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paramedic.engine.job import resolve_database
+from paramedic.db.locate import resolve_database
 from paramedic.errors import UsageError
+from paramedic.ship.tls import peer_name, server_context
 from paramedic.ship.wire import (
     MAX_PAYLOAD_BYTES,
     ConnectionClosed,
@@ -53,7 +54,6 @@ from paramedic.site.store import (
     Quota,
     Replica,
 )
-from paramedic.site.tls import peer_name, server_context
 
 PROTOCOL_VERSION = 1
 TLS_OWNER = "tls:"  # a job opened over TLS belongs to "tls:<certificate CN>" (the inbox's jobs do not)

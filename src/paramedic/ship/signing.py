@@ -77,6 +77,7 @@ class Signer:
         now = datetime.datetime.now(datetime.UTC)
         if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
             raise ProtocolError(f"{what}: the signer's certificate has expired or is not yet valid")
+        usages: x509.ExtendedKeyUsage | list[x509.ObjectIdentifier]
         try:
             usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
         except x509.ExtensionNotFound:
