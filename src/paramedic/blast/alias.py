@@ -7,10 +7,11 @@ ordinal ids without copying any sequence (see docs/DESIGN.md, "Statistics and me
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
+
+from paramedic.durable import write_durably
 
 
 def write_alias(
@@ -27,9 +28,7 @@ def write_alias(
     if oidlist is not None:
         lines.append(f"OIDLIST {_quote(oidlist)}")
     lines += [f"NSEQ {nseq}", f"LENGTH {length}"]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, path)
+    write_durably(path, ("\n".join(lines) + "\n").encode())
 
 
 def _quote(entry: str) -> str:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from paramedic.blast.hits import Candidate, FragmentSearch, Hit, PrelimList
-from paramedic.durable import fsync_dir
+from paramedic.durable import write_durably
 from paramedic.engine.scheduler import Plan, SearchTask
 from paramedic.errors import OutputError, UsageError
 
@@ -224,16 +224,9 @@ class Journal:
 
     def _write(self, path: Path, data: bytes) -> None:
         """Durable before it counts: the file fsynced, renamed into place, its directory fsynced."""
-        tmp = path.with_name(f".{path.name}.tmp")
         try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-            fsync_dir(path.parent)
+            write_durably(path, data)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             raise OutputError(f"cannot write the search's journal {self.path}: {exc.strerror}") from exc
 
     def _unlock(self) -> None:

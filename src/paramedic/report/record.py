@@ -7,12 +7,12 @@ writing the report for a query group), `write` (master: stitching and writing pi
 from __future__ import annotations
 
 import json
-import os
 import resource
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from paramedic.blast.forkserver import close_fork_servers
+from paramedic.durable import write_durably
 
 PHASES = ("search", "merge", "regenerate", "write")
 
@@ -104,9 +104,7 @@ class RunRecord:
         data["phase_totals"] = self.phase_totals()
         data["search_startup_share"] = round(self.startup_share(), 4)
         path.parent.mkdir(parents=True, exist_ok=True)  # a --site job's record mirrors the remote path
-        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, path)
+        write_durably(path, (json.dumps(data, indent=2) + "\n").encode())
 
     def summary(self) -> str:
         totals = self.phase_totals()
