@@ -246,6 +246,8 @@ def _search(argv: list[str]) -> int:
 
 
 def _search_parser() -> argparse.ArgumentParser:
+    from paramedic.ship.destination import SHIP_MODES  # the codecs' choices (paramedic.ship.registry)
+
     parser = _parser(
         "search",
         "Search with BLAST+ in parallel over a database made by `paramedic format`. BLAST+ options keep "
@@ -302,7 +304,7 @@ def _search_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--ship",
-        choices=["direct", "compressed", "metadata", "auto"],
+        choices=SHIP_MODES,
         default="auto",
         help="what crosses the link with --site (default auto: measured choice)",
     )

@@ -91,6 +91,7 @@ class BlastSiteContext:
 class BlastMetadataCodec(Codec):
     name = "blast-metadata"
     layout = "pieces"
+    ship_mode = "metadata"
     ordered = True  # a query's ids are coded against earlier queries' ids (idcodec.IdHistory)
 
     def __init__(self) -> None:

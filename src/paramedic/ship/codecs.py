@@ -53,6 +53,9 @@ class BinaryWriter(Protocol):
 class Codec(ABC):
     name: ClassVar[str]
     layout: ClassVar[Literal["ranges", "pieces"]]
+    # The `paramedic search --ship` choice that selects this codec (None: not offered there). A "pieces"
+    # codec is handed the job's setup (`setup_from`) at the compute site.
+    ship_mode: ClassVar[str | None] = None
     ordered: ClassVar[bool] = False  # unpack chunks in encoding order (encode keeps state across units)
 
     # -- compute site ----------------------------------------------------------------------------------
@@ -94,6 +97,7 @@ class DirectCodec(Codec):
 
     name = "direct"
     layout = "ranges"
+    ship_mode = "direct"
 
     def encode(self, unit: tuple[int, bytes]) -> tuple[dict[str, Any], bytes]:
         offset, data = unit
@@ -109,6 +113,7 @@ class CompressedCodec(Codec):
 
     name = "compressed"
     layout = "ranges"
+    ship_mode = "compressed"
     level = 3
 
     def encode(self, unit: tuple[int, bytes]) -> tuple[dict[str, Any], bytes]:

@@ -21,12 +21,13 @@ from typing import Any, Protocol
 
 from paramedic.blast.options import BlastOptions
 from paramedic.errors import UsageError
-from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS, BlastJobSetup, BlastMetadataCodec
+from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS, BlastJobSetup
 from paramedic.ship.client import SiteAddress, SiteError, TlsShipper
-from paramedic.ship.codecs import Codec, CompressedCodec, DirectCodec, split_range
+from paramedic.ship.codecs import Codec, split_range
 from paramedic.ship.paths import output_path_problem
+from paramedic.ship.registry import codec_for_mode, ship_modes
 
-SHIP_MODES = ("direct", "compressed", "metadata", "auto")
+SHIP_MODES = (*ship_modes(), "auto")  # from the codecs (paramedic.ship.registry); auto chooses
 METADATA_FLUSH_SECONDS = 10.0
 # Ids per metadata container: well under idcodec.MAX_IDS, so big jobs ship in several containers (which
 # still refer to each other's ids: the cost of splitting is a few bytes per container).
@@ -226,18 +227,13 @@ def start_shipping(
     settings: ShipSettings, mode: str, blast_setup: BlastJobSetup | None, nseq: int, n_queries: int
 ) -> Shipping:
     """Open the job at the storage site (a refusal, e.g. a replica mismatch, fails here) and start sending."""
-    codec: Codec
+    codec = codec_for_mode(mode)
     setup: dict[str, Any] = {"out": settings.out}
     payload = b""
-    if mode == "metadata":
+    if codec.layout == "pieces":  # the storage site regenerates: it needs the job's setup
         assert blast_setup is not None
-        codec = BlastMetadataCodec()
         header, payload = blast_setup.encode()
         setup.update(header)
-    elif mode == "compressed":
-        codec = CompressedCodec()
-    else:
-        codec = DirectCodec()
     if settings.site.scheme == "file":
         from paramedic.ship.inbox_client import InboxShipper
 

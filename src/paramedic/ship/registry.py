@@ -13,6 +13,19 @@ from paramedic.ship.codecs import CODECS, Codec
 from paramedic.ship.wire import ProtocolError
 
 
+def ship_modes() -> tuple[str, ...]:
+    """The `--ship` choices the codecs offer, in registration order (`auto` chooses among them)."""
+    return tuple(c.ship_mode for c in CODECS.values() if c.ship_mode is not None)
+
+
+def codec_for_mode(mode: str) -> Codec:
+    """A new codec for the `--ship` choice `mode`."""
+    for cls in CODECS.values():
+        if cls.ship_mode == mode:
+            return cls()
+    raise ValueError(f"no codec ships {mode!r}")
+
+
 def make_codec(name: str) -> Codec:
     """The codec registered under `name` (ProtocolError for an unknown one: names come off the wire)."""
     if name not in CODECS:
