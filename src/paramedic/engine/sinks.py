@@ -12,7 +12,6 @@ master calls with the probe's result to build it then.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal
@@ -20,6 +19,7 @@ from paramedic.engine.master import PieceResult, Sink
 from paramedic.engine.scheduler import Plan, RegenTask
 from paramedic.errors import JobError
 from paramedic.output.writer import ByteSink, LocalFile, OrderedWriter
+from paramedic.report.record import ShipReport
 from paramedic.ship.auto import Link, decide, measure_link
 from paramedic.ship.blast_codec import BlastJobSetup, BlastMetadataCodec
 from paramedic.ship.client import SiteError
@@ -53,7 +53,7 @@ class WriterSink:
     def output_bytes(self) -> int:
         return self.writer.bytes_written
 
-    def report(self) -> dict[str, Any] | None:
+    def report(self) -> ShipReport | None:
         return self.shipping.report() if self.shipping is not None else None
 
 
@@ -82,7 +82,7 @@ class MetadataSink:
     def output_bytes(self) -> int:
         return int(self.report()["output_bytes"])
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> ShipReport:
         return self.shipping.report()
 
 

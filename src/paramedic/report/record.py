@@ -8,13 +8,42 @@ from __future__ import annotations
 
 import json
 import resource
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any, TypedDict
 
 from paramedic.blast.forkserver import close_fork_servers
 from paramedic.durable import write_durably
 
 PHASES = ("search", "merge", "regenerate", "write")
+# Version of the record's layout (CHANGELOG.md): readers refuse another one. 2 added `version` itself,
+# `resumed`, and the typed `ship` section.
+VERSION = 2
+
+
+class ShipReport(TypedDict):
+    """The run record's `ship` section (with --site): what crossed the link, and why (see ship.destination
+    and ship.auto). f: encoding at the compute site; g: regeneration at the storage site."""
+
+    site: str
+    mode: str
+    codec: str
+    streams: int
+    output_path: str
+    output_bytes: int
+    shipped_payload_bytes: int
+    setup_bytes: int
+    wire_bytes: int
+    ratio_output_to_payload: float | None
+    chunks: int
+    chunks_resent: int
+    reconnects: int
+    f_encode_seconds: float
+    transfer_seconds: float | None
+    finish_wait_seconds: float
+    g_site_decode_seconds: float | None
+    site_sha256: str | None
+    auto_decision: dict[str, Any] | None
 
 
 @dataclass
@@ -70,10 +99,28 @@ class RunRecord:
     queries_with_hits: int | None  # None with query segmentation (nothing is merged)
     searched_again: int | None  # queries whose hit list filled: report by search against their whole list
     ranks_stats: list[RankStats]
-    ship: dict[str, object] | None = None  # with --site: shipping figures (see ship.destination)
+    ship: ShipReport | None = None  # with --site: shipping figures
     # Work an earlier, unfinished run of the job had finished, taken from its journal instead of being
     # done again: {"searches": fragment searches, "pieces": report pieces} (None: no journal)
     resumed: dict[str, int] | None = None
+    version: int = VERSION
+
+    @classmethod
+    def load(cls, path: Path) -> RunRecord:
+        """A record as written by `write` (for bench/ and users' scripts): ValueError for anything else,
+        including a record of another version."""
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            found = data.get("version") if isinstance(data, dict) else None
+            raise ValueError(f"{path}: run record version {found}, expected {VERSION}")
+        data.pop("phase_totals", None)  # derived, written for readers
+        data.pop("search_startup_share", None)
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"{path}: unknown run record keys {sorted(unknown)}")
+        data["ranks_stats"] = [RankStats(**r) for r in data["ranks_stats"]]
+        return cls(**data)
 
     def startup_share(self) -> float:
         """Estimated share of BLAST+ process start-up in the search phase (goal: under 5%)."""

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from paramedic.blast.options import BlastOptions
 from paramedic.errors import UsageError
+from paramedic.report.record import ShipReport
 from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS, BlastJobSetup
 from paramedic.ship.client import SiteAddress, SiteError, TlsShipper
 from paramedic.ship.codecs import Codec, split_range
@@ -160,33 +161,33 @@ class Shipping:
         finally:
             self.transport.close()
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> ShipReport:
         stats = self.transport.stats
         result = self.result or {}
         output_bytes = int(result.get("bytes", self.output_bytes))
-        return {
-            "site": str(self.settings.site),
-            "mode": self.mode,
-            "codec": self.codec.name,
-            "streams": self.settings.streams,
-            "output_path": self.settings.out,
-            "output_bytes": output_bytes,
-            "shipped_payload_bytes": stats.payload_bytes,
-            "setup_bytes": stats.setup_bytes,
-            "wire_bytes": stats.wire_bytes,
-            "ratio_output_to_payload": round(output_bytes / stats.payload_bytes, 1)
+        return ShipReport(
+            site=str(self.settings.site),
+            mode=self.mode,
+            codec=self.codec.name,
+            streams=self.settings.streams,
+            output_path=self.settings.out,
+            output_bytes=output_bytes,
+            shipped_payload_bytes=stats.payload_bytes,
+            setup_bytes=stats.setup_bytes,
+            wire_bytes=stats.wire_bytes,
+            ratio_output_to_payload=round(output_bytes / stats.payload_bytes, 1)
             if stats.payload_bytes
             else None,
-            "chunks": stats.chunks,
-            "chunks_resent": stats.resent,
-            "reconnects": stats.reconnects,
-            "f_encode_seconds": round(self.encode_seconds, 3),
-            "transfer_seconds": stats.transfer_seconds,
-            "finish_wait_seconds": round(self.finish_seconds, 3),
-            "g_site_decode_seconds": result.get("decode_seconds"),
-            "site_sha256": result.get("sha256"),
-            "auto_decision": self.decision,
-        }
+            chunks=stats.chunks,
+            chunks_resent=stats.resent,
+            reconnects=stats.reconnects,
+            f_encode_seconds=round(self.encode_seconds, 3),
+            transfer_seconds=stats.transfer_seconds,
+            finish_wait_seconds=round(self.finish_seconds, 3),
+            g_site_decode_seconds=result.get("decode_seconds"),
+            site_sha256=result.get("sha256"),
+            auto_decision=self.decision,
+        )
 
 
 def _consecutive(tasks: Sequence[Piece], max_ids: int) -> list[list[Piece]]:
