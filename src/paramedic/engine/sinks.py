@@ -22,8 +22,8 @@ from paramedic.output.writer import ByteSink, LocalFile, OrderedWriter
 from paramedic.report.record import ShipReport
 from paramedic.ship.auto import Link, decide, measure_link
 from paramedic.ship.blast_codec import BlastJobSetup, BlastMetadataCodec
-from paramedic.ship.client import SiteError
 from paramedic.ship.destination import Shipping, cancel_site_job, start_shipping
+from paramedic.ship.transport import SiteError
 
 
 class WriterSink:

@@ -19,14 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import paramedic.ship.client  # noqa: F401  (registers the tls:// transport)
+import paramedic.ship.inbox_client  # noqa: F401  (registers the file:// transport)
 from paramedic.blast.options import BlastOptions
 from paramedic.errors import UsageError
 from paramedic.report.record import ShipReport
 from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS, BlastJobSetup
-from paramedic.ship.client import SiteAddress, SiteError, TlsShipper
 from paramedic.ship.codecs import Codec, split_range
 from paramedic.ship.paths import output_path_problem
 from paramedic.ship.registry import codec_for_mode, ship_modes
+from paramedic.ship.transport import Opening, SiteAddress, SiteError, Transport, open_transport
 
 SHIP_MODES = (*ship_modes(), "auto")  # from the codecs (paramedic.ship.registry); auto chooses
 METADATA_FLUSH_SECONDS = 10.0
@@ -87,7 +89,7 @@ def check_shippable(options: BlastOptions) -> None:
 class Shipping:
     """One job's shipping: the codec, the transport, and the figures for the run record."""
 
-    def __init__(self, settings: ShipSettings, mode: str, codec: Codec, transport: Any, nseq: int):
+    def __init__(self, settings: ShipSettings, mode: str, codec: Codec, transport: Transport, nseq: int):
         self.settings = settings
         self.mode = mode
         self.codec = codec
@@ -210,14 +212,9 @@ def cancel_site_job(settings: ShipSettings, job_id: str) -> None:
     that resumes opens a new one, and the site lets only one job write an output path."""
     if not re.fullmatch(r"[0-9a-f]{32}", job_id):
         return
-    transport: Any
-    if settings.site.scheme == "file":
-        from paramedic.ship.inbox_client import InboxShipper
-
-        transport = InboxShipper(settings.site, "", {}, b"", settings.timeout, settings.keys, job_id=job_id)
-    else:
-        assert settings.keys is not None
-        transport = TlsShipper(settings.site, settings.keys, "", {}, b"", 1, settings.timeout, job_id=job_id)
+    transport = open_transport(
+        Opening(settings.site, settings.keys, "", timeout=settings.timeout, job_id=job_id)
+    )
     try:
         transport.cancel()
     finally:
@@ -235,17 +232,9 @@ def start_shipping(
         assert blast_setup is not None
         header, payload = blast_setup.encode()
         setup.update(header)
-    if settings.site.scheme == "file":
-        from paramedic.ship.inbox_client import InboxShipper
-
-        transport: Any = InboxShipper(
-            settings.site, codec.name, setup, payload, settings.timeout, settings.keys
-        )
-    else:
-        assert settings.keys is not None
-        transport = TlsShipper(
-            settings.site, settings.keys, codec.name, setup, payload, settings.streams, settings.timeout
-        )
+    transport = open_transport(
+        Opening(settings.site, settings.keys, codec.name, setup, payload, settings.streams, settings.timeout)
+    )
     transport.start()
     shipping = Shipping(settings, mode, codec, transport, nseq)
     shipping.flush_queries = max(1, n_queries // 4)

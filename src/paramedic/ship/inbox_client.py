@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from paramedic.durable import write_durably
-from paramedic.ship.client import ShipStats, SiteAddress, SiteError
+from paramedic.ship.transport import Opening, ShipStats, SiteAddress, SiteError, register_transport
 from paramedic.ship.wire import MAX_HEADER_BYTES, ProtocolError, loads_json
 
 POLL_SECONDS = 0.05
@@ -220,3 +220,16 @@ class InboxShipper:
 
     def close(self) -> None:
         self.stopping.set()
+
+
+@register_transport("file")
+def _inbox_transport(opening: Opening) -> InboxShipper:
+    return InboxShipper(
+        opening.address,
+        opening.codec,
+        opening.setup,
+        opening.payload,
+        opening.timeout,
+        opening.keys,
+        job_id=opening.job_id,
+    )
