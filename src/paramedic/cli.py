@@ -158,13 +158,7 @@ def _serve(argv: list[str]) -> int:
         help="free space kept on the file systems of --root and the state (default 256M); a job that "
         "would go below it fails and its data is removed",
     )
-    args = parser.parse_args(argv)
-    if args.io_workers < 1:
-        raise UsageError("--io-workers must be at least 1")
-    if not args.expire_after > 0:
-        raise UsageError("--expire-after must be a positive number of hours")
-    if not args.open_idle > 0:
-        raise UsageError("--open-idle must be a positive number of hours")
+    args = parser.parse_args(argv)  # the settings check their own values (ServeSettings)
     return serve(
         ServeSettings(
             args.replica,
@@ -322,13 +316,8 @@ def _search_parser() -> argparse.ArgumentParser:
 
 
 def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], argv: list[str]) -> int:
-    for name in ("np", "batch", "regen_batch"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-
-    if args.restart and args.no_journal:
-        raise UsageError("--restart discards a journal and --no-journal keeps none: choose one")
+    if args.np is not None and args.np < 1:
+        raise UsageError("--np must be at least 1")  # the launcher's, not the job's: not in the settings
 
     from paramedic.engine.launch import launch_or_run
     from paramedic.engine.settings import SearchSettings
@@ -344,7 +333,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         program=program,
         blast_args=blast_args,
         batch=args.batch,
-        regen_group=args.regen_batch,
+        piece_queries=args.regen_batch,
         quiet=args.quiet,
         record=args.record,
         save_metadata=args.metadata,

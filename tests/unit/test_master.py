@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from paramedic.blast.hits import Hit
 from paramedic.engine.master import Master, PieceResult, Result, SearchResult, run_serial
-from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask, Task
+from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask, Task
 from paramedic.engine.sinks import WriterSink
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats
@@ -22,7 +22,7 @@ PLAN = Plan(
 )
 
 
-def report(task: RegenTask) -> bytes:
+def report(task: PieceTask) -> bytes:
     """A piece's 'BLAST+ output': one tabular line per query and subject."""
     subjects = task.subjects or ((),) * task.n_queries
     return b"".join(
@@ -72,13 +72,13 @@ class Shipped:
     holds_pieces = True
 
     def __init__(self) -> None:
-        self.pieces: list[RegenTask] = []
+        self.pieces: list[PieceTask] = []
         self.committed = False
 
     def add(self, index: int, data: bytes) -> int:
         raise AssertionError("metadata is shipped, not written")
 
-    def ship(self, tasks: list[RegenTask]) -> int:
+    def ship(self, tasks: list[PieceTask]) -> int:
         self.pieces += tasks
         return sum(t.n_queries for t in tasks)
 
@@ -129,7 +129,7 @@ def test_every_task_once_and_the_output_in_query_order_whatever_the_finishing_or
     events = simulate(master(sink), workers=3, seconds=lambda t: 1.0 + getattr(t, "fragment", 0) * 0.7)
     searches = started(events, SearchTask)
     assert sorted((t.batch, t.fragment) for t in searches) == [(b, f) for b in range(3) for f in range(3)]
-    assert sorted(t.piece for t in started(events, RegenTask)) == [0, 1, 2, 3, 4]
+    assert sorted(t.piece for t in started(events, PieceTask)) == [0, 1, 2, 3, 4]
     assert bytes(memory.data) == expected_output()  # commit is the runner's, after finished
 
 
@@ -142,16 +142,16 @@ def test_the_single_rank_runner_does_every_task_itself() -> None:
 
 
 def test_auto_probe_is_a_worker_task_and_the_others_keep_searching_until_metadata_is_chosen() -> None:
-    chosen: list[tuple[RegenTask, PieceResult]] = []
+    chosen: list[tuple[PieceTask, PieceResult]] = []
     shipped = Shipped()
 
-    def choose(probe: RegenTask, result: PieceResult) -> Shipped:
+    def choose(probe: PieceTask, result: PieceResult) -> Shipped:
         chosen.append((probe, result))
         return shipped
 
     m = master(choose=choose)
-    events = simulate(m, workers=2, seconds=lambda t: 5.0 if isinstance(t, RegenTask) else 1.0)
-    (probe,) = started(events, RegenTask)  # the probe is the only piece regenerated here
+    events = simulate(m, workers=2, seconds=lambda t: 5.0 if isinstance(t, PieceTask) else 1.0)
+    (probe,) = started(events, PieceTask)  # the probe is the only piece regenerated here
     assert probe.piece == 0 and probe.alignments is None
     probe_start = next(when for when, what, t in events if t == probe and what == "start")
     probe_end = next(when for when, what, t in events if t == probe and what == "done")
@@ -166,7 +166,7 @@ def test_auto_choosing_to_ship_the_output_writes_the_probes_output_and_regenerat
     sink, memory = writer()
     m = master(choose=lambda probe, result: sink)
     events = simulate(m, workers=2)
-    pieces = [t.piece for t in started(events, RegenTask)]
+    pieces = [t.piece for t in started(events, PieceTask)]
     assert sorted(pieces) == [0, 1, 2, 3, 4]  # the probe's piece (0) is not regenerated a second time
     assert bytes(memory.data) == expected_output()
 
@@ -186,5 +186,5 @@ def test_a_plan_may_start_past_query_zero() -> None:
             scheduler.search_done(task, result.found)
         else:
             assert task.first_query in (10, 11)
-            scheduler.regen_done(task)
+            scheduler.piece_done(task)
     assert [scheduler.metadata(q) for q in (10, 11, 12)] == [[1000, 1001], [1100, 1101], [1200, 1201]]

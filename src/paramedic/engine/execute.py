@@ -21,7 +21,7 @@ def execute(task: Task, job: Job, plan: Plan, workdir: Path, stats: RankStats) -
         queries = job.queries[batch.start : batch.stop]
         gids = fragment_members(job.db.directory, len(job.db.fragments))[task.fragment]
         found, run = search_fragment(
-            job.program, job.options, job.db, task.fragment, queries, workdir, job.archive_render, gids
+            job.program, job.options, job.db, task.fragment, queries, workdir, job.keep_alignments, gids
         )
         stats.add("search", run.seconds)
         stats.tasks["search"] += 1

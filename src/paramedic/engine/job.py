@@ -49,7 +49,7 @@ class Job:
     preloaded: list[list[int]] | None  # metadata loaded with --from-metadata
     ship: ShipSettings | None = None
     # Fragment searches keep their alignments and reports are written from them (paramedic.blast.render)
-    archive_render: bool = False
+    keep_alignments: bool = False
     # Where finished work is kept so that the search resumes after a kill (paramedic.engine.journal);
     # None when the report goes to standard output
     journal: Path | None = None
@@ -65,8 +65,8 @@ class Job:
             "options": self.options.without("query", "db", "out").argv(),
             "database": self.manifest_checksum,
             "queries": self.identity.queries_sha256,
-            "strategy": "queries" if self.plan_inputs["direct"] else "fragments",
-            "alignments": self.archive_render,
+            "strategy": "queries" if self.plan_inputs["query_segmentation"] else "fragments",
+            "alignments": self.keep_alignments,
             "from_metadata": self.preloaded is not None,
         }
 
@@ -106,12 +106,12 @@ def prepare_job(settings: SearchSettings) -> Job:
         journal = journal_path(out_path) if out_path and settings.journal else None
     lengths = [len(s) for _, s in queries]
     inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
-    direct = choose_strategy(settings, db, inexact) == "queries"
-    if not direct and settings.from_metadata is None:
+    query_segmentation = choose_strategy(settings, db, inexact) == "queries"
+    if not query_segmentation and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
     ships_metadata = settings.ship is not None and settings.ship.mode == "metadata"
-    archive_render = (
-        not direct
+    keep_alignments = (
+        not query_segmentation
         and not ships_metadata
         and settings.from_metadata is None
         and can_render(program.name, options)
@@ -125,9 +125,9 @@ def prepare_job(settings: SearchSettings) -> Job:
         "startup_seconds": measure_startup(program.name),
         "stitchable": can_stitch(options.outfmt()),
         "batch": settings.batch,
-        "regen_group": settings.regen_group,
-        "direct": direct,
-        "archive_render": archive_render,
+        "piece_queries": settings.piece_queries,
+        "query_segmentation": query_segmentation,
+        "keep_alignments": keep_alignments,
         # pieces cut at BLAST+'s own query batches where it fixes them (paramedic.blast.prelim)
         "blast_batches": query_batches(lengths, residues)
         if (residues := batch_residues(program.name, options))
@@ -155,7 +155,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         save_metadata=save_path,
         preloaded=preloaded,
         ship=settings.ship,
-        archive_render=archive_render,
+        keep_alignments=keep_alignments,
         journal=journal,
         restart=settings.restart,
     )

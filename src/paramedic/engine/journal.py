@@ -305,7 +305,7 @@ def _plan_json(plan: Plan) -> dict[str, Any]:
         "pieces": [[r.start, r.stop] for r in plan.pieces],
         "n_fragments": plan.n_fragments,
         "hitlist_size": plan.hitlist_size,
-        "direct": plan.direct,
+        "query_segmentation": plan.query_segmentation,
         "search_filled_again": plan.search_filled_again,
     }
 
@@ -316,7 +316,7 @@ def _plan_from_json(data: dict[str, Any]) -> Plan:
         n_fragments=_int(data["n_fragments"]),
         pieces=tuple(range(_int(a), _int(b)) for a, b in data["pieces"]),
         hitlist_size=_int(data["hitlist_size"]),
-        direct=bool(data["direct"]),
+        query_segmentation=bool(data["query_segmentation"]),
         search_filled_again=bool(data["search_filled_again"]),
     )
 
@@ -326,7 +326,7 @@ def _search_task(name: str, plan: Plan) -> SearchTask | None:
     if not (batch.isdigit() and fragment.isdigit()):
         return None
     task = SearchTask(int(batch), int(fragment))
-    if task.batch >= len(plan.batches) or task.fragment >= plan.n_fragments or plan.direct:
+    if task.batch >= len(plan.batches) or task.fragment >= plan.n_fragments or plan.query_segmentation:
         return None
     return task
 

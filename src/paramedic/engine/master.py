@@ -20,7 +20,7 @@ from typing import Protocol
 
 from paramedic.blast.hits import FragmentSearch
 from paramedic.engine.journal import NOTHING, Journal, Replay
-from paramedic.engine.scheduler import RegenTask, Scheduler, SearchTask, Task
+from paramedic.engine.scheduler import PieceTask, Scheduler, SearchTask, Task
 from paramedic.errors import InternalError
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats
@@ -38,7 +38,7 @@ class SearchResult:
 class PieceResult:
     """A piece of the report: BLAST+'s bytes for the piece's queries, and the seconds BLAST+ took."""
 
-    task: RegenTask
+    task: PieceTask
     data: bytes
     seconds: float
 
@@ -58,7 +58,7 @@ class Sink(Protocol):
         """A regenerated piece; returns how many queries became written."""
         ...
 
-    def ship(self, tasks: list[RegenTask]) -> int:
+    def ship(self, tasks: list[PieceTask]) -> int:
         """Released pieces, shipped as metadata; returns how many queries they hold."""
         ...
 
@@ -68,7 +68,7 @@ class Sink(Protocol):
 
 
 # --ship auto: given the probe piece and its regenerated output, open the sink the job ships to.
-ChooseSink = Callable[[RegenTask, PieceResult], Sink]
+ChooseSink = Callable[[PieceTask, PieceResult], Sink]
 
 
 class Master:
@@ -91,7 +91,7 @@ class Master:
         self.journal = journal
         self.replay = replay
         self.choose_sink = choose_sink
-        self.probe: RegenTask | None = None  # --ship auto: the piece that decides, once released
+        self.probe: PieceTask | None = None  # --ship auto: the piece that decides, once released
         self.probe_handed_out = False
         self.scheduler.hold_pieces = sink is None or sink.holds_pieces
 
@@ -130,7 +130,7 @@ class Master:
             assert self.sink is not None and not self.sink.holds_pieces
             if self.journal is not None:
                 self.journal.piece_done(result.task.piece, result.data)
-            self.scheduler.regen_done(result.task)
+            self.scheduler.piece_done(result.task)
             self.progress.advance(self.sink.add(result.task.piece, result.data))
         self.stats.add("write", time.perf_counter() - start)
 

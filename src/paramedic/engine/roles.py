@@ -18,6 +18,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from paramedic.blast.forkserver import close_fork_servers
 from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
 from paramedic.engine.journal import NOTHING, Journal, Replay
@@ -87,6 +88,7 @@ def _worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path) -> None:
             comm.send((f"internal error: {type(exc).__name__}: {exc}", 1), dest=0, tag=TAG_ERROR)
             return
         comm.send(payload, dest=0, tag=TAG_RESULT)
+    close_fork_servers()  # their BLAST+ runs then count in this rank's peak memory
     stats.measure_memory()
     comm.send(stats, dest=0, tag=TAG_STATS)
 
@@ -109,7 +111,7 @@ def _master(
     master: Master | None = None
     try:
         master = Master(
-            Scheduler(plan, keep_alignments=job.archive_render),
+            Scheduler(plan, keep_alignments=job.keep_alignments),
             None if auto else open_sink(job, plan, job.ship.mode if job.ship else None, journal),
             progress,
             stats,
@@ -136,6 +138,7 @@ def _master(
         progress.close()
     if journal is not None:
         journal.close(complete=True)  # the output is complete: the journal goes
+    close_fork_servers()  # their BLAST+ runs then count in this rank's peak memory
     stats.measure_memory()
     sink = master.sink
     assert isinstance(sink, (WriterSink, MetadataSink))
@@ -151,16 +154,16 @@ def _master(
         batches=len(plan.batches),
         fragments=plan.n_fragments,
         pieces=len(plan.pieces),
-        strategy="queries" if plan.direct else "fragments",
+        strategy="queries" if plan.query_segmentation else "fragments",
         search_batch_queries=len(plan.batches[0]),
         regen_group_queries=len(plan.pieces[0]),
         blast_startup_seconds=float(job.plan_inputs["startup_seconds"]),  # type: ignore[arg-type]
         wall_seconds=round(time.perf_counter() - start, 3),
         output=(f"{job.ship.site}/{job.ship.out}" if job.ship else str(job.out) if job.out else "-"),
         output_bytes=sink.output_bytes,
-        metadata_pairs=None if plan.direct else sum(len(m) for m in merged),
-        queries_with_hits=None if plan.direct else sum(1 for m in merged if m),
-        searched_again=None if plan.direct else scheduler.searched_again,
+        metadata_pairs=None if plan.query_segmentation else sum(len(m) for m in merged),
+        queries_with_hits=None if plan.query_segmentation else sum(1 for m in merged if m),
+        searched_again=None if plan.query_segmentation else scheduler.searched_again,
         resumed={"searches": journal.kept_searches, "pieces": journal.kept_pieces} if journal else None,
         ranks_stats=[stats, *worker_stats],
         ship=sink.report(),

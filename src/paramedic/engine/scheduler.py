@@ -27,8 +27,9 @@ class SearchTask:
 
 
 @dataclass(frozen=True)
-class RegenTask:
-    """Write the report of a group of queries with BLAST+ itself.
+class PieceTask:
+    """One piece of the report: a run of consecutive queries whose report BLAST+ writes in one run. The
+    unit of output (the writer orders pieces), of shipping (metadata ships per piece) and of the journal.
 
     With `subjects`, against a mask of the merged subjects (regeneration); with `subjects=None`, against
     the whole database (query segmentation: the search and the report in one run).
@@ -43,7 +44,7 @@ class RegenTask:
     alignments: tuple[tuple[bytes, ...], ...] | None = None
 
 
-Task = SearchTask | RegenTask
+Task = SearchTask | PieceTask
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class Plan:
     n_fragments: int
     pieces: tuple[range, ...]  # query index ranges of the regeneration pieces, consecutive
     hitlist_size: int
-    direct: bool = False  # query segmentation: each piece searched against the whole database, no merge
+    # each piece searched against the whole database (--strategy queries): no merge, no regeneration
+    query_segmentation: bool = False
     search_filled_again: bool = True  # a filled hit list is searched again (paramedic.engine.merge)
 
     def __post_init__(self) -> None:
@@ -99,11 +101,11 @@ class Scheduler:
     _inexact: set[int] = field(init=False)  # queries whose report must be written by searching again
     _merged: dict[int, list[int]] = field(init=False)  # global query -> merged subject ids
     _alignments: dict[int, tuple[bytes, ...]] = field(init=False)  # global query -> until its piece goes
-    _ready: deque[RegenTask] = field(init=False)
+    _ready: deque[PieceTask] = field(init=False)
     _unreleased: set[int] = field(init=False)  # pieces not yet made ready
     _done_pieces: set[int] = field(init=False)
     cache: dict[int, set[int]] = field(init=False)  # worker -> fragments it holds
-    released: list[RegenTask] = field(init=False)  # held pieces, ready to be shipped as metadata
+    released: list[PieceTask] = field(init=False)  # held pieces, ready to be shipped as metadata
 
     def __post_init__(self) -> None:
         nf = self.plan.n_fragments
@@ -119,10 +121,10 @@ class Scheduler:
         self._unreleased = set(range(len(self.plan.pieces)))
         self.cache = {}
         self.released = []
-        if self.plan.direct:
+        if self.plan.query_segmentation:
             self._pending = [set() for _ in self.plan.batches]
             self._waiting = [0] * len(self.plan.batches)
-            self._ready.extend(RegenTask(i, p.start, len(p), None) for i, p in enumerate(self.plan.pieces))
+            self._ready.extend(PieceTask(i, p.start, len(p), None) for i, p in enumerate(self.plan.pieces))
             self._unreleased.clear()
 
     def preload(self, merged: list[list[int]]) -> None:
@@ -197,10 +199,10 @@ class Scheduler:
                     self._alignments[q] = tuple(h.alignment for h in merged.hits)
             self._release_pieces()
 
-    def regen_done(self, task: RegenTask) -> None:
+    def piece_done(self, task: PieceTask) -> None:
         self._done_pieces.add(task.piece)
 
-    def take_released(self) -> list[RegenTask]:
+    def take_released(self) -> list[PieceTask]:
         """Held pieces whose queries are all merged, in piece order; they count as done from now on."""
         taken = sorted(self.released, key=lambda t: t.piece)
         self.released = []
@@ -241,6 +243,6 @@ class Scheduler:
                 else:  # a query that must be searched again: the whole piece is (BLAST+'s own batches)
                     for q in piece:
                         self._alignments.pop(q, None)
-                task = RegenTask(index, piece.start, len(piece), subjects, alignments)
+                task = PieceTask(index, piece.start, len(piece), subjects, alignments)
                 (self.released if self.hold_pieces else self._ready).append(task)
                 self._unreleased.discard(index)

@@ -16,7 +16,7 @@ import time
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal
 from paramedic.engine.master import PieceResult, Sink
-from paramedic.engine.scheduler import Plan, RegenTask
+from paramedic.engine.scheduler import PieceTask, Plan
 from paramedic.errors import JobError
 from paramedic.output.writer import ByteSink, LocalFile, OrderedWriter
 from paramedic.report.record import ShipReport
@@ -40,7 +40,7 @@ class WriterSink:
     def add(self, index: int, data: bytes) -> int:
         return self.writer.add(index, data)
 
-    def ship(self, tasks: list[RegenTask]) -> int:
+    def ship(self, tasks: list[PieceTask]) -> int:
         raise AssertionError("a writer regenerates its pieces")
 
     def commit(self) -> None:
@@ -68,7 +68,7 @@ class MetadataSink:
     def add(self, index: int, data: bytes) -> int:
         raise AssertionError("metadata is shipped, not written")
 
-    def ship(self, tasks: list[RegenTask]) -> int:
+    def ship(self, tasks: list[PieceTask]) -> int:
         self.shipping.ship_pieces(tasks)
         return sum(task.n_queries for task in tasks)
 
@@ -102,7 +102,7 @@ def auto_chooser(job: Job, plan: Plan, link: Link | None, journal: Journal | Non
     """--ship auto: the function that, given the probe's regenerated output and cost, decides by the
     ParaMEDIC rule (paramedic.ship.auto) and opens the sink."""
 
-    def choose(probe: RegenTask, result: PieceResult) -> Sink:
+    def choose(probe: PieceTask, result: PieceResult) -> Sink:
         start = time.perf_counter()
         _, payload = BlastMetadataCodec().encode((probe.first_query, probe.subjects or (), job.db.nseq))
         encode_seconds = time.perf_counter() - start
@@ -121,7 +121,7 @@ def auto_chooser(job: Job, plan: Plan, link: Link | None, journal: Journal | Non
 def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = None) -> Shipping:
     """With --site: open the job at the storage site (refusals, e.g. a replica mismatch, fail here)."""
     assert job.ship is not None
-    if mode == "metadata" and plan.direct:
+    if mode == "metadata" and plan.query_segmentation:
         raise JobError("--ship metadata needs the fragments strategy (query segmentation merges nothing)", 2)
     setup = None
     if mode == "metadata":

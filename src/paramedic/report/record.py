@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypedDict
 
-from paramedic.blast.forkserver import close_fork_servers
 from paramedic.durable import write_durably
 
 PHASES = ("search", "merge", "regenerate", "write")
@@ -67,9 +66,8 @@ class RankStats:
         self.seconds[phase] += seconds
 
     def measure_memory(self) -> None:
-        """Peak RSS of this process and of its largest BLAST+ run (fork servers are stopped first, so
-        that their children count as this process's descendants)."""
-        close_fork_servers()
+        """Peak RSS of this process and of its largest BLAST+ run. Call it once the rank's BLAST+ fork
+        servers are stopped (paramedic.engine.roles), so that their children count as its descendants."""
         usage = resource.getrusage(resource.RUSAGE_SELF)
         self.peak_rss_mb = usage.ru_maxrss / 1024
         self.python_cpu_seconds = round(usage.ru_utime + usage.ru_stime, 3)

@@ -38,7 +38,7 @@ METADATA_CONTAINER_IDS = 2**18
 
 
 class Piece(Protocol):
-    """What shipping metadata reads of a released output piece (the engine's `RegenTask` is one): its
+    """What shipping metadata reads of a released output piece (the engine's `PieceTask` is one): its
     position in the output, its queries, and per query the merged subject ids in BLAST order."""
 
     @property

@@ -86,6 +86,15 @@ class ServeSettings:
     quota: Quota = field(default_factory=Quota)
     open_idle_seconds: float = DEFAULT_OPEN_IDLE_SECONDS  # an open job with no request this long expires
 
+    def __post_init__(self) -> None:
+        if self.io_workers < 1:
+            raise UsageError("--io-workers must be at least 1")
+        if not self.expire_hours > 0:
+            raise UsageError("--expire-after must be a positive number of hours")
+        if not self.open_idle_seconds > 0:
+            raise UsageError("--open-idle must be a positive number of hours")
+        parse_listen(self.listen)
+
 
 def parse_listen(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
