@@ -6,7 +6,7 @@ DATA     ?= $(or $(PARAMEDIC_DATA),$(HOME)/.cache/paramedic/data)
 DEMO     ?= demo-run
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup blast data demo test test-unit test-integration coverage lint bench conformance clean
+.PHONY: setup blast data demo test test-unit test-integration coverage lint bench conformance faults clean
 
 setup: $(VENV)/.installed blast
 
@@ -70,6 +70,14 @@ lint: setup
 
 bench: setup data
 	PARAMEDIC_DATA=$(DATA) $(PY) bench/throughput.py --rounds 3
+
+# Fault soak (issue 11): ~10 minutes of kill -9 of compute clients and of the storage site, cut links
+# (Toxiproxy, from bench/wan/setup.sh when Go is there) and a nearly full disk, then the checks; writes
+# bench/out/faults.json. Root mounts the site's small ext4 root and each job's /dev/shm.
+faults: setup data
+	@[ -x "$(or $(PARAMEDIC_TOOLS),$(HOME)/.cache/paramedic/tools)/toxiproxy-server" ] || ! command -v go >/dev/null || \
+	  bash bench/wan/setup.sh || echo "faults: no Toxiproxy: the soak cuts links with the tests' CuttingProxy"
+	PARAMEDIC_DATA=$(DATA) $(PY) bench/faults.py $(FAULTS_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .coverage .coverage.* htmlcov

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -76,12 +77,23 @@ def _dispatch(argv: list[str]) -> int:
     if command == "format":
         return _format(rest)
     if command == "search":
+        from paramedic.engine.launch import under_mpi
+
+        if not under_mpi():
+            # the launching process: SIGTERM or SIGHUP before the job's supervisor takes them over (while
+            # the modules load and the job is checked) is an interrupt too (exit 130, one line)
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, _interrupt)
         return _search(rest)
     if command == "keys":
         return _keys(rest)
     if command == "serve":
         return _serve(rest)
     raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve)")
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _keys(argv: list[str]) -> int:

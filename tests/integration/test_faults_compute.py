@@ -237,3 +237,74 @@ def test_progress_bar_is_drawn_by_the_launcher_on_a_terminal(site: Path, tmp_pat
     assert proc.wait(timeout=120) == 0, shown
     assert b"paramedic: 100%" in shown and b"100/100" in shown and b"query" in shown, shown
     assert b"paramedic: blastp 100 queries" in shown  # then the summary
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for the signal (SigCgt in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(mask >> (signum - 1) & 1)
+
+
+@pytest.mark.parametrize("when", ["while loading", "as the ranks start"])
+def test_terminated_launcher_exits_130_with_one_line(site: Path, tmp_path: Path, when: str) -> None:
+    """Found by the fault soak (bench/faults.py): SIGTERM of the launcher while it loaded and checked the
+    job killed it with no message (exit -15); an interrupt as the ranks started made every rank print its
+    own "paramedic: interrupted" besides the launcher's line."""
+    tmp = tmp_path / "tmp"
+    proc = subprocess.Popen(
+        [str(BIN / "paramedic"), "search", "blastp", "-query", str(site / "q100.fasta"), "-db",
+         str(site / "dbs/db"), "-out", "o.txt", "--np", "2", "--quiet"],
+        cwd=tmp_path, env=env_with_tmp(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    if when == "while loading":  # as soon as the launcher takes SIGTERM: before MPI starts
+        while not catches(proc.pid, signal.SIGTERM):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.002)
+        assert not list(tmp.iterdir()), "SIGTERM was taken over only once the job had started"
+    else:  # as soon as the ranks exist (they are loading their modules and MPI)
+        ranks: list[int] = []
+        while not ranks:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            ranks = [r for m in children(proc.pid) for p in children(m) for r in children(p)]
+            time.sleep(0.002)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    lines = stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("paramedic: interrupted"), stderr
+    assert stdout == b""
+    assert left_behind(tmp_path, tmp) == []
+
+
+def mapped_shared_memory(pids: list[int]) -> set[Path]:
+    """The files in /dev/shm these processes map (MPICH's segment for the node's ranks), not yet unlinked."""
+    found = set()
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            path = line.split(maxsplit=5)[-1]
+            if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
+                found.add(Path(path))
+    return found
+
+
+@pytest.mark.parametrize("how", ["rank killed", "launcher interrupted"])
+def test_a_stopped_job_leaves_no_shared_memory(site: Path, tmp_path: Path, how: str) -> None:
+    """Found by the fault soak (bench/faults.py, each job with a /dev/shm of its own): MPICH unlinks its
+    shared-memory segment only in MPI_Finalize, so every job that failed after MPI started (exit 5, 7, 8,
+    130) left a few MiB of memory in /dev/shm for ever."""
+    proc, out = start_long_search(site, tmp_path)
+    ranks = [r for m in children(proc.pid) for p in children(m) for r in children(p)]
+    segments = mapped_shared_memory(ranks)
+    assert segments, "the ranks map no shared memory: nothing to check"
+    if how == "rank killed":
+        os.kill(ranks[-1], signal.SIGKILL)
+    else:
+        proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == (7 if how == "rank killed" else 130)
+    assert [s for s in segments if s.exists()] == []

@@ -655,3 +655,43 @@ def test_a_killed_search_started_again_supersedes_its_silent_job(make_site) -> N
     assert ship_bytes(site, "again/x.bin", b"new")["bytes"] == 3
     assert site.server.store.jobs[old].failure.startswith("superseded")
     assert sorted(p.name for p in (site.root / "again").iterdir()) == ["x.bin"]
+
+
+# -- found by the fault soak (bench/faults.py) ---------------------------------------------------------------
+
+
+def test_a_metadata_search_resumes_after_the_site_failed_it(
+    world: dict[str, Path], make_site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A --ship metadata search whose site was lost after the search (exit 8, the searches kept in the
+    journal), run again: every search came from the journal, the pieces they released were held for
+    shipping and nothing shipped them, so the run ended with exit 7 "internal: scheduler stalled with every
+    worker idle" (8 of 148 runs in the soak)."""
+    from paramedic.site.store import JobFailed
+
+    site = make_site()
+    store = site.server.store
+    real_put_chunk = store.put_chunk
+    failing = [True]
+
+    def put_chunk(job, header, payload):
+        if failing[0]:
+            raise JobFailed("the test fails this job")
+        return real_put_chunk(job, header, payload)
+
+    monkeypatch.setattr(store, "put_chunk", put_chunk)
+    local = tmp_path / "local.out"
+    paramedic("search", "blastp", "-query", str(world["queries"]), "-db", str(world["replica"]),
+              "-out", str(local), "--np", "1", "--quiet")  # fmt: skip
+    search = [
+        "search", "blastp", "-query", str(world["queries"]), "-db", str(world["replica"]), "-out", "re/x.out",
+        "--np", "1", "--site", f"tls://localhost:{site.port}", "--keys", str(world["keys"] / "compute-a"),
+        "--ship", "metadata", "--quiet",
+    ]  # fmt: skip
+    first = paramedic(*search, cwd=tmp_path, check=False)
+    assert first.returncode == 8, first.stderr
+    assert (tmp_path / "re" / ".x.out.journal").is_dir(), "nothing kept: the test no longer tests a resume"
+    failing[0] = False
+    again = paramedic(*search, cwd=tmp_path, check=False)
+    assert again.returncode == 0, again.stderr
+    assert (site.root / "re" / "x.out").read_bytes() == local.read_bytes()

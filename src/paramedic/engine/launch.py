@@ -165,7 +165,7 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
     said: list[bytes] = []  # paramedic's own error lines the ranks printed
     relays = [
         threading.Thread(target=_relay_stdout, args=(proc.stdout, exit_string), daemon=True),
-        threading.Thread(target=_relay_stderr, args=(proc.stderr, bar, said), daemon=True),
+        threading.Thread(target=_relay_stderr, args=(proc.stderr, bar, said, interrupted), daemon=True),
     ]
     for t in relays:
         t.start()
@@ -182,6 +182,7 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
         for t in relays:
             t.join(timeout=5)
         _end_stragglers(job_dir / "ranks")
+        _remove_shared_memory(job_dir / "ranks")
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -220,6 +221,26 @@ def _end_stragglers(ranks_dir: Path) -> None:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def _shared_memory() -> set[str]:
+    """Names of the files in /dev/shm this process maps (MPICH's segment for the node's ranks)."""
+    with open("/proc/self/maps") as fh:
+        paths = {line.split(maxsplit=5)[-1].strip() for line in fh if " /dev/shm/" in line}
+    return {path.removeprefix("/dev/shm/") for path in paths if not path.endswith("(deleted)")} - {""}
+
+
+def _remove_shared_memory(ranks_dir: Path) -> None:
+    """MPICH unlinks its shared-memory segment in MPI_Finalize only: a job that aborts (any failure after
+    MPI started) or is killed leaves it in /dev/shm, megabytes of memory for ever. The ranks noted what
+    they map; once they are gone, what is left of it goes."""
+    for note in ranks_dir.glob("shm.*"):
+        name = note.name.removeprefix("shm.")
+        if "/" not in name and name not in (".", ".."):
+            try:
+                Path("/dev/shm", name).unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 def _alive(pid: int) -> bool:
@@ -266,9 +287,9 @@ def _relay_stdout(stream: IO[bytes], exit_string: list[bytes]) -> None:
     out.flush()
 
 
-def _relay_stderr(stream: IO[bytes], bar: _Bar | None, said: list[bytes]) -> None:
+def _relay_stderr(stream: IO[bytes], bar: _Bar | None, said: list[bytes], interrupted: list[float]) -> None:
     for line in iter(stream.readline, b""):
-        if _MPICH_STDERR.match(line):
+        if _MPICH_STDERR.match(line) or interrupted:  # once interrupted, the launcher alone says so
             continue
         if line.startswith((b"paramedic: error:", b"paramedic: internal error:")):
             said.append(line)
@@ -385,15 +406,19 @@ def report_failure(line: str) -> None:
 def run_under_mpi(settings: SearchSettings, argv: list[str], np_ignored: bool = False) -> int:
     """Every rank runs this, all of it under the abort handler (as `mpi4py.run` does): any failure on
     any rank ends every rank with one message, never a rank left waiting."""
-    from mpi4py import MPI
+    ranks_dir = os.environ.get(RANKS_DIR_VARIABLE)
+    try:
+        from mpi4py import MPI  # MPI_Init: an interrupt in it is raised once it returns
+    finally:
+        if ranks_dir:  # for the launcher: this rank's process id, and MPI's shared memory
+            try:
+                Path(ranks_dir, str(os.getpid())).touch()
+                for name in _shared_memory():
+                    Path(ranks_dir, f"shm.{name}").touch()
+            except OSError:
+                pass
 
     comm = MPI.COMM_WORLD
-    ranks_dir = os.environ.get(RANKS_DIR_VARIABLE)
-    if ranks_dir:
-        try:
-            Path(ranks_dir, str(os.getpid())).touch()
-        except OSError:
-            pass
     try:
         return _run_rank(settings, argv, comm, np_ignored)
     except _Refused as refused:  # every rank knows already: no abort, the usual one-line error
