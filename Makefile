@@ -6,7 +6,7 @@ DATA     ?= $(or $(PARAMEDIC_DATA),$(HOME)/.cache/paramedic/data)
 DEMO     ?= demo-run
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup blast data demo test lint bench conformance clean
+.PHONY: setup blast data demo test lint bench conformance fuzz clean
 
 setup: $(VENV)/.installed blast
 
@@ -49,6 +49,12 @@ lint: setup
 
 bench: setup data
 	PARAMEDIC_DATA=$(DATA) $(PY) bench/throughput.py --rounds 3
+
+# Fuzzing of every decoder of untrusted bytes at the storage site (frames, request fields, inbox files, job
+# setups, chunks; then mutated sessions against a real `paramedic serve`): bounded, about 8 minutes.
+fuzz: setup
+	@$(PY) -c 'import atheris' 2>/dev/null || $(VENV)/bin/pip install -q -e '.[mpich,dev,fuzz]'
+	$(PY) bench/fuzz.py
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache

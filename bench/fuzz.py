@@ -95,7 +95,12 @@ def make_world(base: Path, seed: int) -> dict[str, Path]:
     subprocess.run(keys, check=True, capture_output=True, timeout=300)
     queries = [(f"q{i} piece of protein {i}", sequences[i][10:70]) for i in (3, 17, 29)]
     (base / "queries.json").write_text(json.dumps(queries))
-    bombs = [_zstd_bomb(16 * 2**20 + 1), _zstd_bomb(512 * 2**20, json_like=True), _zstd_bomb(4 * 2**20 + 1)]
+    bombs = [
+        _zstd_bomb(16 * 2**20 + 1),
+        _zstd_bomb(512 * 2**20, json_like=True),
+        _zstd_bomb(4 * 2**20 + 1),
+        _zstd_bomb(2**30),
+    ]
     for i, bomb in enumerate(bombs):
         (base / f"bomb-{i}.zst").write_bytes(bomb)
     return {"base": base, "replica": base / "db" / "fuzz", "keys": base / "keys"}
@@ -178,7 +183,7 @@ class Seeds:
             CompressedCodec().encode((5000, text[5000:])),
         ]
         self.text = text
-        self.bombs = [(world["base"] / f"bomb-{i}.zst").read_bytes() for i in range(3)]
+        self.bombs = [(world["base"] / f"bomb-{i}.zst").read_bytes() for i in range(4)]
 
     # -- sessions of frames (targets frame, requests, server) -------------------------------------------
     def sessions(self) -> list[bytes]:
@@ -215,8 +220,16 @@ class Seeds:
         frames.append(frame({"op": "finish", "job": JOB2, "chunks": 2}))
         out.append(b"".join(frames))
         out.append(
-            frame({"op": "open", "job": JOB, "codec": "direct", "setup": {"out": "c.txt"}})
+            frame({"op": "open", "job": JOB, "codec": "direct", "setup": {"out": "out/c.txt"}})
             + frame({"op": "cancel", "job": JOB})
+        )
+        bomb = self.bombs[3]  # 1 GiB of zeros in 32 KB, declared as a 530-byte chunk
+        out.append(
+            frame({"op": "open", "job": JOB, "codec": "compressed", "setup": {"out": "out/d.txt"}})
+            + frame(
+                {"op": "chunk", "job": JOB, "index": 0, "offset": 0, "length": 530, "sha256": sha(bomb)}, bomb
+            )
+            + frame({"op": "finish", "job": JOB, "chunks": 1, "size": 530})
         )
         return out
 
@@ -246,6 +259,9 @@ class Seeds:
             pack_parts(
                 [b"compressed", json.dumps({"offset": 0, "length": 4 * 2**20}).encode(), self.bombs[2]]
             )
+        )
+        out.append(
+            pack_parts([b"compressed", json.dumps({"offset": 0, "length": 530}).encode(), self.bombs[3]])
         )
         return out
 
@@ -1161,13 +1177,11 @@ def run_server_target(args: argparse.Namespace, world: dict[str, Path]) -> dict[
         def cancel(jobs: set[str]) -> None:
             from paramedic.ship.wire import recv_frame, send_frame
 
-            with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
-                with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
-                    for job in jobs:
+            for job in jobs:  # one connection each: an unknown job's refusal closes the connection
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+                    with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
                         send_frame(tls, {"op": "cancel", "job": job})
-                        reply, _ = recv_frame(tls)
-                        if reply.get("op") == "error":
-                            return
+                        recv_frame(tls)
 
         def check(n: int) -> None:
             text = log_path.read_text(errors="replace")
@@ -1205,10 +1219,16 @@ def run_server_target(args: argparse.Namespace, world: dict[str, Path]) -> dict[
             data = rng.choice(pool)
             for _ in range(rng.choice([1, 1, 2, 3])):
                 data = mutate_frames(data, rng, pool)
+            # each session its own jobs and output paths (same lengths: the frames stay as they are)
             suffix = f"{n:04x}"
-            data = data.replace(JOB.encode(), (JOB[:-4] + suffix).encode()).replace(
-                JOB2.encode(), (JOB2[:-4] + suffix).encode()
-            )
+            prefix = f'"{n:03x}/'.encode()
+            for old, new in (
+                (JOB, JOB[:-4] + suffix),
+                (JOB2, JOB2[:-4] + suffix),
+                ('"out/', prefix),
+                ('"res/', prefix),
+            ):
+                data = data.replace(old.encode(), new if isinstance(new, bytes) else new.encode())
             try:
                 outcome, slowest = session(data)
                 stats["slowest_reply_seconds"] = max(stats["slowest_reply_seconds"], round(slowest, 3))
