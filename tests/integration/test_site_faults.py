@@ -8,6 +8,7 @@ in, replaced outputs, idle jobs, full disks, long names, deeply nested JSON.
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import time
@@ -655,3 +656,24 @@ def test_a_killed_search_started_again_supersedes_its_silent_job(make_site) -> N
     assert ship_bytes(site, "again/x.bin", b"new")["bytes"] == 3
     assert site.server.store.jobs[old].failure.startswith("superseded")
     assert sorted(p.name for p in (site.root / "again").iterdir()) == ["x.bin"]
+
+
+# -- found by bench/fuzz.py (`make fuzz`) -----------------------------------------------------------------------
+
+
+def test_an_unknown_request_with_a_huge_name_gets_a_clear_refusal(make_site) -> None:
+    """The refusal echoed the whole request name: 20,000 "é" (40 KB in the header, UTF-8) made a 120 KB reply
+    (JSON escapes), too large for a frame: the client got no answer, the log an "internal error"."""
+    site = make_site()
+    job = "0123456789abcdef0123456789abcdef"
+    with site.tls() as tls:
+        send_frame(tls, {"op": "open", "job": job, "codec": "direct", "setup": {"out": "fz/a.txt"}})
+        assert recv_frame(tls)[0]["op"] == "opened"
+        head = json.dumps({"op": "é" * 20000, "job": job}, ensure_ascii=False).encode()
+        tls.sendall(struct.pack(">II", len(head), 0) + head)
+        reply, _ = recv_frame(tls)
+    assert reply["op"] == "error" and reply["message"].startswith("unknown request 'éééé")
+    assert len(reply["message"]) < 200
+    site.wait_log(r"refused request 'é+': unknown request")
+    assert "internal error" not in site.log()
+    assert max(len(line) for line in site.lines) < 1000

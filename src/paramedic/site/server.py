@@ -334,7 +334,7 @@ class SiteServer:
             if done is None:  # progress, so that a waiting client can tell a busy site from a stuck one
                 return {"op": "pending", "decoded": len(job.decoded), "running": job.running}
             return {"op": "done", **done}
-        raise ProtocolError(f"unknown request {op!r}")
+        raise ProtocolError(f"unknown request {op[:40]!r}")  # not all of it: the reply must fit in a frame
 
 
 def serve(settings: ServeSettings) -> int:
