@@ -223,6 +223,10 @@ class Seeds:
             frame({"op": "open", "job": JOB, "codec": "direct", "setup": {"out": "out/c.txt"}})
             + frame({"op": "cancel", "job": JOB})
         )
+        out.append(  # a request the site does not know, for an open job
+            frame({"op": "open", "job": JOB, "codec": "direct", "setup": {"out": "out/e.txt"}})
+            + frame({"op": "status", "job": JOB, "chunks": 1})
+        )
         bomb = self.bombs[3]  # 1 GiB of zeros in 32 KB, declared as a 530-byte chunk
         out.append(
             frame({"op": "open", "job": JOB, "codec": "compressed", "setup": {"out": "out/d.txt"}})
@@ -590,7 +594,7 @@ def mutate_parts(data: bytes, rng: random.Random, pool: list[bytes], kinds: list
     elif kind == "payload":
         parts[i] = mutate_payload(parts[i], rng)
     elif kind == "codec":
-        parts[i] = rng.choice([b"direct", b"compressed", b"blast-metadata", b"x", b""])
+        parts[i] = rng.choice([b"direct", b"compressed", b"blast-metadata", b"?x", b"?"])
     elif kind == "entry":
         parts = mutate_entries(parts, rng, pool)
     else:
@@ -720,8 +724,17 @@ class Finding(Exception):
 
 
 class Harness:
-    def __init__(self, target: str, world: dict[str, Path], work: Path, out: Path, hang_seconds: float):
+    def __init__(
+        self,
+        target: str,
+        world: dict[str, Path],
+        work: Path,
+        out: Path,
+        hang_seconds: float,
+        executions: int = 0,
+    ):
         self.target = target
+        self.executions = executions  # libFuzzer exits after the last one, without a word to Python
         self.work = work
         self.out = out
         self.hang_seconds = hang_seconds
@@ -827,8 +840,22 @@ class Harness:
 
         rng = random.Random(seed)
         try:
-            if rng.random() < 0.2:
+            roll = rng.random()
+            if roll < 0.05:  # libFuzzer's own mutations, on the whole input
                 return atheris.Mutate(data, max_size)
+            if roll < 0.2:  # ... on one part of it (a frame's header or payload, a file), the rest kept
+                pieces = split_frames(data) if self.kinds is None else unpack_parts(data)
+                if pieces:
+                    i = rng.randrange(len(pieces))
+                    if self.kinds is None:
+                        head, payload = pieces[i]
+                        if rng.random() < 0.6:
+                            pieces[i] = (atheris.Mutate(head, 2 * len(head) + 64), payload)
+                        else:
+                            pieces[i] = (head, atheris.Mutate(payload, 2 * len(payload) + 64))
+                        return join_frames(pieces)[:max_size]
+                    pieces[i] = atheris.Mutate(pieces[i], 2 * len(pieces[i]) + 64)
+                    return pack_parts(pieces)[:max_size]
             if self.kinds is None:
                 out = mutate_frames(data, rng, self.pool)
             else:
@@ -869,7 +896,8 @@ class Harness:
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             if elapsed > self.hang_seconds:
                 self._record("hang", data, f"one execution took {elapsed:.2f} s")
-            if time.monotonic() - self.last_write > 1.0:
+            n = self.stats["executions"]
+            if n == self.executions or n % 500 == 0 or time.monotonic() - self.last_write > 1.0:
                 self.write_stats()
 
     def _record(self, kind: str, data: bytes, message: str, exc: BaseException | None = None) -> None:
@@ -1004,16 +1032,20 @@ class Harness:
             self._check_site()
             if any(p.name != JOB for p in self.inbox.iterdir()):
                 raise Finding("the watcher wrote outside the job's directory")
-            replies = (
-                sorted(
-                    n
-                    for n in os.listdir(job_dir)
-                    if n in ("done.json", "error.json", "progress.json") or n.startswith(("ack-", "nack-"))
-                )
-                if job_dir.exists()
-                else ["removed"]
+            if not job_dir.exists():
+                return "ended: removed (cancelled)"
+            names = os.listdir(job_dir)
+            if "done.json" in names:
+                return "ended: done"
+            said = [
+                line.split(": ", 1)[-1] for line in self.log_lines if line.startswith(f"inbox job {JOB}: ")
+            ]
+            if "error.json" in names:  # why, without the variable parts
+                return "ended: error: " + re.sub(r"\d+|'[^']*'", "N", said[-1] if said else "?")[:50]
+            acks = sum(n.startswith("ack-") for n in names)
+            return f"{'pending' if done else 'ended'}: {acks} acks" + (
+                ", progress" if "progress.json" in names else ""
             )
-            return f"{'pending' if done else 'ended'}:{','.join(replies)[:60]}"
         finally:
             for name in ("finished", "waiting"):
                 getattr(watcher, name).clear()
@@ -1032,7 +1064,7 @@ class Harness:
                 return "setup not an object"
             context = self.codec.prepare(setup, parts[1], self.replica)
         except ProtocolError as exc:
-            return f"refused: {str(exc).split(':')[0][:40]}"
+            return "refused: " + re.sub(r"\d+|'[^']*'", "N", str(exc).removeprefix("setup: "))[:50]
         if len(context.queries) < 1 or context.pieces[-1].stop != len(context.queries):
             raise Finding("prepare accepted a setup whose pieces do not cover its queries")
         return "accepted"
@@ -1049,11 +1081,16 @@ class Harness:
         parts = unpack_parts(data) + [b"", b"", b""]
         name = "?"
         try:
-            codec = make_codec(parts[0].decode(errors="replace"))
+            # a known name; junk names only behind "?" (otherwise most inputs would test make_codec alone)
+            wanted = parts[0].decode(errors="replace")
+            known = ("direct", "compressed", "blast-metadata")
+            if wanted not in known and not wanted.startswith("?"):
+                wanted = known[sum(parts[0]) % len(known)]
+            codec = make_codec(wanted)
+            name = codec.name
             header = loads_json(parts[1], "chunk header")
             if not isinstance(header, dict):
                 return "header not an object"
-            name = codec.name
             context = None
             if codec.name == "blast-metadata":
                 history = IdHistory()
@@ -1063,7 +1100,7 @@ class Harness:
             unpacked = codec.unpack(header, parts[2], context)
             segments = codec.decode(header, unpacked, context)
         except (ProtocolError, ParamedicError, OSError, ValueError) as exc:
-            return f"{name} refused: {type(exc).__name__}"
+            return f"{name} refused: " + re.sub(r"\d+|'[^']*'", "N", str(exc))[:40]
         for seg in segments:
             if codec.layout == "ranges" and len(seg.data) > RANGE_CHUNK_BYTES:
                 raise Finding("a range decoded beyond its bound")
@@ -1087,7 +1124,7 @@ def worker(args: argparse.Namespace) -> None:
         import paramedic.site.store  # noqa: F401
     world = {"base": args.world, "replica": args.world / "db" / "fuzz", "keys": args.world / "keys"}
     work = Path(tempfile.mkdtemp(prefix=f"fuzz-{args.worker}-", dir=args.scratch))
-    harness = Harness(args.worker, world, work, args.out, args.hang_seconds)
+    harness = Harness(args.worker, world, work, args.out, args.hang_seconds, args.executions)
     corpus = work / "corpus"
     corpus.mkdir()
     for i, data in enumerate(harness.pool):
@@ -1321,6 +1358,60 @@ def run_in_process(args: argparse.Namespace, target: str) -> dict[str, Any]:
     return stats
 
 
+WHAT = {
+    "frame": (
+        "`wire.recv_frame`",
+        "executions that parsed at least one frame",
+        lambda k: not k.startswith("0 frames"),
+    ),
+    "requests": (
+        "`SiteServer._handle`, real JobStore",
+        "sessions that reached `done`",
+        lambda k: "done" in k,
+    ),
+    "inbox": ("`InboxWatcher._look_into`", "job directories that reached `done.json`", lambda k: "done" in k),
+    "setup": ("`BlastMetadataCodec.prepare`", "setups accepted", lambda k: k == "accepted"),
+    "chunk": ("codecs' `unpack` + `decode`", "chunks decoded", lambda k: k.endswith("decoded")),
+    "server": ("real `paramedic serve`, TLS", "sessions that reached `done`", lambda k: "done" in k),
+}
+
+
+def record(summary: dict[str, Any], args: argparse.Namespace) -> None:
+    """Append the run to bench/RESULTS.md with the command that produced it."""
+    from importlib.metadata import version
+
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    command = " ".join(["bench/fuzz.py", *sys.argv[1:]])
+    lines = [
+        "",
+        f"## Fuzzing (issue 11): the storage site's decoders of untrusted bytes ({when})",
+        "",
+        f"`.venv/bin/python {command}` (`make fuzz`): seed {summary['seed']}, atheris {version('atheris')} "
+        f"(libFuzzer), Python {sys.version.split()[0]}, {summary['seconds']:.0f} s in all on this shared 2-core "
+        f"machine; in-process targets capped at {args.executions} executions or {args.seconds:g} s each, hang "
+        f"bound {args.hang_seconds:g} s per execution, memory bound {args.rss_mb} MiB; the server target "
+        f"{args.server_sessions} mutated sessions, a valid client and the log checked every {args.server_batch}.",
+        "",
+        "| target | decoder | executions | crashes | hangs | slowest execution | peak RSS | coverage (edges) | deepest path |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summary["targets"]:
+        what, deep, is_deep = WHAT[r["target"]]
+        reached = sum(n for k, n in r.get("outcomes", {}).items() if is_deep(k))
+        slowest = r.get("slowest_seconds", r.get("slowest_reply_seconds"))
+        coverage = (r.get("coverage") or {}).get("edges", "-")
+        checks = f"; {r['checks']} checks passed" if "checks" in r else ""
+        lines.append(
+            f"| {r['target']} | {what} | {r['executions']} | {r['crashes']} | {r['hangs']} | {slowest} s "
+            f"| {r.get('peak_rss_mb')} MiB | {coverage} | {reached} {deep}{checks} |"
+        )
+    for r in summary["targets"]:
+        for finding in r["findings"]:
+            lines.append(f"- {r['target']}: {finding['signature'][:200]}")
+    with open(REPO / "bench" / "RESULTS.md", "a") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1329,7 +1420,7 @@ def main() -> int:
         "--executions", type=int, default=30000, help="executions per in-process target (default 30000)"
     )
     parser.add_argument(
-        "--seconds", type=float, default=75, help="time cap per in-process target (default 75)"
+        "--seconds", type=float, default=90, help="time cap per in-process target (default 90)"
     )
     parser.add_argument(
         "--seed", type=int, default=11, help="libFuzzer's and the mutator's seed (default 11)"
@@ -1352,12 +1443,13 @@ def main() -> int:
     )
     parser.add_argument("--server-seconds", type=float, default=120, help="time cap for the server target")
     parser.add_argument(
-        "--reply-seconds", type=float, default=10.0, help="the server's time bound for a reply"
+        "--reply-seconds", type=float, default=5.0, help="the server's time bound for a reply"
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="findings, logs and stats (default: a temporary directory)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
+    parser.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--world", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
@@ -1408,6 +1500,8 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
     failed = sum(r["crashes"] + r["hangs"] for r in results)
+    if not args.no_record:
+        record(summary, args)
     print(
         f"fuzz: {sum(r['executions'] for r in results)} executions, {failed} crashes or hangs, {summary['seconds']:.0f} s"
     )
