@@ -368,6 +368,10 @@ OPTIONS = ["-outfmt", "6", "-outfmt", "5", "-outfmt", "0", "-outfmt", "7 qseqid 
 
 def random_value(rng: random.Random, depth: int = 0) -> Any:
     roll = rng.random()
+    if roll < 0.05:  # giant strings: as UTF-8 they fit in a header, JSON-escaped in a reply they may not
+        return rng.choice(["é", "\u2603", "x", "\U0001f4a5", "\x00"]) * rng.choice(
+            [1000, 11000, 20000, 40000]
+        )
     if roll < 0.3:
         return rng.choice(INTS)
     if roll < 0.6:
@@ -408,6 +412,11 @@ def mutate_json_value(value: Any, rng: random.Random) -> Any:
         for _ in range(depth):
             value = [value] if rng.random() < 0.5 else {"setup": value}
         return value
+    strings = [(c, k) for c, k in nodes if isinstance(c[k], str)]
+    if roll < 0.16 and strings:  # a string field made giant (non-ASCII: JSON escapes multiply it)
+        container, key = rng.choice(strings)
+        container[key] = rng.choice(["é", "\u2603", "\U0001f4a5"]) * rng.choice([11000, 15000, 20000])
+        return value
     container, key = rng.choice(nodes)
     old = container[key]
     if roll < 0.55:
@@ -444,7 +453,7 @@ def mutate_json_value(value: Any, rng: random.Random) -> Any:
 def dump_json(value: Any, rng: random.Random) -> bytes:
     try:
         text = json.dumps(
-            value, ensure_ascii=rng.random() < 0.7, separators=(",", ":") if rng.random() < 0.8 else None
+            value, ensure_ascii=rng.random() < 0.5, separators=(",", ":") if rng.random() < 0.8 else None
         )
     except (RecursionError, ValueError, TypeError):
         text = "null"
@@ -906,7 +915,7 @@ class Harness:
             frames = [f for f in traceback.extract_tb(exc.__traceback__) if "paramedic" in f.filename]
             if frames:
                 where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}"
-        signature = f"{kind}: {message.split(':')[0][:80]}{where}"
+        signature = f"{kind}: {re.sub(r'[0-9]+', 'N', message.split(':')[0])[:80]}{where}"
         self.stats["crashes" if kind == "crash" else "hangs"] += 1
         if signature not in self.signatures:
             self.signatures.add(signature)
