@@ -792,7 +792,23 @@ class Harness:
         self.store.pool = InlinePool()
 
     def _setup_requests(self) -> None:
+        from paramedic.ship.wire import ProtocolError
+        from paramedic.site.store import JobFailed
+
         self._make_store()
+        handle = self.server._handle
+        self.escaped: BaseException | None = None
+
+        def traced(*args: Any) -> dict[str, Any]:  # keeps what the server would log as an internal error
+            try:
+                return handle(*args)
+            except (ProtocolError, JobFailed, OSError):
+                raise
+            except Exception as exc:
+                self.escaped = exc
+                raise
+
+        self.server._handle = traced
         self.pool = self.seeds.sessions()
         self.kinds = None
 
@@ -956,20 +972,20 @@ class Harness:
     # requests: each frame of a session through the server's request handler
     def _run_requests(self, data: bytes) -> str:
         from paramedic.ship.wire import MAX_HEADER_BYTES, ProtocolError, recv_frame
-        from paramedic.site.store import JobFailed
 
         sock = FakeSocket(data, 1 << 20)
         replies = []
+        self.escaped = None
         try:
             for _ in range(16):
                 try:
                     header, payload = recv_frame(sock)  # type: ignore[arg-type]
                 except ProtocolError:
                     break
-                try:
-                    reply = self.server._handle("compute-a", header, payload)
-                except (ProtocolError, JobFailed) as exc:
-                    reply = {"op": "error", "message": str(exc), "fatal": True}
+                reply = self.server._answer("compute-a", header, payload)  # as the server answers
+                if self.escaped is not None:  # not a refusal: raised again here, with its traceback
+                    escaped, self.escaped = self.escaped, None
+                    raise escaped
                 encoded = json.dumps(reply, separators=(",", ":")).encode()
                 if len(encoded) > MAX_HEADER_BYTES:
                     raise Finding(

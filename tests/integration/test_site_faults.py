@@ -677,3 +677,26 @@ def test_an_unknown_request_with_a_huge_name_gets_a_clear_refusal(make_site) -> 
     site.wait_log(r"refused request 'é+': unknown request")
     assert "internal error" not in site.log()
     assert max(len(line) for line in site.lines) < 1000
+
+
+def test_a_refusal_quoting_a_huge_option_fits_in_a_frame(world, make_site) -> None:
+    """A BLAST+ option of 15,000 "💥" (60 KB in the header) is quoted by its refusal ("unexpected argument
+    ..."): 180 KB as JSON, too large for a reply frame. Every refusal's message is now bounded."""
+    site = make_site()
+    setup = {**_blast_setup(world, site), "options": ["-outfmt", "6", "💥" * 15000]}
+    with site.tls() as tls:
+        opening = {
+            "op": "open",
+            "job": "0" * 32,
+            "codec": "blast-metadata",
+            "setup": setup,
+            "with_setup": True,
+        }
+        head = json.dumps(opening, ensure_ascii=False).encode()
+        payload = codecs.pack_json([["q1", "MKVLAAGIVGLLLA"]])
+        tls.sendall(struct.pack(">II", len(head), len(payload)) + head + payload)
+        reply, _ = recv_frame(tls)
+    assert reply["op"] == "error" and reply["message"].startswith("setup: unexpected argument '💥💥")
+    assert len(reply["message"]) < 1100
+    assert "internal error" not in site.log()
+    assert max(len(line) for line in site.lines) < 1200
