@@ -3,15 +3,21 @@ now with one of the errors the site turns into a clear refusal, and not as an "i
 
 from __future__ import annotations
 
+import base64
+import json
 import struct
 from types import SimpleNamespace
 
 import pytest
 import zstandard
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from paramedic.ship.blast_codec import BlastMetadataCodec
 from paramedic.ship.codecs import CompressedCodec, pack_json
 from paramedic.ship.wire import ProtocolError
+from paramedic.site.keys import make_keys
+from paramedic.site.signing import CLIENT, Signer
 
 
 def _setup(options: list[str]) -> dict:
@@ -61,3 +67,20 @@ def test_compressed_chunk_still_decodes() -> None:
     data = b"abc" * 1000
     header, payload = CompressedCodec().encode((7, data))
     assert CompressedCodec().decode(header, payload, None)[0].data == data
+
+
+def test_an_envelope_whose_certificate_has_a_bad_version_is_refused(tmp_path) -> None:
+    """cryptography raises InvalidVersion (not a ValueError) for a certificate whose version is not 1-3:
+    the inbox watcher failed the job with "internal error", and the compute side's reading of a forged
+    reply would have raised it too. The certificate is refused as not the CA's now."""
+    make_keys(tmp_path / "keys", "localhost", ["compute-a"])
+    envelope = json.loads(Signer(tmp_path / "keys" / "compute-a").envelope({"kind": "open", "job": "x"}))
+    der = x509.load_pem_x509_certificate(envelope["cert"].encode()).public_bytes(serialization.Encoding.DER)
+    assert der.count(b"\xa0\x03\x02\x01\x02") == 1  # [0] EXPLICIT INTEGER 2: X.509 v3
+    der = der.replace(b"\xa0\x03\x02\x01\x02", b"\xa0\x03\x02\x01\x12")  # version 18
+    pem = base64.encodebytes(der).decode()
+    envelope["cert"] = f"-----BEGIN CERTIFICATE-----\n{pem}-----END CERTIFICATE-----\n"
+    with pytest.raises(
+        ProtocolError, match="open.json: signed with a certificate not issued by this site's CA"
+    ):
+        Signer(tmp_path / "keys" / "server").open_envelope(json.dumps(envelope).encode(), CLIENT, "open.json")
