@@ -1390,7 +1390,7 @@ WHAT = {
         lambda k: not k.startswith("0 frames"),
     ),
     "requests": (
-        "`SiteServer._handle`, real JobStore",
+        "`SiteServer._answer`, real JobStore",
         "sessions that reached `done`",
         lambda k: "done" in k,
     ),
