@@ -51,7 +51,7 @@ bench: setup data
 	PARAMEDIC_DATA=$(DATA) $(PY) bench/throughput.py --rounds 3
 
 # Fuzzing of every decoder of untrusted bytes at the storage site (frames, request fields, inbox files, job
-# setups, chunks; then mutated sessions against a real `paramedic serve`): bounded, about 8 minutes.
+# setups, chunks; then mutated sessions against a real `paramedic serve`): bounded, 4-8 minutes here.
 fuzz: setup
 	@$(PY) -c 'import atheris' 2>/dev/null || $(VENV)/bin/pip install -q -e '.[mpich,dev,fuzz]'
 	$(PY) bench/fuzz.py
