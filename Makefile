@@ -6,7 +6,7 @@ DATA     ?= $(or $(PARAMEDIC_DATA),$(HOME)/.cache/paramedic/data)
 DEMO     ?= demo-run
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup blast data demo test test-unit test-integration coverage lint bench conformance faults clean
+.PHONY: setup blast data demo test test-unit test-integration coverage lint bench conformance faults fuzz clean
 
 setup: $(VENV)/.installed blast
 
@@ -78,6 +78,12 @@ faults: setup data
 	@[ -x "$(or $(PARAMEDIC_TOOLS),$(HOME)/.cache/paramedic/tools)/toxiproxy-server" ] || ! command -v go >/dev/null || \
 	  bash bench/wan/setup.sh || echo "faults: no Toxiproxy: the soak cuts links with the tests' CuttingProxy"
 	PARAMEDIC_DATA=$(DATA) $(PY) bench/faults.py $(FAULTS_ARGS)
+
+# Fuzzing of every decoder of untrusted bytes at the storage site (frames, request fields, inbox files, job
+# setups, chunks; then mutated sessions against a real `paramedic serve`): bounded, 4-8 minutes here.
+fuzz: setup
+	@$(PY) -c 'import atheris' 2>/dev/null || $(VENV)/bin/pip install -q -e '.[mpich,dev,fuzz]'
+	$(PY) bench/fuzz.py
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .coverage .coverage.* htmlcov

@@ -111,13 +111,14 @@ class BlastMetadataCodec(Codec):
             raise ProtocolError("setup: options must be a list of strings")
         try:
             options = BlastOptions.parse(program, argv)
+            outfmt = options.outfmt_number()  # a UsageError for "-outfmt abc": a refusal, not a bug
         except ParamedicError as exc:
             raise ProtocolError(f"setup: {exc}") from exc
         refused = [name for name in SITE_REFUSED_OPTIONS if options.has(name)]
         if refused:
             raise ProtocolError(f"setup: option -{refused[0]} is not accepted by the storage site")
-        if options.outfmt_number() in UNSHIPPABLE_OUTFMTS:
-            raise ProtocolError(f"setup: -outfmt {options.outfmt_number()} writes one file per query")
+        if outfmt in UNSHIPPABLE_OUTFMTS:
+            raise ProtocolError(f"setup: -outfmt {outfmt} writes one file per query")
         db_arg = field_str(setup, "db_arg", 1024)
         path = PurePosixPath(db_arg)
         if not db_arg or "\0" in db_arg or "\n" in db_arg or ".." in path.parts or db_arg.startswith("-"):

@@ -126,6 +126,10 @@ class CompressedCodec(Codec):
         if not isinstance(length, int) or not 0 <= length <= RANGE_CHUNK_BYTES:
             raise ProtocolError("compressed chunk: bad length")
         try:
+            # max_output_size binds only a frame without a content size: one that declares its size is
+            # inflated to that size (a 32 KB chunk to 1 GiB), so a declared size is checked first.
+            if zstandard.frame_content_size(payload) > length:
+                raise ProtocolError("compressed chunk: inflates beyond the length in its header")
             data = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES).decompress(
                 payload, max_output_size=length
             )
