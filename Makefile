@@ -6,7 +6,7 @@ DATA     ?= $(or $(PARAMEDIC_DATA),$(HOME)/.cache/paramedic/data)
 DEMO     ?= demo-run
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup blast data demo test lint bench conformance faults clean
+.PHONY: setup blast data demo test test-unit test-integration coverage lint bench conformance faults fuzz clean
 
 setup: $(VENV)/.installed blast
 
@@ -38,14 +38,35 @@ demo: setup data
 test: setup data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q
 
+# Pure logic, no BLAST+ runs, no MPI: seconds.
+test-unit: setup
+	$(VENV)/bin/pytest -q tests/unit
+
+# Real BLAST+, real mpiexec ranks, real TLS sockets and files (most of `make test`'s time).
+test-integration: setup data
+	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q tests/integration
+
+# Line and branch coverage of src/paramedic over the whole suite (or TESTS=tests/unit ...), every Python
+# process included: the CLI subprocesses, mpiexec's ranks and the storage-site daemons start coverage
+# from its .pth hook ([tool.coverage.run] patch = subprocess) and write .coverage.* files next to this
+# Makefile (COVERAGE_FILE), which pytest-cov combines. Report in the terminal and in htmlcov/.
+TESTS ?= tests
+coverage: setup data
+	rm -rf .coverage .coverage.* htmlcov
+	COVERAGE_FILE=$(CURDIR)/.coverage PARAMEDIC_DATA=$(DATA) \
+	  $(VENV)/bin/pytest -q --cov --cov-report=term:skip-covered --cov-report=html $(TESTS)
+
 # The whole conformance matrix (tests/conformance): paramedic against BLAST+ on the unsplit database, cell
 # by cell; writes docs/CONFORMANCE.md. About an hour on 2 cores; `make test` runs a slice of it.
 conformance: setup data
 	PARAMEDIC_DATA=$(DATA) $(PY) -m tests.conformance --out docs/CONFORMANCE.md
 
+# Style, format, types (mypy, [tool.mypy]) and the package layers ([tool.importlinter] in pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 
 bench: setup data
 	PARAMEDIC_DATA=$(DATA) $(PY) bench/throughput.py --rounds 3
@@ -58,5 +79,11 @@ faults: setup data
 	  bash bench/wan/setup.sh || echo "faults: no Toxiproxy: the soak cuts links with the tests' CuttingProxy"
 	PARAMEDIC_DATA=$(DATA) $(PY) bench/faults.py $(FAULTS_ARGS)
 
+# Fuzzing of every decoder of untrusted bytes at the storage site (frames, request fields, inbox files, job
+# setups, chunks; then mutated sessions against a real `paramedic serve`): bounded, 4-8 minutes here.
+fuzz: setup
+	@$(PY) -c 'import atheris' 2>/dev/null || $(VENV)/bin/pip install -q -e '.[mpich,dev,fuzz]'
+	$(PY) bench/fuzz.py
+
 clean:
-	rm -rf $(VENV) $(DEMO) .pytest_cache
+	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .coverage .coverage.* htmlcov

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from paramedic.report.record import RunRecord
 
 BIN = Path(sys.executable).parent
 DATA = Path(os.environ.get("PARAMEDIC_DATA", Path.home() / ".cache/paramedic/data"))
@@ -117,12 +118,12 @@ def main() -> None:
         walls["no journal"].append(wall)
     reference = hashlib.sha256((work / "n.out").read_bytes()).hexdigest()
     assert hashlib.sha256((work / "j.out").read_bytes()).hexdigest() == reference
-    record = json.loads((work / "j.out.run.json").read_text())
-    searches = record["batches"] * record["fragments"]
+    record = RunRecord.load(work / "j.out.run.json")
+    searches = record.batches * record.fragments
 
     kept = killed_half_way(command("r.out"), work, work / ".r.out.journal", searches)
     resumed_wall, _ = run(command("r.out"), work, work / ".r.out.journal")
-    resumed = json.loads((work / "r.out.run.json").read_text())["resumed"]
+    resumed = RunRecord.load(work / "r.out.run.json").resumed
     identical = hashlib.sha256((work / "r.out").read_bytes()).hexdigest() == reference
 
     best = {name: min(w) for name, w in walls.items()}

@@ -116,7 +116,7 @@ def main() -> None:
     # the engine's own plan, as `paramedic search --strategy queries` makes it on this machine
     startup = measure_startup("blastp")
     default = make_plan(
-        "blastp", lengths, [database_residues], args.workers, 500, startup, True, direct=True
+        "blastp", lengths, [database_residues], args.workers, 500, startup, True, query_segmentation=True
     ).pieces
     smallest = smallest_piece_residues("blastp", database_residues, startup)
     plans = {

@@ -50,6 +50,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from paramedic.report.record import RunRecord
+
 HERE = Path(__file__).resolve().parent
 DATA = Path(os.environ.get("PARAMEDIC_DATA", Path.home() / ".cache/paramedic/data"))
 TOOLS = Path(os.environ.get("PARAMEDIC_TOOLS", Path.home() / ".cache/paramedic/tools"))
@@ -568,29 +570,6 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def find_numbers(tree: Any, names: tuple[str, ...]) -> float | None:
-    """The first of names (in order) found anywhere in a nested dict, as a number."""
-    if not isinstance(tree, dict):
-        return None
-    for name in names:
-        if isinstance(tree.get(name), int | float):
-            return float(tree[name])
-    for value in tree.values():
-        found = find_numbers(value, names)
-        if found is not None:
-            return found
-    return None
-
-
-# The run record's "ship" section is not settled yet: the names looked for there, first found wins.
-# payload: bytes shipped (metadata, compressed or plain output); wire: everything sent, framing included;
-# f: seconds to encode at the compute site; g: seconds to decode/regenerate at the storage site.
-PAYLOAD_KEYS = ("shipped_payload_bytes", "payload_bytes", "metadata_bytes")
-WIRE_KEYS = ("wire_bytes", "bytes_sent", "sent_bytes")
-F_KEYS = ("f_encode_seconds", "f_seconds", "encode_seconds", "metadata_seconds")
-G_KEYS = ("g_site_decode_seconds", "g_seconds", "regenerate_seconds", "decode_seconds")
-
-
 def run_one(
     config: str,
     cmd: list[str],
@@ -644,26 +623,18 @@ def run_one(
         return result
     result.update(ok=True, output_bytes=output.stat().st_size, sha256=file_sha256(output))
     out_arg = cmd[cmd.index("-out") + 1]
-    records = [
-        cwd / f"{out_arg}.run.json",
-        cwd / f"{Path(out_arg).name}.run.json",
-        Path(f"{output}.run.json"),
-    ]
-    for record in records:  # where the record lands with --site is not settled: look in all three places
-        if record.is_file():
-            try:
-                data = json.loads(record.read_text())
-            except ValueError:
-                continue
-            result["run_record"] = str(record)
-            result["record_wall_s"] = data.get("wall_seconds")
-            result["phase_totals"] = data.get("phase_totals")  # seconds summed over ranks
-            result["workers"] = data.get("workers")
-            if "ship" in data:
-                result["ship"] = data["ship"]
-                result["payload_bytes"] = find_numbers(data["ship"], PAYLOAD_KEYS)
-                result["wire_bytes"] = find_numbers(data["ship"], WIRE_KEYS)
-            break
+    # the record: beside a local -out; with --site, at -out's relative path under the working directory
+    path = cwd / f"{out_arg}.run.json" if "--site" in cmd else Path(f"{output}.run.json")
+    if path.is_file():
+        record = RunRecord.load(path)
+        result["run_record"] = str(path)
+        result["record_wall_s"] = record.wall_seconds
+        result["phase_totals"] = record.phase_totals()  # seconds summed over ranks
+        result["workers"] = record.workers
+        if record.ship is not None:
+            result["ship"] = record.ship
+            result["payload_bytes"] = record.ship["shipped_payload_bytes"]
+            result["wire_bytes"] = record.ship["wire_bytes"]
     return result
 
 
@@ -755,7 +726,7 @@ def model_for(setting: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[
     if meta.get("ok"):
         ship = meta.get("ship") or {}
         x = meta.get("wire_bytes") or meta.get("payload_bytes")
-        f, g = (find_numbers(ship, keys) for keys in (F_KEYS, G_KEYS))
+        f, g = ship.get("f_encode_seconds"), ship.get("g_site_decode_seconds")
         model.update(x=x, f=f, g=g)
         if None not in (x, f, g):
             model.update({k: round(v, 3) for k, v in predicted_speedup(D, x, B, f, g, compute).items()})

@@ -11,10 +11,6 @@ from pathlib import Path
 from paramedic import __version__
 from paramedic.errors import ParamedicError, UsageError
 
-# Set by `paramedic search` in the ranks it starts (engine.launch).
-LAUNCHED_VARIABLE = "PARAMEDIC_LAUNCHED"
-# Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
-MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
 USAGE = """\
 paramedic: parallel NCBI BLAST+ on MPI, with ParaMEDIC's metadata shipping to a storage site.
 
@@ -81,7 +77,9 @@ def _dispatch(argv: list[str]) -> int:
     if command == "format":
         return _format(rest)
     if command == "search":
-        if not any(name in os.environ for name in (*MPI_RANK_VARIABLES, LAUNCHED_VARIABLE)):
+        from paramedic.engine.launch import under_mpi
+
+        if not under_mpi():
             # the launching process: SIGTERM or SIGHUP before the job's supervisor takes them over (while
             # the modules load and the job is checked) is an interrupt too (exit 130, one line)
             for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -172,13 +170,7 @@ def _serve(argv: list[str]) -> int:
         help="free space kept on the file systems of --root and the state (default 256M); a job that "
         "would go below it fails and its data is removed",
     )
-    args = parser.parse_args(argv)
-    if args.io_workers < 1:
-        raise UsageError("--io-workers must be at least 1")
-    if not args.expire_after > 0:
-        raise UsageError("--expire-after must be a positive number of hours")
-    if not args.open_idle > 0:
-        raise UsageError("--open-idle must be a positive number of hours")
+    args = parser.parse_args(argv)  # the settings check their own values (ServeSettings)
     return serve(
         ServeSettings(
             args.replica,
@@ -260,6 +252,8 @@ def _search(argv: list[str]) -> int:
 
 
 def _search_parser() -> argparse.ArgumentParser:
+    from paramedic.ship.destination import SHIP_MODES  # the codecs' choices (paramedic.ship.registry)
+
     parser = _parser(
         "search",
         "Search with BLAST+ in parallel over a database made by `paramedic format`. BLAST+ options keep "
@@ -316,7 +310,7 @@ def _search_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--ship",
-        choices=["direct", "compressed", "metadata", "auto"],
+        choices=SHIP_MODES,
         default="auto",
         help="what crosses the link with --site (default auto: measured choice)",
     )
@@ -334,13 +328,8 @@ def _search_parser() -> argparse.ArgumentParser:
 
 
 def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], argv: list[str]) -> int:
-    for name in ("np", "batch", "regen_batch"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-
-    if args.restart and args.no_journal:
-        raise UsageError("--restart discards a journal and --no-journal keeps none: choose one")
+    if args.np is not None and args.np < 1:
+        raise UsageError("--np must be at least 1")  # the launcher's, not the job's: not in the settings
 
     from paramedic.engine.launch import launch_or_run
     from paramedic.engine.settings import SearchSettings
@@ -356,7 +345,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         program=program,
         blast_args=blast_args,
         batch=args.batch,
-        regen_group=args.regen_batch,
+        piece_queries=args.regen_batch,
         quiet=args.quiet,
         record=args.record,
         save_metadata=args.metadata,

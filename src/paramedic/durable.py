@@ -1,23 +1,34 @@
-"""Small durable writes: a whole file under a temporary name, fsynced, then renamed into place."""
+"""Small durable writes: a whole file under a temporary name, fsynced, then renamed into place.
+
+The one way paramedic writes a file that must never be seen half-written: the run record, the metadata
+file, alias files, cache entries, the journal's records, the inbox's files, the storage site's state.
+(Streams that are written piece by piece, a report or the site's output, keep their own temporary file
+and rename it the same way when complete: output.writer.LocalFile, site.safefs.)
+"""
 
 from __future__ import annotations
 
 import os
-import threading
+import tempfile
 from pathlib import Path
 
 
-def write_durably(path: Path, data: bytes) -> None:
-    """Readers see the old file or the new one, never half of it; the new one survives a crash.
-
-    The temporary name is per thread: the storage site may store a re-sent chunk on two streams at once.
-    """
-    tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+def write_durably(path: Path, data: bytes, sync_dir: bool = True) -> None:
+    """Readers see the old file or the new one, never half of it; the new one survives a crash (with
+    `sync_dir`, the rename too). The temporary name is unique to the call: several processes or threads
+    may write the same path at once (the storage site may store a re-sent chunk on two streams)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:

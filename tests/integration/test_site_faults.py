@@ -8,6 +8,7 @@ in, replaced outputs, idle jobs, full disks, long names, deeply nested JSON.
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import time
@@ -695,3 +696,47 @@ def test_a_metadata_search_resumes_after_the_site_failed_it(
     again = paramedic(*search, cwd=tmp_path, check=False)
     assert again.returncode == 0, again.stderr
     assert (site.root / "re" / "x.out").read_bytes() == local.read_bytes()
+
+
+# -- found by bench/fuzz.py (`make fuzz`) -----------------------------------------------------------------------
+
+
+def test_an_unknown_request_with_a_huge_name_gets_a_clear_refusal(make_site) -> None:
+    """The refusal echoed the whole request name: 20,000 "é" (40 KB in the header, UTF-8) made a 120 KB reply
+    (JSON escapes), too large for a frame: the client got no answer, the log an "internal error"."""
+    site = make_site()
+    job = "0123456789abcdef0123456789abcdef"
+    with site.tls() as tls:
+        send_frame(tls, {"op": "open", "job": job, "codec": "direct", "setup": {"out": "fz/a.txt"}})
+        assert recv_frame(tls)[0]["op"] == "opened"
+        head = json.dumps({"op": "é" * 20000, "job": job}, ensure_ascii=False).encode()
+        tls.sendall(struct.pack(">II", len(head), 0) + head)
+        reply, _ = recv_frame(tls)
+    assert reply["op"] == "error" and reply["message"].startswith("unknown request 'éééé")
+    assert len(reply["message"]) < 200
+    site.wait_log(r"refused request 'é+': unknown request")
+    assert "internal error" not in site.log()
+    assert max(len(line) for line in site.lines) < 1000
+
+
+def test_a_refusal_quoting_a_huge_option_fits_in_a_frame(world, make_site) -> None:
+    """A BLAST+ option of 15,000 "💥" (60 KB in the header) is quoted by its refusal ("unexpected argument
+    ..."): 180 KB as JSON, too large for a reply frame. Every refusal's message is now bounded."""
+    site = make_site()
+    setup = {**_blast_setup(world, site), "options": ["-outfmt", "6", "💥" * 15000]}
+    with site.tls() as tls:
+        opening = {
+            "op": "open",
+            "job": "0" * 32,
+            "codec": "blast-metadata",
+            "setup": setup,
+            "with_setup": True,
+        }
+        head = json.dumps(opening, ensure_ascii=False).encode()
+        payload = codecs.pack_json([["q1", "MKVLAAGIVGLLLA"]])
+        tls.sendall(struct.pack(">II", len(head), len(payload)) + head + payload)
+        reply, _ = recv_frame(tls)
+    assert reply["op"] == "error" and reply["message"].startswith("setup: unexpected argument '💥💥")
+    assert len(reply["message"]) < 1100
+    assert "internal error" not in site.log()
+    assert max(len(line) for line in site.lines) < 1200

@@ -21,9 +21,9 @@ import pytest
 from paramedic.ship.client import SiteAddress, SiteError
 from paramedic.ship.codecs import DirectCodec
 from paramedic.ship.inbox_client import InboxShipper
+from paramedic.ship.signing import Signer
 from paramedic.site.inbox import InboxWatcher
 from paramedic.site.server import ServeSettings
-from paramedic.site.signing import Signer
 from tests.conftest import BIN, paramedic, take_fasta
 from tests.integration.site import Site, sha256, start_site
 

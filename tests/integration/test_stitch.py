@@ -15,7 +15,6 @@ from __future__ import annotations
 import gzip
 import os
 import random
-import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -28,24 +27,15 @@ from paramedic.output.stitch import Stitcher, can_stitch
 
 pytestmark = pytest.mark.integration
 
-DATA = Path(os.environ.get("PARAMEDIC_DATA", Path.home() / ".cache/paramedic/data"))
-PROT_DB = DATA / "mmseqs2" / "DB.fasta"
-PROT_QUERIES = DATA / "mmseqs2" / "QUERY.fasta"
-CONTIGS = DATA / "ragout" / "E.Coli" / "mg1655_contigs.fasta.gz"
+# Under the data directory (conftest's `data_dir`: missing BLAST+ or data fails the run in CI).
+PROT_DB = Path("mmseqs2", "DB.fasta")
+PROT_QUERIES = Path("mmseqs2", "QUERY.fasta")
+CONTIGS = Path("ragout", "E.Coli", "mg1655_contigs.fasta.gz")
 
 STITCHED = ["0", "1", "2", "3", "4", "5", "6", "7", "10", "15", "16"]
 CUSTOM_TABULAR = ["6 qseqid sseqid pident evalue bitscore staxid", "7 qseqid sseqid evalue", "10 std qlen"]
 NOT_STITCHED = ["8", "9", "11", "12", "13", "14", "17", "18", "", "x"]
 SIZES = (1, 5, 7)
-
-
-def _require(*tools: str) -> None:
-    missing = [tool for tool in tools if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"BLAST+ not on PATH: {', '.join(missing)}")
-    for path in (PROT_DB, PROT_QUERIES, CONTIGS):
-        if not path.exists():
-            pytest.skip(f"real data missing: {path} (run scripts/fetch-data.sh or set PARAMEDIC_DATA)")
 
 
 def _records(lines) -> list[tuple[str, str]]:
@@ -135,17 +125,16 @@ def _first_difference(got: bytes, want: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def prot(tmp_path_factory) -> Setup:
-    _require("blastp", "makeblastdb")
+def prot(data_dir: Path, tmp_path_factory) -> Setup:
     work = tmp_path_factory.mktemp("stitch_prot")
-    _write_fasta(work / "db.fa", _first_records(PROT_DB, 3000))
+    _write_fasta(work / "db.fa", _first_records(data_dir / PROT_DB, 3000))
     subprocess.run(
         ["makeblastdb", "-in", "db.fa", "-dbtype", "prot", "-parse_seqids", "-out", "prot"],
         cwd=work,
         check=True,
         capture_output=True,
     )
-    queries = _first_records(PROT_QUERIES, 12)
+    queries = _first_records(data_dir / PROT_QUERIES, 12)
     rng = random.Random(11)
     queries.insert(
         1, ("nohit random peptide", "".join(rng.choice("ACDEFGHIKLMNPQRSTVWY") for _ in range(18)))
@@ -154,10 +143,9 @@ def prot(tmp_path_factory) -> Setup:
 
 
 @pytest.fixture(scope="module")
-def nucl(tmp_path_factory) -> Setup:
-    _require("blastn", "makeblastdb")
+def nucl(data_dir: Path, tmp_path_factory) -> Setup:
     work = tmp_path_factory.mktemp("stitch_nucl")
-    with gzip.open(CONTIGS, "rt") as handle:
+    with gzip.open(data_dir / CONTIGS, "rt") as handle:
         contigs = dict(_records(line for line in handle))
     seq1, seq2, seq3 = contigs["seq1"], contigs["seq2"], contigs["seq3"]
     _write_fasta(work / "db.fa", [("seq1", seq1), ("seq2", seq2)])

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from paramedic.blast.archive import fill_archive, parse_fragment_archive
+from paramedic.blast.stats import splice_stats
 from paramedic.db.seqids import first_seqids
-from paramedic.output.stats import splice_stats
 
 
 def seq_align(query: int, gid: int, score: int, evalue: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from paramedic.blast.hits import Candidate, FragmentSearch, Hit, PrelimList
 from paramedic.engine.journal import Journal, decode_search, encode_search
-from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask
+from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
 from paramedic.errors import UsageError
 
 PLAN = Plan(
@@ -58,7 +58,7 @@ def test_replay_restores_the_scheduler_and_the_plan_of_the_first_run(tmp_path: P
         loaded = journal.load_search(task, len(plan.batches[task.batch]))
         assert loaded is not None
         scheduler.restore_search(task, loaded)
-    scheduler.restore_piece(0)
+    scheduler.mark_piece_done(0)
     # batch 0 is merged, piece 0 is done: only batch 1's searches remain, then piece 1
     handed = [scheduler.next_task(1), scheduler.next_task(1), scheduler.next_task(1)]
     assert handed == [SearchTask(1, 0), SearchTask(1, 1), None]
@@ -95,12 +95,12 @@ def test_another_search_is_refused_and_restart_discards(tmp_path: Path) -> None:
     journal.close(complete=True)
 
 
-def test_restore_piece_takes_a_ready_piece_out_of_the_queue() -> None:
+def test_a_piece_done_otherwise_leaves_the_queue() -> None:
     scheduler = Scheduler(Plan(batches=(range(0, 2),), n_fragments=1, pieces=(range(0, 1), range(1, 2)),
-                               hitlist_size=5, direct=True))  # fmt: skip
-    scheduler.restore_piece(0)
+                               hitlist_size=5, query_segmentation=True))  # fmt: skip
+    scheduler.mark_piece_done(0)
     task = scheduler.next_task(1)
-    assert isinstance(task, RegenTask) and task.piece == 1
+    assert isinstance(task, PieceTask) and task.piece == 1
     assert scheduler.next_task(1) is None
-    scheduler.regen_done(task)
+    scheduler.piece_done(task)
     assert scheduler.finished

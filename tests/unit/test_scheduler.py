@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from paramedic.blast.hits import Hit
-from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask
+from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
 from tests.unit.fragments import searched
 
 
@@ -32,7 +32,7 @@ def drive(s: Scheduler, workers: int) -> list[tuple[int, object]]:
             if isinstance(task, SearchTask):
                 s.search_done(task, searched(fake_hits(task, s.plan)))
             else:
-                s.regen_done(task)
+                s.piece_done(task)
         assert progressed, "scheduler stalled"
     return log
 
@@ -42,7 +42,7 @@ def test_every_search_task_once_and_every_piece_regenerated():
     log = drive(Scheduler(p), workers=2)
     searches = [t for _, t in log if isinstance(t, SearchTask)]
     assert sorted((t.batch, t.fragment) for t in searches) == [(b, f) for b in range(2) for f in range(3)]
-    pieces = sorted(t.piece for _, t in log if isinstance(t, RegenTask))
+    pieces = sorted(t.piece for _, t in log if isinstance(t, PieceTask))
     assert pieces == [0, 1, 2]
 
 
@@ -60,7 +60,7 @@ def test_a_filled_hit_list_sends_the_query_to_be_searched_again_against_its_prel
     log = drive(s, workers=1)
     assert s.metadata(4) == [40, 41, 42]  # the whole preliminary list, not the top 2
     assert s.searched_again == 6
-    assert all(t.alignments is None for _, t in log if isinstance(t, RegenTask))
+    assert all(t.alignments is None for _, t in log if isinstance(t, PieceTask))
 
 
 def test_regeneration_preferred_once_a_batch_is_merged():
@@ -68,7 +68,7 @@ def test_regeneration_preferred_once_a_batch_is_merged():
     s = Scheduler(p)
     first = s.next_task(0)
     s.search_done(first, searched(fake_hits(first, p)))
-    assert isinstance(s.next_task(0), RegenTask)
+    assert isinstance(s.next_task(0), PieceTask)
 
 
 def test_affinity_prefers_cached_fragment():
@@ -87,7 +87,7 @@ def test_preload_skips_search():
     s = Scheduler(p)
     s.preload([[1], [2], [], [3], [4], [5]])
     tasks = [s.next_task(0) for _ in range(3)]
-    assert all(isinstance(t, RegenTask) for t in tasks)
+    assert all(isinstance(t, PieceTask) for t in tasks)
     assert tasks[0].subjects == ((1,), (2,))
 
 
@@ -111,7 +111,7 @@ def test_kept_alignments_follow_the_merged_order_into_regeneration_tasks():
              for q in range(2)]),
         )  # fmt: skip
     regen = s.next_task(0)
-    assert isinstance(regen, RegenTask)
+    assert isinstance(regen, PieceTask)
     assert regen.subjects == ((1, 0), (11, 10))
     assert regen.alignments == ((b"aln 0/1", b"aln 0/0"), (b"aln 1/1", b"aln 1/0"))
 
@@ -128,13 +128,13 @@ def test_plan_for_archive_reports_uses_large_shrinking_batches_and_half_batch_gr
     common = dict(program="blastp", query_lengths=[300] * 500, fragment_residues=[2_000_000] * 4, workers=2,
                   hitlist_size=500, startup_seconds=0.04, stitchable=True)  # fmt: skip
     by_search = make_plan(**common)
-    rendered = make_plan(**common, archive_render=True)
+    rendered = make_plan(**common, keep_alignments=True)
     sizes = [len(b) for b in rendered.batches]
     assert sizes[:4] == [167, 167, 55, 55] and max(sizes[4:]) < 40  # 2/3 of the rest a round; a sliver joins
     halves = [half for b in rendered.batches for half in (b[: (len(b) + 1) // 2], b[(len(b) + 1) // 2 :])]
     assert rendered.pieces == tuple(h for h in halves if len(h))
     assert len(by_search.batches) > len(rendered.batches) and len(by_search.pieces[0]) == 10
-    fives = make_plan(**common, archive_render=True, regen_group=5)
+    fives = make_plan(**common, keep_alignments=True, piece_queries=5)
     assert len(fives.pieces) == sum(-(-len(b) // 5) for b in fives.batches)  # groups never span batches
 
 
@@ -154,10 +154,10 @@ def test_query_segmentation_pieces_shrink_so_workers_finish_together():
     rng = random.Random(7)
     lengths = [int(rng.lognormvariate(5.8, 0.7)) + 20 for _ in range(500)]  # like mmseqs2 QUERY.fasta
     common = dict(program="blastp", query_lengths=lengths, fragment_residues=[9_000_000], workers=2,
-                  hitlist_size=500, startup_seconds=0.04, stitchable=True, direct=True)  # fmt: skip
+                  hitlist_size=500, startup_seconds=0.04, stitchable=True, query_segmentation=True)  # fmt: skip
     plan = make_plan(**common)
     sizes = [sum(lengths[q] for q in piece) for piece in plan.pieces]
-    assert plan.direct and plan.pieces == plan.batches
+    assert plan.query_segmentation and plan.pieces == plan.batches
     assert max(sizes) in sizes[:2] and min(sizes[:2]) > 10 * sizes[-1]  # the first round holds the largest
     smallest = smallest_piece_residues("blastp", 9_000_000, 0.04)
     assert all(size >= smallest / 2 for size in sizes)
@@ -173,7 +173,7 @@ def test_query_segmentation_keeps_unstitchable_formats_in_one_piece():
     from paramedic.engine.plan import make_plan
 
     plan = make_plan(program="blastp", query_lengths=[300] * 50, fragment_residues=[9_000_000], workers=2,
-                     hitlist_size=500, startup_seconds=0.04, stitchable=False, direct=True)  # fmt: skip
+                     hitlist_size=500, startup_seconds=0.04, stitchable=False, query_segmentation=True)  # fmt: skip
     assert plan.pieces == (range(0, 50),)
 
 
@@ -186,7 +186,12 @@ def test_batches_and_pieces_start_where_blast_starts_a_batch():
     starts = {b.start for b in blast_batches}
     common = dict(program="blastp", query_lengths=lengths, fragment_residues=[2_000_000] * 4, workers=2,
                   hitlist_size=500, startup_seconds=0.04, stitchable=True)  # fmt: skip
-    for extra in ({}, {"archive_render": True}, {"direct": True}, {"batch": 7, "regen_group": 3}):
+    for extra in (
+        {},
+        {"keep_alignments": True},
+        {"query_segmentation": True},
+        {"batch": 7, "piece_queries": 3},
+    ):
         plan = make_plan(**common, **extra, blast_batches=blast_batches)
         assert {b.start for b in plan.batches} <= starts, extra
         assert {p.start for p in plan.pieces} <= starts, extra

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from paramedic.blast.hits import FragmentSearch, Hit
-from paramedic.engine.scheduler import Plan, RegenTask, Scheduler, SearchTask
+from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
 from paramedic.ship.auto import decide, ship_metadata
 from paramedic.ship.wire import MAX_PAYLOAD_BYTES, ProtocolError, recv_frame, send_frame
 from paramedic.site.store import safe_output_path
@@ -43,14 +43,13 @@ def test_held_pieces_are_released_for_shipping_not_as_tasks():
     assert scheduler.finished
 
 
-def test_requeued_pieces_become_regeneration_tasks_first():
+def test_held_pieces_become_regeneration_tasks_when_holding_stops_except_one_done_otherwise():
     scheduler = Scheduler(_plan(), hold_pieces=True)
     scheduler.search_done(scheduler.next_task(1), _hits(4))
-    released = scheduler.take_released()
-    scheduler.requeue(released[1:])
     scheduler.stop_holding()
+    scheduler.mark_piece_done(0)  # the --ship auto probe's output is written
     task = scheduler.next_task(1)
-    assert isinstance(task, RegenTask) and task.piece == 1
+    assert isinstance(task, PieceTask) and task.piece == 1
     assert not scheduler.finished
 
 
@@ -106,8 +105,8 @@ def test_frames_are_bounded():
 def test_metadata_runs_are_consecutive_pieces_of_bounded_size():
     from paramedic.ship.destination import _consecutive
 
-    def task(piece: int, ids: int) -> RegenTask:
-        return RegenTask(piece, piece, 1, (tuple(range(ids)),))
+    def task(piece: int, ids: int) -> PieceTask:
+        return PieceTask(piece, piece, 1, (tuple(range(ids)),))
 
     tasks = [task(5, 1), task(0, 4), task(1, 4), task(2, 3), task(3, 9), task(7, 1)]
     runs = [[t.piece for t in run] for run in _consecutive(tasks, max_ids=10)]

@@ -13,9 +13,9 @@ import pytest
 from cryptography import x509
 
 from paramedic.errors import OutputError, UsageError
+from paramedic.ship.tls import client_context, peer_name, server_context
 from paramedic.site import keys as keys_module
 from paramedic.site.keys import make_keys
-from paramedic.site.tls import client_context, peer_name, server_context
 
 TIMEOUT = 5.0
 

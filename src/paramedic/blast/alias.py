@@ -2,15 +2,16 @@
 
 An alias with `NSEQ` and `LENGTH` of the whole database makes BLAST+ compute e-values (blastp and blastn)
 and print size lines exactly as for the whole database; `OIDLIST` restricts a search to a bit mask of
-ordinal ids without copying any sequence (see DESIGN.md, "Statistics and merge").
+ordinal ids without copying any sequence (see docs/DESIGN.md, "Statistics and merge").
 """
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
+
+from paramedic.durable import write_durably
 
 
 def write_alias(
@@ -27,9 +28,7 @@ def write_alias(
     if oidlist is not None:
         lines.append(f"OIDLIST {_quote(oidlist)}")
     lines += [f"NSEQ {nseq}", f"LENGTH {length}"]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, path)
+    write_durably(path, ("\n".join(lines) + "\n").encode())
 
 
 def _quote(entry: str) -> str:

@@ -1,6 +1,6 @@
 """BLAST+'s preliminary hit list, read out of fragment searches, and BLAST+'s own query batches.
 
-BLAST+ searches in two stages (../shared/DESIGN.md, "Preliminary list"): the preliminary stage keeps, per
+BLAST+ searches in two stages (docs/DESIGN.md, "Preliminary list"): the preliminary stage keeps, per
 query, the best N subjects under one order (best e-value, score of the first HSP, ordinal id), and only
 those are aligned again in the traceback. Per subject both stages are independent of the other subjects,
 so the whole database's preliminary list is the top N of the union of the fragments' lists. The

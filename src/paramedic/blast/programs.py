@@ -27,6 +27,6 @@ PROGRAMS: dict[str, Program] = {
 }
 
 
-def alias_suffix(db_type: MolType) -> str:
+def alias_suffix(db_type: str) -> str:
     """Alias files are .pal for protein and .nal for nucleotide databases."""
     return ".pal" if db_type == "prot" else ".nal"

@@ -16,19 +16,19 @@ from pathlib import Path
 from paramedic.blast.options import BlastOptions, check_values
 from paramedic.blast.prelim import batch_residues, composition_adjusted, query_batches, split_query
 from paramedic.blast.prelim_check import check_shim
-from paramedic.blast.programs import PROGRAMS, alias_suffix
+from paramedic.blast.programs import PROGRAMS
 from paramedic.blast.render import can_render
 from paramedic.blast.run import Database
 from paramedic.blast.tools import require_tool
 from paramedic.db.fasta import read_fasta
-from paramedic.db.manifest import Manifest, load_manifest, verify_volumes
+from paramedic.db.locate import resolve_database
 from paramedic.db.seqids import SeqIdTable
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings
-from paramedic.errors import BlastError, DatabaseError, OutputError, UsageError
+from paramedic.errors import BlastError, OutputError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.ship.destination import ShipSettings, check_shippable
 
@@ -49,7 +49,7 @@ class Job:
     preloaded: list[list[int]] | None  # metadata loaded with --from-metadata
     ship: ShipSettings | None = None
     # Fragment searches keep their alignments and reports are written from them (paramedic.blast.render)
-    archive_render: bool = False
+    keep_alignments: bool = False
     # Where finished work is kept so that the search resumes after a kill (paramedic.engine.journal);
     # None when the report goes to standard output
     journal: Path | None = None
@@ -65,8 +65,8 @@ class Job:
             "options": self.options.without("query", "db", "out").argv(),
             "database": self.manifest_checksum,
             "queries": self.identity.queries_sha256,
-            "strategy": "queries" if self.plan_inputs["direct"] else "fragments",
-            "alignments": self.archive_render,
+            "strategy": "queries" if self.plan_inputs["query_segmentation"] else "fragments",
+            "alignments": self.keep_alignments,
             "from_metadata": self.preloaded is not None,
         }
 
@@ -96,7 +96,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         # relative path (one record per output path, as for a local -out)
         check_shippable(options)
         out_path = None
-        record = settings.record or cwd / (settings.ship.out + ".run.json")
+        record: Path | None = settings.record or cwd / (settings.ship.out + ".run.json")
         journal = journal_path(cwd / settings.ship.out) if settings.journal else None
     else:
         out_path = _resolve(cwd, out) if out and out != "-" else None
@@ -106,12 +106,12 @@ def prepare_job(settings: SearchSettings) -> Job:
         journal = journal_path(out_path) if out_path and settings.journal else None
     lengths = [len(s) for _, s in queries]
     inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
-    direct = choose_strategy(settings, db, inexact) == "queries"
-    if not direct and settings.from_metadata is None:
+    query_segmentation = choose_strategy(settings, db, inexact) == "queries"
+    if not query_segmentation and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
     ships_metadata = settings.ship is not None and settings.ship.mode == "metadata"
-    archive_render = (
-        not direct
+    keep_alignments = (
+        not query_segmentation
         and not ships_metadata
         and settings.from_metadata is None
         and can_render(program.name, options)
@@ -125,9 +125,9 @@ def prepare_job(settings: SearchSettings) -> Job:
         "startup_seconds": measure_startup(program.name),
         "stitchable": can_stitch(options.outfmt()),
         "batch": settings.batch,
-        "regen_group": settings.regen_group,
-        "direct": direct,
-        "archive_render": archive_render,
+        "piece_queries": settings.piece_queries,
+        "query_segmentation": query_segmentation,
+        "keep_alignments": keep_alignments,
         # pieces cut at BLAST+'s own query batches where it fixes them (paramedic.blast.prelim)
         "blast_batches": query_batches(lengths, residues)
         if (residues := batch_residues(program.name, options))
@@ -155,7 +155,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         save_metadata=save_path,
         preloaded=preloaded,
         ship=settings.ship,
-        archive_render=archive_render,
+        keep_alignments=keep_alignments,
         journal=journal,
         restart=settings.restart,
     )
@@ -164,42 +164,6 @@ def prepare_job(settings: SearchSettings) -> Job:
 def _resolve(cwd: Path, path: str) -> Path:
     p = Path(path)
     return p if p.is_absolute() else cwd / p
-
-
-def resolve_database(arg: str, cwd: Path) -> tuple[Database, Manifest]:
-    """Find the database as BLAST+ does (current directory, then $BLASTDB) and check it is complete."""
-    candidates = [_resolve(cwd, arg)]
-    if not Path(arg).is_absolute():
-        candidates += [Path(d) / arg for d in os.environ.get("BLASTDB", "").split(":") if d]
-    directory = next((c for c in candidates if (c / "manifest.json").is_file()), None)
-    if directory is None:
-        if any(c.with_name(c.name + suffix).exists() for c in candidates for suffix in (".pal", ".nal")):
-            raise DatabaseError(f"{arg}: a BLAST+ database but not one made by `paramedic format`")
-        raise DatabaseError(f"database {arg!r} not found (looked in {', '.join(str(c) for c in candidates)})")
-    directory = directory.resolve()
-    manifest = load_manifest(directory)
-    verify_volumes(directory, manifest)  # sizes on every search, digests once per database (cached)
-    missing = [
-        name
-        for name in [manifest.whole, *(f.name for f in manifest.fragments)]
-        if not list(directory.glob(name + ".*"))
-    ]
-    if missing:
-        raise DatabaseError(f"{arg}: incomplete database, missing {', '.join(missing)}")
-    top_alias = directory.with_name(directory.name + alias_suffix(manifest.dbtype))
-    if not top_alias.is_file():
-        raise DatabaseError(f"{arg}: incomplete database, missing {top_alias.name}")
-    database = Database(
-        arg=arg,
-        directory=directory,
-        dbtype=manifest.dbtype,
-        title=manifest.title,
-        nseq=manifest.nseq,
-        length=manifest.length,
-        whole=manifest.whole,
-        fragments=tuple(f.name for f in manifest.fragments),
-    )
-    return database, manifest
 
 
 # Query segmentation is chosen when the whole database takes at most this share of the machine's memory:

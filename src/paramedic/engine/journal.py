@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from paramedic.blast.hits import Candidate, FragmentSearch, Hit, PrelimList
-from paramedic.durable import fsync_dir
+from paramedic.durable import write_durably
 from paramedic.engine.scheduler import Plan, SearchTask
 from paramedic.errors import OutputError, UsageError
 
@@ -62,6 +62,9 @@ class Replay:
     @property
     def empty(self) -> bool:
         return not self.searches and not self.pieces
+
+
+NOTHING = Replay((), ())  # a run with no journal, or a new one
 
 
 class Journal:
@@ -221,16 +224,9 @@ class Journal:
 
     def _write(self, path: Path, data: bytes) -> None:
         """Durable before it counts: the file fsynced, renamed into place, its directory fsynced."""
-        tmp = path.with_name(f".{path.name}.tmp")
         try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-            fsync_dir(path.parent)
+            write_durably(path, data)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             raise OutputError(f"cannot write the search's journal {self.path}: {exc.strerror}") from exc
 
     def _unlock(self) -> None:
@@ -309,7 +305,7 @@ def _plan_json(plan: Plan) -> dict[str, Any]:
         "pieces": [[r.start, r.stop] for r in plan.pieces],
         "n_fragments": plan.n_fragments,
         "hitlist_size": plan.hitlist_size,
-        "direct": plan.direct,
+        "query_segmentation": plan.query_segmentation,
         "search_filled_again": plan.search_filled_again,
     }
 
@@ -320,7 +316,7 @@ def _plan_from_json(data: dict[str, Any]) -> Plan:
         n_fragments=_int(data["n_fragments"]),
         pieces=tuple(range(_int(a), _int(b)) for a, b in data["pieces"]),
         hitlist_size=_int(data["hitlist_size"]),
-        direct=bool(data["direct"]),
+        query_segmentation=bool(data["query_segmentation"]),
         search_filled_again=bool(data["search_filled_again"]),
     )
 
@@ -330,7 +326,7 @@ def _search_task(name: str, plan: Plan) -> SearchTask | None:
     if not (batch.isdigit() and fragment.isdigit()):
         return None
     task = SearchTask(int(batch), int(fragment))
-    if task.batch >= len(plan.batches) or task.fragment >= plan.n_fragments or plan.direct:
+    if task.batch >= len(plan.batches) or task.fragment >= plan.n_fragments or plan.query_segmentation:
         return None
     return task
 

@@ -26,10 +26,12 @@ import uuid
 from pathlib import Path
 from typing import IO, Any
 
-from paramedic.cli import LAUNCHED_VARIABLE, MPI_RANK_VARIABLES
 from paramedic.engine.settings import SearchSettings
 from paramedic.errors import InternalError, JobError, ParamedicError
 
+# Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
+MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
+LAUNCHED_VARIABLE = "PARAMEDIC_LAUNCHED"
 # Where a failing rank leaves its one-line message for the launching process: mpiexec may tear the job
 # down before it forwards the rank's stderr, and the user must still see why the job failed.
 ERROR_FILE_VARIABLE = "PARAMEDIC_ERROR_FILE"
@@ -125,7 +127,8 @@ def check_before_launch(settings: SearchSettings) -> None:
     them); what cannot be checked here yet is left to rank 0, which checks everything again."""
     from paramedic.blast.options import CHECKED_VARIABLE, BlastOptions, check_values
     from paramedic.blast.programs import PROGRAMS
-    from paramedic.engine.job import check_outfmt, resolve_database
+    from paramedic.db.locate import resolve_database
+    from paramedic.engine.job import check_outfmt
 
     program = PROGRAMS.get(settings.program)
     if program is None:

@@ -2,7 +2,7 @@
 
 A fragment search is BLAST+ on less data, and BLAST+ is not a filter: its preliminary stage keeps at most
 N candidates per query, and its composition-based traceback skips subjects once every query of a batch
-has filled its hit list (../shared/DESIGN.md, "Preliminary list"). `merge_query` therefore works from
+has filled its hit list (docs/DESIGN.md, "Preliminary list"). `merge_query` therefore works from
 each fragment's preliminary list too (paramedic.blast.prelim): the whole database's list is the top N of
 their union, and the fragments' hits restricted to it are the whole database's hits whenever no hit list
 can have filled (no fragment reached `hitlist_size`, fewer than `hitlist_size` hits kept). Otherwise the

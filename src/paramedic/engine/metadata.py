@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
+from paramedic.durable import write_durably
 from paramedic.errors import InputError, UsageError
 
 KIND = "paramedic-metadata"
@@ -44,9 +44,7 @@ class SearchIdentity:
 
 def save_metadata(path: Path, identity: SearchIdentity, subjects: list[list[int]]) -> None:
     data = {"kind": KIND, "version": VERSION, **asdict(identity), "subjects": subjects}
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    tmp.write_text(json.dumps(data, separators=(",", ":")) + "\n")
-    os.replace(tmp, path)
+    write_durably(path, (json.dumps(data, separators=(",", ":")) + "\n").encode())
 
 
 def load_metadata(path: Path, expected: SearchIdentity, n_queries: int, nseq: int) -> list[list[int]]:

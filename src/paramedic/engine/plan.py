@@ -5,7 +5,7 @@ of a task's time, estimated from query and fragment residues with a per-program 
 machine kind; and small enough that every worker gets several tasks. Regeneration groups are small: the
 cost of a regeneration run is start-up plus (queries x union of their subjects), and measured on the
 mmseqs2 data a group of about 10 queries minimised it (batch 1: 7.6 s, 5: 4.5 s, 10: 4.3 s, 25: 5.0 s,
-100: 7.6 s for 100 queries). Reports written from the search's own alignments (`archive_render`) cost
+100: 7.6 s for 100 queries). Reports written from the search's own alignments (`keep_alignments`) cost
 the same per query however queries are grouped, so there a group is half a search batch: few runs.
 Formats whose pieces cannot be stitched are regenerated as one piece.
 
@@ -44,9 +44,9 @@ def make_plan(
     startup_seconds: float,
     stitchable: bool,
     batch: int | None = None,
-    regen_group: int | None = None,
-    direct: bool = False,
-    archive_render: bool = False,
+    piece_queries: int | None = None,
+    query_segmentation: bool = False,
+    keep_alignments: bool = False,
     blast_batches: Sequence[range] = (),
     search_filled_again: bool = True,
 ) -> Plan:
@@ -63,17 +63,24 @@ def make_plan(
         startup_seconds,
         stitchable,
         batch,
-        regen_group,
-        direct,
-        archive_render,
+        piece_queries,
+        query_segmentation,
+        keep_alignments,
     )
     if not blast_batches:
         return Plan(
-            plan.batches, plan.n_fragments, plan.pieces, plan.hitlist_size, plan.direct, search_filled_again
+            plan.batches,
+            plan.n_fragments,
+            plan.pieces,
+            plan.hitlist_size,
+            plan.query_segmentation,
+            search_filled_again,
         )
     pieces = aligned(plan.pieces, blast_batches)
-    batches = pieces if plan.direct else aligned(plan.batches, blast_batches)
-    return Plan(batches, plan.n_fragments, pieces, plan.hitlist_size, plan.direct, search_filled_again)
+    batches = pieces if plan.query_segmentation else aligned(plan.batches, blast_batches)
+    return Plan(
+        batches, plan.n_fragments, pieces, plan.hitlist_size, plan.query_segmentation, search_filled_again
+    )
 
 
 def aligned(pieces: Sequence[range], blast_batches: Sequence[range]) -> tuple[range, ...]:
@@ -97,13 +104,13 @@ def _make_plan(
     startup_seconds: float,
     stitchable: bool,
     batch: int | None,
-    regen_group: int | None,
-    direct: bool,
-    archive_render: bool,
+    piece_queries: int | None,
+    query_segmentation: bool,
+    keep_alignments: bool,
 ) -> Plan:
     n = len(query_lengths)
     pieces: tuple[range, ...]
-    if direct:
+    if query_segmentation:
         # Query segmentation: a piece is one search of the whole database, writing its own report.
         whole = sum(fragment_residues)
         if not stitchable:
@@ -113,8 +120,8 @@ def _make_plan(
         else:
             smallest = smallest_piece_residues(program, whole, startup_seconds)
             pieces = decreasing_pieces(query_lengths, workers, smallest)
-        return Plan(pieces, 1, pieces, hitlist_size, direct=True)
-    if archive_render and batch is None:
+        return Plan(pieces, 1, pieces, hitlist_size, query_segmentation=True)
+    if keep_alignments and batch is None:
         # BLAST+ scans a fragment once per batch, so larger batches cost less search (500 queries, 4
         # fragments, 2 workers: batches of 14, 63, 125 took 106.4, 101.2, 100.0 s of search); batches
         # shrink as for query segmentation so the last fragment searches are short; each batch's reports
@@ -128,13 +135,13 @@ def _make_plan(
             pieces = (range(0, n),)
         else:
             pieces = tuple(
-                group for b in batches for group in _split(b, regen_group or math.ceil(len(b) / 2))
+                group for b in batches for group in _split(b, piece_queries or math.ceil(len(b) / 2))
             )
         return Plan(batches, len(fragment_residues), pieces, hitlist_size)
     if batch is None:
         batch = search_batch_size(program, query_lengths, fragment_residues, workers, startup_seconds)
     batch = max(1, min(batch, n))
-    group = max(1, regen_group or (math.ceil(batch / 2) if archive_render else DEFAULT_REGEN_GROUP))
+    group = max(1, piece_queries or (math.ceil(batch / 2) if keep_alignments else DEFAULT_REGEN_GROUP))
     if stitchable:
         group = min(group, batch)
         batch = math.ceil(batch / group) * group  # whole groups per batch

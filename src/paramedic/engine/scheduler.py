@@ -27,8 +27,9 @@ class SearchTask:
 
 
 @dataclass(frozen=True)
-class RegenTask:
-    """Write the report of a group of queries with BLAST+ itself.
+class PieceTask:
+    """One piece of the report: a run of consecutive queries whose report BLAST+ writes in one run. The
+    unit of output (the writer orders pieces), of shipping (metadata ships per piece) and of the journal.
 
     With `subjects`, against a mask of the merged subjects (regeneration); with `subjects=None`, against
     the whole database (query segmentation: the search and the report in one run).
@@ -43,7 +44,7 @@ class RegenTask:
     alignments: tuple[tuple[bytes, ...], ...] | None = None
 
 
-Task = SearchTask | RegenTask
+Task = SearchTask | PieceTask
 
 
 @dataclass(frozen=True)
@@ -54,27 +55,35 @@ class Plan:
     n_fragments: int
     pieces: tuple[range, ...]  # query index ranges of the regeneration pieces, consecutive
     hitlist_size: int
-    direct: bool = False  # query segmentation: each piece searched against the whole database, no merge
+    # each piece searched against the whole database (--strategy queries): no merge, no regeneration
+    query_segmentation: bool = False
     search_filled_again: bool = True  # a filled hit list is searched again (paramedic.engine.merge)
 
     def __post_init__(self) -> None:
         _check_cover(self.batches, "batches")
         _check_cover(self.pieces, "pieces")
+        if (self.batches[0].start, self.batches[-1].stop) != (self.pieces[0].start, self.pieces[-1].stop):
+            raise ValueError("batches and pieces must cover the same queries")
         if self.n_fragments < 1:
             raise ValueError("need at least one fragment")
 
     @property
+    def first_query(self) -> int:
+        """Global index of the plan's first query: 0 for a whole job, more for a part of one."""
+        return self.batches[0].start
+
+    @property
     def n_queries(self) -> int:
-        return self.batches[-1].stop
+        return self.batches[-1].stop - self.first_query
 
 
 def _check_cover(ranges: tuple[range, ...], what: str) -> None:
     if (
         not ranges
-        or ranges[0].start != 0
+        or ranges[0].start < 0
         or any(a.stop != b.start for a, b in zip(ranges, ranges[1:], strict=False))
     ):
-        raise ValueError(f"{what} must be consecutive ranges starting at query 0")
+        raise ValueError(f"{what} must be consecutive ranges of query indices")
     if any(len(r) == 0 for r in ranges):
         raise ValueError(f"{what} must not be empty")
 
@@ -92,11 +101,11 @@ class Scheduler:
     _inexact: set[int] = field(init=False)  # queries whose report must be written by searching again
     _merged: dict[int, list[int]] = field(init=False)  # global query -> merged subject ids
     _alignments: dict[int, tuple[bytes, ...]] = field(init=False)  # global query -> until its piece goes
-    _ready: deque[RegenTask] = field(init=False)
+    _ready: deque[PieceTask] = field(init=False)
     _unreleased: set[int] = field(init=False)  # pieces not yet made ready
     _done_pieces: set[int] = field(init=False)
     cache: dict[int, set[int]] = field(init=False)  # worker -> fragments it holds
-    released: list[RegenTask] = field(init=False)  # held pieces, ready to be shipped as metadata
+    released: list[PieceTask] = field(init=False)  # held pieces, ready to be shipped as metadata
 
     def __post_init__(self) -> None:
         nf = self.plan.n_fragments
@@ -112,17 +121,17 @@ class Scheduler:
         self._unreleased = set(range(len(self.plan.pieces)))
         self.cache = {}
         self.released = []
-        if self.plan.direct:
+        if self.plan.query_segmentation:
             self._pending = [set() for _ in self.plan.batches]
             self._waiting = [0] * len(self.plan.batches)
-            self._ready.extend(RegenTask(i, p.start, len(p), None) for i, p in enumerate(self.plan.pieces))
+            self._ready.extend(PieceTask(i, p.start, len(p), None) for i, p in enumerate(self.plan.pieces))
             self._unreleased.clear()
 
     def preload(self, merged: list[list[int]]) -> None:
         """Start from known metadata (a saved search): no search tasks, only regeneration."""
         if len(merged) != self.plan.n_queries:
             raise ValueError(f"metadata has {len(merged)} queries, the job {self.plan.n_queries}")
-        self._merged = dict(enumerate(merged))
+        self._merged = dict(enumerate(merged, start=self.plan.first_query))
         self._pending = [set() for _ in self.plan.batches]
         self._waiting = [0] * len(self.plan.batches)
         self._release_pieces()
@@ -134,8 +143,9 @@ class Scheduler:
         self._pending[task.batch].discard(task.fragment)
         self.search_done(task, result)
 
-    def restore_piece(self, index: int) -> None:
-        """A piece written by an earlier run of the job: it is done, whether released yet or not."""
+    def mark_piece_done(self, index: int) -> None:
+        """A piece whose report was written otherwise (by an earlier run of the job, or as the --ship
+        auto probe): it is done, whether released yet or not."""
         self._ready = deque(t for t in self._ready if t.piece != index)
         self.released = [t for t in self.released if t.piece != index]
         self._unreleased.discard(index)
@@ -189,22 +199,16 @@ class Scheduler:
                     self._alignments[q] = tuple(h.alignment for h in merged.hits)
             self._release_pieces()
 
-    def regen_done(self, task: RegenTask) -> None:
+    def piece_done(self, task: PieceTask) -> None:
         self._done_pieces.add(task.piece)
 
-    def take_released(self) -> list[RegenTask]:
+    def take_released(self) -> list[PieceTask]:
         """Held pieces whose queries are all merged, in piece order; they count as done from now on."""
         taken = sorted(self.released, key=lambda t: t.piece)
         self.released = []
         for task in taken:
             self._done_pieces.add(task.piece)
         return taken
-
-    def requeue(self, tasks: list[RegenTask]) -> None:
-        """Taken pieces that are to be regenerated after all (ahead of everything else)."""
-        for task in tasks:
-            self._done_pieces.discard(task.piece)
-        self._ready.extendleft(reversed(tasks))
 
     def stop_holding(self) -> None:
         """From now on released pieces become regeneration tasks again (held ones first)."""
@@ -239,6 +243,6 @@ class Scheduler:
                 else:  # a query that must be searched again: the whole piece is (BLAST+'s own batches)
                     for q in piece:
                         self._alignments.pop(q, None)
-                task = RegenTask(index, piece.start, len(piece), subjects, alignments)
+                task = PieceTask(index, piece.start, len(piece), subjects, alignments)
                 (self.released if self.hold_pieces else self._ready).append(task)
                 self._unreleased.discard(index)

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from paramedic.errors import UsageError
+
 if TYPE_CHECKING:
     from paramedic.ship.destination import ShipSettings
 
@@ -18,7 +20,7 @@ class SearchSettings:
     program: str
     blast_args: list[str]
     batch: int | None = None  # queries per search task (default: sized from start-up cost)
-    regen_group: int | None = None  # queries per regeneration run
+    piece_queries: int | None = None  # queries per regeneration run
     quiet: bool = False
     record: Path | None = None  # run record path (default: <out>.run.json)
     save_metadata: Path | None = None  # write the merged subjects per query here
@@ -28,3 +30,14 @@ class SearchSettings:
     restart: bool = False  # discard the journal of an earlier, unfinished run instead of continuing it
     journal: bool = True  # keep finished work in a journal beside the output (paramedic.engine.journal)
     cwd: Path = field(default_factory=Path.cwd)
+
+    def __post_init__(self) -> None:
+        """The settings check themselves: whoever builds them (the CLI, a test, a library user) gets the
+        same one-line refusals."""
+        for flag, value in (("--batch", self.batch), ("--regen-batch", self.piece_queries)):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} must be at least 1")
+        if self.strategy not in ("auto", "fragments", "queries"):
+            raise UsageError(f"--strategy {self.strategy}: choose auto, fragments or queries")
+        if self.restart and not self.journal:
+            raise UsageError("--restart discards a journal and --no-journal keeps none: choose one")

@@ -140,7 +140,7 @@ class Stitcher:
         self.outfmt = outfmt
         self.total_pieces = total_pieces
         # One piece is the whole run: its output is the report as it is, in any format.
-        self._kind = "whole" if total_pieces == 1 else _KINDS[number]
+        self._kind = "whole" if total_pieces == 1 or number is None else _KINDS[number]
         self._next_index = 0
         self._next_offset: int | None = 0  # None: this format cannot count its queries
         self._total_queries: int | None = None

@@ -7,14 +7,42 @@ writing the report for a query group), `write` (master: stitching and writing pi
 from __future__ import annotations
 
 import json
-import os
 import resource
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any, TypedDict
 
-from paramedic.blast.forkserver import close_fork_servers
+from paramedic.durable import write_durably
 
 PHASES = ("search", "merge", "regenerate", "write")
+# Version of the record's layout (CHANGELOG.md): readers refuse another one. 2 added `version` itself,
+# `resumed`, and the typed `ship` section.
+VERSION = 2
+
+
+class ShipReport(TypedDict):
+    """The run record's `ship` section (with --site): what crossed the link, and why (see ship.destination
+    and ship.auto). f: encoding at the compute site; g: regeneration at the storage site."""
+
+    site: str
+    mode: str
+    codec: str
+    streams: int
+    output_path: str
+    output_bytes: int
+    shipped_payload_bytes: int
+    setup_bytes: int
+    wire_bytes: int
+    ratio_output_to_payload: float | None
+    chunks: int
+    chunks_resent: int
+    reconnects: int
+    f_encode_seconds: float
+    transfer_seconds: float | None
+    finish_wait_seconds: float
+    g_site_decode_seconds: float | None
+    site_sha256: str | None
+    auto_decision: dict[str, Any] | None
 
 
 @dataclass
@@ -38,9 +66,8 @@ class RankStats:
         self.seconds[phase] += seconds
 
     def measure_memory(self) -> None:
-        """Peak RSS of this process and of its largest BLAST+ run (fork servers are stopped first, so
-        that their children count as this process's descendants)."""
-        close_fork_servers()
+        """Peak RSS of this process and of its largest BLAST+ run. Call it once the rank's BLAST+ fork
+        servers are stopped (paramedic.engine.roles), so that their children count as its descendants."""
         usage = resource.getrusage(resource.RUSAGE_SELF)
         self.peak_rss_mb = usage.ru_maxrss / 1024
         self.python_cpu_seconds = round(usage.ru_utime + usage.ru_stime, 3)
@@ -70,10 +97,28 @@ class RunRecord:
     queries_with_hits: int | None  # None with query segmentation (nothing is merged)
     searched_again: int | None  # queries whose hit list filled: report by search against their whole list
     ranks_stats: list[RankStats]
-    ship: dict[str, object] | None = None  # with --site: shipping figures (see ship.destination)
+    ship: ShipReport | None = None  # with --site: shipping figures
     # Work an earlier, unfinished run of the job had finished, taken from its journal instead of being
     # done again: {"searches": fragment searches, "pieces": report pieces} (None: no journal)
     resumed: dict[str, int] | None = None
+    version: int = VERSION
+
+    @classmethod
+    def load(cls, path: Path) -> RunRecord:
+        """A record as written by `write` (for bench/ and users' scripts): ValueError for anything else,
+        including a record of another version."""
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            found = data.get("version") if isinstance(data, dict) else None
+            raise ValueError(f"{path}: run record version {found}, expected {VERSION}")
+        data.pop("phase_totals", None)  # derived, written for readers
+        data.pop("search_startup_share", None)
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"{path}: unknown run record keys {sorted(unknown)}")
+        data["ranks_stats"] = [RankStats(**r) for r in data["ranks_stats"]]
+        return cls(**data)
 
     def startup_share(self) -> float:
         """Estimated share of BLAST+ process start-up in the search phase (goal: under 5%)."""
@@ -104,9 +149,7 @@ class RunRecord:
         data["phase_totals"] = self.phase_totals()
         data["search_startup_share"] = round(self.startup_share(), 4)
         path.parent.mkdir(parents=True, exist_ok=True)  # a --site job's record mirrors the remote path
-        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, path)
+        write_durably(path, (json.dumps(data, indent=2) + "\n").encode())
 
     def summary(self) -> str:
         totals = self.phase_totals()
@@ -119,7 +162,7 @@ class RunRecord:
             f"  strategy: {self.strategy}"
             + (
                 f"; hits: {_count(self.metadata_pairs, 'query-subject pair')}, "
-                f"{_count(self.queries_with_hits, 'query', 'ies')} with hits, "
+                f"{_count(self.queries_with_hits or 0, 'query', 'ies')} with hits, "
                 f"{self.searched_again} searched again (hit list filled)"
                 if self.metadata_pairs is not None
                 else " (query segmentation: whole database per task, no merge)"

@@ -22,8 +22,8 @@ from typing import Any
 import zstandard
 
 from paramedic.ship.client import SiteAddress, SiteError, open_tls, tls_refusal
+from paramedic.ship.tls import client_context
 from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
-from paramedic.site.tls import client_context
 
 PINGS = 5
 SMALL_PROBE = 64 * 1024

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any
 
 from paramedic.blast.options import BlastOptions
 from paramedic.blast.programs import PROGRAMS
@@ -21,6 +21,7 @@ from paramedic.blast.run import Database, regenerate
 from paramedic.errors import ParamedicError
 from paramedic.output.stitch import Stitcher, can_stitch
 from paramedic.ship.codecs import (
+    BinaryWriter,
     Codec,
     Segment,
     pack_json,
@@ -90,6 +91,7 @@ class BlastSiteContext:
 class BlastMetadataCodec(Codec):
     name = "blast-metadata"
     layout = "pieces"
+    ship_mode = "metadata"
     ordered = True  # a query's ids are coded against earlier queries' ids (idcodec.IdHistory)
 
     def __init__(self) -> None:
@@ -109,13 +111,14 @@ class BlastMetadataCodec(Codec):
             raise ProtocolError("setup: options must be a list of strings")
         try:
             options = BlastOptions.parse(program, argv)
+            outfmt = options.outfmt_number()  # a UsageError for "-outfmt abc": a refusal, not a bug
         except ParamedicError as exc:
             raise ProtocolError(f"setup: {exc}") from exc
         refused = [name for name in SITE_REFUSED_OPTIONS if options.has(name)]
         if refused:
             raise ProtocolError(f"setup: option -{refused[0]} is not accepted by the storage site")
-        if options.outfmt_number() in UNSHIPPABLE_OUTFMTS:
-            raise ProtocolError(f"setup: -outfmt {options.outfmt_number()} writes one file per query")
+        if outfmt in UNSHIPPABLE_OUTFMTS:
+            raise ProtocolError(f"setup: -outfmt {outfmt} writes one file per query")
         db_arg = field_str(setup, "db_arg", 1024)
         path = PurePosixPath(db_arg)
         if not db_arg or "\0" in db_arg or "\n" in db_arg or ".." in path.parts or db_arg.startswith("-"):
@@ -172,7 +175,9 @@ class BlastMetadataCodec(Codec):
             segments.append(Segment(index, data))
         return segments
 
-    def assemble(self, pieces: Iterator[tuple[int, bytes]], context: BlastSiteContext, out: BinaryIO) -> None:
+    def assemble(
+        self, pieces: Iterator[tuple[int, bytes]], context: BlastSiteContext, out: BinaryWriter
+    ) -> None:
         stitcher = Stitcher(context.options.outfmt(), len(context.pieces))
         total = len(context.queries)
         for index, data in pieces:

@@ -24,11 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from paramedic.errors import ParamedicError, UsageError
+from paramedic.ship.tls import client_context
+from paramedic.ship.transport import Opening, ShipStats, SiteAddress, SiteError, register_transport
 from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
-from paramedic.site.tls import client_context
 
 WINDOW = 32
 CONNECT_SECONDS = 10.0
@@ -40,36 +39,6 @@ KEEPALIVE = -1  # the in-flight index of a keep-alive request
 # relays): on a slow link shared by several streams a 4 MiB chunk alone takes minutes. Never longer than
 # --ship-timeout, the time after which the site counts as lost.
 SLOWEST_LINK_BYTES_PER_SECOND = 16 * 1024
-
-
-class SiteError(ParamedicError):
-    """The storage site refused the job, failed it, or could not be reached in time."""
-
-    exit_code = 8
-
-
-@dataclass(frozen=True)
-class SiteAddress:
-    scheme: str  # "tls" or "file"
-    host: str = ""
-    port: int = 0
-    path: Path | None = None
-
-    @classmethod
-    def parse(cls, url: str) -> SiteAddress:
-        parsed = urlparse(url)
-        if parsed.scheme in ("tls", "grpcs"):
-            if not parsed.hostname or parsed.port is None:
-                raise UsageError(f"--site {url}: expected tls://HOST:PORT")
-            return cls("tls", parsed.hostname, parsed.port)
-        if parsed.scheme == "file":
-            if not parsed.path:
-                raise UsageError(f"--site {url}: expected file:///path/to/inbox")
-            return cls("file", path=Path(parsed.path))
-        raise UsageError(f"--site {url}: the scheme must be tls:// (or grpcs://) or file://")
-
-    def __str__(self) -> str:
-        return f"file://{self.path}" if self.scheme == "file" else f"tls://{self.host}:{self.port}"
 
 
 def open_tls(address: SiteAddress, context: ssl.SSLContext) -> ssl.SSLSocket:
@@ -91,25 +60,6 @@ def tls_refusal(address: SiteAddress, exc: BaseException) -> SiteError | None:
     if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
         return SiteError(f"{address}: TLS refused: {exc.reason or exc}")
     return None
-
-
-@dataclass
-class ShipStats:
-    chunks: int = 0
-    payload_bytes: int = 0
-    wire_bytes: int = 0
-    resent: int = 0
-    reconnects: int = 0
-    setup_bytes: int = 0
-    first_send: float | None = None  # perf_counter of the first chunk sent
-    last_ack: float | None = None  # perf_counter of the last acknowledgement
-
-    @property
-    def transfer_seconds(self) -> float | None:
-        """From the first chunk out to the last acknowledgement in (overlaps the search)."""
-        if self.first_send is None or self.last_ack is None:
-            return None
-        return round(self.last_ack - self.first_send, 3)
 
 
 @dataclass
@@ -418,3 +368,18 @@ class TlsShipper:
         for thread in self.threads:
             if thread.is_alive():
                 thread.join(timeout=2)
+
+
+@register_transport("tls")
+def _tls_transport(opening: Opening) -> TlsShipper:
+    assert opening.keys is not None
+    return TlsShipper(
+        opening.address,
+        opening.keys,
+        opening.codec,
+        opening.setup,
+        opening.payload,
+        opening.streams,
+        opening.timeout,
+        job_id=opening.job_id,
+    )

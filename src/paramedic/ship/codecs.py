@@ -2,7 +2,8 @@
 
 A codec has two halves. At the compute site, `encode` turns a unit of results into a payload; at the
 storage site, `decode` turns the payload back into output. Another application plugs in by writing one
-class with these methods, decorated with `@register_codec` (both sites must import it):
+class with these methods, decorated with `@register_codec`, in a module that `ship.registry` imports
+(the storage site finds codecs by name there, `make_codec`):
 
 * `layout = "ranges"`: a payload decodes to bytes of the final file at an explicit offset (the
   generic codecs: the output itself, plain or zstd-compressed; no knowledge of the application);
@@ -22,7 +23,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import zstandard
 
@@ -43,9 +44,18 @@ class Segment:
     data: bytes
 
 
+class BinaryWriter(Protocol):
+    """Where `assemble` writes the final file: anything with a binary `write`."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+
 class Codec(ABC):
     name: ClassVar[str]
     layout: ClassVar[Literal["ranges", "pieces"]]
+    # The `paramedic search --ship` choice that selects this codec (None: not offered there). A "pieces"
+    # codec is handed the job's setup (`setup_from`) at the compute site.
+    ship_mode: ClassVar[str | None] = None
     ordered: ClassVar[bool] = False  # unpack chunks in encoding order (encode keeps state across units)
 
     # -- compute site ----------------------------------------------------------------------------------
@@ -67,7 +77,7 @@ class Codec(ABC):
     def decode(self, header: dict[str, Any], payload: Any, context: Any) -> list[Segment]:
         """Output for one unpacked payload; ProtocolError (or a ParamedicError) when it is malformed."""
 
-    def assemble(self, pieces: Iterator[tuple[int, bytes]], context: Any, out: BinaryIO) -> None:
+    def assemble(self, pieces: Iterator[tuple[int, bytes]], context: Any, out: BinaryWriter) -> None:
         """Write the final file from all pieces in order ("pieces" layout only)."""
         raise NotImplementedError
 
@@ -87,6 +97,7 @@ class DirectCodec(Codec):
 
     name = "direct"
     layout = "ranges"
+    ship_mode = "direct"
 
     def encode(self, unit: tuple[int, bytes]) -> tuple[dict[str, Any], bytes]:
         offset, data = unit
@@ -102,6 +113,7 @@ class CompressedCodec(Codec):
 
     name = "compressed"
     layout = "ranges"
+    ship_mode = "compressed"
     level = 3
 
     def encode(self, unit: tuple[int, bytes]) -> tuple[dict[str, Any], bytes]:
@@ -114,6 +126,10 @@ class CompressedCodec(Codec):
         if not isinstance(length, int) or not 0 <= length <= RANGE_CHUNK_BYTES:
             raise ProtocolError("compressed chunk: bad length")
         try:
+            # max_output_size binds only a frame without a content size: one that declares its size is
+            # inflated to that size (a 32 KB chunk to 1 GiB), so a declared size is checked first.
+            if zstandard.frame_content_size(payload) > length:
+                raise ProtocolError("compressed chunk: inflates beyond the length in its header")
             data = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES).decompress(
                 payload, max_output_size=length
             )
@@ -137,15 +153,6 @@ def split_range(offset: int, data: bytes) -> Iterator[tuple[int, bytes]]:
     """Consecutive ranges of at most RANGE_CHUNK_BYTES covering `data` placed at `offset`."""
     for start in range(0, max(len(data), 1), RANGE_CHUNK_BYTES):  # an empty piece still ships
         yield offset + start, data[start : start + RANGE_CHUNK_BYTES]
-
-
-def make_codec(name: str) -> Codec:
-    """The codec registered under `name` (ProtocolError for an unknown one: names come off the wire)."""
-    import paramedic.ship.blast_codec  # noqa: F401  (registers the BLAST codec; it imports this module)
-
-    if name not in CODECS:
-        raise ProtocolError(f"unknown codec {name!r}")
-    return CODECS[name]()
 
 
 def pack_json(value: Any) -> bytes:

@@ -17,21 +17,38 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import paramedic.ship.client  # noqa: F401  (registers the tls:// transport)
+import paramedic.ship.inbox_client  # noqa: F401  (registers the file:// transport)
 from paramedic.blast.options import BlastOptions
-from paramedic.engine.scheduler import RegenTask
 from paramedic.errors import UsageError
-from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS, BlastJobSetup, BlastMetadataCodec
-from paramedic.ship.client import SiteAddress, SiteError, TlsShipper
-from paramedic.ship.codecs import Codec, CompressedCodec, DirectCodec, split_range
+from paramedic.report.record import ShipReport
+from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS, BlastJobSetup
+from paramedic.ship.codecs import Codec, split_range
 from paramedic.ship.paths import output_path_problem
+from paramedic.ship.registry import codec_for_mode, ship_modes
+from paramedic.ship.transport import Opening, SiteAddress, SiteError, Transport, open_transport
 
-SHIP_MODES = ("direct", "compressed", "metadata", "auto")
+SHIP_MODES = (*ship_modes(), "auto")  # from the codecs (paramedic.ship.registry); auto chooses
 METADATA_FLUSH_SECONDS = 10.0
 # Ids per metadata container: well under idcodec.MAX_IDS, so big jobs ship in several containers (which
 # still refer to each other's ids: the cost of splitting is a few bytes per container).
 METADATA_CONTAINER_IDS = 2**18
+
+
+class Piece(Protocol):
+    """What shipping metadata reads of a released output piece (the engine's `PieceTask` is one): its
+    position in the output, its queries, and per query the merged subject ids in BLAST order."""
+
+    @property
+    def piece(self) -> int: ...
+    @property
+    def first_query(self) -> int: ...
+    @property
+    def n_queries(self) -> int: ...
+    @property
+    def subjects(self) -> tuple[tuple[int, ...], ...] | None: ...
 
 
 @dataclass(frozen=True)
@@ -72,7 +89,7 @@ def check_shippable(options: BlastOptions) -> None:
 class Shipping:
     """One job's shipping: the codec, the transport, and the figures for the run record."""
 
-    def __init__(self, settings: ShipSettings, mode: str, codec: Codec, transport: Any, nseq: int):
+    def __init__(self, settings: ShipSettings, mode: str, codec: Codec, transport: Transport, nseq: int):
         self.settings = settings
         self.mode = mode
         self.codec = codec
@@ -85,7 +102,7 @@ class Shipping:
         self.result: dict[str, Any] | None = None
         self.finish_seconds = 0.0
         self.decision: dict[str, Any] | None = None
-        self.buffered: list[RegenTask] = []
+        self.buffered: list[Piece] = []
         self.buffered_since = 0.0
         self.flush_queries = 1  # set by start_shipping: a quarter of the job's queries
 
@@ -104,7 +121,7 @@ class Shipping:
         self.digest.update(data)
 
     # -- pieces: metadata ------------------------------------------------------------------------------
-    def ship_pieces(self, tasks: Sequence[RegenTask]) -> None:
+    def ship_pieces(self, tasks: Sequence[Piece]) -> None:
         """Ship released pieces, a few at a time: consecutive ones travel as one chunk (each chunk costs a
         container header and a round trip; the ids compress against earlier chunks' either way), so pieces
         wait until a quarter of the queries or METADATA_FLUSH_SECONDS have gathered. The site still gets
@@ -146,38 +163,38 @@ class Shipping:
         finally:
             self.transport.close()
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> ShipReport:
         stats = self.transport.stats
         result = self.result or {}
         output_bytes = int(result.get("bytes", self.output_bytes))
-        return {
-            "site": str(self.settings.site),
-            "mode": self.mode,
-            "codec": self.codec.name,
-            "streams": self.settings.streams,
-            "output_path": self.settings.out,
-            "output_bytes": output_bytes,
-            "shipped_payload_bytes": stats.payload_bytes,
-            "setup_bytes": stats.setup_bytes,
-            "wire_bytes": stats.wire_bytes,
-            "ratio_output_to_payload": round(output_bytes / stats.payload_bytes, 1)
+        return ShipReport(
+            site=str(self.settings.site),
+            mode=self.mode,
+            codec=self.codec.name,
+            streams=self.settings.streams,
+            output_path=self.settings.out,
+            output_bytes=output_bytes,
+            shipped_payload_bytes=stats.payload_bytes,
+            setup_bytes=stats.setup_bytes,
+            wire_bytes=stats.wire_bytes,
+            ratio_output_to_payload=round(output_bytes / stats.payload_bytes, 1)
             if stats.payload_bytes
             else None,
-            "chunks": stats.chunks,
-            "chunks_resent": stats.resent,
-            "reconnects": stats.reconnects,
-            "f_encode_seconds": round(self.encode_seconds, 3),
-            "transfer_seconds": stats.transfer_seconds,
-            "finish_wait_seconds": round(self.finish_seconds, 3),
-            "g_site_decode_seconds": result.get("decode_seconds"),
-            "site_sha256": result.get("sha256"),
-            "auto_decision": self.decision,
-        }
+            chunks=stats.chunks,
+            chunks_resent=stats.resent,
+            reconnects=stats.reconnects,
+            f_encode_seconds=round(self.encode_seconds, 3),
+            transfer_seconds=stats.transfer_seconds,
+            finish_wait_seconds=round(self.finish_seconds, 3),
+            g_site_decode_seconds=result.get("decode_seconds"),
+            site_sha256=result.get("sha256"),
+            auto_decision=self.decision,
+        )
 
 
-def _consecutive(tasks: Sequence[RegenTask], max_ids: int) -> list[list[RegenTask]]:
+def _consecutive(tasks: Sequence[Piece], max_ids: int) -> list[list[Piece]]:
     """Runs of consecutive pieces, each holding at most `max_ids` subject ids (or a single piece)."""
-    runs: list[list[RegenTask]] = []
+    runs: list[list[Piece]] = []
     ids = 0
     for task in sorted(tasks, key=lambda t: t.piece):
         n = sum(len(s) for s in task.subjects or ())
@@ -195,14 +212,9 @@ def cancel_site_job(settings: ShipSettings, job_id: str) -> None:
     that resumes opens a new one, and the site lets only one job write an output path."""
     if not re.fullmatch(r"[0-9a-f]{32}", job_id):
         return
-    transport: Any
-    if settings.site.scheme == "file":
-        from paramedic.ship.inbox_client import InboxShipper
-
-        transport = InboxShipper(settings.site, "", {}, b"", settings.timeout, settings.keys, job_id=job_id)
-    else:
-        assert settings.keys is not None
-        transport = TlsShipper(settings.site, settings.keys, "", {}, b"", 1, settings.timeout, job_id=job_id)
+    transport = open_transport(
+        Opening(settings.site, settings.keys, "", timeout=settings.timeout, job_id=job_id)
+    )
     try:
         transport.cancel()
     finally:
@@ -213,29 +225,16 @@ def start_shipping(
     settings: ShipSettings, mode: str, blast_setup: BlastJobSetup | None, nseq: int, n_queries: int
 ) -> Shipping:
     """Open the job at the storage site (a refusal, e.g. a replica mismatch, fails here) and start sending."""
-    codec: Codec
+    codec = codec_for_mode(mode)
     setup: dict[str, Any] = {"out": settings.out}
     payload = b""
-    if mode == "metadata":
+    if codec.layout == "pieces":  # the storage site regenerates: it needs the job's setup
         assert blast_setup is not None
-        codec = BlastMetadataCodec()
         header, payload = blast_setup.encode()
         setup.update(header)
-    elif mode == "compressed":
-        codec = CompressedCodec()
-    else:
-        codec = DirectCodec()
-    if settings.site.scheme == "file":
-        from paramedic.ship.inbox_client import InboxShipper
-
-        transport: Any = InboxShipper(
-            settings.site, codec.name, setup, payload, settings.timeout, settings.keys
-        )
-    else:
-        assert settings.keys is not None
-        transport = TlsShipper(
-            settings.site, settings.keys, codec.name, setup, payload, settings.streams, settings.timeout
-        )
+    transport = open_transport(
+        Opening(settings.site, settings.keys, codec.name, setup, payload, settings.streams, settings.timeout)
+    )
     transport.start()
     shipping = Shipping(settings, mode, codec, transport, nseq)
     shipping.flush_queries = max(1, n_queries // 4)

@@ -13,7 +13,7 @@ is written again), `progress.json` (while the final file is being made), `done.j
 digest) or `error.json`. The compute site removes the job's directory once it has the answer; it bumps the
 directory's time every KEEPALIVE_SECONDS while the job is open (the site removes idle directories).
 
-With `--keys` (a compute site's keys from `paramedic keys`) every JSON file is signed (`site.signing`), and
+With `--keys` (a compute site's keys from `paramedic keys`) every JSON file is signed (`ship.signing`), and
 only replies signed by the storage site's certificate from the same CA count: a forged `done.json` or
 `ack-N` is ignored. Without keys, access control is the shared filesystem's alone (see `site.inbox`).
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from paramedic.durable import write_durably
-from paramedic.ship.client import ShipStats, SiteAddress, SiteError
+from paramedic.ship.transport import Opening, ShipStats, SiteAddress, SiteError, register_transport
 from paramedic.ship.wire import MAX_HEADER_BYTES, ProtocolError, loads_json
 
 POLL_SECONDS = 0.05
@@ -63,7 +63,7 @@ class InboxShipper:
         self.next_index = 0
         self.signer = None
         if keys is not None:
-            from paramedic.site.signing import Signer
+            from paramedic.ship.signing import Signer
 
             self.signer = Signer(keys)
         self.unverified: str | None = None  # an error.json that is not the site's (signed mode)
@@ -97,7 +97,7 @@ class InboxShipper:
                 if not isinstance(body, dict):
                     raise ProtocolError(f"{name}: not a JSON object")
                 return body
-            from paramedic.site.signing import SERVER
+            from paramedic.ship.signing import SERVER
 
             body, _ = self.signer.open_envelope(data, SERVER, name)
         except ProtocolError as exc:
@@ -220,3 +220,16 @@ class InboxShipper:
 
     def close(self) -> None:
         self.stopping.set()
+
+
+@register_transport("file")
+def _inbox_transport(opening: Opening) -> InboxShipper:
+    return InboxShipper(
+        opening.address,
+        opening.codec,
+        opening.setup,
+        opening.payload,
+        opening.timeout,
+        opening.keys,
+        job_id=opening.job_id,
+    )

@@ -71,6 +71,7 @@ def recv_frame(sock: socket.socket, deadlines: FrameDeadlines | None = None) -> 
     With `deadlines` every wait is bounded (FrameTimeout); without, the socket's own timeout applies to
     each receive (the client's side: it sets its timeout from what it has in flight)."""
     end = None
+    lengths: bytes | None
     if deadlines is not None:
         sock.settimeout(deadlines.idle)
         try:

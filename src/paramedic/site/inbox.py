@@ -9,7 +9,7 @@ outcome is that job's failure (error.json): the watcher itself never stops.
 What the inbox trusts:
 
 * with `--keys` (the site's keys from `paramedic keys`): nothing but signatures. A job must be signed by a
-  compute site's certificate from the site's CA (`site.signing`); it belongs to "inbox:<name>" and no one
+  compute site's certificate from the site's CA (`ship.signing`); it belongs to "inbox:<name>" and no one
   else can add to it, finish it or cancel it; every reply the site writes is signed, and the compute side
   accepts only signed replies. Someone who can write the directory can still delete or withhold files
   (the job then fails or times out: a denial of service, never a forged result) and read the queries.
@@ -64,7 +64,7 @@ class InboxWatcher:
         self.keep_seconds = keep_seconds
         self.signer = None
         if keys is not None:
-            from paramedic.site.signing import Signer
+            from paramedic.ship.signing import Signer
 
             self.signer = Signer(keys)
         self.stopping = threading.Event()
@@ -178,7 +178,7 @@ class InboxWatcher:
             if "sig" in body and "cert" in body:
                 raise ProtocolError(f"{what}: signed, but this site has no keys for its inbox (serve --keys)")
             return body, PEER
-        from paramedic.site.signing import CLIENT
+        from paramedic.ship.signing import CLIENT
 
         body, signer = self.signer.open_envelope(data, CLIENT, what)
         if body.get("kind") != kind or body.get("job") != name:

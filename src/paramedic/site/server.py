@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paramedic.engine.job import resolve_database
+from paramedic.db.locate import resolve_database
 from paramedic.errors import UsageError
+from paramedic.ship.tls import peer_name, server_context
 from paramedic.ship.wire import (
     MAX_PAYLOAD_BYTES,
     ConnectionClosed,
@@ -53,7 +54,6 @@ from paramedic.site.store import (
     Quota,
     Replica,
 )
-from paramedic.site.tls import peer_name, server_context
 
 PROTOCOL_VERSION = 1
 TLS_OWNER = "tls:"  # a job opened over TLS belongs to "tls:<certificate CN>" (the inbox's jobs do not)
@@ -85,6 +85,15 @@ class ServeSettings:
     limits: Limits = field(default_factory=Limits)
     quota: Quota = field(default_factory=Quota)
     open_idle_seconds: float = DEFAULT_OPEN_IDLE_SECONDS  # an open job with no request this long expires
+
+    def __post_init__(self) -> None:
+        if self.io_workers < 1:
+            raise UsageError("--io-workers must be at least 1")
+        if not self.expire_hours > 0:
+            raise UsageError("--expire-after must be a positive number of hours")
+        if not self.open_idle_seconds > 0:
+            raise UsageError("--open-idle must be a positive number of hours")
+        parse_listen(self.listen)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -276,19 +285,7 @@ class SiteServer:
             except (ProtocolError, OSError) as exc:
                 log(f"{peer}: connection dropped: {exc}")
                 return
-            try:
-                reply = self._handle(peer, header, payload)
-            except JobFailed as exc:
-                reply = {"op": "error", "message": str(exc), "fatal": True}
-            except ProtocolError as exc:
-                reply = {"op": "error", "message": str(exc), "fatal": True}
-                log(f"{peer}: refused request {str(header.get('op'))[:40]!r}: {exc}")
-            except OSError as exc:  # e.g. the disk is full: the job cannot go on here
-                reply = {"op": "error", "message": f"storage site I/O error: {exc}", "fatal": True}
-                log(f"{peer}: request {str(header.get('op'))[:40]!r} failed: {exc}")
-            except Exception as exc:  # a bug: one line in the log, a clear error for the client
-                reply = {"op": "error", "message": "storage site internal error", "fatal": True}
-                log(f"{peer}: request {str(header.get('op'))[:40]!r} failed: internal error: {exc!r}")
+            reply = self._answer(peer, header, payload)
             try:
                 tls.settimeout(self.limits.frames.frame)  # recv_frame left the frame's remaining time
                 send_frame(tls, reply)
@@ -296,6 +293,25 @@ class SiteServer:
                 return
             if reply["op"] == "error":
                 return
+
+    def _answer(self, peer: str, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+        """The reply to one request: its result, or a refusal whose message is bounded (it may quote the
+        request, and a reply must fit in a frame: 20,000 non-ASCII characters are 120 KB as JSON)."""
+        try:
+            return self._handle(peer, header, payload)
+        except JobFailed as exc:
+            return {"op": "error", "message": _bounded(exc), "fatal": True}
+        except ProtocolError as exc:
+            log(f"{peer}: refused request {str(header.get('op'))[:40]!r}: {_bounded(exc)}")
+            return {"op": "error", "message": _bounded(exc), "fatal": True}
+        except OSError as exc:  # e.g. the disk is full: the job cannot go on here
+            log(f"{peer}: request {str(header.get('op'))[:40]!r} failed: {_bounded(exc)}")
+            return {"op": "error", "message": f"storage site I/O error: {_bounded(exc)}", "fatal": True}
+        except Exception as exc:  # a bug: one line in the log, a clear error for the client
+            log(
+                f"{peer}: request {str(header.get('op'))[:40]!r} failed: internal error: {_bounded(repr(exc))}"
+            )
+            return {"op": "error", "message": "storage site internal error", "fatal": True}
 
     def _handle(self, peer: str, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
         op = header["op"]
@@ -334,7 +350,15 @@ class SiteServer:
             if done is None:  # progress, so that a waiting client can tell a busy site from a stuck one
                 return {"op": "pending", "decoded": len(job.decoded), "running": job.running}
             return {"op": "done", **done}
-        raise ProtocolError(f"unknown request {op!r}")
+        raise ProtocolError(f"unknown request {op[:40]!r}")  # not all of it: the reply must fit in a frame
+
+
+MAX_MESSAGE_CHARS = 1000
+
+
+def _bounded(message: object) -> str:
+    text = str(message)
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
 
 
 def serve(settings: ServeSettings) -> int:

@@ -51,8 +51,9 @@ from typing import Any
 from paramedic.blast.run import Database
 from paramedic.durable import fsync_dir, write_durably
 from paramedic.errors import ParamedicError
-from paramedic.ship.codecs import Codec, make_codec
+from paramedic.ship.codecs import Codec
 from paramedic.ship.paths import output_path_problem
+from paramedic.ship.registry import make_codec
 from paramedic.ship.wire import ProtocolError, field_int, field_str, loads_json
 from paramedic.site.safefs import OutputLocation, TargetExists, UnsafePath
 
@@ -413,7 +414,7 @@ class JobStore:
                 data = job.codec.unpack(header, data, job.context)
             segments = job.codec.decode(header, data, job.context)
             self._reserve(job, sum(len(seg.data) for seg in segments))
-            placed = []
+            placed: list[list[int | str]] = []  # [position, length] or [piece, length, sha256]
             with job.io_lock:
                 if job.failure is not None:
                     return
@@ -428,7 +429,7 @@ class JobStore:
                     for seg in segments:
                         write_durably(job.directory / "pieces" / f"{seg.position}.out", seg.data)
                         placed.append([seg.position, len(seg.data), hashlib.sha256(seg.data).hexdigest()])
-            marker = {"segments": placed, "seconds": time.perf_counter() - start}
+            marker: dict[str, Any] = {"segments": placed, "seconds": time.perf_counter() - start}
             write_durably(job.directory / "decoded" / f"{index}.json", json.dumps(marker).encode())
             with job.lock:
                 job.decoded[index] = marker
@@ -465,7 +466,7 @@ class JobStore:
     def _release_target(self, job: SiteJob) -> None:
         relative = job.setup_header.get("out")
         with self.targets_lock:
-            if self.targets.get(relative) == job.job_id:
+            if relative is not None and self.targets.get(relative) == job.job_id:
                 del self.targets[relative]
 
     # -- finishing ------------------------------------------------------------------------------------
@@ -555,7 +556,11 @@ class JobStore:
             size += len(block)
         if wanted is not None and wanted != digest.hexdigest():
             raise JobFailed("the published output's SHA-256 differs from the compute site's")
-        done = {"sha256": digest.hexdigest(), "bytes": size, "decode_seconds": round(job.decode_seconds, 3)}
+        done: dict[str, Any] = {
+            "sha256": digest.hexdigest(),
+            "bytes": size,
+            "decode_seconds": round(job.decode_seconds, 3),
+        }
         write_durably(job.directory / "done.json", json.dumps(done).encode())
         job.location.drop_partial()
         _drop_job_data(job.directory)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
+from typing import cast
 
 from paramedic.errors import UsageError
 
@@ -42,7 +43,8 @@ def client_context(keys: Path) -> ssl.SSLContext:
 def peer_name(sock: ssl.SSLSocket) -> str:
     """The common name (CN) of the peer's verified certificate: a compute site's name, on the server."""
     cert = sock.getpeercert()
-    for rdn in (cert or {}).get("subject", ()):
+    # getpeercert()'s "subject": a tuple of relative distinguished names, each a tuple of (name, value)
+    for rdn in cast("tuple[tuple[tuple[str, str], ...], ...]", (cert or {}).get("subject", ())):
         for attr, value in rdn:
             if attr == "commonName":
                 return value

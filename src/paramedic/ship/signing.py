@@ -31,6 +31,8 @@ from paramedic.errors import UsageError
 from paramedic.ship.wire import ProtocolError, loads_json
 
 MAX_CERT_CHARS = 8192
+# What cryptography raises for a malformed certificate besides ValueError (none of them is a ValueError).
+_BAD_CERTIFICATE = (x509.InvalidVersion, x509.DuplicateExtension, x509.UnsupportedGeneralNameType)
 CLIENT = ExtendedKeyUsageOID.CLIENT_AUTH
 SERVER = ExtendedKeyUsageOID.SERVER_AUTH
 
@@ -72,15 +74,18 @@ class Signer:
         try:
             cert = x509.load_pem_x509_certificate(outer["cert"].encode())
             cert.verify_directly_issued_by(self.ca)
-        except (ValueError, TypeError, InvalidSignature):
+        except (ValueError, TypeError, InvalidSignature, *_BAD_CERTIFICATE):
             raise ProtocolError(f"{what}: signed with a certificate not issued by this site's CA") from None
         now = datetime.datetime.now(datetime.UTC)
         if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
             raise ProtocolError(f"{what}: the signer's certificate has expired or is not yet valid")
+        usages: x509.ExtendedKeyUsage | list[x509.ObjectIdentifier]
         try:
             usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
         except x509.ExtensionNotFound:
             usages = []
+        except (ValueError, *_BAD_CERTIFICATE):
+            raise ProtocolError(f"{what}: the signer's certificate is malformed") from None
         if role not in usages:
             who = "a compute site" if role == CLIENT else "the storage site"
             raise ProtocolError(f"{what}: not signed by {who}")

@@ -1,0 +1,199 @@
+"""Rank 0's part of a job as a plain object: results in, tasks and output out. No MPI, no BLAST+.
+
+A runner (paramedic.engine.roles: over MPI, or the single rank doing its own tasks) asks the Master for
+a task whenever a worker is idle and hands it every result. The Master merges through the scheduler,
+keeps the journal (durable before a result counts), and sends released pieces to the output sink:
+regenerated pieces to a writer, or, when pieces ship as metadata, the pieces themselves. With `--ship
+auto` there is no sink at first: the first released piece goes to a worker as the probe, an ordinary
+regeneration task, and its output and cost choose the sink (paramedic.ship.auto) while the other workers
+go on searching. Time enters only through the results (a piece's BLAST+ seconds), so tests drive the
+Master in virtual time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from paramedic.blast.hits import FragmentSearch
+from paramedic.engine.journal import NOTHING, Journal, Replay
+from paramedic.engine.scheduler import PieceTask, Scheduler, SearchTask, Task
+from paramedic.errors import InternalError
+from paramedic.report.progress import Progress
+from paramedic.report.record import RankStats
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """A fragment search's merge keys (and alignments) for its batch's queries."""
+
+    task: SearchTask
+    found: FragmentSearch
+
+
+@dataclass(frozen=True)
+class PieceResult:
+    """A piece of the report: BLAST+'s bytes for the piece's queries, and the seconds BLAST+ took."""
+
+    task: PieceTask
+    data: bytes
+    seconds: float
+
+
+Result = SearchResult | PieceResult
+
+
+class Sink(Protocol):
+    """Where the job's output goes (paramedic.engine.sinks)."""
+
+    @property
+    def holds_pieces(self) -> bool:
+        """True: released pieces are shipped as they are (metadata), never regenerated here."""
+        ...
+
+    def add(self, index: int, data: bytes) -> int:
+        """A regenerated piece; returns how many queries became written."""
+        ...
+
+    def ship(self, tasks: list[PieceTask]) -> int:
+        """Released pieces, shipped as metadata; returns how many queries they hold."""
+        ...
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+# --ship auto: given the probe piece and its regenerated output, open the sink the job ships to.
+ChooseSink = Callable[[PieceTask, PieceResult], Sink]
+
+
+class Master:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        sink: Sink | None,
+        progress: Progress,
+        stats: RankStats,
+        journal: Journal | None = None,
+        replay: Replay = NOTHING,
+        choose_sink: ChooseSink | None = None,
+    ):
+        if (sink is None) == (choose_sink is None):
+            raise ValueError("a master needs a sink, or a way to choose one (--ship auto)")
+        self.scheduler = scheduler
+        self.sink = sink
+        self.progress = progress
+        self.stats = stats
+        self.journal = journal
+        self.replay = replay
+        self.choose_sink = choose_sink
+        self.probe: PieceTask | None = None  # --ship auto: the piece that decides, once released
+        self.probe_handed_out = False
+        self.scheduler.hold_pieces = sink is None or sink.holds_pieces
+
+    # -- the runner's calls -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Before the first task: what an earlier run of the job finished (the journal)."""
+        if self.journal is not None:
+            for task in self.replay.searches:
+                found = self.journal.load_search(task, len(self.scheduler.plan.batches[task.batch]))
+                if found is not None:
+                    self.scheduler.restore_search(task, found)
+        if self.sink is not None and not self.sink.holds_pieces:
+            self._restore_pieces()
+        self._route_released()
+
+    def next_task(self, worker: int) -> Task | None:
+        """The task for an idle worker, or None when nothing can be handed out now."""
+        if self.probe is not None and not self.probe_handed_out:
+            self.probe_handed_out = True
+            return self.probe
+        return self.scheduler.next_task(worker)
+
+    def accept(self, result: Result) -> None:
+        """A worker's result. Recorded in the journal before it counts."""
+        start = time.perf_counter()
+        if isinstance(result, SearchResult):
+            if self.journal is not None:
+                self.journal.search_done(result.task, result.found)
+            self.scheduler.search_done(result.task, result.found)
+            self.stats.add("merge", time.perf_counter() - start)
+            start = time.perf_counter()
+            self._route_released()
+        elif self.sink is None:  # undecided: only the probe was handed out as a piece
+            self._decide(result)
+        else:
+            assert self.sink is not None and not self.sink.holds_pieces
+            if self.journal is not None:
+                self.journal.piece_done(result.task.piece, result.data)
+            self.scheduler.piece_done(result.task)
+            self.progress.advance(self.sink.add(result.task.piece, result.data))
+        self.stats.add("write", time.perf_counter() - start)
+
+    @property
+    def finished(self) -> bool:
+        return self.scheduler.finished
+
+    def commit(self) -> None:
+        """Every piece is written or shipped: the output is made final; the journal goes."""
+        assert self.sink is not None
+        self.sink.commit()
+
+    def abort(self) -> None:
+        if self.sink is not None:
+            self.sink.abort()
+
+    # -- output -------------------------------------------------------------------------------------
+    def _route_released(self) -> None:
+        """Pieces whose queries are all merged: shipped as metadata, or (undecided) the probe picked."""
+        if not self.scheduler.hold_pieces:
+            return  # they became regeneration tasks
+        if self.sink is None:
+            if self.probe is None and self.scheduler.released:
+                first = min(self.scheduler.released, key=lambda t: t.piece)
+                self.probe = dataclasses.replace(first, alignments=None)  # searched, as the site would
+            return
+        released = self.scheduler.take_released()
+        if released:
+            self.progress.advance(self.sink.ship(released))
+
+    def _decide(self, probe: PieceResult) -> None:
+        assert self.choose_sink is not None and self.probe is not None
+        self.sink = self.choose_sink(self.probe, probe)
+        if self.sink.holds_pieces:  # metadata: every held piece ships, the probe's too
+            self._route_released()
+            return
+        # the output ships: held pieces are regenerated from now on, the probe's output is written
+        self.scheduler.stop_holding()
+        self._restore_pieces()
+        piece = self.probe.piece
+        if piece not in self.replay.pieces:
+            if self.journal is not None:
+                self.journal.piece_done(piece, probe.data)
+            self.scheduler.mark_piece_done(piece)
+            self.progress.advance(self.sink.add(piece, probe.data))
+
+    def _restore_pieces(self) -> None:
+        """Pieces an earlier run of the job wrote, from the journal, into a sink that writes pieces."""
+        assert self.sink is not None
+        if self.journal is None:
+            return
+        for index in self.replay.pieces:
+            data = self.journal.load_piece(index)
+            if data is not None:
+                self.scheduler.mark_piece_done(index)
+                self.progress.advance(self.sink.add(index, data))
+
+
+def run_serial(master: Master, execute: Callable[[Task], Result]) -> None:
+    """The single-rank runner: the master's own rank does every task, in the order handed out."""
+    master.start()
+    while not master.finished:
+        task = master.next_task(0)
+        if task is None:
+            raise InternalError("internal: the scheduler stalled with no task for the only rank")
+        master.accept(execute(task))

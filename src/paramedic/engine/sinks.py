@@ -1,0 +1,154 @@
+"""Where a job's output goes, behind one interface (paramedic.engine.master.Sink), and the one factory.
+
+- `WriterSink`: regenerated pieces, stitched in query order by an OrderedWriter onto a byte sink: a local
+  file (written under a temporary name, renamed when complete) or a storage site that receives the bytes
+  (`--ship direct|compressed`).
+- `MetadataSink`: released pieces shipped as they are, their merged subject ids (`--ship metadata`); the
+  storage site regenerates the output.
+`open_sink` builds the one a job asks for; with `--ship auto`, `auto_chooser` returns the function the
+master calls with the probe's result to build it then.
+"""
+
+from __future__ import annotations
+
+import time
+
+from paramedic.engine.job import Job
+from paramedic.engine.journal import Journal
+from paramedic.engine.master import PieceResult, Sink
+from paramedic.engine.scheduler import PieceTask, Plan
+from paramedic.errors import JobError
+from paramedic.output.writer import ByteSink, LocalFile, OrderedWriter
+from paramedic.report.record import ShipReport
+from paramedic.ship.auto import Link, decide, measure_link
+from paramedic.ship.blast_codec import BlastJobSetup, BlastMetadataCodec
+from paramedic.ship.destination import Shipping, cancel_site_job, start_shipping
+from paramedic.ship.transport import SiteError
+
+
+class WriterSink:
+    """Pieces regenerated here, written in query order."""
+
+    holds_pieces = False
+
+    def __init__(
+        self, outfmt: str, pieces: tuple[range, ...], target: ByteSink, shipping: Shipping | None = None
+    ):
+        self.writer = OrderedWriter(target, outfmt, pieces)
+        self.shipping = shipping
+
+    def add(self, index: int, data: bytes) -> int:
+        return self.writer.add(index, data)
+
+    def ship(self, tasks: list[PieceTask]) -> int:
+        raise AssertionError("a writer regenerates its pieces")
+
+    def commit(self) -> None:
+        self.writer.commit()
+
+    def abort(self) -> None:
+        self.writer.abort()
+
+    @property
+    def output_bytes(self) -> int:
+        return self.writer.bytes_written
+
+    def report(self) -> ShipReport | None:
+        return self.shipping.report() if self.shipping is not None else None
+
+
+class MetadataSink:
+    """Pieces shipped as metadata: the storage site regenerates the output."""
+
+    holds_pieces = True
+
+    def __init__(self, shipping: Shipping):
+        self.shipping = shipping
+
+    def add(self, index: int, data: bytes) -> int:
+        raise AssertionError("metadata is shipped, not written")
+
+    def ship(self, tasks: list[PieceTask]) -> int:
+        self.shipping.ship_pieces(tasks)
+        return sum(task.n_queries for task in tasks)
+
+    def commit(self) -> None:
+        self.shipping.commit()
+
+    def abort(self) -> None:
+        self.shipping.abort()
+
+    @property
+    def output_bytes(self) -> int:
+        return int(self.report()["output_bytes"])
+
+    def report(self) -> ShipReport:
+        return self.shipping.report()
+
+
+def open_sink(job: Job, plan: Plan, mode: str | None, journal: Journal | None) -> WriterSink | MetadataSink:
+    """The job's sink: `mode` None for a local -out (or standard output), else how --site ships."""
+    outfmt = job.options.outfmt()
+    if job.ship is None or mode is None:
+        partial = journal.partial_output if journal is not None else None
+        return WriterSink(outfmt, plan.pieces, LocalFile(job.out, partial))
+    shipping = open_shipping(job, plan, mode, journal)
+    if shipping.holds_pieces:
+        return MetadataSink(shipping)
+    return WriterSink(outfmt, plan.pieces, shipping, shipping)
+
+
+def auto_chooser(job: Job, plan: Plan, link: Link | None, journal: Journal | None):
+    """--ship auto: the function that, given the probe's regenerated output and cost, decides by the
+    ParaMEDIC rule (paramedic.ship.auto) and opens the sink."""
+
+    def choose(probe: PieceTask, result: PieceResult) -> Sink:
+        start = time.perf_counter()
+        _, payload = BlastMetadataCodec().encode((probe.first_query, probe.subjects or (), job.db.nseq))
+        encode_seconds = time.perf_counter() - start
+        mode, decision = decide(
+            link, len(job.queries), probe.n_queries, result.data, result.seconds, len(payload), encode_seconds
+        )
+        sink = open_sink(job, plan, mode, journal)
+        shipping = sink.shipping
+        assert shipping is not None
+        shipping.decision = decision
+        return sink
+
+    return choose
+
+
+def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = None) -> Shipping:
+    """With --site: open the job at the storage site (refusals, e.g. a replica mismatch, fail here)."""
+    assert job.ship is not None
+    if mode == "metadata" and plan.query_segmentation:
+        raise JobError("--ship metadata needs the fragments strategy (query segmentation merges nothing)", 2)
+    setup = None
+    if mode == "metadata":
+        setup = BlastJobSetup(
+            program=job.program,
+            options=job.options.without("query", "db", "out").argv(),
+            db_arg=job.db.arg,
+            manifest_sha256=job.manifest_checksum,
+            pieces=plan.pieces,
+            queries=job.queries,
+        )
+    earlier = journal.earlier_site_job() if journal is not None else None
+    if earlier is not None:  # a killed run's job still holds the output path at the site
+        cancel_site_job(job.ship, earlier)
+    shipping = start_shipping(job.ship, mode, setup, job.db.nseq, len(job.queries))
+    if journal is not None:
+        journal.note_site_job(shipping.transport.job_id)
+    return shipping
+
+
+def measure_site(job: Job) -> Link | None:
+    """--ship auto: measure the link before the search (and check the replica early)."""
+    assert job.ship is not None
+    link, manifest = measure_link(job.ship.site, job.ship.keys)
+    if manifest is not None and manifest != job.manifest_checksum:
+        raise SiteError(
+            "storage site: the storage site's replica is not the compute site's database "
+            "(manifest checksums differ)"
+        )
+    return link
