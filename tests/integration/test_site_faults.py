@@ -740,3 +740,21 @@ def test_a_refusal_quoting_a_huge_option_fits_in_a_frame(world, make_site) -> No
     assert len(reply["message"]) < 1100
     assert "internal error" not in site.log()
     assert max(len(line) for line in site.lines) < 1200
+
+
+def test_a_restarted_site_removes_what_a_killed_one_was_regenerating(
+    world: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the fault soak (bench/faults.py): kill -9 of the site while it regenerated a piece left the
+    run's scratch directory (queries, subject mask, alias, partial report) in <state>/work for ever."""
+    root = tmp_path / "root"
+    stale = root / ".paramedic-state" / "work" / "regen-0badf00d"
+    stale.mkdir(parents=True)
+    (stale / "report.out").write_bytes(b"x" * 1000)
+    settings = ServeSettings(world["replica"], root, "127.0.0.1:0", world["keys"] / "server", io_workers=1)
+    site = start_site(settings, world["keys"], monkeypatch)
+    try:
+        assert not stale.exists()
+        assert ship_bytes(site, "after/x.bin", b"ok")["bytes"] == 2
+    finally:
+        site.stop()

@@ -21,6 +21,7 @@ acknowledged).
 from __future__ import annotations
 
 import select
+import shutil
 import socket
 import ssl
 import sys
@@ -116,6 +117,10 @@ class SiteServer:
         database, manifest = resolve_database(str(settings.replica), Path.cwd())
         workdir = (settings.state or root / STATE_DIR_NAME) / "work"
         workdir.mkdir(parents=True, exist_ok=True)
+        for stale in workdir.glob(
+            "regen-*"
+        ):  # a killed server's regeneration scratch: nothing outlives a run
+            shutil.rmtree(stale, ignore_errors=True)
         self.replica = Replica(database, manifest.checksum(), workdir)
         self.context = server_context(settings.keys) if settings.keys is not None else None
         self.store = JobStore(
