@@ -117,9 +117,8 @@ class SiteServer:
         database, manifest = resolve_database(str(settings.replica), Path.cwd())
         workdir = (settings.state or root / STATE_DIR_NAME) / "work"
         workdir.mkdir(parents=True, exist_ok=True)
-        for stale in workdir.glob(
-            "regen-*"
-        ):  # a killed server's regeneration scratch: nothing outlives a run
+        # what a killed server was regenerating: nothing in a run's scratch outlives the run
+        for stale in workdir.glob("regen-*"):
             shutil.rmtree(stale, ignore_errors=True)
         self.replica = Replica(database, manifest.checksum(), workdir)
         self.context = server_context(settings.keys) if settings.keys is not None else None
