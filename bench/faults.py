@@ -2,7 +2,10 @@
 
 Several compute clients (`paramedic search ... --site`, real MPI ranks, real BLAST+) ship small jobs, one
 after another, to one real `paramedic serve` (real TLS, keys from `paramedic keys`) through Toxiproxy
-(the set-up of bench/wan; without it, the tests' CuttingProxy), while a chaos thread, at random times:
+(the set-up of bench/wan; without it, the tests' CuttingProxy). A job that fails runs again, the same
+command in the same directory, up to --retries times, as a user would (a kept journal resumes it). Each
+run has a TMPDIR and (as root, through a mount namespace) a /dev/shm of its own, so whatever it leaves
+there is its own. Meanwhile a chaos thread, at random times:
 
   - kills clients: kill -9 of every process of the job (the launcher, mpiexec, the ranks, BLAST+: as a
     lost node or a batch system's cgroup kill does), kill -9 of one rank, or SIGTERM of the launcher
@@ -16,11 +19,13 @@ after another, to one real `paramedic serve` (real TLS, keys from `paramedic key
 Checks (each failure is a violation; any violation makes the exit status 1):
   - a job that exited 0 has its output at the site byte-identical (sha256) to a local `paramedic search`
     of the same queries and options (the reference, computed once);
-  - a job that failed exited with a documented code (README, "Exit codes"; 1, an internal error, is a bug)
-    and printed one line `paramedic: ...`, nothing on stdout, no traceback; no job hangs (--hang-seconds);
-  - nothing is left behind: no files in a finished job's TMPDIR or working directory (a job whose every
-    process was killed with -9 cannot clean up: its TMPDIR is counted apart, not a violation), no process
-    of a finished job, and at the end, once abandoned site jobs had time to expire (--open-idle), no
+  - a run that failed exited with a documented code (README, "Exit codes"; 1, an internal error, is a bug,
+    as is any message that says "internal") and printed one line `paramedic: ...` (and the launcher's
+    line when a journal is kept), nothing on stdout, no traceback; no run hangs (--hang-seconds);
+  - nothing is left behind: no files in a finished run's TMPDIR, /dev/shm or working directory but its run
+    record (or, after a failure, its journal) (a run whose every process was killed with -9 cannot clean
+    up: what it leaves is counted apart, not a violation), no process of a finished run, and at the end,
+    once abandoned site jobs had time to expire (--open-idle), no
     hidden partial file under the site's --root, no open job or job data in its state, no file at the site
     other than verified outputs; no traceback in the site's log;
   - the site's memory stays under a bound (see `memory_bound`), sampled twice a second.
@@ -472,6 +477,7 @@ class Soak:
         self.run_id = f"soak{os.getpid()}x{args.seed}"
         self.stop_chaos = threading.Event()
         self.stop_jobs = threading.Event()
+        self.cleaning = False
         self.lock = threading.Lock()
         self.kinds: list[Kind] = []
         self.attempts: list[Attempt] = []
@@ -620,7 +626,8 @@ class Soak:
             with self.lock:
                 self.running.pop(at.aid, None)
         at.seconds = time.monotonic() - at.started
-        self.check_attempt(at)
+        if not self.cleaning:
+            self.check_attempt(at)
 
     def check_attempt(self, at: Attempt) -> None:
         stderr = (at.directory / "stderr").read_text(errors="replace")
@@ -1061,6 +1068,7 @@ class Soak:
         }
 
     def cleanup(self) -> None:
+        self.cleaning = True  # the clients' threads no longer judge what the clean-up kills
         self.stop_chaos.set()
         self.stop_jobs.set()
         kill_marked(f"{self.run_id}:job:")
