@@ -29,9 +29,8 @@ from collections.abc import Sequence
 from itertools import islice
 from pathlib import Path
 
-from paramedic.blast.tools import run_tool
+from paramedic.blast.tools import run_tool, startup_seconds
 from paramedic.db.fasta import read_fasta
-from paramedic.engine.job import measure_startup
 from paramedic.engine.plan import decreasing_pieces, make_plan, smallest_piece_residues
 
 HERE = Path(__file__).resolve().parent
@@ -114,7 +113,7 @@ def main() -> None:
     scan = (sum(singles[:k]) - (k - 1) * run - together) / (k - scans)
     model = CostModel(lengths, singles, run, scan)
     # the engine's own plan, as `paramedic search --strategy queries` makes it on this machine
-    startup = measure_startup("blastp")
+    startup = startup_seconds("blastp")
     default = make_plan(
         "blastp", lengths, [database_residues], args.workers, 500, startup, True, query_segmentation=True
     ).pieces

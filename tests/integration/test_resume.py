@@ -210,3 +210,19 @@ def test_killed_site_search_run_again_continues(data: Data, storage, tmp_path: P
     assert total_searches(record) + record["resumed"]["searches"] == record["batches"] * FRAGMENTS
     assert not journal.exists()
     assert "superseded" not in site.log()  # the old job was cancelled, not waited out
+
+
+def test_query_segmentation_resumes_from_its_pieces(data: Data, tmp_path: Path) -> None:
+    """--strategy queries: each piece is a whole-database search, journaled as it is written."""
+    out = tmp_path / "hits.txt"
+    journal = tmp_path / ".hits.txt.journal"
+    engine = ["--strategy", "queries", "--batch", "6", "--quiet"]
+    command = ["search", "blastp", *blast_args(data.queries, data.db, out), *engine]
+    kill_every_rank_when(command, tmp_path, journal, pieces_done(2))
+    kept = len(records(journal, "piece"))
+    paramedic(*command, "--np", "1", cwd=tmp_path)
+    assert out.read_bytes() == data.reference  # both strategies write BLAST+'s bytes
+    record = json.loads((tmp_path / "hits.txt.run.json").read_text())
+    assert record["resumed"]["pieces"] >= kept >= 2
+    assert total_searches(record) + record["resumed"]["pieces"] == record["pieces"]  # each piece once
+    assert not journal.exists()

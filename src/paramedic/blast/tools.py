@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,6 +35,22 @@ def blast_version() -> str:
     out = run_tool(["blastn", "-version"]).stdout.decode()
     first = out.splitlines()[0] if out else ""
     return first.split(":", 1)[-1].strip()
+
+
+def startup_seconds(program: str) -> float:
+    """Seconds of fixed cost per BLAST+ run on this machine (process start).
+
+    Measured by starting the program plainly: the master runs no searches, so it starts no fork server
+    of its own. Never taken below 40 ms, the cost of starting BLAST+ here without the fork server:
+    batches stay large enough either way, and smaller query batches make BLAST+ scan each subject more
+    often.
+    """
+    start = time.perf_counter()
+    try:
+        subprocess.run([require_tool(program), "-version"], capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise BlastError(f"cannot run `{program} -version`: {exc}") from exc
+    return max(0.04, time.perf_counter() - start)
 
 
 def warm_up(program: str) -> None:

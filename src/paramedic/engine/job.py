@@ -8,8 +8,6 @@ Every problem a user can cause surfaces here as one clear error, before the para
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from paramedic.blast.prelim_check import check_shim
 from paramedic.blast.programs import PROGRAMS
 from paramedic.blast.render import can_render
 from paramedic.blast.run import Database
-from paramedic.blast.tools import require_tool
+from paramedic.blast.tools import startup_seconds
 from paramedic.db.fasta import read_fasta
 from paramedic.db.locate import resolve_database
 from paramedic.db.seqids import SeqIdTable
@@ -28,7 +26,7 @@ from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings
-from paramedic.errors import BlastError, OutputError, UsageError
+from paramedic.errors import OutputError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.ship.destination import ShipSettings, check_shippable
 
@@ -122,7 +120,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         "query_lengths": lengths,
         "fragment_residues": [f.length for f in manifest.fragments],
         "hitlist_size": options.hitlist_size(),
-        "startup_seconds": measure_startup(program.name),
+        "startup_seconds": startup_seconds(program.name),
         "stitchable": can_stitch(options.outfmt()),
         "batch": settings.batch,
         "piece_queries": settings.piece_queries,
@@ -262,19 +260,3 @@ def check_writable(path: Path) -> None:
         raise OutputError(f"-out {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise OutputError(f"-out {path}: directory {parent} is not writable")
-
-
-def measure_startup(program: str) -> float:
-    """Seconds of fixed cost per BLAST+ run on this machine (process start).
-
-    Measured by starting the program plainly: the master runs no searches, so it starts no fork server
-    of its own. Never taken below 40 ms, the cost of starting BLAST+ here without the fork server:
-    batches stay large enough either way, and smaller query batches make BLAST+ scan each subject more
-    often.
-    """
-    start = time.perf_counter()
-    try:
-        subprocess.run([require_tool(program), "-version"], capture_output=True, check=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise BlastError(f"cannot run `{program} -version`: {exc}") from exc
-    return max(0.04, time.perf_counter() - start)
