@@ -69,7 +69,9 @@ def killed_half_way(command: list[str], cwd: Path, journal: Path, searches: int)
     """Run under our own mpiexec and SIGKILL every rank once half the searches are journaled."""
     ranks_dir = cwd / "ranks"
     ranks_dir.mkdir(exist_ok=True)
-    env = {**os.environ, "PARAMEDIC_RANKS_DIR": str(ranks_dir)}
+    tmp = cwd / "tmp"  # the killed ranks' temporary files stay in the bench's directory (removed at the end)
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "PARAMEDIC_RANKS_DIR": str(ranks_dir), "TMPDIR": str(tmp)}
     proc = subprocess.Popen(
         [str(BIN / "mpiexec"), "-n", "3", sys.executable, "-m", "paramedic", *command[1:]],
         cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
