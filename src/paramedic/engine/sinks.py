@@ -12,6 +12,7 @@ master calls with the probe's result to build it then.
 from __future__ import annotations
 
 import time
+import uuid
 
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal
@@ -136,10 +137,10 @@ def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = Non
     earlier = journal.earlier_site_job() if journal is not None else None
     if earlier is not None:  # a killed run's job still holds the output path at the site
         cancel_site_job(job.ship, earlier)
-    shipping = start_shipping(job.ship, mode, setup, job.db.nseq, len(job.queries))
-    if journal is not None:
-        journal.note_site_job(shipping.transport.job_id)
-    return shipping
+    job_id = uuid.uuid4().hex
+    if journal is not None:  # noted before the site opens it: a run killed while it opens is cancelled too
+        journal.note_site_job(job_id)
+    return start_shipping(job.ship, mode, setup, job.db.nseq, len(job.queries), job_id)
 
 
 def measure_site(job: Job) -> Link | None:

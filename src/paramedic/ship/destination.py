@@ -222,9 +222,15 @@ def cancel_site_job(settings: ShipSettings, job_id: str) -> None:
 
 
 def start_shipping(
-    settings: ShipSettings, mode: str, blast_setup: BlastJobSetup | None, nseq: int, n_queries: int
+    settings: ShipSettings,
+    mode: str,
+    blast_setup: BlastJobSetup | None,
+    nseq: int,
+    n_queries: int,
+    job_id: str | None = None,
 ) -> Shipping:
-    """Open the job at the storage site (a refusal, e.g. a replica mismatch, fails here) and start sending."""
+    """Open the job at the storage site (a refusal, e.g. a replica mismatch, fails here) and start sending.
+    `job_id`: the id the job gets (chosen here, so that it can be noted before the site opens the job)."""
     codec = codec_for_mode(mode)
     setup: dict[str, Any] = {"out": settings.out}
     payload = b""
@@ -233,7 +239,16 @@ def start_shipping(
         header, payload = blast_setup.encode()
         setup.update(header)
     transport = open_transport(
-        Opening(settings.site, settings.keys, codec.name, setup, payload, settings.streams, settings.timeout)
+        Opening(
+            settings.site,
+            settings.keys,
+            codec.name,
+            setup,
+            payload,
+            settings.streams,
+            settings.timeout,
+            job_id,
+        )
     )
     transport.start()
     shipping = Shipping(settings, mode, codec, transport, nseq)
