@@ -226,3 +226,35 @@ def test_query_segmentation_resumes_from_its_pieces(data: Data, tmp_path: Path) 
     assert record["resumed"]["pieces"] >= kept >= 2
     assert total_searches(record) + record["resumed"]["pieces"] == record["pieces"]  # each piece once
     assert not journal.exists()
+
+
+def test_a_site_search_killed_after_the_site_published_finishes_when_run_again(
+    data: Data, storage, tmp_path: Path
+) -> None:
+    """Killed after the storage site published the output but before the search heard so (it asks for
+    the result every 0.2 s while the site regenerates), the run again was refused for ever: the site never
+    replaces a file ("a file is already there", exit 8; seen by the fault soak). It now asks the site
+    about the journal's job, and finds the output there."""
+    site, keys = storage
+    for attempt in range(4):  # the kill must land between the site's publishing and the search hearing it
+        out = f"published-{attempt}.txt"
+        journal = tmp_path / f".{out}.journal"
+        command = [
+            "search", "blastp", *blast_args(data.queries, data.db, out), *ENGINE,
+            "--site", site.url, "--keys", str(keys), "--ship", "metadata",
+        ]  # fmt: skip
+        try:
+            target = site.root / out
+            kill_every_rank_when(command, tmp_path, journal, lambda _, target=target: target.exists())
+        except AssertionError:
+            continue  # the search heard in time and finished: try again
+        if journal.exists():
+            break
+    else:
+        pytest.fail("no kill landed after the site published and before the search heard it")
+    proc = paramedic(*[a for a in command if a != "--quiet"], cwd=tmp_path)
+    assert "already holds" in proc.stderr
+    assert (site.root / out).read_bytes() == data.reference
+    record = json.loads((tmp_path / f"{out}.run.json").read_text())
+    assert record["ship"]["site_sha256"] and record["ship"]["chunks"] == 0  # nothing sent again
+    assert not journal.exists()

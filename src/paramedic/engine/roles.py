@@ -10,6 +10,7 @@ the whole job with the failing rank's message: workers report errors to the mast
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 import time
 from collections import deque
@@ -22,10 +23,18 @@ from paramedic.blast.forkserver import close_fork_servers
 from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
 from paramedic.engine.journal import NOTHING, Journal, Replay
-from paramedic.engine.master import Master, run_serial
+from paramedic.engine.master import Master, Sink, run_serial
 from paramedic.engine.metadata import save_metadata
 from paramedic.engine.scheduler import Plan, Scheduler, Task
-from paramedic.engine.sinks import MetadataSink, WriterSink, auto_chooser, measure_site, open_sink
+from paramedic.engine.sinks import (
+    MetadataSink,
+    PublishedSink,
+    WriterSink,
+    auto_chooser,
+    measure_site,
+    open_sink,
+    published_earlier,
+)
 from paramedic.errors import JobError, ParamedicError
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord
@@ -106,19 +115,34 @@ def _master(
     size = comm.Get_size()
     stats = RankStats(rank=0, role="master" if size > 1 else "master+worker")
     progress = Progress(len(job.queries), quiet=job.quiet)
-    auto = job.ship is not None and job.ship.mode == "auto"
+    published = published_earlier(job, journal)
+    auto = job.ship is not None and job.ship.mode == "auto" and published is None
     link = measure_site(job) if auto else None
     master: Master | None = None
     try:
+        sink: Sink | None = None
+        if published is not None:
+            sink = PublishedSink(job, published)
+        elif not auto:
+            sink = open_sink(job, plan, job.ship.mode if job.ship else None, journal)
         master = Master(
             Scheduler(plan, keep_alignments=job.keep_alignments),
-            None if auto else open_sink(job, plan, job.ship.mode if job.ship else None, journal),
+            sink,
             progress,
             stats,
             journal,
             replay,
             auto_chooser(job, plan, link, journal) if auto else None,
         )
+        if published is not None:  # an earlier run's job finished at the site: nothing is left to do
+            for piece in range(len(plan.pieces)):
+                master.scheduler.mark_piece_done(piece)
+            if not job.quiet:
+                print(
+                    f"paramedic: the storage site already holds {job.ship.out if job.ship else ''} from an "
+                    "earlier run of this search, stopped before it heard so: nothing left to do",
+                    file=sys.stderr,
+                )
         if job.preloaded is not None:
             master.scheduler.preload(job.preloaded)
         if size == 1:
@@ -141,7 +165,7 @@ def _master(
     close_fork_servers()  # their BLAST+ runs then count in this rank's peak memory
     stats.measure_memory()
     sink = master.sink
-    assert isinstance(sink, (WriterSink, MetadataSink))
+    assert isinstance(sink, (WriterSink, MetadataSink, PublishedSink))
     scheduler = master.scheduler
     return RunRecord(
         program=job.program,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal
@@ -23,6 +24,7 @@ from paramedic.output.writer import ByteSink, LocalFile, OrderedWriter
 from paramedic.report.record import ShipReport
 from paramedic.ship.auto import Link, decide, measure_link
 from paramedic.ship.blast_codec import BlastJobSetup, BlastMetadataCodec
+from paramedic.ship.client import finished_job
 from paramedic.ship.destination import Shipping, cancel_site_job, start_shipping
 from paramedic.ship.transport import SiteError
 
@@ -153,3 +155,52 @@ def measure_site(job: Job) -> Link | None:
             "(manifest checksums differ)"
         )
     return link
+
+
+def published_earlier(job: Job, journal: Journal | None) -> dict[str, Any] | None:
+    """With --site: the site's `done` answer when an earlier run of this search, stopped before it heard
+    it, had the site publish the output (the journal names that run's site job). Such a run cannot open a
+    new job (the site never replaces a file), and has nothing left to do."""
+    if job.ship is None or journal is None or job.save_metadata is not None or job.ship.keys is None:
+        return None
+    earlier = journal.earlier_site_job()
+    if earlier is None or job.ship.site.scheme != "tls":
+        return None
+    return finished_job(job.ship.site, job.ship.keys, earlier)
+
+
+class PublishedSink:
+    """The output is already at the storage site (see `published_earlier`): nothing is written or sent."""
+
+    holds_pieces = True
+
+    def __init__(self, job: Job, done: dict[str, Any]):
+        assert job.ship is not None
+        self.ship_settings = job.ship
+        self.done = done
+
+    def add(self, index: int, data: bytes) -> int:
+        raise AssertionError("the output is already at the site")
+
+    def ship(self, tasks: list[PieceTask]) -> int:
+        return sum(task.n_queries for task in tasks)
+
+    def commit(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    @property
+    def output_bytes(self) -> int:
+        return int(self.done.get("bytes") or self.done.get("size") or 0)
+
+    def report(self) -> ShipReport:
+        ship = self.ship_settings
+        return ShipReport(
+            site=str(ship.site), mode=ship.mode, codec="", streams=ship.streams, output_path=ship.out,
+            output_bytes=self.output_bytes, shipped_payload_bytes=0, setup_bytes=0, wire_bytes=0,
+            ratio_output_to_payload=None, chunks=0, chunks_resent=0, reconnects=0, f_encode_seconds=0.0,
+            transfer_seconds=None, finish_wait_seconds=0.0, g_site_decode_seconds=self.done.get("decode_seconds"),
+            site_sha256=self.done.get("sha256"), auto_decision=None,
+        )  # fmt: skip

@@ -370,6 +370,20 @@ class TlsShipper:
                 thread.join(timeout=2)
 
 
+def finished_job(address: SiteAddress, keys: Path, job_id: str) -> dict[str, Any] | None:
+    """The site's `done` answer (final size and digest) for a job this compute site opened earlier, or
+    None when it is not done, unknown, or the site cannot say now (best effort, a few seconds at most)."""
+    try:
+        raw = socket.create_connection((address.host, address.port), timeout=CANCEL_SECONDS)
+        with client_context(keys).wrap_socket(raw, server_hostname=address.host) as tls:
+            tls.settimeout(CANCEL_SECONDS)
+            send_frame(tls, {"op": "status", "job": job_id})
+            reply, _ = recv_frame(tls)
+    except (OSError, ProtocolError):
+        return None
+    return reply if reply.get("op") == "done" and isinstance(reply.get("sha256"), str) else None
+
+
 @register_transport("tls")
 def _tls_transport(opening: Opening) -> TlsShipper:
     assert opening.keys is not None

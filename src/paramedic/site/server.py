@@ -349,6 +349,11 @@ class SiteServer:
         if op == "cancel":
             self.store.cancel(job)
             return {"op": "cancelled"}
+        if op == "status":  # a search run again after a kill: did its earlier job finish?
+            done = job.done()
+            if done is not None:
+                return {"op": "done", **done}
+            return {"op": "status", "state": "failed" if job.failure is not None else "open"}
         if op == "finish":
             done = self.store.finish(job, header)
             if done is None:  # progress, so that a waiting client can tell a busy site from a stuck one
