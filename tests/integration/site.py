@@ -10,6 +10,7 @@ fault probe takes seconds.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import signal
 import socket
@@ -66,8 +67,14 @@ class StorageSite:
             "--listen", f"127.0.0.1:{self.port}", "--keys", str(self.keys), "--io-workers", str(self.io_workers),
             *self.extra,
         ]  # fmt: skip
+        # the daemon's BLAST+ temporary files stay beside its log: a test that kills it leaves nothing in /tmp
+        tmp = self.log_path.with_name(self.log_path.name + ".tmp")
+        tmp.mkdir(exist_ok=True)
+        env = {**os.environ, "TMPDIR": str(tmp)}
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, env=env
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             match = LISTENING.search(self.log()[offset:])

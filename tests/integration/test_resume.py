@@ -70,6 +70,7 @@ def kill_every_rank_when(command: list[str], cwd: Path, journal: Path, ready, li
     tmp = cwd / "tmp"
     tmp.mkdir(exist_ok=True)
     env = {**os.environ, "PARAMEDIC_RANKS_DIR": str(ranks_dir), "TMPDIR": str(tmp)}
+    before = mpich_leftovers()
     mpiexec = subprocess.Popen(
         [str(BIN / "mpiexec"), "-n", "3", sys.executable, "-m", "paramedic", *command],
         cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
@@ -92,6 +93,14 @@ def kill_every_rank_when(command: list[str], cwd: Path, journal: Path, ready, li
     for pid in ranks:  # every rank is gone before the next run starts
         while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
             time.sleep(0.05)
+    for path in mpich_leftovers() - before:  # what MPICH leaves when nothing of the job could clean up
+        path.unlink(missing_ok=True)
+
+
+def mpich_leftovers() -> set[Path]:
+    """MPICH's shared memory and hydra's topology file: a job killed outright leaves them (the launcher
+    removes them after a job it supervised; here every process of the job is killed)."""
+    return set(Path("/dev/shm").glob("mpich_shm_*")) | set(Path("/tmp").glob("hydra_hwloc_xmlfile_*"))
 
 
 def searches_done(at_least: int):
