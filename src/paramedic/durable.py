@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 
 
-def write_durably(path: Path, data: bytes, sync_dir: bool = True) -> None:
-    """Readers see the old file or the new one, never half of it; the new one survives a crash (with
-    `sync_dir`, the rename too). The temporary name is unique to the call: several processes or threads
+def write_durably(path: Path, data: bytes) -> None:
+    """Readers see the old file or the new one, never half of it; the new one, and its name, survive a
+    crash. The temporary name is unique to the call: several processes or threads
     may write the same path at once (the storage site may store a re-sent chunk on two streams)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -27,8 +27,7 @@ def write_durably(path: Path, data: bytes, sync_dir: bool = True) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    if sync_dir:
-        fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:
