@@ -13,21 +13,24 @@ import tempfile
 from pathlib import Path
 
 
-def write_durably(path: Path, data: bytes) -> None:
+def write_durably(path: Path, data: bytes, sync: bool = True) -> None:
     """Readers see the old file or the new one, never half of it; the new one, and its name, survive a
     crash. The temporary name is unique to the call: several processes or threads
-    may write the same path at once (the storage site may store a re-sent chunk on two streams)."""
+    may write the same path at once (the storage site may store a re-sent chunk on two streams).
+    `sync=False`: atomic but not durable, for scratch files that do not outlive the job."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if sync:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from paramedic.blast.hits import Candidate, FragmentSearch, Hit, PrelimList
-from paramedic.engine.journal import Journal, decode_search, encode_search
+from paramedic.engine.journal import Journal
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
 from paramedic.errors import UsageError
 
@@ -32,14 +32,6 @@ def result(n_queries: int, gid: int) -> FragmentSearch:
     )
 
 
-def test_a_search_result_reads_back_exactly() -> None:
-    original = result(3, 7)
-    back = decode_search(encode_search(original))
-    assert back == original
-    assert [h.alignment for q in back.hits for h in q] == [h.alignment for q in original.hits for h in q]
-    assert back.prelim[1].candidates[1].evalue == math.nextafter(back.prelim[1].candidates[0].evalue, 1)
-
-
 def test_replay_restores_the_scheduler_and_the_plan_of_the_first_run(tmp_path: Path) -> None:
     path = tmp_path / ".out.journal"
     journal, plan, replay = Journal.open(path, IDENTITY, PLAN, restart=False)
@@ -55,7 +47,7 @@ def test_replay_restores_the_scheduler_and_the_plan_of_the_first_run(tmp_path: P
     assert replay.searches == (SearchTask(0, 0), SearchTask(0, 1)) and replay.pieces == (0,)
     scheduler = Scheduler(plan)
     for task in replay.searches:
-        loaded = journal.load_search(task, len(plan.batches[task.batch]))
+        loaded = journal.load_search(task, len(plan.batches[task.batch]), alignments=False)
         assert loaded is not None
         scheduler.restore_search(task, loaded)
     scheduler.mark_piece_done(0)
@@ -73,12 +65,13 @@ def test_a_record_that_does_not_decode_is_dropped_and_searched_again(tmp_path: P
     journal, plan, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
     journal.search_done(SearchTask(1, 0), result(1, 3))
     (path / "search" / "1-0").write_bytes(zlib.compress(b'{"hits": [[["x", 1, 2, ""]]], "prelim": [null]}'))
+    (path / "search" / ".1-1.x.tmp").write_bytes(b"half")  # a killed worker's temporary file
     (path / "search" / "9-0").write_bytes(b"")  # outside the plan
     journal.close(complete=False)
     journal, plan, replay = Journal.open(path, IDENTITY, PLAN, restart=False)
     assert replay.searches == (SearchTask(1, 0),)
-    assert journal.load_search(SearchTask(1, 0), 1) is None
-    assert not (path / "search" / "1-0").exists() and not (path / "search" / "9-0").exists()
+    assert journal.load_search(SearchTask(1, 0), 1, alignments=True) is None
+    assert not any((path / "search").iterdir())
     assert not journal.close(complete=False)  # nothing finished left: removed
     assert not path.exists()
 

@@ -116,6 +116,26 @@ def test_kept_alignments_follow_the_merged_order_into_regeneration_tasks():
     assert regen.alignments == ((b"aln 0/1", b"aln 0/0"), (b"aln 1/1", b"aln 1/0"))
 
 
+def test_stored_alignments_stay_out_of_the_tasks_and_a_piece_searched_again_is_not_rendered():
+    # query 0 fills its hit list (2 hits at hitlist 2): searched again, so piece 0 is not rendered;
+    # query 2 does not: piece 1 is written from the alignments the store holds
+    p = plan(n_queries=4, batch=4, fragments=2, group=2)
+    s = Scheduler(p, keep_alignments=True, alignments_stored=True)
+    for _ in range(2):
+        task = s.next_task(0)
+        assert isinstance(task, SearchTask)
+        hits = [
+            [Hit(1e-9, 50, 10 * q + task.fragment)] if q == 0 or task.fragment == 0 else [] for q in range(4)
+        ]
+        s.search_done(task, searched(hits))
+    pieces = sorted((s.next_task(0), s.next_task(0)), key=lambda t: t.piece)
+    assert [(t.piece, t.stored, t.renderable, t.alignments) for t in pieces] == [
+        (0, None, False, None),
+        (1, ((20,), (30,)), True, None),
+    ]
+    assert s.searched_again == 1 and s._alignments == {}
+
+
 def test_alignments_are_not_kept_unless_asked():
     s = Scheduler(plan())
     drive(s, workers=1)

@@ -1,4 +1,10 @@
-"""A worker's part of a job: one task run with BLAST+, its result as a typed value for the master."""
+"""A worker's part of a job: one task run with BLAST+, its result as a typed value for the master.
+
+With a search store every rank sees (paramedic.engine.store), a search's alignments stay there: the
+worker writes its whole result to the store and returns the keys, and a piece whose alignments are
+`stored` is written from the store's records. A record the store cannot give back (removed, damaged)
+costs only speed: the piece is written by searching again, as when its reports do not line up.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,16 @@ from paramedic.db.manifest import fragment_members
 from paramedic.db.seqids import seqid_table
 from paramedic.engine.job import Job
 from paramedic.engine.master import PieceResult, Result, SearchResult
-from paramedic.engine.scheduler import Plan, SearchTask, Task
+from paramedic.engine.scheduler import PieceTask, Plan, SearchTask, Task
+from paramedic.engine.store import RecordError, Store, keys_only
+from paramedic.errors import InternalError
 from paramedic.report.record import RankStats
 
 
-def execute(task: Task, job: Job, plan: Plan, workdir: Path, stats: RankStats) -> Result:
-    """Run one task on this rank."""
+def execute(
+    task: Task, job: Job, plan: Plan, workdir: Path, stats: RankStats, store: Store | None = None
+) -> Result:
+    """Run one task on this rank; `store`: the search store, when every rank sees it."""
     if isinstance(task, SearchTask):
         batch = plan.batches[task.batch]
         queries = job.queries[batch.start : batch.stop]
@@ -27,22 +37,25 @@ def execute(task: Task, job: Job, plan: Plan, workdir: Path, stats: RankStats) -
         stats.tasks["search"] += 1
         stats.fragments.append(task.fragment)
         stats.search_output_bytes += run.output_bytes
-        return SearchResult(task, found)
+        if store is None:
+            return SearchResult(task, found)
+        store.put(task.batch, task.fragment, found)
+        return SearchResult(task, keys_only(found), stored=True)
     queries = job.queries[task.first_query : task.first_query + task.n_queries]
     data = None
-    if task.alignments is not None:
+    if task.renderable:
         try:
             data, run = render(
                 job.program,
                 job.options,
                 job.db,
                 queries,
-                task.alignments,
+                _alignments(task, plan, store),
                 seqid_table(job.db.directory),
                 workdir,
             )
             stats.tasks["rendered"] += 1
-        except Unrenderable:
+        except (Unrenderable, RecordError):
             stats.tasks["render_fallbacks"] += 1
     if data is None:
         data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir)
@@ -51,3 +64,11 @@ def execute(task: Task, job: Job, plan: Plan, workdir: Path, stats: RankStats) -
     stats.tasks[phase] += 1
     stats.report_bytes += run.output_bytes
     return PieceResult(task, data, run.seconds)
+
+
+def _alignments(task: PieceTask, plan: Plan, store: Store | None) -> tuple[tuple[bytes, ...], ...]:
+    if task.alignments is not None:
+        return task.alignments
+    if store is None or task.stored is None:
+        raise InternalError("internal: a piece's alignments are in a search store this rank has not")
+    return store.alignments(plan.batches, plan.n_fragments, task.first_query, task.stored)

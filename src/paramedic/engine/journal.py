@@ -13,7 +13,8 @@ Layout of `.<out>.journal/` (beside the output; with --site, beside the run reco
     job.json            what the output depends on (program, options, database manifest, queries digest,
                         strategy) and the plan; a journal made by another search is refused
     lock                held (flock) by the run that owns the journal: two runs never share one
-    search/B-F          fragment F's result for search batch B (zlib-compressed JSON)
+    search/B-F          fragment F's result for search batch B (a paramedic.engine.store record, written
+                        by the worker that searched when every rank sees the journal, else by rank 0)
     piece/N             report piece N, BLAST+'s bytes (not kept when pieces ship as metadata)
     site-job            with --site: the storage-site job this run opened (a resumed run cancels it
                         and opens a new one, sending what the journal holds again)
@@ -32,19 +33,19 @@ import json
 import os
 import shutil
 import sys
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from paramedic.blast.hits import Candidate, FragmentSearch, Hit, PrelimList
+from paramedic.blast.hits import FragmentSearch
 from paramedic.durable import write_durably
 from paramedic.engine.scheduler import Plan, SearchTask
+from paramedic.engine.store import RecordError, Store
 from paramedic.errors import OutputError, UsageError
 
 KIND = "paramedic-journal"
-VERSION = 1
+VERSION = 2  # 2: search records in the store's layout (keys first, alignments per query)
 
 
 def journal_path(output: Path) -> Path:
@@ -72,6 +73,7 @@ class Journal:
 
     def __init__(self, path: Path, lock: IO[bytes]):
         self.path = path
+        self.store = Store(path / "search", durable=True)
         self._lock = lock
         self.kept_searches = 0
         self.kept_pieces = 0
@@ -124,7 +126,7 @@ class Journal:
         try:
             data = json.loads(job_file.read_text())
             if data.get("kind") != KIND or data.get("version") != VERSION:
-                raise ValueError("not a version 1 journal")
+                raise ValueError(f"not a version {VERSION} journal")
             stored = data["identity"]
             journaled = _plan_from_json(data["plan"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -161,16 +163,14 @@ class Journal:
         return Replay(tuple(searches), tuple(sorted(pieces)))
 
     # -- reading back -------------------------------------------------------------------------------
-    def load_search(self, task: SearchTask, queries: int) -> FragmentSearch | None:
-        """A journaled fragment search, or None when its record does not decode (it is run again)."""
-        path = self.path / "search" / f"{task.batch}-{task.fragment}"
+    def load_search(self, task: SearchTask, queries: int, alignments: bool) -> FragmentSearch | None:
+        """A journaled fragment search (its keys; with `alignments`, its alignments too), or None when its
+        record does not decode (it is run again)."""
         try:
-            result = decode_search(zlib.decompress(path.read_bytes()))
-        except (OSError, ValueError, zlib.error, KeyError, TypeError) as exc:
+            result = self.store.keys(task.batch, task.fragment, queries, alignments)
+        except RecordError as exc:
+            path = self.store.record(task.batch, task.fragment)
             _warn(f"journal record {path.name} dropped ({exc}): searching it again")
-            path.unlink(missing_ok=True)
-            return None
-        if len(result.hits) != queries or len(result.prelim) != queries:
             path.unlink(missing_ok=True)
             return None
         self.kept_searches += 1
@@ -186,9 +186,8 @@ class Journal:
 
     # -- recording ----------------------------------------------------------------------------------
     def search_done(self, task: SearchTask, result: FragmentSearch) -> None:
-        self._write(
-            self.path / "search" / f"{task.batch}-{task.fragment}", zlib.compress(encode_search(result), 1)
-        )
+        """A search whose worker could not write its record here (it does not see the journal)."""
+        self.store.put(task.batch, task.fragment, result)
 
     def piece_done(self, index: int, data: bytes) -> None:
         self._write(self.path / "piece" / str(index), data)
@@ -256,41 +255,6 @@ def tidy(path: Path) -> bool:
             return True
         _remove_tree(path)
         return False
-
-
-# -- encoding ---------------------------------------------------------------------------------------
-def encode_search(result: FragmentSearch) -> bytes:
-    """A fragment search's result as JSON: floats written as Python writes them read back exactly,
-    alignments (archive text) as Latin-1 strings, which map bytes one to one."""
-    data = {
-        "hits": [[[h.evalue, h.score, h.gid, h.alignment.decode("latin-1")] for h in q] for q in result.hits],
-        "prelim": [
-            None if p is None else [p.limit, [[c.evalue, c.score, c.gid] for c in p.candidates]]
-            for p in result.prelim
-        ],
-    }
-    return json.dumps(data, separators=(",", ":")).encode()
-
-
-def decode_search(raw: bytes) -> FragmentSearch:
-    data = json.loads(raw)
-    hits = [
-        [Hit(_float(e), _int(s), _int(g), a.encode("latin-1")) for e, s, g, a in query]
-        for query in data["hits"]
-    ]
-    prelim = [
-        None
-        if p is None
-        else PrelimList(_int(p[0]), tuple(Candidate(_float(e), _int(s), _int(g)) for e, s, g in p[1]))
-        for p in data["prelim"]
-    ]
-    return FragmentSearch(hits, prelim)
-
-
-def _float(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"expected a number, found {type(value).__name__}")
-    return float(value)
 
 
 def _int(value: object) -> int:

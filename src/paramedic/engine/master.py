@@ -28,10 +28,13 @@ from paramedic.report.record import RankStats
 
 @dataclass(frozen=True)
 class SearchResult:
-    """A fragment search's merge keys (and alignments) for its batch's queries."""
+    """A fragment search's merge keys for its batch's queries, with the alignments unless `stored`: the
+    worker then wrote its whole result to the search store (paramedic.engine.store), the journal's when
+    there is one, before sending this."""
 
     task: SearchTask
     found: FragmentSearch
+    stored: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,11 @@ class Master:
     def start(self) -> None:
         """Before the first task: what an earlier run of the job finished (the journal)."""
         if self.journal is not None:
+            # alignments travel with the tasks only when the workers cannot read them in the store
+            inline = self.scheduler.keep_alignments and not self.scheduler.alignments_stored
             for task in self.replay.searches:
-                found = self.journal.load_search(task, len(self.scheduler.plan.batches[task.batch]))
+                queries = len(self.scheduler.plan.batches[task.batch])
+                found = self.journal.load_search(task, queries, alignments=inline)
                 if found is not None:
                     self.scheduler.restore_search(task, found)
         if self.sink is not None and not self.sink.holds_pieces:
@@ -118,7 +124,7 @@ class Master:
         """A worker's result. Recorded in the journal before it counts."""
         start = time.perf_counter()
         if isinstance(result, SearchResult):
-            if self.journal is not None:
+            if self.journal is not None and not result.stored:
                 self.journal.search_done(result.task, result.found)
             self.scheduler.search_done(result.task, result.found)
             self.stats.add("merge", time.perf_counter() - start)
@@ -155,7 +161,8 @@ class Master:
         if self.sink is None:
             if self.probe is None and self.scheduler.released:
                 first = min(self.scheduler.released, key=lambda t: t.piece)
-                self.probe = dataclasses.replace(first, alignments=None)  # searched, as the site would
+                # searched, as the site would
+                self.probe = dataclasses.replace(first, alignments=None, stored=None)
             return
         released = self.scheduler.take_released()
         if released:

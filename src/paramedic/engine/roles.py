@@ -9,6 +9,8 @@ the whole job with the failing rank's message: workers report errors to the mast
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -20,6 +22,7 @@ from typing import Any
 from mpi4py import MPI
 
 from paramedic.blast.forkserver import close_fork_servers
+from paramedic.durable import write_durably
 from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
 from paramedic.engine.journal import NOTHING, Journal, Replay
@@ -35,6 +38,7 @@ from paramedic.engine.sinks import (
     open_sink,
     published_earlier,
 )
+from paramedic.engine.store import Store
 from paramedic.errors import JobError, ParamedicError
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord
@@ -45,17 +49,22 @@ from paramedic.report.record import RankStats, RunRecord
 POLL_SECONDS = 0.001
 POLL_MAX_SECONDS = 0.01
 TAG_READY, TAG_RESULT, TAG_ERROR, TAG_TASK, TAG_STOP, TAG_STATS = range(6)
+VISIBLE_NAME = ".visible"  # rank 0's token in the search store, read back by every worker
+# "tasks": the searches' results travel through rank 0 even when every rank sees the search store, as
+# they must when one does not (for measuring the two side by side, and for a store on a slow filesystem)
+ALIGNMENTS_VARIABLE = "PARAMEDIC_ALIGNMENTS"
 
 
-def patient_recv(comm: MPI.Comm, source: int = MPI.ANY_SOURCE) -> tuple[Any, int, int]:
-    """Receive without busy-polling a core: (message, source rank, tag)."""
+def patient_recv(comm: MPI.Comm, source: int = MPI.ANY_SOURCE) -> tuple[Any, int, int, int]:
+    """Receive without busy-polling a core: (message, source rank, tag, bytes received)."""
     status = MPI.Status()
     wait = POLL_SECONDS
     while not comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
         time.sleep(wait)
         wait = min(2 * wait, POLL_MAX_SECONDS)
+    size = status.Get_count(MPI.BYTE)
     message = comm.recv(source=status.Get_source(), tag=status.Get_tag())
-    return message, status.Get_source(), status.Get_tag()
+    return message, status.Get_source(), status.Get_tag(), size
 
 
 def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
@@ -71,9 +80,10 @@ def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
     assert plan is not None
     workdir = Path(tempfile.mkdtemp(prefix=f"paramedic-rank{comm.Get_rank()}-"))
     try:
+        store = _shared_store(comm, job, plan, workdir, journal)
         if comm.Get_rank() == 0:
-            return _master(job, plan, comm, workdir, command, journal, replay)
-        _worker(job, plan, comm, workdir)
+            return _master(job, plan, comm, workdir, command, journal, replay, store)
+        _worker(job, plan, comm, workdir, store)
         return None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -81,15 +91,51 @@ def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
             journal.close(complete=False)  # kept for the next run if it holds finished work
 
 
-def _worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path) -> None:
+def _shared_store(
+    comm: MPI.Comm, job: Job, plan: Plan, workdir: Path, journal: Journal | None
+) -> Store | None:
+    """The search store (paramedic.engine.store) when every rank sees it, else None: the journal's, or
+    one in rank 0's temporary directory when reports are written from the searches' alignments. Rank 0
+    leaves a token there that every worker must read back: on a cluster a temporary directory is often
+    local to its node, and a journal's filesystem may not be mounted on every node."""
+    store: Store | None = None
+    token = b""
+    wanted = os.environ.get(ALIGNMENTS_VARIABLE) != "tasks"
+    if comm.Get_rank() == 0 and wanted and not plan.query_segmentation:
+        if journal is not None:
+            store = journal.store
+        elif job.keep_alignments:
+            store = Store(workdir / "store", durable=False)
+            store.path.mkdir()
+        if store is not None and comm.Get_size() > 1:
+            token = secrets.token_hex(16).encode()
+            write_durably(store.path / VISIBLE_NAME, token, sync=False)
+    store, token = comm.bcast((store, token), root=0)
+    if store is None or comm.Get_size() == 1:
+        return store
+    sees = comm.Get_rank() == 0 or _reads(store.path / VISIBLE_NAME) == token
+    everyone = all(comm.allgather(sees))
+    if comm.Get_rank() == 0:
+        (store.path / VISIBLE_NAME).unlink(missing_ok=True)
+    return store if everyone else None
+
+
+def _reads(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store | None) -> None:
     stats = RankStats(rank=comm.Get_rank(), role="worker")
     comm.send(None, dest=0, tag=TAG_READY)
     while True:
-        task, _, tag = patient_recv(comm, source=0)
+        task, _, tag, _ = patient_recv(comm, source=0)
         if tag == TAG_STOP:
             break
         try:
-            payload = execute(task, job, plan, workdir, stats)
+            payload = execute(task, job, plan, workdir, stats, store)
         except ParamedicError as exc:
             comm.send((str(exc), exc.exit_code), dest=0, tag=TAG_ERROR)
             return
@@ -110,6 +156,7 @@ def _master(
     command: list[str],
     journal: Journal | None,
     replay: Replay,
+    store: Store | None,
 ) -> RunRecord:
     start = time.perf_counter()
     size = comm.Get_size()
@@ -126,7 +173,7 @@ def _master(
         elif not auto:
             sink = open_sink(job, plan, job.ship.mode if job.ship else None, journal)
         master = Master(
-            Scheduler(plan, keep_alignments=job.keep_alignments),
+            Scheduler(plan, keep_alignments=job.keep_alignments, alignments_stored=store is not None),
             sink,
             progress,
             stats,
@@ -146,10 +193,10 @@ def _master(
         if job.preloaded is not None:
             master.scheduler.preload(job.preloaded)
         if size == 1:
-            run_serial(master, lambda task: execute(task, job, plan, workdir, stats))
+            run_serial(master, lambda task: execute(task, job, plan, workdir, stats, store))
             worker_stats: list[RankStats] = []
         else:
-            worker_stats = _run_workers(master, comm)
+            worker_stats = _run_workers(master, comm, stats)
         master.commit()
         merged = [master.scheduler.metadata(q) or [] for q in range(len(job.queries))]
         if job.save_metadata is not None:
@@ -189,20 +236,22 @@ def _master(
         queries_with_hits=None if plan.query_segmentation else sum(1 for m in merged if m),
         searched_again=None if plan.query_segmentation else scheduler.searched_again,
         resumed={"searches": journal.kept_searches, "pieces": journal.kept_pieces} if journal else None,
+        alignments=("store" if store is not None else "tasks") if job.keep_alignments else None,
         ranks_stats=[stats, *worker_stats],
         ship=sink.report(),
     )
 
 
-def _run_workers(master: Master, comm: MPI.Comm) -> list[RankStats]:
+def _run_workers(master: Master, comm: MPI.Comm, stats: RankStats) -> list[RankStats]:
     """The MPI runner: hand tasks to idle worker ranks, pass their results to the master; then stop the
-    workers and collect their figures."""
+    workers and collect their figures. `stats`: rank 0's, which counts the bytes of the results."""
     size = comm.Get_size()
     master.start()
     idle: deque[int] = deque()
     busy: dict[int, Task] = {}
     while not master.finished:
-        message, source, tag = patient_recv(comm)
+        message, source, tag, nbytes = patient_recv(comm)
+        stats.received_bytes += nbytes
         if tag == TAG_ERROR:
             text, code = message
             raise JobError(f"rank {source}: {text}", code)
@@ -223,7 +272,7 @@ def _run_workers(master: Master, comm: MPI.Comm) -> list[RankStats]:
         comm.send(None, dest=worker, tag=TAG_STOP)
     worker_stats: list[RankStats] = []
     while len(worker_stats) < size - 1:
-        message, source, tag = patient_recv(comm)
+        message, source, tag, _ = patient_recv(comm)
         if tag == TAG_STATS:
             worker_stats.append(message)
     return sorted(worker_stats, key=lambda s: s.rank)

@@ -42,6 +42,15 @@ class PieceTask:
     # With `keep_alignments`: per query, per merged subject, the search's own alignments (archive text),
     # from which the report is written without searching again (paramedic.blast.render).
     alignments: tuple[tuple[bytes, ...], ...] | None = None
+    # Or the same alignments left in the search store by the workers that found them
+    # (paramedic.engine.store): per query, the merged hits' subject ids, in merged order (`subjects` may
+    # be the whole preliminary list); the worker writing the piece reads their alignments there.
+    stored: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def renderable(self) -> bool:
+        """The report is written from the search's alignments, not by searching again."""
+        return self.alignments is not None or self.stored is not None
 
 
 Task = SearchTask | PieceTask
@@ -93,14 +102,16 @@ class Scheduler:
     plan: Plan
     window: int = 2
     hold_pieces: bool = False  # released pieces wait in `released` instead of becoming tasks (shipping)
-    keep_alignments: bool = False  # merged hits carry their alignments into the regeneration tasks
+    keep_alignments: bool = False  # pieces are written from the searches' alignments where exact
+    alignments_stored: bool = False  # ... which stay in the search store (else they travel with the task)
     _pending: list[set[int]] = field(init=False)  # per batch: fragments not yet handed out
     _waiting: list[int] = field(init=False)  # per batch: fragment results still missing
     _hits: dict[int, list[list[list[Hit]]]] = field(init=False)  # batch -> per query -> per fragment hits
     _prelim: dict[int, list[list[PrelimList | None]]] = field(init=False)  # the same for prelim lists
     _inexact: set[int] = field(init=False)  # queries whose report must be written by searching again
     _merged: dict[int, list[int]] = field(init=False)  # global query -> merged subject ids
-    _alignments: dict[int, tuple[bytes, ...]] = field(init=False)  # global query -> until its piece goes
+    # global query -> its merged hits, whose alignments write its report, until its piece is released
+    _alignments: dict[int, tuple[Hit, ...]] = field(init=False)
     _ready: deque[PieceTask] = field(init=False)
     _unreleased: set[int] = field(init=False)  # pieces not yet made ready
     _done_pieces: set[int] = field(init=False)
@@ -196,7 +207,7 @@ class Scheduler:
                 if not merged.exact:
                     self._inexact.add(q)
                 elif self.keep_alignments:
-                    self._alignments[q] = tuple(h.alignment for h in merged.hits)
+                    self._alignments[q] = tuple(merged.hits)
             self._release_pieces()
 
     def piece_done(self, task: PieceTask) -> None:
@@ -237,12 +248,15 @@ class Scheduler:
             piece = self.plan.pieces[index]
             if all(q in self._merged for q in piece):
                 subjects = tuple(tuple(self._merged[q]) for q in piece)
-                alignments = None
-                if all(q in self._alignments for q in piece):
-                    alignments = tuple(self._alignments.pop(q) for q in piece)
-                else:  # a query that must be searched again: the whole piece is (BLAST+'s own batches)
-                    for q in piece:
-                        self._alignments.pop(q, None)
-                task = PieceTask(index, piece.start, len(piece), subjects, alignments)
+                kept = [self._alignments.pop(q, None) for q in piece]
+                alignments = stored = None
+                if all(hits is not None for hits in kept):
+                    hits = [h for h in kept if h is not None]
+                    if self.alignments_stored:
+                        stored = tuple(tuple(h.gid for h in q) for q in hits)
+                    else:
+                        alignments = tuple(tuple(h.alignment for h in q) for q in hits)
+                # else a query must be searched again: the whole piece is (BLAST+'s own batches)
+                task = PieceTask(index, piece.start, len(piece), subjects, alignments, stored)
                 (self.released if self.hold_pieces else self._ready).append(task)
                 self._unreleased.discard(index)

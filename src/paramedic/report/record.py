@@ -16,7 +16,7 @@ from paramedic.durable import write_durably
 
 PHASES = ("search", "merge", "regenerate", "write")
 # Version of the record's layout (CHANGELOG.md): readers refuse another one. 2 added `version` itself,
-# `resumed`, and the typed `ship` section.
+# `resumed`, and the typed `ship` section. Added keys keep the version (CHANGELOG.md).
 VERSION = 2
 
 
@@ -61,6 +61,7 @@ class RankStats:
     peak_rss_mb: float = 0.0  # this rank's Python process
     peak_blast_rss_mb: float = 0.0  # largest BLAST+ child process of this rank
     python_cpu_seconds: float = 0.0  # this rank's own CPU time (user + system), BLAST+ runs excluded
+    received_bytes: int = 0  # MPI messages received (rank 0: the workers' results, reports included)
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
@@ -101,6 +102,10 @@ class RunRecord:
     # Work an earlier, unfinished run of the job had finished, taken from its journal instead of being
     # done again: {"searches": fragment searches, "pieces": report pieces} (None: no journal)
     resumed: dict[str, int] | None = None
+    # Where the searches' alignments went when reports are written from them: "store" (they stayed
+    # with the workers, in the search store every rank reads), "tasks" (through rank 0, with the tasks:
+    # some rank did not see the store), None (reports written by searching again)
+    alignments: str | None = None
     version: int = VERSION
 
     @classmethod

@@ -1,0 +1,245 @@
+"""The search store: fragment searches' results as files every rank reads, so alignments stay put.
+
+A fragment search finds, besides the merge keys, every hit's alignments (archive text): 70 MB for the
+500-query benchmark, also for hits the -max_target_seqs cut then drops. Rank 0 needs only the keys. So
+the worker that searched writes its whole result to the store, sends rank 0 the keys alone, and the
+worker that writes a piece's report reads the alignments of the piece's merged hits from the store
+(`alignments`), only the sections of the piece's queries. Rank 0 never holds an alignment.
+
+The store is the journal's `search/` directory when the search keeps a journal (a record is then the
+journal's too: durable before it counts), else a directory in rank 0's temporary directory. Every worker
+checks it sees the store before the first task (paramedic.engine.roles); when one does not (a node-local
+temporary directory on a cluster), alignments travel through rank 0 with the tasks, as before.
+
+A record `B-F` (fragment F's search of batch B), built so a reader takes only the queries it needs:
+
+    MAGIC                      b"paramedic-search 2\\n"
+    8 bytes, big-endian        length K of the keys section
+    K bytes                    zlib(JSON): {"hits": per query [[evalue, score, gid], ...] in BLAST order,
+                               "prelim": per query null or [limit, [[evalue, score, gid], ...]],
+                               "sections": per query [offset, length] of its alignments below}
+    the alignment sections     per query zlib(JSON): its hits' alignments in the same order, as Latin-1
+                               strings (which map bytes one to one)
+
+Floats are written as Python writes them, which read back exactly. Records are the user's own files, read
+back only by the same user's search: still validated, and one that does not decode counts as missing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from paramedic.blast.hits import Candidate, FragmentSearch, Hit, PrelimList
+from paramedic.durable import write_durably
+from paramedic.errors import OutputError
+
+MAGIC = b"paramedic-search 2\n"
+_LENGTH = struct.Struct(">Q")
+# A record's keys section is read whole; a larger one is not a record this code wrote.
+MAX_KEYS_BYTES = 1 << 30
+
+
+class RecordError(ValueError):
+    """A record that is missing or does not decode."""
+
+
+@dataclass(frozen=True)
+class Store:
+    """A directory of search records. `durable`: each record fsynced before it counts (the journal)."""
+
+    path: Path
+    durable: bool
+
+    def record(self, batch: int, fragment: int) -> Path:
+        return self.path / f"{batch}-{fragment}"
+
+    def put(self, batch: int, fragment: int, found: FragmentSearch) -> None:
+        """Write a search's whole result; readers see the whole record or none."""
+        path = self.record(batch, fragment)
+        try:
+            write_durably(path, encode_record(found), sync=self.durable)
+        except OSError as exc:
+            raise OutputError(f"cannot write the search record {path}: {exc.strerror}") from exc
+
+    def keys(self, batch: int, fragment: int, queries: int, alignments: bool = False) -> FragmentSearch:
+        """A record's merge keys (and with `alignments`, every hit's alignments). RecordError when it is
+        missing, does not decode, or does not hold `queries` queries."""
+        path = self.record(batch, fragment)
+        try:
+            with open(path, "rb") as fh:
+                keys = _read_keys(fh)
+                found = _keys_search(keys)
+                if len(found.hits) != queries or len(found.prelim) != queries:
+                    raise RecordError(f"{len(found.hits)} queries, expected {queries}")
+                if alignments:
+                    found = FragmentSearch(
+                        [
+                            _with_alignments(hits, _read_section(fh, keys, q, len(hits)))
+                            for q, hits in enumerate(found.hits)
+                        ],
+                        found.prelim,
+                    )
+        except OSError as exc:
+            raise RecordError(exc.strerror or str(exc)) from exc
+        except (ValueError, KeyError, TypeError, IndexError, zlib.error) as exc:
+            raise RecordError(str(exc)) from exc
+        return found
+
+    def alignments(
+        self,
+        batches: Sequence[range],
+        fragments: int,
+        first_query: int,
+        hits: Sequence[Sequence[int]],
+    ) -> tuple[tuple[bytes, ...], ...]:
+        """Per query (from global index `first_query` on), the alignments of its merged `hits` (subject ids), read
+        from the records of every fragment's search of the query's batch (only the query's sections).
+        RecordError when one is missing."""
+        found: list[tuple[bytes, ...]] = []
+        files: dict[tuple[int, int], IO[bytes]] = {}
+        keys: dict[tuple[int, int], dict[str, Any]] = {}
+        try:
+            for offset, wanted in enumerate(hits):
+                query = first_query + offset
+                batch = next(b for b, r in enumerate(batches) if query in r)
+                q = query - batches[batch].start
+                by_subject: dict[int, bytes] = {}
+                for fragment in range(fragments):
+                    key = (batch, fragment)
+                    if key not in files:
+                        files[key] = open(self.record(batch, fragment), "rb")
+                        keys[key] = _read_keys(files[key])
+                    gids = [_int(h[2]) for h in keys[key]["hits"][q]]
+                    by_subject.update(
+                        zip(gids, _read_section(files[key], keys[key], q, len(gids)), strict=True)
+                    )
+                missing = [gid for gid in wanted if gid not in by_subject]
+                if missing:
+                    raise RecordError(f"no alignment of subject {missing[0]} in the store")
+                found.append(tuple(by_subject[gid] for gid in wanted))
+        except StopIteration as exc:
+            raise RecordError("a query outside the plan's batches") from exc
+        except OSError as exc:
+            raise RecordError(exc.strerror or str(exc)) from exc
+        except (ValueError, KeyError, TypeError, IndexError, zlib.error) as exc:
+            raise RecordError(str(exc)) from exc
+        finally:
+            for fh in files.values():
+                fh.close()
+        return tuple(found)
+
+    def names(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.path))
+        except OSError:
+            return []
+
+
+# -- encoding ---------------------------------------------------------------------------------------
+def encode_record(found: FragmentSearch) -> bytes:
+    sections: list[bytes] = []
+    spans: list[list[int]] = []
+    offset = 0
+    for hits in found.hits:
+        section = zlib.compress(
+            json.dumps([h.alignment.decode("latin-1") for h in hits], separators=(",", ":")).encode(), 1
+        )
+        spans.append([offset, len(section)])
+        sections.append(section)
+        offset += len(section)
+    keys = {
+        "hits": [[[h.evalue, h.score, h.gid] for h in q] for q in found.hits],
+        "prelim": [
+            None if p is None else [p.limit, [[c.evalue, c.score, c.gid] for c in p.candidates]]
+            for p in found.prelim
+        ],
+        "sections": spans,
+    }
+    head = zlib.compress(json.dumps(keys, separators=(",", ":")).encode(), 1)
+    return b"".join([MAGIC, _LENGTH.pack(len(head)), head, *sections])
+
+
+def decode_record(data: bytes, alignments: bool = True) -> FragmentSearch:
+    """A whole record from bytes (tests and tools; the store reads from files)."""
+    fh = io.BytesIO(data)
+    keys = _read_keys(fh)
+    found = _keys_search(keys)
+    if not alignments:
+        return found
+    return FragmentSearch(
+        [_with_alignments(h, _read_section(fh, keys, q, len(h))) for q, h in enumerate(found.hits)],
+        found.prelim,
+    )
+
+
+def keys_only(found: FragmentSearch) -> FragmentSearch:
+    """The same result without alignments: what rank 0 receives when the store holds them."""
+    return FragmentSearch([[Hit(h.evalue, h.score, h.gid) for h in q] for q in found.hits], found.prelim)
+
+
+def _read_keys(fh: IO[bytes]) -> dict[str, Any]:
+    if fh.read(len(MAGIC)) != MAGIC:
+        raise RecordError("not a search record")
+    (length,) = _LENGTH.unpack(_exactly(fh, _LENGTH.size))
+    if length > MAX_KEYS_BYTES:
+        raise RecordError("keys section too large")
+    keys = json.loads(zlib.decompress(_exactly(fh, length)))
+    if not isinstance(keys, dict) or len(keys["sections"]) != len(keys["hits"]):
+        raise RecordError("keys section malformed")
+    keys["_base"] = len(MAGIC) + _LENGTH.size + length
+    return keys
+
+
+def _read_section(fh: IO[bytes], keys: dict[str, Any], query: int, hits: int) -> list[bytes]:
+    offset, length = (_int(v) for v in keys["sections"][query])
+    if offset < 0 or length < 0 or length > MAX_KEYS_BYTES:
+        raise RecordError("section out of range")
+    fh.seek(keys["_base"] + offset)
+    texts = json.loads(zlib.decompress(_exactly(fh, length)))
+    if not isinstance(texts, list) or len(texts) != hits or not all(isinstance(t, str) for t in texts):
+        raise RecordError(f"alignments of query {query} malformed")
+    return [t.encode("latin-1") for t in texts]
+
+
+def _keys_search(keys: dict[str, Any]) -> FragmentSearch:
+    hits = [[Hit(_float(e), _int(s), _int(g)) for e, s, g in query] for query in keys["hits"]]
+    prelim = [
+        None
+        if p is None
+        else PrelimList(_int(p[0]), tuple(Candidate(_float(e), _int(s), _int(g)) for e, s, g in p[1]))
+        for p in keys["prelim"]
+    ]
+    if len(prelim) != len(hits):
+        raise RecordError("keys section malformed")
+    return FragmentSearch(hits, prelim)
+
+
+def _with_alignments(hits: list[Hit], texts: list[bytes]) -> list[Hit]:
+    return [Hit(h.evalue, h.score, h.gid, t) for h, t in zip(hits, texts, strict=True)]
+
+
+def _exactly(fh: IO[bytes], n: int) -> bytes:
+    data = fh.read(n)
+    if len(data) != n:
+        raise RecordError("record cut short")
+    return data
+
+
+def _float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, found {type(value).__name__}")
+    return float(value)
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, found {type(value).__name__}")
+    return value
