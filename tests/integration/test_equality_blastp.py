@@ -12,11 +12,14 @@ Each (fragments, cap) pair is searched once directly and regenerated for the oth
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import paramedic, take_fasta
+from tests.conftest import BIN, paramedic, take_fasta
 from tests.integration.equality import Site
 
 pytestmark = pytest.mark.integration
@@ -53,3 +56,62 @@ def test_blastp_query_segmentation_with_shrinking_pieces_matches_blast(site: Sit
     assert record["strategy"] == "queries" and record["pieces"] >= 4
     assert record["search_batch_queries"] > 100 / record["pieces"]  # the first piece is the largest
     site.assert_matches(out, None, "0")
+
+
+def _hidden_store_search(site: Site, out: Path, tmp: Path) -> None:
+    """`mpiexec` with rank 0 as usual and two worker ranks that cannot see rank 0's temporary directory
+    (each in a mount namespace of its own with an empty tmpfs over it), as on a cluster whose nodes each
+    have their own /tmp."""
+    args = [
+        str(BIN / "paramedic"), "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot",
+        "-outfmt", "0", "-out", str(out), "--strategy", "fragments", "--no-journal", "--quiet",
+    ]  # fmt: skip
+    hide = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs tmpfs "$0" && exec "$@"',
+    ]
+    proc = subprocess.run(
+        [str(BIN / "mpiexec"), "-n", "1", "-env", "TMPDIR", str(tmp), *args,
+         ":", "-n", "2", "-env", "TMPDIR", str(tmp), *hide, str(tmp), *args],
+        cwd=site.root / "p4", capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_alignments_stay_with_the_workers_unless_a_worker_cannot_see_the_store(
+    site: Site, tmp_path: Path
+) -> None:
+    """Issue 12 item 4: a fragment search's alignments stay in the search store (the journal's, or one in
+    rank 0's temporary directory) and rank 0 receives keys only; when a worker cannot see the store they
+    travel through rank 0 as before. The three runs write BLAST+'s report."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("hiding rank 0's temporary directory from the workers needs root and unshare")
+    runs = {}
+    for name, flags in (("journal", []), ("scratch", ["--no-journal"])):
+        out = site.root / f"store-{name}.out"
+        paramedic(
+            "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-outfmt", "0",
+            "-out", str(out), "--np", "2", "--strategy", "fragments", "--quiet", *flags, cwd=site.root / "p4",
+        )  # fmt: skip
+        runs[name] = out
+    tmp = tmp_path / "rank0-tmp"
+    tmp.mkdir()
+    runs["hidden"] = site.root / "store-hidden.out"
+    _hidden_store_search(site, runs["hidden"], tmp)
+    assert not any(tmp.iterdir())  # rank 0's temporary directory, store included, is gone
+    received = {}
+    for name, out in runs.items():
+        site.assert_matches(out, None, "0")
+        record = json.loads(out.with_name(out.name + ".run.json").read_text())
+        tasks = [rank["tasks"] for rank in record["ranks_stats"]]
+        # the case this test exists for: reports written from the searches' alignments, none by search
+        assert sum(t["rendered"] for t in tasks) == record["pieces"] >= 2
+        assert record["alignments"] == ("tasks" if name == "hidden" else "store"), name
+        received[name] = record["ranks_stats"][0]["received_bytes"]
+    # rank 0 received the reports and the keys; with the alignments as well, several times more
+    assert 2 * max(received["journal"], received["scratch"]) < received["hidden"], received
