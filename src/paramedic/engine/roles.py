@@ -191,6 +191,7 @@ def _master(
         resumed={"searches": journal.kept_searches, "pieces": journal.kept_pieces} if journal else None,
         ranks_stats=[stats, *worker_stats],
         ship=sink.report(),
+        strategy_reason=job.strategy.record() if job.strategy else None,
     )
 
 
