@@ -26,6 +26,7 @@ from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings
+from paramedic.engine.strategy import StrategyChoice, choose_strategy
 from paramedic.errors import OutputError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.ship.destination import ShipSettings, check_shippable
@@ -52,6 +53,8 @@ class Job:
     # None when the report goes to standard output
     journal: Path | None = None
     restart: bool = False
+    # Which strategy, and why (paramedic.engine.strategy; the run record's strategy_reason)
+    strategy: StrategyChoice | None = None
 
     def plan(self, workers: int) -> Plan:
         return make_plan(workers=workers, **self.plan_inputs)  # type: ignore[arg-type]
@@ -104,7 +107,8 @@ def prepare_job(settings: SearchSettings) -> Job:
         journal = journal_path(out_path) if out_path and settings.journal else None
     lengths = [len(s) for _, s in queries]
     inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
-    query_segmentation = choose_strategy(settings, db, inexact) == "queries"
+    strategy = choose_strategy(settings, db, manifest, inexact)
+    query_segmentation = strategy.strategy == "queries"
     if not query_segmentation and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
     ships_metadata = settings.ship is not None and settings.ship.mode == "metadata"
@@ -156,49 +160,13 @@ def prepare_job(settings: SearchSettings) -> Job:
         keep_alignments=keep_alignments,
         journal=journal,
         restart=settings.restart,
+        strategy=strategy,
     )
 
 
 def _resolve(cwd: Path, path: str) -> Path:
     p = Path(path)
     return p if p.is_absolute() else cwd / p
-
-
-# Query segmentation is chosen when the whole database takes at most this share of the machine's memory:
-# its files are mapped read-only, so every worker on a node shares one copy in the page cache.
-QUERIES_STRATEGY_MEMORY_SHARE = 0.25
-
-
-def choose_strategy(settings: SearchSettings, db: Database, inexact: str | None = None) -> str:
-    """How to split the work: "fragments" (database segmentation: search fragments, merge, regenerate)
-    or "queries" (query segmentation: each task searches the whole database and writes its report).
-
-    Query segmentation does less work (no merge, no regeneration) but needs the whole database on every
-    node, and produces no metadata; database segmentation is the mpiBLAST engine for databases larger
-    than a node's memory, and the source of the metadata that ParaMEDIC ships. `inexact` says why the
-    fragments strategy would not be exact here (fragments_inexact and the like); auto then avoids it.
-    """
-    ships_metadata = settings.ship is not None and settings.ship.mode in ("metadata", "auto")
-    needs_metadata = (
-        settings.save_metadata is not None or settings.from_metadata is not None or ships_metadata
-    )
-    if settings.strategy == "queries" or (settings.strategy == "auto" and inexact and not needs_metadata):
-        if needs_metadata:
-            raise UsageError(
-                "--strategy queries merges nothing, so it cannot save, use or ship metadata "
-                "(--metadata, --from-metadata, --ship metadata/auto)"
-            )
-        return "queries"
-    if settings.strategy == "fragments" or needs_metadata:
-        if inexact:
-            raise UsageError(f"--strategy fragments (and metadata, which it makes) {inexact}")
-        return "fragments"
-    whole_bytes = sum(p.stat().st_size for p in db.directory.glob(db.whole + ".*"))
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return "fragments"
-    return "queries" if whole_bytes <= QUERIES_STRATEGY_MEMORY_SHARE * memory else "fragments"
 
 
 # Options the database-segmented engine cannot honour exactly, with the reason it refuses them.

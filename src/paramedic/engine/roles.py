@@ -239,6 +239,7 @@ def _master(
         alignments=("store" if store is not None else "tasks") if job.keep_alignments else None,
         ranks_stats=[stats, *worker_stats],
         ship=sink.report(),
+        strategy_reason=job.strategy.record() if job.strategy else None,
     )
 
 

@@ -45,6 +45,27 @@ class ShipReport(TypedDict):
     auto_decision: dict[str, Any] | None
 
 
+class StrategyReason(TypedDict):
+    """The run record's `strategy_reason`: which strategy the search used and why (see
+    engine.strategy). Memory figures in bytes; `memory_per_worker_bytes` is the smallest of the memory
+    cgroup's limit shared by the job's ranks in it and the physical memory shared by the node's workers."""
+
+    asked: str  # --strategy: auto, fragments or queries
+    chosen: str  # fragments or queries
+    reason: str  # one sentence
+    database_bytes: int  # the whole database's BLAST+ files
+    largest_fragment_bytes: int
+    fragments: int
+    memory_share: float  # auto picks queries when the whole database fits this share of a worker's memory
+    memory_per_worker_bytes: int | None
+    physical_bytes: int | None
+    cgroup_limit_bytes: int | None
+    workers_on_node: int
+    workers_on_node_from: str  # e.g. "MPI_LOCALNRANKS=3"
+    cgroup: str | None  # the memory cgroup whose limit binds
+    ranks_in_cgroup: int  # this job's ranks sharing that limit
+
+
 @dataclass
 class RankStats:
     rank: int
@@ -106,6 +127,8 @@ class RunRecord:
     # with the workers, in the search store every rank reads), "tasks" (through rank 0, with the tasks:
     # some rank did not see the store), None (reports written by searching again)
     alignments: str | None = None
+    # Which strategy was used and why, with the sizes and the memory per worker it was decided from
+    strategy_reason: StrategyReason | None = None
     version: int = VERSION
 
     @classmethod

@@ -1,0 +1,341 @@
+"""How to split a search's work, and why: `--strategy fragments|queries|auto`.
+
+"fragments" is database segmentation (search fragments, merge, regenerate: the mpiBLAST engine, and the
+source of the metadata ParaMEDIC ships); "queries" is query segmentation (each task searches the whole
+database and writes its part of the report: no merge, no regeneration, no metadata). Query segmentation
+does less work, but every worker reads the whole database: when the database does not fit in the memory
+a worker may use, each task reads it from disk again. With fragments, a worker keeps to the fragments it
+has read (the scheduler's cache affinity), so the database needs to fit only in the workers' memory
+together (docs/DESIGN.md, "Memory: why segment a database").
+
+`auto` decides from the database's size and the memory available per worker: the smallest of the
+memory cgroup's limit (cgroup v1 or v2, read from /proc/self/cgroup, shared by the job's ranks in that
+cgroup) and the physical memory (shared by the workers on this node). `decide` is the rule, a pure
+function of those numbers; `choose_strategy` measures them. The choice and its reason go to the run
+record (`strategy_reason`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from paramedic.errors import UsageError
+from paramedic.report.record import StrategyReason
+
+if TYPE_CHECKING:
+    from paramedic.blast.run import Database
+    from paramedic.db.manifest import Manifest
+    from paramedic.engine.settings import SearchSettings
+
+# Query segmentation is chosen when the whole database takes at most this share of the memory available
+# per worker: the rest is for the worker itself and its BLAST+ runs.
+QUERIES_MEMORY_SHARE = 0.5
+# A cgroup v1 limit at or above this is no limit (the kernel's "unlimited" is 2**63 rounded to pages).
+_NO_LIMIT = 1 << 62
+# Environment variables that say how many ranks of the job run on this node (MPICH/Hydra, Open MPI,
+# Slurm's srun when --ntasks-per-node is given, MVAPICH2).
+LOCAL_RANKS_VARIABLES = (
+    "MPI_LOCALNRANKS",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "SLURM_NTASKS_PER_NODE",
+    "MV2_COMM_WORLD_LOCAL_SIZE",
+)
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """The memory one worker may use, and where the figure comes from."""
+
+    per_worker: int | None  # bytes; None when nothing could be read
+    physical: int | None  # the node's memory
+    workers_on_node: int  # workers sharing the physical memory (the master holds no database)
+    workers_on_node_from: str  # e.g. "MPI_LOCALNRANKS=3" or "2 cores"
+    cgroup_limit: int | None = None  # the memory cgroup's limit (the smallest on its path), if any
+    cgroup: str | None = None  # the cgroup directory whose limit that is
+    ranks_in_cgroup: int = 1  # this job's ranks under that cgroup (they share its limit)
+
+    def describe(self) -> str:
+        if self.per_worker is None:
+            return "unknown"
+        text = f"{_mib(self.per_worker)} per worker: "
+        by_physical = self.physical // self.workers_on_node if self.physical is not None else None
+        if self.cgroup_limit is not None and (by_physical is None or self.per_worker < by_physical):
+            sharing = max(1, self.ranks_in_cgroup - 1)
+            return text + (
+                f"memory cgroup limit {_mib(self.cgroup_limit)} ({self.cgroup})"
+                + (f" shared by {sharing} workers" if sharing > 1 else "")
+            )
+        assert self.physical is not None
+        return text + (
+            f"physical memory {_mib(self.physical)} shared by {self.workers_on_node} "
+            f"worker{'s' if self.workers_on_node != 1 else ''} on this node ({self.workers_on_node_from})"
+        )
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """The strategy a search uses, and why (the run record's `strategy_reason`)."""
+
+    strategy: str  # "fragments" or "queries"
+    asked: str  # --strategy: "auto", "fragments" or "queries"
+    reason: str
+    database_bytes: int  # the whole database's BLAST+ files
+    largest_fragment_bytes: int  # the largest fragment's BLAST+ files
+    fragments: int
+    memory: WorkerMemory
+
+    def record(self) -> StrategyReason:
+        m = self.memory
+        return StrategyReason(
+            asked=self.asked,
+            chosen=self.strategy,
+            reason=self.reason,
+            database_bytes=self.database_bytes,
+            largest_fragment_bytes=self.largest_fragment_bytes,
+            fragments=self.fragments,
+            memory_share=QUERIES_MEMORY_SHARE,
+            memory_per_worker_bytes=m.per_worker,
+            physical_bytes=m.physical,
+            cgroup_limit_bytes=m.cgroup_limit,
+            workers_on_node=m.workers_on_node,
+            workers_on_node_from=m.workers_on_node_from,
+            cgroup=m.cgroup,
+            ranks_in_cgroup=m.ranks_in_cgroup,
+        )
+
+
+def decide(
+    asked: str,
+    *,
+    database_bytes: int,
+    fragment_bytes: list[int],
+    memory: WorkerMemory,
+    inexact: str | None = None,
+    needs_metadata: bool = False,
+) -> StrategyChoice:
+    """The rule. `inexact` says why the fragments strategy would not be exact here (then auto avoids it);
+    `needs_metadata`: --metadata, --from-metadata or --ship metadata/auto, which only fragments make.
+    Raises UsageError for a combination that cannot run."""
+    largest = max(fragment_bytes, default=0)
+
+    def choice(strategy: str, reason: str) -> StrategyChoice:
+        return StrategyChoice(strategy, asked, reason, database_bytes, largest, len(fragment_bytes), memory)
+
+    if asked == "queries" or (asked == "auto" and inexact and not needs_metadata):
+        if needs_metadata:
+            raise UsageError(
+                "--strategy queries merges nothing, so it cannot save, use or ship metadata "
+                "(--metadata, --from-metadata, --ship metadata/auto)"
+            )
+        if asked == "queries":
+            return choice("queries", "--strategy queries was asked")
+        return choice("queries", f"the fragments strategy {inexact}")
+    if asked == "fragments" or needs_metadata:
+        if inexact:
+            raise UsageError(f"--strategy fragments (and metadata, which it makes) {inexact}")
+        if asked == "fragments":
+            return choice("fragments", "--strategy fragments was asked")
+        return choice(
+            "fragments",
+            "metadata is asked (--metadata, --from-metadata or --ship), which "
+            "only the fragments strategy makes",
+        )
+    if memory.per_worker is None:
+        return choice("fragments", "the memory available per worker could not be read")
+    budget = QUERIES_MEMORY_SHARE * memory.per_worker
+    whole = f"the whole database ({_mib(database_bytes)})"
+    share = f"{QUERIES_MEMORY_SHARE:.0%} of the memory available per worker ({memory.describe()})"
+    if database_bytes <= budget:
+        return choice("queries", f"{whole} fits in {share}: each worker searches it whole")
+    if largest <= budget:
+        return choice(
+            "fragments",
+            f"{whole} does not fit in {share}; its largest fragment ({_mib(largest)}) does: "
+            "each worker searches fragments",
+        )
+    needed = -(-database_bytes // max(1, int(budget)))
+    return choice(
+        "fragments",
+        f"{whole} does not fit in {share}, nor does its largest fragment ({_mib(largest)}): fragments "
+        f"read less per worker; format it with at least {needed} fragments for one to fit",
+    )
+
+
+def choose_strategy(
+    settings: SearchSettings, db: Database, manifest: Manifest, inexact: str | None = None
+) -> StrategyChoice:
+    """The strategy for this search (rank 0, before the work starts), measured on this node."""
+    ships_metadata = settings.ship is not None and settings.ship.mode in ("metadata", "auto")
+    needs_metadata = (
+        settings.save_metadata is not None or settings.from_metadata is not None or ships_metadata
+    )
+    return decide(
+        settings.strategy,
+        database_bytes=volume_bytes(db.directory, db.whole),
+        fragment_bytes=[volume_bytes(db.directory, f.volume) for f in manifest.fragments],
+        memory=worker_memory(),
+        inexact=inexact,
+        needs_metadata=needs_metadata,
+    )
+
+
+def volume_bytes(directory: Path, volume: str) -> int:
+    """The size of a makeblastdb volume's files (what a search of it reads, at most)."""
+    return sum(
+        p.stat().st_size
+        for p in directory.glob(volume + ".*")
+        if p.suffix not in (".pal", ".nal") and p.is_file()
+    )
+
+
+# -- measuring ----------------------------------------------------------------------------------------
+
+
+def worker_memory(root: Path = Path("/"), environ: dict[str, str] | None = None) -> WorkerMemory:
+    """The memory one worker of this job may use on this node. Called in rank 0 (the master), which runs
+    on a node with workers. `root` and `environ` are for tests (a fake /proc and /sys)."""
+    env = os.environ if environ is None else environ
+    physical = _physical_memory(root)
+    workers, source = local_workers(env)
+    limit = cgroup_limit(root)
+    per_worker = physical // workers if physical is not None else None
+    cgroup_path: str | None = None
+    ranks = 1
+    cgroup_bytes: int | None = None
+    if limit is not None:
+        cgroup_bytes, directory = limit
+        cgroup_path = str(Path("/") / directory.relative_to(root))
+        ranks = ranks_in(directory, root)
+        by_cgroup = cgroup_bytes // max(1, ranks - 1)
+        per_worker = by_cgroup if per_worker is None else min(per_worker, by_cgroup)
+    return WorkerMemory(per_worker, physical, workers, source, cgroup_bytes, cgroup_path, ranks)
+
+
+def local_workers(env: os._Environ[str] | dict[str, str]) -> tuple[int, str]:
+    """Workers on this node: the launcher's count of local ranks less the master, else one per core
+    (what `paramedic search` starts without a launcher)."""
+    for name in LOCAL_RANKS_VARIABLES:
+        value = env.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return max(1, int(value) - 1), f"{name}={value}"
+    tasks = env.get("SLURM_TASKS_PER_NODE", "").split("(")[0].split(",")[0]  # e.g. "4(x2),3"
+    if tasks.isdigit() and int(tasks) > 0:
+        return max(1, int(tasks) - 1), f"SLURM_TASKS_PER_NODE={env['SLURM_TASKS_PER_NODE']}"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return cores, f"{cores} cores"
+
+
+def _physical_memory(root: Path) -> int | None:
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cgroup_limit(root: Path = Path("/")) -> tuple[int, Path] | None:
+    """The memory limit that binds this process (the smallest on its cgroup's path up to the mount), and
+    the directory that sets it; None without a memory cgroup or a limit. cgroup v1 (`memory` controller,
+    memory.limit_in_bytes) and v2 (memory.max)."""
+    try:
+        membership = (root / "proc/self/cgroup").read_text().splitlines()
+        mounts = (root / "proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    v1_path = v2_path = None
+    for line in membership:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            v2_path = parts[2]
+        elif "memory" in parts[1].split(","):
+            v1_path = parts[2]
+    best: tuple[int, Path] | None = None
+    for mount_root, mountpoint, fstype, options in _cgroup_mounts(mounts):
+        if fstype == "cgroup" and "memory" in options and v1_path is not None:
+            path, limit_file = v1_path, "memory.limit_in_bytes"
+        elif fstype == "cgroup2" and v2_path is not None:
+            path, limit_file = v2_path, "memory.max"
+        else:
+            continue
+        top = root / mountpoint.lstrip("/")
+        inside = path == mount_root or path.startswith(mount_root.rstrip("/") + "/")
+        relative = os.path.relpath(path, mount_root) if inside else "."
+        directory = Path(os.path.normpath(top / relative))
+        if not directory.is_dir():
+            directory = top  # a cgroup namespace: the mount shows this process's own cgroup
+        while True:
+            limit = _read_limit(directory / limit_file)
+            if limit is not None and (best is None or limit < best[0]):
+                best = (limit, directory)
+            if directory == top or top not in directory.parents:
+                break
+            directory = directory.parent
+    return best
+
+
+def _cgroup_mounts(mounts: list[str]) -> list[tuple[str, str, str, set[str]]]:
+    """(root inside the hierarchy, mount point, fstype, super options) of the cgroup mounts."""
+    found = []
+    for line in mounts:
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 3:
+            continue
+        if tail[0] in ("cgroup", "cgroup2"):
+            found.append((_unescape(fields[3]), _unescape(fields[4]), tail[0], set(tail[2].split(","))))
+    return found
+
+
+def _unescape(text: str) -> str:
+    return text.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def _read_limit(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit():  # v2: "max"
+        return None
+    value = int(text)
+    return value if value < _NO_LIMIT else None
+
+
+def ranks_in(directory: Path, root: Path = Path("/")) -> int:
+    """How many of this job's ranks share a cgroup's limit: processes under `directory` (its subtree)
+    running this process's own command line, at least 1 (this one). Ranks in cgroups of their own count
+    one each; a batch system's job cgroup holds all the node's ranks."""
+    try:
+        mine = (root / "proc/self/cmdline").read_bytes()
+    except OSError:
+        return 1
+    count = 0
+    for current, _, files in os.walk(directory):
+        if "cgroup.procs" not in files:
+            continue
+        try:
+            pids = Path(current, "cgroup.procs").read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                if (root / "proc" / pid / "cmdline").read_bytes() == mine:
+                    count += 1
+            except OSError:
+                continue
+    return max(1, count)
+
+
+def _mib(n: int) -> str:
+    return f"{n / MiB:,.0f} MiB" if n >= MiB else f"{n:,} bytes"
