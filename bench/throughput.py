@@ -6,6 +6,9 @@ The 500 mmseqs2-examples queries against its 20,000 proteins, outfmt 0:
   - blastp -num_threads 2
   - blastp -num_threads 2 -mt_mode 1
   - blastp (1 thread)
+`--strategy fragments` runs twice: as it is (the searches' alignments stay with the workers, rank 0
+receives keys only) and with PARAMEDIC_ALIGNMENTS=tasks (the alignments travel through rank 0, as before
+issue 12 and as when the workers cannot see the search store), with rank 0's received bytes for both.
 Reports wall times, ratios against the best BLAST+ run, paramedic's per-phase split and peak memory per
 rank, and checks that paramedic's output equals BLAST+'s (Posted date line aside). Appends a Markdown
 section to bench/RESULTS.md with the command line. Not a test: timings are noisy (+-10% here).
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DATA = Path(os.environ.get("PARAMEDIC_DATA", Path.home() / ".cache/paramedic/data"))
@@ -31,10 +35,16 @@ BIN = Path(sys.executable).parent
 POSTED = re.compile(rb"^ *Posted date: .*$", re.M)  # the text reports indent it by four spaces
 
 
-def timed(cmd: list[str], cwd: Path) -> tuple[float, float]:
+def timed(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[float, float]:
     """(wall seconds, peak RSS MB of the largest process) using GNU time."""
     start = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["/usr/bin/time", "-f", "%M", *cmd],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr}")
@@ -71,11 +81,17 @@ def main() -> None:
         cwd=work, check=True,
     )  # fmt: skip
     q = str(work / "queries.fasta")
-    runs = {
+    runs: dict[str, tuple[Any, ...]] = {  # (command, directory[, environment])
         "paramedic search --strategy fragments": (
             [str(BIN / "paramedic"), "search", "blastp", "-query", q, "-db", "uniprot", "-outfmt", "0",
              "-out", str(work / "paramedic.out"), "--np", "2", "--strategy", "fragments", "--quiet"],
             work / "pm",
+        ),
+        "paramedic search --strategy fragments, alignments through rank 0": (
+            [str(BIN / "paramedic"), "search", "blastp", "-query", q, "-db", "uniprot", "-outfmt", "0",
+             "-out", str(work / "paramedic-t.out"), "--np", "2", "--strategy", "fragments", "--quiet"],
+            work / "pm",
+            {"PARAMEDIC_ALIGNMENTS": "tasks"},
         ),
         "paramedic search --strategy queries": (
             [str(BIN / "paramedic"), "search", "blastp", "-query", q, "-db", "uniprot", "-outfmt", "0",
@@ -102,15 +118,15 @@ def main() -> None:
     for round_no in range(args.rounds):
         # each round starts at a different run, so no run always goes first (or right after a long one)
         for name in names[round_no % len(names) :] + names[: round_no % len(names)]:
-            cmd, cwd = runs[name]
-            wall, peak = timed(cmd, cwd)
+            cmd, cwd, *env = runs[name]
+            wall, peak = timed(cmd, cwd, *env)
             results[name].append((wall, peak))
             print(f"round {round_no + 1}: {name}: {wall:.1f} s, peak {peak:.0f} MB", flush=True)
 
     reference = POSTED.sub(b"", (work / "st.out").read_bytes())
     same = all(
         POSTED.sub(b"", (work / out).read_bytes()) == reference
-        for out in ("paramedic.out", "paramedic-q.out")
+        for out in ("paramedic.out", "paramedic-t.out", "paramedic-q.out")
     )
     blast_version = subprocess.run(["blastp", "-version"], capture_output=True, text=True).stdout.split()[1]
     best_name = min((n for n in runs if n.startswith("blastp")), key=lambda n: min(w for w, _ in results[n]))
@@ -132,10 +148,11 @@ def main() -> None:
         lines.append(f"| {name} | {wall:.1f} | {wall / best:.3f} | {every} | {peak:.0f} |")
     lines += [
         "",
-        f"Both paramedic outputs identical to BLAST+ (Posted date aside): {'yes' if same else 'NO'}. "
+        f"All paramedic outputs identical to BLAST+ (Posted date aside): {'yes' if same else 'NO'}. "
         f"Best BLAST+ run: {best_name}. `--strategy auto` (the default) picks queries for this database.",
         "",
     ]
+    lines += received_table(work)
     for strategy, out in (("fragments", "paramedic.out"), ("queries", "paramedic-q.out")):
         lines += phase_table(strategy, json.loads((work / f"{out}.run.json").read_text()))
     lines += shim_cost(work, q, args.fragments)
@@ -147,6 +164,26 @@ def main() -> None:
             results_md.write_text("# Benchmark results\n\nNewest first within each benchmark.\n\n")
         with open(results_md, "a") as fh:
             fh.write(text + "\n")
+
+
+def received_table(work: Path) -> list[str]:
+    """Rank 0's MPI bytes received and peak memory, alignments with the workers vs through rank 0."""
+    rows = []
+    for name, out in (("with the workers (store)", "paramedic.out"), ("through rank 0", "paramedic-t.out")):
+        record = json.loads((work / f"{out}.run.json").read_text())
+        rank0 = record["ranks_stats"][0]
+        rows.append(
+            f"| {name} | {record['alignments']} | {rank0['received_bytes'] / 1e6:.1f} | "
+            f"{record['output_bytes'] / 1e6:.1f} | {rank0['peak_rss_mb']:.0f} | {record['wall_seconds']:.1f} |"
+        )
+    return [
+        "Rank 0, --strategy fragments (last round):",
+        "",
+        "| alignments | run record | rank 0 received MB | output MB | rank 0 peak RSS MB | wall s |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def shim_cost(work: Path, queries: str, fragments: int) -> list[str]:
