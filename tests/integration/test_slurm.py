@@ -250,7 +250,7 @@ def test_example_script_gives_blast_output_and_run_record(cluster: Cluster, data
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log
     assert not error_lines(log) and "Traceback" not in log, log
 
-    out = run / f"hits-{job}.txt"
+    out = run / "hits.txt"
     blast("blastp", "-query", "../q.fasta", "-db", "proteins", *OPTIONS, "-out", "ref.txt", cwd=data / "ref")
     expected = without_posted_date((data / "ref" / "ref.txt").read_bytes(), "0")
     assert without_posted_date(out.read_bytes(), "0") == expected, "differs from BLAST+"
