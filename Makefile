@@ -6,7 +6,7 @@ DATA     ?= $(or $(PARAMEDIC_DATA),$(HOME)/.cache/paramedic/data)
 DEMO     ?= demo-run
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup blast data demo test test-unit test-integration coverage lint bench conformance faults fuzz clean
+.PHONY: setup blast slurm data demo test test-unit test-integration coverage lint bench conformance faults fuzz clean
 
 setup: $(VENV)/.installed blast
 
@@ -17,6 +17,14 @@ blast:
 	  { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq ncbi-blast+ >/dev/null; }
 	@command -v cc >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq gcc >/dev/null; }
 	@blastp -version | head -1
+
+# Slurm and munge from Debian when missing, for tests/integration/test_slurm.py: it runs
+# examples/slurm/search.sbatch under a slurmctld, a slurmd and a munged of its own (idempotent).
+slurm:
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && \
+	  command -v munged >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null; }
+	@slurmctld -V
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,15 +43,15 @@ demo: setup data
 	  -out $(DEMO)/hits.txt -outfmt 0 -evalue 1e-5
 	@echo "output: $(DEMO)/hits.txt   run record: $(DEMO)/hits.txt.run.json"
 
-test: setup data
+test: setup slurm data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q
 
 # Pure logic, no BLAST+ runs, no MPI: seconds.
 test-unit: setup
 	$(VENV)/bin/pytest -q tests/unit
 
-# Real BLAST+, real mpiexec ranks, real TLS sockets and files (most of `make test`'s time).
-test-integration: setup data
+# Real BLAST+, real mpiexec ranks, real TLS sockets and files, a real Slurm (most of `make test`'s time).
+test-integration: setup slurm data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q tests/integration
 
 # Line and branch coverage of src/paramedic over the whole suite (or TESTS=tests/unit ...), every Python
@@ -51,7 +59,7 @@ test-integration: setup data
 # from its .pth hook ([tool.coverage.run] patch = subprocess) and write .coverage.* files next to this
 # Makefile (COVERAGE_FILE), which pytest-cov combines. Report in the terminal and in htmlcov/.
 TESTS ?= tests
-coverage: setup data
+coverage: setup slurm data
 	rm -rf .coverage .coverage.* htmlcov
 	COVERAGE_FILE=$(CURDIR)/.coverage PARAMEDIC_DATA=$(DATA) \
 	  $(VENV)/bin/pytest -q --cov --cov-report=term:skip-covered --cov-report=html $(TESTS)

@@ -2,7 +2,8 @@
 
 Without an MPI launcher, `paramedic search` runs on all local cores: it starts `mpiexec -n <cores + 1>`
 (one master, one worker per core) from the project's own MPI (the `mpich` wheel in the virtual
-environment), falling back to an mpiexec on PATH. Under a launcher it uses the ranks it is given.
+environment), falling back to an mpiexec on PATH. Under a launcher it uses the ranks it is given (a
+process with PMI variables is a rank); a task of `srun` without them (no `--mpi=pmi2`) is refused.
 
 The launching process owns the terminal and the clean-up: it draws the progress bar (rank 0 writes its
 count to a file; a rank's stderr is not a terminal under mpiexec), passes the ranks' output through
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from paramedic.engine.settings import SearchSettings
-from paramedic.errors import InternalError, JobError, ParamedicError
+from paramedic.errors import InternalError, JobError, ParamedicError, UsageError
 
 # Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
 MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
@@ -72,6 +73,8 @@ def find_mpiexec() -> str | None:
 def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]) -> int:
     if under_mpi():
         return run_under_mpi(settings, argv, np_ignored=workers is not None)
+    if "SLURM_STEP_ID" in os.environ and "SLURM_STEP_NUM_TASKS" in os.environ:
+        return refuse_srun_without_pmi()
     check_before_launch(settings)
     mpiexec = find_mpiexec()
     if mpiexec is None:
@@ -104,6 +107,21 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
     if code != 0:
         say_journal_kept(settings)
     return code
+
+
+def refuse_srun_without_pmi() -> int:
+    """A task of `srun` with no MPI plugin (`--mpi=none`, Slurm's default): there is no PMI to join the
+    step's tasks into one MPI job, so each would start an mpiexec of its own, which inside the step waits
+    for CPUs the step holds (seen: "step creation temporarily disabled", for ever). One line, from the
+    step's first task; the others exit with the same code."""
+    error = UsageError(
+        "started by srun without an MPI plugin, so its tasks cannot join one MPI job: run "
+        "`srun --mpi=pmi2 paramedic ...` (`srun --mpi=list` shows the plugins), or `paramedic search` "
+        "without srun to use this node's cores"
+    )
+    if os.environ.get("SLURM_PROCID", "0") != "0":
+        return error.exit_code
+    raise error
 
 
 def say_journal_kept(settings: SearchSettings) -> None:
