@@ -30,6 +30,7 @@ from paramedic.engine.strategy import StrategyChoice, choose_strategy
 from paramedic.errors import OutputError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.ship.destination import ShipSettings, check_shippable
+from paramedic.ship.registry import ships_pieces
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def prepare_job(settings: SearchSettings) -> Job:
     query_segmentation = strategy.strategy == "queries"
     if not query_segmentation and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
-    ships_metadata = settings.ship is not None and settings.ship.mode == "metadata"
+    ships_metadata = settings.ship is not None and ships_pieces(settings.ship.mode)
     keep_alignments = (
         not query_segmentation
         and not ships_metadata

@@ -22,10 +22,11 @@ from paramedic.engine.scheduler import PieceTask, Plan
 from paramedic.errors import JobError
 from paramedic.output.writer import ByteSink, LocalFile, OrderedWriter
 from paramedic.report.record import ShipReport
-from paramedic.ship.auto import Link, decide, measure_link
-from paramedic.ship.blast_codec import BlastJobSetup, BlastMetadataCodec
+from paramedic.ship.auto import METADATA, Link, decide, measure_link
 from paramedic.ship.client import finished_job
+from paramedic.ship.codecs import JobSpec
 from paramedic.ship.destination import Shipping, cancel_site_job, start_shipping
+from paramedic.ship.registry import codec_for_mode, ships_pieces
 from paramedic.ship.transport import SiteError
 
 
@@ -107,7 +108,7 @@ def auto_chooser(job: Job, plan: Plan, link: Link | None, journal: Journal | Non
 
     def choose(probe: PieceTask, result: PieceResult) -> Sink:
         start = time.perf_counter()
-        _, payload = BlastMetadataCodec().encode((probe.first_query, probe.subjects or (), job.db.nseq))
+        _, payload = codec_for_mode(METADATA).encode((probe.first_query, probe.subjects or (), job.db.nseq))
         encode_seconds = time.perf_counter() - start
         mode, decision = decide(
             link, len(job.queries), probe.n_queries, result.data, result.seconds, len(payload), encode_seconds
@@ -122,27 +123,27 @@ def auto_chooser(job: Job, plan: Plan, link: Link | None, journal: Journal | Non
 
 
 def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = None) -> Shipping:
-    """With --site: open the job at the storage site (refusals, e.g. a replica mismatch, fail here)."""
+    """With --site: open the job at the storage site (refusals, e.g. a replica mismatch, fail here). The
+    codec of `mode` takes from the job what the site needs (paramedic.ship.codecs.Codec.job_setup)."""
     assert job.ship is not None
-    if mode == "metadata" and plan.query_segmentation:
-        raise JobError("--ship metadata needs the fragments strategy (query segmentation merges nothing)", 2)
-    setup = None
-    if mode == "metadata":
-        setup = BlastJobSetup(
-            program=job.program,
-            options=job.options.without("query", "db", "out").argv(),
-            db_arg=job.db.arg,
-            manifest_sha256=job.manifest_checksum,
-            pieces=plan.pieces,
-            queries=job.queries,
-        )
+    if ships_pieces(mode) and plan.query_segmentation:
+        raise JobError(f"--ship {mode} needs the fragments strategy (query segmentation merges nothing)", 2)
+    spec = JobSpec(
+        program=job.program,
+        options=job.options.without("query", "db", "out").argv(),
+        db_arg=job.db.arg,
+        manifest_sha256=job.manifest_checksum,
+        pieces=plan.pieces,
+        queries=job.queries,
+        nseq=job.db.nseq,
+    )
     earlier = journal.earlier_site_job() if journal is not None else None
     if earlier is not None:  # a killed run's job still holds the output path at the site
         cancel_site_job(job.ship, earlier)
     job_id = uuid.uuid4().hex
     if journal is not None:  # noted before the site opens it: a run killed while it opens is cancelled too
         journal.note_site_job(job_id)
-    return start_shipping(job.ship, mode, setup, job.db.nseq, len(job.queries), job_id)
+    return start_shipping(job.ship, mode, spec, job_id)
 
 
 def measure_site(job: Job) -> Link | None:

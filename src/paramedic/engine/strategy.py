@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from paramedic.errors import UsageError
 from paramedic.report.record import StrategyReason
+from paramedic.ship.registry import ships_pieces
 
 if TYPE_CHECKING:
     from paramedic.blast.run import Database
@@ -169,7 +170,9 @@ def choose_strategy(
     settings: SearchSettings, db: Database, manifest: Manifest, inexact: str | None = None
 ) -> StrategyChoice:
     """The strategy for this search (rank 0, before the work starts), measured on this node."""
-    ships_metadata = settings.ship is not None and settings.ship.mode in ("metadata", "auto")
+    ships_metadata = settings.ship is not None and (
+        ships_pieces(settings.ship.mode) or settings.ship.mode == "auto"
+    )
     needs_metadata = (
         settings.save_metadata is not None or settings.from_metadata is not None or ships_metadata
     )

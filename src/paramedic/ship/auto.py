@@ -29,6 +29,11 @@ PINGS = 5
 SMALL_PROBE = 64 * 1024
 LARGE_PROBE = 1024 * 1024
 
+# The two `--ship` choices the ParaMEDIC rule weighs: the metadata (the storage site writes the output)
+# against the output itself, compressed (the generic codec).
+METADATA = "metadata"
+COMPRESSED = "compressed"
+
 
 @dataclass(frozen=True)
 class Link:
@@ -86,7 +91,7 @@ def decide(
     probe_metadata_bytes: int,
     probe_encode_seconds: float,
 ) -> tuple[str, dict[str, Any]]:
-    """The mode ("metadata" or "compressed") and the record of why."""
+    """The mode (METADATA or COMPRESSED) and the record of why."""
     scale = n_queries / probe_queries
     start = time.perf_counter()
     compressed = len(zstandard.ZstdCompressor(level=3).compress(probe_output))
@@ -102,7 +107,7 @@ def decide(
         "queries": n_queries,
     }
     if link is None:
-        mode = "metadata"
+        mode = METADATA
         reason = "shared-directory transport: no link to measure; metadata is the least to write"
     else:
         D = estimates["D_compressed_bytes"]  # noqa: N806
@@ -110,7 +115,7 @@ def decide(
         B = link.bandwidth_bytes_per_second  # noqa: N806
         f, g = estimates["f_seconds"], estimates["g_seconds"]
         metadata = ship_metadata(D, x, B, f, g)
-        mode = "metadata" if metadata else "compressed"
+        mode = METADATA if metadata else COMPRESSED
         reason = (
             f"D - x = {D - x:,.0f} bytes {'>' if metadata else '<='} B * (f + g) = {B * (f + g):,.0f} bytes"
         )

@@ -23,6 +23,7 @@ from paramedic.output.stitch import Stitcher, can_stitch
 from paramedic.ship.codecs import (
     BinaryWriter,
     Codec,
+    JobSpec,
     Segment,
     pack_json,
     piece_ranges,
@@ -96,6 +97,11 @@ class BlastMetadataCodec(Codec):
 
     def __init__(self) -> None:
         self.history = IdHistory()  # compute site: the job's ids encoded so far
+
+    def job_setup(self, job: JobSpec) -> tuple[dict[str, Any], bytes]:
+        return BlastJobSetup(
+            job.program, job.options, job.db_arg, job.manifest_sha256, job.pieces, job.queries
+        ).encode()
 
     def encode(self, unit: tuple[int, Sequence[Sequence[int]], int]) -> tuple[dict[str, Any], bytes]:
         first_query, subjects, nseq = unit

@@ -10,7 +10,9 @@ class with these methods, decorated with `@register_codec`, in a module that `sh
 * `layout = "pieces"`: a payload decodes to numbered pieces of output that `assemble` joins at the
   end (the BLAST codec: subject ids in, BLAST+ reports regenerated from the replica out).
 
-The storage site calls `prepare` once per job with the job's setup (untrusted: validate it) and hands the
+At the compute site, `job_setup` turns the search's description (`JobSpec`) into the setup the storage
+site needs (nothing for the generic codecs; the BLAST codec sends the program, options and queries). The
+storage site calls `prepare` once per job with the job's setup (untrusted: validate it) and hands the
 returned context to every `unpack` and `decode`. A codec whose payloads depend on the ones before them (the
 BLAST codec codes a query's ids against earlier queries' ids) sets `ordered`: the site then runs `unpack`
 on a job's chunks strictly in the order they were encoded, replaying them after a restart, and `decode`
@@ -44,6 +46,19 @@ class Segment:
     data: bytes
 
 
+@dataclass(frozen=True)
+class JobSpec:
+    """The search, as a codec may describe it to the storage site (`Codec.job_setup`)."""
+
+    program: str
+    options: list[str]  # the search's options, without -query, -db and -out
+    db_arg: str  # -db as the user gave it
+    manifest_sha256: str  # the database's identity: the site's replica must be the same
+    pieces: tuple[range, ...]  # the output's pieces, as query index ranges
+    queries: list[tuple[str, str]]  # (id and description, sequence)
+    nseq: int  # sequences in the database
+
+
 class BinaryWriter(Protocol):
     """Where `assemble` writes the final file: anything with a binary `write`."""
 
@@ -54,11 +69,16 @@ class Codec(ABC):
     name: ClassVar[str]
     layout: ClassVar[Literal["ranges", "pieces"]]
     # The `paramedic search --ship` choice that selects this codec (None: not offered there). A "pieces"
-    # codec is handed the job's setup (`setup_from`) at the compute site.
+    # codec ships the merged subjects of released pieces: the units are (first query, subjects per
+    # query, database sequences), and the output is made at the storage site.
     ship_mode: ClassVar[str | None] = None
     ordered: ClassVar[bool] = False  # unpack chunks in encoding order (encode keeps state across units)
 
     # -- compute site ----------------------------------------------------------------------------------
+    def job_setup(self, job: JobSpec) -> tuple[dict[str, Any], bytes]:
+        """Header fields and payload of the job's opening: what `prepare` gets at the storage site."""
+        return {}, b""
+
     @abstractmethod
     def encode(self, unit: Any) -> tuple[dict[str, Any], bytes]:
         """Header fields and payload for one unit of results."""

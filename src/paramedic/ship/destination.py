@@ -24,8 +24,8 @@ import paramedic.ship.inbox_client  # noqa: F401  (registers the file:// transpo
 from paramedic.blast.options import BlastOptions
 from paramedic.errors import UsageError
 from paramedic.report.record import ShipReport
-from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS, BlastJobSetup
-from paramedic.ship.codecs import Codec, split_range
+from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS
+from paramedic.ship.codecs import Codec, JobSpec, split_range
 from paramedic.ship.paths import output_path_problem
 from paramedic.ship.registry import codec_for_mode, ship_modes
 from paramedic.ship.transport import Opening, SiteAddress, SiteError, Transport, open_transport
@@ -221,23 +221,12 @@ def cancel_site_job(settings: ShipSettings, job_id: str) -> None:
         transport.close()
 
 
-def start_shipping(
-    settings: ShipSettings,
-    mode: str,
-    blast_setup: BlastJobSetup | None,
-    nseq: int,
-    n_queries: int,
-    job_id: str | None = None,
-) -> Shipping:
+def start_shipping(settings: ShipSettings, mode: str, job: JobSpec, job_id: str | None = None) -> Shipping:
     """Open the job at the storage site (a refusal, e.g. a replica mismatch, fails here) and start sending.
     `job_id`: the id the job gets (chosen here, so that it can be noted before the site opens the job)."""
     codec = codec_for_mode(mode)
-    setup: dict[str, Any] = {"out": settings.out}
-    payload = b""
-    if codec.layout == "pieces":  # the storage site regenerates: it needs the job's setup
-        assert blast_setup is not None
-        header, payload = blast_setup.encode()
-        setup.update(header)
+    header, payload = codec.job_setup(job)
+    setup: dict[str, Any] = {**header, "out": settings.out}
     transport = open_transport(
         Opening(
             settings.site,
@@ -251,6 +240,6 @@ def start_shipping(
         )
     )
     transport.start()
-    shipping = Shipping(settings, mode, codec, transport, nseq)
-    shipping.flush_queries = max(1, n_queries // 4)
+    shipping = Shipping(settings, mode, codec, transport, job.nseq)
+    shipping.flush_queries = max(1, len(job.queries) // 4)
     return shipping

@@ -18,6 +18,12 @@ def ship_modes() -> tuple[str, ...]:
     return tuple(c.ship_mode for c in CODECS.values() if c.ship_mode is not None)
 
 
+def ships_pieces(mode: str) -> bool:
+    """Whether the `--ship` choice `mode` ships the merged subjects of pieces (the storage site writes the
+    output) rather than output bytes: such a job needs the fragments strategy, which merges."""
+    return any(c.ship_mode == mode and c.layout == "pieces" for c in CODECS.values())
+
+
 def codec_for_mode(mode: str) -> Codec:
     """A new codec for the `--ship` choice `mode`."""
     for cls in CODECS.values():
