@@ -1,10 +1,9 @@
-"""The MPI roles: rank 0 drives the master (paramedic.engine.master), every other rank is a worker.
+"""The job on MPI ranks: rank 0 drives the master (paramedic.engine.master), every other rank is a worker.
 
-Rank 0 runs the master's loop over MPI: idle workers get tasks, results go to the master. With a single
-rank the master's own rank does the tasks (paramedic.engine.master.run_serial).
-Waiting is done by probing and sleeping, never in a blocking receive: MPICH busy-polls a core in a blocking
-receive, which on a 2-core machine slowed the workers by 40-55% (DESIGN.md). Any failure on any rank ends
-the whole job with the failing rank's message: workers report errors to the master, which aborts.
+Rank 0 runs the master's loop over MPI (paramedic.engine.ranks.run_workers): idle workers get tasks,
+results go to the master. With a single rank the master's own rank does the tasks
+(paramedic.engine.master.run_serial). Rank 0 also opens the output, keeps the journal, finds the search
+store every rank sees, and writes the run record.
 """
 
 from __future__ import annotations
@@ -15,9 +14,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import deque
 from pathlib import Path
-from typing import Any
 
 from mpi4py import MPI
 
@@ -28,7 +25,8 @@ from paramedic.engine.job import Job
 from paramedic.engine.journal import NOTHING, Journal, Replay
 from paramedic.engine.master import Master, Sink, run_serial
 from paramedic.engine.metadata import save_metadata
-from paramedic.engine.scheduler import Plan, Scheduler, Task
+from paramedic.engine.ranks import run_worker, run_workers
+from paramedic.engine.scheduler import Plan, Scheduler
 from paramedic.engine.sinks import (
     MetadataSink,
     PublishedSink,
@@ -39,32 +37,13 @@ from paramedic.engine.sinks import (
     published_earlier,
 )
 from paramedic.engine.store import Store
-from paramedic.errors import JobError, ParamedicError
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord
 
-# Waits between probes start short and double up to the maximum: a master waiting through a long search
-# wakes 100 times a second instead of 500 (each wake-up takes a core from a BLAST+ run for a moment),
-# and a message is still picked up within 10 ms.
-POLL_SECONDS = 0.001
-POLL_MAX_SECONDS = 0.01
-TAG_READY, TAG_RESULT, TAG_ERROR, TAG_TASK, TAG_STOP, TAG_STATS = range(6)
 VISIBLE_NAME = ".visible"  # rank 0's token in the search store, read back by every worker
 # "tasks": the searches' results travel through rank 0 even when every rank sees the search store, as
 # they must when one does not (for measuring the two side by side, and for a store on a slow filesystem)
 ALIGNMENTS_VARIABLE = "PARAMEDIC_ALIGNMENTS"
-
-
-def patient_recv(comm: MPI.Comm, source: int = MPI.ANY_SOURCE) -> tuple[Any, int, int, int]:
-    """Receive without busy-polling a core: (message, source rank, tag, bytes received)."""
-    status = MPI.Status()
-    wait = POLL_SECONDS
-    while not comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
-        time.sleep(wait)
-        wait = min(2 * wait, POLL_MAX_SECONDS)
-    size = status.Get_count(MPI.BYTE)
-    message = comm.recv(source=status.Get_source(), tag=status.Get_tag())
-    return message, status.Get_source(), status.Get_tag(), size
 
 
 def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
@@ -83,7 +62,7 @@ def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
         store = _shared_store(comm, job, plan, workdir, journal)
         if comm.Get_rank() == 0:
             return _master(job, plan, comm, workdir, command, journal, replay, store)
-        _worker(job, plan, comm, workdir, store)
+        run_worker(job, plan, comm, workdir, store)
         return None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -125,27 +104,6 @@ def _reads(path: Path) -> bytes | None:
         return path.read_bytes()
     except OSError:
         return None
-
-
-def _worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store | None) -> None:
-    stats = RankStats(rank=comm.Get_rank(), role="worker")
-    comm.send(None, dest=0, tag=TAG_READY)
-    while True:
-        task, _, tag, _ = patient_recv(comm, source=0)
-        if tag == TAG_STOP:
-            break
-        try:
-            payload = execute(task, job, plan, workdir, stats, store)
-        except ParamedicError as exc:
-            comm.send((str(exc), exc.exit_code), dest=0, tag=TAG_ERROR)
-            return
-        except Exception as exc:  # a bug: still end the whole job with a message, never hang
-            comm.send((f"internal error: {type(exc).__name__}: {exc}", 1), dest=0, tag=TAG_ERROR)
-            return
-        comm.send(payload, dest=0, tag=TAG_RESULT)
-    close_fork_servers()  # their BLAST+ runs then count in this rank's peak memory
-    stats.measure_memory()
-    comm.send(stats, dest=0, tag=TAG_STATS)
 
 
 def _master(
@@ -196,7 +154,7 @@ def _master(
             run_serial(master, lambda task: execute(task, job, plan, workdir, stats, store))
             worker_stats: list[RankStats] = []
         else:
-            worker_stats = _run_workers(master, comm, stats)
+            worker_stats = run_workers(master, comm, stats)
         master.commit()
         merged = [master.scheduler.metadata(q) or [] for q in range(len(job.queries))]
         if job.save_metadata is not None:
@@ -241,39 +199,3 @@ def _master(
         ship=sink.report(),
         strategy_reason=job.strategy.record() if job.strategy else None,
     )
-
-
-def _run_workers(master: Master, comm: MPI.Comm, stats: RankStats) -> list[RankStats]:
-    """The MPI runner: hand tasks to idle worker ranks, pass their results to the master; then stop the
-    workers and collect their figures. `stats`: rank 0's, which counts the bytes of the results."""
-    size = comm.Get_size()
-    master.start()
-    idle: deque[int] = deque()
-    busy: dict[int, Task] = {}
-    while not master.finished:
-        message, source, tag, nbytes = patient_recv(comm)
-        stats.received_bytes += nbytes
-        if tag == TAG_ERROR:
-            text, code = message
-            raise JobError(f"rank {source}: {text}", code)
-        if tag == TAG_RESULT:
-            busy.pop(source, None)
-            master.accept(message)
-        idle.append(source)
-        while idle:
-            task = master.next_task(idle[0])
-            if task is None:
-                break
-            worker = idle.popleft()
-            busy[worker] = task
-            comm.send(task, dest=worker, tag=TAG_TASK)
-        if not busy and not master.finished and len(idle) == size - 1:
-            raise JobError("internal: scheduler stalled with every worker idle")
-    for worker in range(1, size):
-        comm.send(None, dest=worker, tag=TAG_STOP)
-    worker_stats: list[RankStats] = []
-    while len(worker_stats) < size - 1:
-        message, source, tag, _ = patient_recv(comm)
-        if tag == TAG_STATS:
-            worker_stats.append(message)
-    return sorted(worker_stats, key=lambda s: s.rank)
