@@ -76,6 +76,15 @@ class Plan:
         if self.n_fragments < 1:
             raise ValueError("need at least one fragment")
 
+    def batch_pieces(self, batch: int) -> range:
+        """Indices of the pieces that lie in search batch `batch` (ValueError when a piece crosses its
+        edge: a job whose report is one piece, unstitchable, cannot be cut into query segments)."""
+        queries = self.batches[batch]
+        inside = [i for i, p in enumerate(self.pieces) if p.start >= queries.start and p.stop <= queries.stop]
+        if not inside or sum(len(self.pieces[i]) for i in inside) != len(queries):
+            raise ValueError(f"batch {batch}'s pieces cross its edges")
+        return range(inside[0], inside[-1] + 1)
+
     @property
     def first_query(self) -> int:
         """Global index of the plan's first query: 0 for a whole job, more for a part of one."""
@@ -104,6 +113,9 @@ class Scheduler:
     hold_pieces: bool = False  # released pieces wait in `released` instead of becoming tasks (shipping)
     keep_alignments: bool = False  # pieces are written from the searches' alignments where exact
     alignments_stored: bool = False  # ... which stay in the search store (else they travel with the task)
+    # The batches this scheduler works on (None: all). A partition master's starts with none and is given
+    # query segments one by one (`assign`, paramedic.engine.hierarchy).
+    assigned: set[int] | None = None
     _pending: list[set[int]] = field(init=False)  # per batch: fragments not yet handed out
     _waiting: list[int] = field(init=False)  # per batch: fragment results still missing
     _hits: dict[int, list[list[list[Hit]]]] = field(init=False)  # batch -> per query -> per fragment hits
@@ -135,8 +147,39 @@ class Scheduler:
         if self.plan.query_segmentation:
             self._pending = [set() for _ in self.plan.batches]
             self._waiting = [0] * len(self.plan.batches)
-            self._ready.extend(PieceTask(i, p.start, len(p), None) for i, p in enumerate(self.plan.pieces))
             self._unreleased.clear()
+            batches = range(len(self.plan.batches)) if self.assigned is None else sorted(self.assigned)
+            for batch in batches:
+                self._ready_whole(batch)
+
+    def _ready_whole(self, batch: int) -> None:
+        """Query segmentation: the batch's pieces are tasks at once (searched and written in one run)."""
+        for i in self.plan.batch_pieces(batch):
+            if i not in self._done_pieces:
+                piece = self.plan.pieces[i]
+                self._ready.append(PieceTask(i, piece.start, len(piece), None))
+
+    def assign(self, batch: int) -> None:
+        """Add a query segment (a search batch and its pieces) to the work of this scheduler."""
+        if self.assigned is None or batch in self.assigned:
+            raise ValueError(f"batch {batch} is assigned already")
+        self.assigned.add(batch)
+        if self.plan.query_segmentation:
+            self._ready_whole(batch)
+
+    @property
+    def open_tasks(self) -> int:
+        """Tasks that could be handed out now or once earlier batches merge (a partition master asks for
+        its next segment when these fall below its workers)."""
+        batches = range(len(self.plan.batches)) if self.assigned is None else self.assigned
+        return len(self._ready) + sum(len(self._pending[b]) for b in batches)
+
+    @property
+    def idle(self) -> bool:
+        """Every piece of every assigned batch is done (a partition master's work so far)."""
+        if self.assigned is None:
+            return self.finished
+        return all(i in self._done_pieces for b in self.assigned for i in self.plan.batch_pieces(b))
 
     def preload(self, merged: list[list[int]]) -> None:
         """Start from known metadata (a saved search): no search tasks, only regeneration."""
@@ -167,7 +210,11 @@ class Scheduler:
         """The task for an idle worker, or None when nothing can be handed out right now."""
         if self._ready:
             return self._ready.popleft()
-        open_batches = [b for b, pending in enumerate(self._pending) if pending][: self.window]
+        open_batches = [
+            b
+            for b, pending in enumerate(self._pending)
+            if pending and (self.assigned is None or b in self.assigned)
+        ][: self.window]
         if not open_batches:
             return None
         held = self.cache.setdefault(worker, set())

@@ -1,0 +1,156 @@
+"""Two-level scheduling without MPI (paramedic.engine.hierarchy): a supermaster and partition masters
+driven in virtual time; the output equals one master's, segments flow to the fastest partition."""
+
+from __future__ import annotations
+
+import heapq
+
+import pytest
+
+from paramedic.engine.hierarchy import PartitionMaster, Segment, Supermaster, partitions
+from paramedic.engine.master import Master
+from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
+from paramedic.report.progress import Progress
+from paramedic.report.record import RankStats
+from tests.unit.test_master import PLAN, expected_output, run_task, writer
+
+
+class Forward:
+    """A partition master's sink: pieces go to the supermaster's writer (over MPI in the real runner)."""
+
+    holds_pieces = False
+
+    def __init__(self, supermaster: Supermaster, sink) -> None:
+        self.supermaster = supermaster
+        self.sink = sink
+
+    def add(self, index: int, data: bytes) -> int:
+        self.supermaster.piece_done(index)
+        return self.sink.add(index, data)
+
+    def ship(self, tasks: list[PieceTask]) -> int:
+        raise AssertionError("pieces are written here")
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+def run(
+    plan: Plan, speeds: list[list[float]], done_pieces: tuple[int, ...] = ()
+) -> tuple[bytes, dict[int, list[int]]]:
+    """Partitions with workers of the given speeds (task seconds = 1 / speed); returns the output and,
+    per partition, the batches it got."""
+    sink, memory = writer(plan)
+    supermaster = Supermaster(plan, done_pieces)
+    forward = Forward(supermaster, sink)
+    for index in done_pieces:  # an earlier run wrote them (the journal)
+        sink.add(
+            index,
+            b"".join(
+                line
+                for line in expected_output(plan).splitlines(keepends=True)
+                if int(line[1 : line.index(b"\t")]) in plan.pieces[index]
+            ),
+        )
+    masters = []
+    for workers in speeds:
+        scheduler = Scheduler(plan, assigned=set())
+        masters.append(
+            PartitionMaster(
+                Master(scheduler, forward, Progress(0, quiet=True), RankStats(0, "master")), len(workers)
+            )
+        )
+    events: list[tuple[float, int, int, object]] = []  # (time, partition, worker, task)
+    idle = [list(range(len(w))) for w in speeds]
+    now = 0.0
+    got: dict[int, list[int]] = {p: [] for p in range(len(speeds))}
+    while not supermaster.finished:
+        for p, pm in enumerate(masters):
+            while pm.wants_segment():
+                pm.requested = True
+                segment = supermaster.next_segment(p)
+                if segment is not None:
+                    got[p].append(segment.batch)
+                pm.receive(segment)
+            while idle[p]:
+                task = pm.master.next_task(idle[p][0])
+                if task is None:
+                    break
+                worker = idle[p].pop(0)
+                heapq.heappush(events, (now + 1 / speeds[p][worker], p, worker, task))
+        if supermaster.finished:
+            break
+        assert events, "stalled"
+        now, p, worker, task = heapq.heappop(events)
+        masters[p].master.accept(run_task(task, plan))
+        idle[p].append(worker)
+    assert all(pm.finished or not pm.exhausted for pm in masters)
+    sink.commit()
+    return bytes(memory.data), got
+
+
+PLAN6 = Plan(
+    batches=tuple(range(3 * b, 3 * b + 3) for b in range(6)),
+    n_fragments=3,
+    pieces=tuple(range(3 * b + s, min(3 * b + 3, 3 * b + s + 2)) for b in range(6) for s in (0, 2)),
+    hitlist_size=5,
+)
+
+
+@pytest.mark.parametrize("plan", [PLAN, PLAN6], ids=["3 segments", "6 segments"])
+@pytest.mark.parametrize("speeds", [[[1.0]], [[1.0, 1.0], [1.0]], [[1.0], [1.0], [1.0], [1.0]]])
+def test_partitions_write_what_one_master_writes(plan: Plan, speeds: list[list[float]]) -> None:
+    output, got = run(plan, speeds)
+    assert output == expected_output(plan)
+    assert sorted(b for batches in got.values() for b in batches) == list(range(len(plan.batches)))
+
+
+def test_segments_flow_to_the_faster_partition() -> None:
+    _, got = run(PLAN6, [[4.0, 4.0], [1.0, 1.0]])
+    assert len(got[0]) > len(got[1]) >= 1
+
+
+def test_a_partition_prefetches_its_next_segment_before_its_workers_run_dry() -> None:
+    scheduler = Scheduler(PLAN6, assigned=set())
+    pm = PartitionMaster(
+        Master(scheduler, writer(PLAN6)[0], Progress(0, quiet=True), RankStats(0, "m")), workers=2
+    )
+    assert pm.wants_segment()
+    pm.requested = True
+    assert not pm.wants_segment()  # one request at a time
+    pm.receive(Segment(0))
+    assert scheduler.open_tasks == 3 and not pm.wants_segment()  # 3 open tasks for 2 workers
+    first, second = pm.master.next_task(0), pm.master.next_task(1)
+    assert {first, second} == {SearchTask(0, 0), SearchTask(0, 1)}
+    assert pm.wants_segment()  # 1 open task < 2 workers: ask before they run dry
+    pm.requested = True
+    pm.receive(None)
+    assert pm.exhausted and not pm.finished and not pm.wants_segment()
+
+
+def test_pieces_an_earlier_run_wrote_are_not_handed_out_again() -> None:
+    supermaster = Supermaster(PLAN6, done_pieces=(0, 1, 4))  # batch 0 whole, half of batch 2
+    segments = []
+    while (segment := supermaster.next_segment(1)) is not None:
+        segments.append(segment)
+    assert [s.batch for s in segments] == [1, 2, 3, 4, 5]
+    assert segments[1].done_pieces == (4,)
+    output, _ = run(PLAN6, [[1.0], [1.0]], done_pieces=(0, 1, 4))
+    assert output == expected_output(PLAN6)
+
+
+def test_partitions_of_the_ranks() -> None:
+    assert partitions(9, 4) == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert partitions(10, 4) == [[1, 2, 3, 4], [5, 6, 7, 8, 9]]  # a lone rank joins as a worker
+    assert partitions(8, 4) == [[1, 2, 3, 4], [5, 6, 7]]
+    with pytest.raises(ValueError):
+        partitions(2, 4)
+    with pytest.raises(ValueError):
+        partitions(9, 1)
+
+
+def test_a_report_in_one_piece_cannot_be_cut_into_segments() -> None:
+    whole = Plan(batches=(range(0, 2), range(2, 4)), n_fragments=2, pieces=(range(0, 4),), hitlist_size=5)
+    with pytest.raises(ValueError, match="cross"):
+        Supermaster(whole)
