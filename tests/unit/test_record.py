@@ -42,3 +42,20 @@ def test_another_version_or_an_unknown_key_is_refused(tmp_path: Path, change: di
     path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
     with pytest.raises(ValueError, match=message):
         RunRecord.load(path)
+
+
+def test_task_costs_round_trip_and_malformed_ones_are_refused(tmp_path: Path) -> None:
+    from paramedic.report.record import TaskCost
+
+    rec = record()
+    rec.ranks_stats[1].add_task(TaskCost("search", 1, 2, 5, 1200, 90000, 1.23456))
+    rec.ranks_stats[1].add_task(TaskCost("piece", 3, -1, 2, 400, 0, 0.5))
+    path = tmp_path / "r.json"
+    rec.write(path)
+    loaded = RunRecord.load(path).ranks_stats[1]
+    assert loaded.task_costs == [["search", 1, 2, 5, 1200, 90000, 1.2346], ["piece", 3, -1, 2, 400, 0, 0.5]]
+    assert loaded.costs()[0] == TaskCost("search", 1, 2, 5, 1200, 90000, 1.2346)
+    for bad in (["search", 1, 2], ["sort", 1, 2, 5, 1, 1, 1.0], ["piece", 1, -1, 2, 1, 0, -1.0]):
+        loaded.task_costs = [bad]
+        with pytest.raises(ValueError, match="malformed task cost"):
+            loaded.costs()

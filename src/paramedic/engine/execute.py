@@ -19,7 +19,7 @@ from paramedic.engine.master import PieceResult, Result, SearchResult
 from paramedic.engine.scheduler import PieceTask, Plan, SearchTask, Task
 from paramedic.engine.store import RecordError, Store, keys_only
 from paramedic.errors import InternalError
-from paramedic.report.record import RankStats
+from paramedic.report.record import RankStats, TaskCost
 
 
 def execute(
@@ -37,6 +37,19 @@ def execute(
         stats.tasks["search"] += 1
         stats.fragments.append(task.fragment)
         stats.search_output_bytes += run.output_bytes
+        fragment_residues = job.plan_inputs["fragment_residues"]
+        assert isinstance(fragment_residues, list)
+        stats.add_task(
+            TaskCost(
+                "search",
+                task.batch,
+                task.fragment,
+                len(queries),
+                _residues(queries),
+                int(fragment_residues[task.fragment]),
+                run.seconds,
+            )
+        )
         if store is None:
             return SearchResult(task, found)
         store.put(task.batch, task.fragment, found)
@@ -63,7 +76,23 @@ def execute(
     stats.add(phase, run.seconds)
     stats.tasks[phase] += 1
     stats.report_bytes += run.output_bytes
+    whole = task.subjects is None
+    stats.add_task(
+        TaskCost(
+            "whole" if whole else "piece",
+            task.piece,
+            -1,
+            len(queries),
+            _residues(queries),
+            job.db.length if whole else 0,
+            run.seconds,
+        )
+    )
     return PieceResult(task, data, run.seconds)
+
+
+def _residues(queries: list[tuple[str, str]]) -> int:
+    return sum(len(sequence) for _, sequence in queries)
 
 
 def _alignments(task: PieceTask, plan: Plan, store: Store | None) -> tuple[tuple[bytes, ...], ...]:

@@ -10,7 +10,7 @@ import json
 import resource
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from paramedic.durable import write_durably
 
@@ -66,6 +66,22 @@ class StrategyReason(TypedDict):
     ranks_in_cgroup: int  # this job's ranks sharing that limit
 
 
+class TaskCost(NamedTuple):
+    """One task a rank ran, as `RankStats.task_costs` keeps it (a JSON list in this column order): what the
+    predictor (paramedic.engine.simulate) scales to other jobs."""
+
+    kind: str  # "search" (a fragment search), "piece" (a report piece), "whole" (query segmentation)
+    index: int  # the search batch, or the piece
+    fragment: int  # the fragment searched; -1 for a piece
+    queries: int
+    query_residues: int
+    database_residues: int  # the fragment's (search), the whole database's (whole), 0 (piece)
+    seconds: float  # BLAST+'s own seconds for the task
+
+
+TASK_KINDS = ("search", "piece", "whole")
+
+
 @dataclass
 class RankStats:
     rank: int
@@ -83,9 +99,31 @@ class RankStats:
     peak_blast_rss_mb: float = 0.0  # largest BLAST+ child process of this rank
     python_cpu_seconds: float = 0.0  # this rank's own CPU time (user + system), BLAST+ runs excluded
     received_bytes: int = 0  # MPI messages received (rank 0: the workers' results, reports included)
+    # Every task this rank ran, in order: TaskCost's fields as a list (compact in JSON)
+    task_costs: list[list[Any]] = field(default_factory=list)
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
+
+    def add_task(self, cost: TaskCost) -> None:
+        self.task_costs.append([cost.kind, *cost[1:6], round(cost.seconds, 4)])
+
+    def costs(self) -> list[TaskCost]:
+        """`task_costs` as typed values; ValueError for an entry of another shape."""
+        out = []
+        for entry in self.task_costs:
+            if (
+                not isinstance(entry, list)
+                or len(entry) != len(TaskCost._fields)
+                or entry[0] not in TASK_KINDS
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in entry[1:6])
+                or not isinstance(entry[6], (int, float))
+                or isinstance(entry[6], bool)
+                or entry[6] < 0
+            ):
+                raise ValueError(f"rank {self.rank}: malformed task cost {entry!r}")
+            out.append(TaskCost(entry[0], *entry[1:6], float(entry[6])))
+        return out
 
     def measure_memory(self) -> None:
         """Peak RSS of this process and of its largest BLAST+ run. Call it once the rank's BLAST+ fork
