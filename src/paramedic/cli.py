@@ -26,6 +26,9 @@ commands:
              paramedic keys --out keys --server storage.example.org --client compute-a
   serve    storage site: receive output or metadata and write the output under --root
              paramedic serve --replica dbs/uniprot --root /data/results --keys keys/server
+  simulate predict a search's wall time and efficiency at any scale from a pilot run's record
+             paramedic simulate --record pilot/hits.txt.run.json --queries 250000 --workers 32768 \
+               --partition-size 128
 
 exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output,
 7 the parallel job failed on some rank (or a rank was killed), 8 storage site, 130 interrupted."""
@@ -89,7 +92,9 @@ def _dispatch(argv: list[str]) -> int:
         return _keys(rest)
     if command == "serve":
         return _serve(rest)
-    raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve)")
+    if command == "simulate":
+        return _simulate(rest)
+    raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve, simulate)")
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -185,6 +190,56 @@ def _serve(argv: list[str]) -> int:
             open_idle_seconds=args.open_idle * 3600,
         )
     )
+
+
+def _simulate(argv: list[str]) -> int:
+    from paramedic.engine.simulate import OUTPUT_COSTS, SimulateSettings, run_simulate
+
+    parser = _parser(
+        "simulate",
+        "Predict a search's wall time, efficiency and idle time per role for any number of queries and "
+        "workers: the engine's own schedulers run in virtual time, with task costs from a pilot run's "
+        "record (its <out>.run.json).",
+    )
+    parser.add_argument("--record", required=True, type=Path, help="the pilot run's record")
+    parser.add_argument("--queries", required=True, type=int, help="queries of the predicted job")
+    parser.add_argument(
+        "--workers", required=True, type=int, help="ranks besides rank 0, as `paramedic search --np`"
+    )
+    parser.add_argument(
+        "--partition-size", type=int, help="ranks per partition (a partition master and its workers)"
+    )
+    parser.add_argument(
+        "--output-strategy",
+        choices=sorted(OUTPUT_COSTS),
+        default="master",
+        help="who writes the report (default master: rank 0)",
+    )
+    parser.add_argument(
+        "--fragments", type=int, help="cut the database into this many fragments (default: the pilot's)"
+    )
+    parser.add_argument(
+        "--database-scale",
+        type=float,
+        default=1.0,
+        help="a database this many times the pilot's (default 1; same cost per residue pair)",
+    )
+    parser.add_argument("--batch", type=int, help="queries per search task (default: as the pilot)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the query sampling (default 1)")
+    parser.add_argument("--json", action="store_true", help="the prediction as JSON")
+    args = parser.parse_args(argv)
+    settings = SimulateSettings(
+        record=args.record,
+        queries=args.queries,
+        workers=args.workers,
+        partition_size=args.partition_size,
+        output_strategy=args.output_strategy,
+        fragments=args.fragments,
+        database_scale=args.database_scale,
+        batch=args.batch,
+        seed=args.seed,
+    )
+    return run_simulate(settings, args.json)
 
 
 _SIZE = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}

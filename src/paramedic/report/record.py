@@ -71,7 +71,7 @@ class TaskCost(NamedTuple):
     predictor (paramedic.engine.simulate) scales to other jobs."""
 
     kind: str  # "search" (a fragment search), "piece" (a report piece), "whole" (query segmentation)
-    index: int  # the search batch, or the piece
+    number: int  # the search batch, or the piece
     fragment: int  # the fragment searched; -1 for a piece
     queries: int
     query_residues: int
@@ -106,7 +106,7 @@ class RankStats:
         self.seconds[phase] += seconds
 
     def add_task(self, cost: TaskCost) -> None:
-        self.task_costs.append([cost.kind, *cost[1:6], round(cost.seconds, 4)])
+        self.task_costs.append([*cost[:6], round(cost.seconds, 4)])
 
     def costs(self) -> list[TaskCost]:
         """`task_costs` as typed values; ValueError for an entry of another shape."""
@@ -122,7 +122,10 @@ class RankStats:
                 or entry[6] < 0
             ):
                 raise ValueError(f"rank {self.rank}: malformed task cost {entry!r}")
-            out.append(TaskCost(entry[0], *entry[1:6], float(entry[6])))
+            kind, number, fragment, queries, query_residues, database_residues, seconds = entry
+            out.append(
+                TaskCost(kind, number, fragment, queries, query_residues, database_residues, float(seconds))
+            )
         return out
 
     def measure_memory(self) -> None:

@@ -1,0 +1,705 @@
+"""The predictor (`paramedic simulate`): the job's own scheduler objects driven in virtual time.
+
+A pilot run's record (paramedic.report.record) holds every task's BLAST+ seconds with its query and
+database residues. From it the predictor builds a cost model and runs a job of any size: a plan for N
+queries made by the engine's own `make_plan` (query lengths sampled from the record), the engine's own
+Master, or a Supermaster with PartitionMasters (paramedic.engine.hierarchy), handed fake results with no
+hits (the merge then costs nothing here; its measured cost is charged in virtual time instead).
+
+Virtual time, per task:
+- a fragment search costs BLAST+'s start-up plus a rate sampled from the record's searches (seconds per
+  query residue per database residue) times its query residues and its fragment's residues; a report
+  piece costs start-up plus, per query, the per-query cost of a record piece sampled with the query's
+  length; with query segmentation a piece is a search of the whole database, costed as a search;
+- every master is one server: each message it handles (a result in, a task out, a segment request or
+  answer) costs it `message_seconds`, a search result also the record's merge seconds per query, and
+  with the `master` output strategy a report piece the record's write seconds per byte on rank 0 (the
+  supermaster when there are partitions); messages wait while their master is busy;
+- a task reaches its worker `latency_seconds` after its master sends it (ranks wait by probing);
+- the job's fixed cost (start, commit, stopping the ranks) is the pilot's wall less its busiest worker.
+
+Efficiency is the BLAST+ work (every task's seconds) over (ranks x wall), every rank counted: rank 0,
+partition masters and workers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+import heapq
+import itertools
+import json
+import math
+import random
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paramedic.blast.hits import FragmentSearch
+from paramedic.blast.options import BlastOptions
+from paramedic.blast.prelim import batch_residues, query_batches
+from paramedic.engine.hierarchy import PartitionMaster, Supermaster, partitions
+from paramedic.engine.master import Master, PieceResult, SearchResult
+from paramedic.engine.plan import make_plan
+from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask, Task
+from paramedic.errors import InputError, UsageError
+from paramedic.output.stitch import can_stitch
+from paramedic.report.progress import Progress
+from paramedic.report.record import RankStats, RunRecord
+
+# One MPI message handled by a master: receive and unpickle a result, or pickle and send a task (measured
+# on this machine with mpi4py and the MPICH wheel between two ranks: bench/simulate.py --calibrate).
+MESSAGE_SECONDS = 60e-6
+# A task reaches an idle worker this long after its master sends it: the worker waits by probing, every
+# 1 ms doubling up to 10 ms (paramedic.engine.ranks), and a worker that just sent a result is still short.
+LATENCY_SECONDS = 0.002
+
+
+# -- output strategies -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OutputCost:
+    """Where a report piece's bytes are written, in virtual time: seconds on rank 0 (the writer of the
+    `master` strategy) and seconds on the worker that wrote the piece, for `size` bytes at `per_byte`
+    seconds per byte (rank 0's rate in the pilot run)."""
+
+    name: str
+    on_rank0: Callable[[int, float], float]
+    on_worker: Callable[[int, float], float]
+
+
+OUTPUT_COSTS: dict[str, OutputCost] = {}
+
+
+def register_output(cost: OutputCost) -> OutputCost:
+    """An output strategy the predictor knows (`--output-strategy`); a new strategy registers its cost."""
+    OUTPUT_COSTS[cost.name] = cost
+    return cost
+
+
+# rank 0 writes every byte (today's engine): its write rate bounds the job
+register_output(OutputCost("master", lambda size, per_byte: size * per_byte, lambda size, per_byte: 0.0))
+# each worker writes its own pieces at their offsets, in parallel at rank 0's measured rate (no shared
+# filesystem limit modelled); rank 0 handles only the message saying the piece is written
+register_output(
+    OutputCost("worker-individual", lambda size, per_byte: 0.0, lambda size, per_byte: size * per_byte)
+)
+
+
+# -- settings --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SimulateSettings:
+    """`paramedic simulate`: predict a job of `queries` queries on `workers` ranks besides rank 0 (as
+    `paramedic search --np`), from the record of a pilot run."""
+
+    record: Path
+    queries: int
+    workers: int
+    partition_size: int | None = None  # ranks per partition (its master and workers); None: one master
+    output_strategy: str = "master"
+    fragments: int | None = None  # the database cut into this many equal fragments (default: the pilot's)
+    database_scale: float = 1.0  # a database this many times the pilot's (same cost per residue pair)
+    batch: int | None = None  # queries per search task (default: the pilot's --batch, else sized)
+    message_seconds: float = MESSAGE_SECONDS
+    latency_seconds: float = LATENCY_SECONDS
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if self.queries < 1:
+            raise UsageError("--queries must be at least 1")
+        if self.workers < 1:
+            raise UsageError("--workers must be at least 1")
+        if self.partition_size is not None:
+            if self.partition_size < 2:
+                raise UsageError("--partition-size must be at least 2 (a partition master and a worker)")
+            if self.workers < self.partition_size:
+                raise UsageError(
+                    f"--workers {self.workers} is fewer than one partition of {self.partition_size} ranks"
+                )
+        if self.output_strategy not in OUTPUT_COSTS:
+            raise UsageError(
+                f"--output-strategy {self.output_strategy!r}: choose one of {', '.join(OUTPUT_COSTS)}"
+            )
+        if self.fragments is not None and self.fragments < 1:
+            raise UsageError("--fragments must be at least 1")
+        if not (self.database_scale > 0 and math.isfinite(self.database_scale)):
+            raise UsageError("--database-scale must be a positive number")
+        if self.batch is not None and self.batch < 1:
+            raise UsageError("--batch must be at least 1")
+        if self.message_seconds < 0 or self.latency_seconds < 0:
+            raise UsageError("--message-seconds and --latency-seconds must not be negative")
+
+
+# -- the cost model --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QuerySample:
+    """A query of the predicted job, drawn from a pilot task: its length and its report's BLAST+ seconds
+    (start-up excluded)."""
+
+    length: int
+    piece_seconds: float
+
+
+@dataclass(frozen=True)
+class CostModel:
+    program: str
+    strategy: str  # the pilot's: "fragments" or "queries"
+    keep_alignments: bool
+    alignments_stored: bool
+    stitchable: bool
+    startup: float  # BLAST+ start-up per task
+    search_rates: tuple[float, ...]  # seconds per query residue per database residue, one per pilot task
+    queries: tuple[QuerySample, ...]  # the pilot's queries, as samples
+    fragment_residues: tuple[int, ...]
+    merge_per_query: float  # the master's merge seconds per query of a search result
+    write_per_byte: float  # rank 0's write seconds per output byte
+    output_per_query: float  # output bytes per query
+    fixed_seconds: float  # the pilot's wall less its busiest worker (start, commit, stop)
+    batch: int | None  # the pilot's --batch
+    piece_queries: int | None  # the pilot's --regen-batch
+
+    @classmethod
+    def from_record(cls, record: RunRecord) -> CostModel:
+        """The model of a pilot run; InputError when the record cannot give one."""
+        try:
+            costs = [(r, r.costs()) for r in record.ranks_stats]
+        except ValueError as exc:
+            raise InputError(f"run record: {exc}") from None
+        tasks = [c for _, cs in costs for c in cs]
+        if not tasks:
+            raise InputError(
+                "the run record has no per-task costs (task_costs): it was written by an older paramedic, "
+                "or the run was resumed with nothing left to do; record a pilot run with this version"
+            )
+        startup = record.blast_startup_seconds
+        searched = [t for t in tasks if t.kind in ("search", "whole") and t.query_residues > 0]
+        if not searched:
+            raise InputError("the run record holds no search task to take a search rate from")
+        rates = tuple(
+            max(0.0, t.seconds - startup) / (t.query_residues * max(1, t.database_residues)) for t in searched
+        )
+        # a query's length and report cost from the finest tasks that hold it: pieces (regeneration), or
+        # with query segmentation the pieces that search and write at once (their report costs nothing more)
+        pieces = [t for t in tasks if t.kind == "piece"] or [t for t in tasks if t.kind == "whole"]
+        if not pieces:
+            pieces = searched  # a record of searches only: lengths from them, reports free
+        samples = tuple(
+            QuerySample(
+                max(1, round(t.query_residues / t.queries)),
+                max(0.0, t.seconds - startup) / t.queries if t.kind == "piece" else 0.0,
+            )
+            for t in pieces
+            for _ in range(t.queries)
+        )
+        fragments = {t.fragment: t.database_residues for t in tasks if t.kind == "search"}
+        if record.strategy == "queries" or len(fragments) != record.fragments:
+            whole = next((t.database_residues for t in tasks if t.kind == "whole"), 0) or sum(
+                fragments.values()
+            )
+            fragment_residues = _equal_parts(whole, record.fragments)
+        else:
+            fragment_residues = tuple(fragments[f] for f in sorted(fragments))
+        master = record.ranks_stats[0]
+        search_queries = sum(t.queries for t in tasks if t.kind == "search")
+        busiest = max(sum(c.seconds for c in cs) + len(cs) * LATENCY_SECONDS for r, cs in costs if cs)
+        return cls(
+            program=record.program,
+            strategy=record.strategy,
+            keep_alignments=record.alignments is not None,
+            alignments_stored=record.alignments == "store",
+            stitchable=can_stitch(_value(record.command, "-outfmt") or "0"),
+            startup=startup,
+            search_rates=rates,
+            queries=samples,
+            fragment_residues=fragment_residues,
+            merge_per_query=master.seconds["merge"] / search_queries if search_queries else 0.0,
+            write_per_byte=master.seconds["write"] / record.output_bytes if record.output_bytes else 0.0,
+            output_per_query=record.output_bytes / record.queries,
+            fixed_seconds=max(0.0, record.wall_seconds - busiest),
+            batch=_option(record.command, "--batch"),
+            piece_queries=_option(record.command, "--regen-batch"),
+        )
+
+    def database(self, fragments: int | None, scale: float) -> tuple[int, ...]:
+        """Fragment residues of the predicted job's database."""
+        if fragments is None and scale == 1.0:
+            return self.fragment_residues
+        return _equal_parts(
+            round(sum(self.fragment_residues) * scale), fragments or len(self.fragment_residues)
+        )
+
+
+def _equal_parts(total: int, parts: int) -> tuple[int, ...]:
+    return tuple(total // parts + (1 if i < total % parts else 0) for i in range(parts))
+
+
+def _value(command: Sequence[str], name: str) -> str | None:
+    """An option's value on the pilot's command line (`--batch 5`, `--batch=5`, `-outfmt "6 std"`)."""
+    for i, arg in enumerate(command):
+        if arg == name and i + 1 < len(command):
+            return command[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _option(command: Sequence[str], name: str) -> int | None:
+    """An engine option's integer value on the pilot's command line."""
+    value = _value(command, name)
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+# -- the engine's objects, indexed for large plans ---------------------------------------------------
+class IndexedPlan(Plan):
+    """A Plan whose `batch_pieces` is looked up instead of scanning every piece (the same answers, the
+    same ValueError): the Supermaster asks it for every batch, a partition's scheduler for every merge."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        starts = [p.start for p in self.pieces]
+        table: list[range | None] = []
+        for queries in self.batches:
+            i, j = bisect.bisect_left(starts, queries.start), bisect.bisect_left(starts, queries.stop)
+            inside = j > i and starts[i] == queries.start and self.pieces[j - 1].stop == queries.stop
+            table.append(range(i, j) if inside else None)
+        object.__setattr__(self, "_batch_pieces", table)
+
+    def batch_pieces(self, batch: int) -> range:
+        found: range | None = self._batch_pieces[batch]  # type: ignore[attr-defined]
+        if found is None:
+            raise ValueError(f"batch {batch}'s pieces cross its edges")
+        return found
+
+
+class _Pending(list):  # type: ignore[type-arg]
+    """Per batch, the fragments not yet handed out, made when first asked for: a partition's scheduler
+    touches only its own batches (256 partitions x 11,872 batches x 64 fragments held 7 GB)."""
+
+    def __init__(self, batches: int, fragments: int):
+        super().__init__([None] * batches)
+        self.fragments = fragments
+
+    def __getitem__(self, batch):  # type: ignore[no-untyped-def, override]
+        found = list.__getitem__(self, batch)
+        if found is None:
+            found = set(range(self.fragments))
+            list.__setitem__(self, batch, found)
+        return found
+
+
+class IndexedScheduler(Scheduler):
+    """The engine's Scheduler making the same decisions in time independent of the plan's size: the
+    open batches (assigned, with fragments pending) kept in order instead of found by scanning every
+    batch of the plan, the fragments other workers hold counted instead of gathered from every worker,
+    a partition's unreleased pieces limited to its assigned batches. The engine's `next_task` scans all
+    of them on every call (0.5 ms with 2,375 batches); tests/unit/test_simulate.py checks that both
+    hand out the same tasks."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._holders: dict[int, int] = {}  # fragment -> workers holding it
+        self._open: list[int] = []
+        if not self.plan.query_segmentation:
+            self._open = list(range(len(self.plan.batches))) if self.assigned is None else []
+        if self.assigned is not None:
+            if not self.plan.query_segmentation and not self.assigned:
+                self._pending = _Pending(len(self.plan.batches), self.plan.n_fragments)
+            # pieces of batches not assigned here are never merged here: never released here
+            self._unreleased = {
+                i for b in self.assigned for i in self.plan.batch_pieces(b) if i in self._unreleased
+            }
+            self._open = sorted(b for b in self.assigned if self._pending[b])
+
+    def assign(self, batch: int) -> None:
+        super().assign(batch)
+        if not self.plan.query_segmentation:
+            self._unreleased.update(self.plan.batch_pieces(batch))
+        if self._pending[batch]:
+            bisect.insort(self._open, batch)
+
+    @property
+    def open_tasks(self) -> int:
+        return len(self._ready) + sum(len(self._pending[b]) for b in self._open)
+
+    def restore_search(self, task: SearchTask, result: FragmentSearch) -> None:
+        super().restore_search(task, result)
+        self._close(task.batch)
+
+    def preload(self, merged: list[list[int]]) -> None:
+        super().preload(merged)
+        self._open = []
+
+    def _close(self, batch: int) -> None:
+        if not self._pending[batch] and batch in self._open:
+            self._open.remove(batch)
+
+    def next_task(self, worker: int) -> Task | None:
+        if self._ready:
+            return self._ready.popleft()
+        open_batches = self._open[: self.window]
+        if not open_batches:
+            return None
+        held = self.cache.setdefault(worker, set())
+        held_by_others = {f for f, n in self._holders.items() if n > (f in held)}
+        choice = None
+        for prefer in (lambda f: f in held, lambda f: f not in held_by_others, lambda f: True):
+            for batch in open_batches:
+                fragments = sorted(f for f in self._pending[batch] if prefer(f))
+                if fragments:
+                    choice = SearchTask(batch, fragments[0])
+                    break
+            if choice:
+                break
+        assert choice is not None
+        self._pending[choice.batch].discard(choice.fragment)
+        self._close(choice.batch)
+        if choice.fragment not in held:
+            held.add(choice.fragment)
+            self._holders[choice.fragment] = self._holders.get(choice.fragment, 0) + 1
+        return choice
+
+
+# -- the simulation --------------------------------------------------------------------------------------
+@dataclass
+class Role:
+    """Busy seconds of the ranks of one role."""
+
+    ranks: int = 0
+    busy: float = 0.0
+
+    def report(self, wall: float) -> dict[str, float]:
+        idle = max(0.0, self.ranks * wall - self.busy)
+        return {
+            "ranks": self.ranks,
+            "busy_seconds": round(self.busy, 3),
+            "idle_seconds": round(idle, 3),
+            "idle_seconds_per_rank": round(idle / self.ranks, 3) if self.ranks else 0.0,
+            "utilisation": round(self.busy / (self.ranks * wall), 4) if self.ranks and wall else 0.0,
+        }
+
+
+@dataclass
+class Prediction:
+    settings: SimulateSettings
+    wall_seconds: float
+    work_seconds: float
+    ranks: int
+    partitions: int
+    plan_batches: int
+    plan_pieces: int
+    fragments: int
+    tasks: int
+    roles: dict[str, Role]
+    fixed_seconds: float
+    scheduler_seconds: float  # real CPU seconds the scheduler objects took in this simulation
+    simulate_seconds: float
+    last_segment_seconds: float | None = None  # virtual time the supermaster handed out its last segment
+
+    @property
+    def efficiency(self) -> float:
+        return self.work_seconds / (self.ranks * self.wall_seconds) if self.wall_seconds else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "wall_seconds": round(self.wall_seconds, 3),
+            "efficiency": round(self.efficiency, 4),
+            "work_seconds": round(self.work_seconds, 3),
+            "queries": s.queries,
+            "workers": s.workers,
+            "ranks": self.ranks,
+            "partition_size": s.partition_size,
+            "partitions": self.partitions,
+            "output_strategy": s.output_strategy,
+            "fragments": self.fragments,
+            "batches": self.plan_batches,
+            "pieces": self.plan_pieces,
+            "tasks": self.tasks,
+            "fixed_seconds": round(self.fixed_seconds, 3),
+            "roles": {name: role.report(self.wall_seconds) for name, role in self.roles.items()},
+            "last_segment_seconds": None
+            if self.last_segment_seconds is None
+            else round(self.last_segment_seconds, 3),
+            "scheduler_cpu_seconds": round(self.scheduler_seconds, 3),
+            "simulate_seconds": round(self.simulate_seconds, 3),
+            "record": str(s.record),
+        }
+
+    def summary(self) -> str:
+        s = self.settings
+        layout = (
+            f"{self.partitions} partitions of {s.partition_size} ranks" if s.partition_size else "one master"
+        )
+        lines = [
+            f"paramedic: predicted {s.queries:,} queries on {s.workers:,} workers ({layout}, "
+            f"{self.ranks:,} ranks, output: {s.output_strategy}): wall {self.wall_seconds:,.1f} s, "
+            f"efficiency {100 * self.efficiency:.1f}%",
+            f"  plan: {self.plan_batches:,} batches x {self.fragments} fragments, {self.plan_pieces:,} "
+            f"pieces, {self.tasks:,} tasks; BLAST+ work {self.work_seconds:,.1f} s; fixed "
+            f"{self.fixed_seconds:.1f} s",
+        ]
+        for name, role in self.roles.items():
+            r = role.report(self.wall_seconds)
+            lines.append(
+                f"  {name}: {r['ranks']:,} ranks, idle {r['idle_seconds_per_rank']:,.2f} s per rank "
+                f"({100 * (1 - r['utilisation']):.1f}% of the wall)"
+            )
+        return "\n".join(lines)
+
+
+class _Sink:
+    """A master's sink in virtual time: counts the pieces, forwards them to the supermaster."""
+
+    holds_pieces = False
+
+    def __init__(self, plan: Plan, on_piece: Callable[[int], None]):
+        self.plan = plan
+        self.on_piece = on_piece
+
+    def add(self, index: int, data: bytes) -> int:
+        self.on_piece(index)
+        return len(self.plan.pieces[index])
+
+    def ship(self, tasks: list[PieceTask]) -> int:
+        raise AssertionError("the predictor writes pieces")
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+def simulate(settings: SimulateSettings) -> Prediction:
+    """Predict the job: load the record, build the plan, run the scheduler objects in virtual time."""
+    try:
+        record = RunRecord.load(settings.record)
+    except FileNotFoundError:
+        raise InputError(f"--record {settings.record}: no such file") from None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise InputError(f"--record {settings.record}: not a run record: {exc}") from None
+    return predict(CostModel.from_record(record), settings)
+
+
+def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
+    started = time.perf_counter()
+    rng = random.Random(settings.seed)
+    picks = [model.queries[rng.randrange(len(model.queries))] for _ in range(settings.queries)]
+    lengths = [q.length for q in picks]
+    residues = [0, *itertools.accumulate(lengths)]
+    piece_cost = [0.0, *itertools.accumulate(q.piece_seconds for q in picks)]
+    fragment_residues = model.database(settings.fragments, settings.database_scale)
+    blast_residues = batch_residues(model.program, BlastOptions())
+    plan = make_plan(
+        program=model.program,
+        query_lengths=lengths,
+        fragment_residues=fragment_residues,
+        workers=settings.workers,
+        hitlist_size=500,
+        startup_seconds=model.startup,
+        stitchable=model.stitchable,
+        batch=settings.batch or model.batch,
+        piece_queries=model.piece_queries,
+        query_segmentation=model.strategy == "queries",
+        keep_alignments=model.keep_alignments,
+        blast_batches=query_batches(lengths, blast_residues) if blast_residues else (),
+    )
+    plan = IndexedPlan(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(Plan)})
+    whole_residues = sum(fragment_residues)
+    output = OUTPUT_COSTS[settings.output_strategy]
+    message = settings.message_seconds
+    latency = settings.latency_seconds
+
+    def cost(task: Task) -> float:
+        if isinstance(task, SearchTask):
+            batch = plan.batches[task.batch]
+            q = residues[batch.stop] - residues[batch.start]
+            rate = model.search_rates[rng.randrange(len(model.search_rates))]
+            return model.startup + rate * q * fragment_residues[task.fragment]
+        stop = task.first_query + task.n_queries
+        if task.subjects is None:  # query segmentation: the whole database searched
+            rate = model.search_rates[rng.randrange(len(model.search_rates))]
+            return model.startup + rate * (residues[stop] - residues[task.first_query]) * whole_residues
+        return model.startup + piece_cost[stop] - piece_cost[task.first_query]
+
+    nothing: dict[int, FragmentSearch] = {}
+
+    def result(task: Task) -> SearchResult | PieceResult:
+        if isinstance(task, SearchTask):
+            n = len(plan.batches[task.batch])
+            if n not in nothing:
+                nothing[n] = FragmentSearch([[] for _ in range(n)], [None] * n)
+            return SearchResult(task, nothing[n], stored=model.alignments_stored)
+        return PieceResult(task, b"", 0.0)
+
+    # the ranks: rank 0 (master or supermaster), partitions of a master and its workers
+    ranks = settings.workers + 1
+    if settings.partition_size is None:
+        groups = [list(range(1, ranks))]
+    else:
+        try:
+            groups = partitions(ranks, settings.partition_size)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    partitioned = settings.partition_size is not None
+    try:
+        supermaster = Supermaster(plan) if partitioned else None
+    except ValueError:
+        raise UsageError(
+            "--partition-size: the pilot's -outfmt is written in one piece (not stitched), which cannot "
+            "be cut into query segments"
+        ) from None
+    free0 = 0.0  # rank 0's next free moment (the supermaster, or the only master)
+    busy0 = 0.0
+    end = 0.0
+    last_segment: float | None = None
+    scheduler_seconds = 0.0
+
+    def piece_written(p: int, index: int) -> None:
+        """A partition's piece reaches rank 0 (its bytes with the master strategy): rank 0's time."""
+        nonlocal free0, busy0, end
+        size = round(len(plan.pieces[index]) * model.output_per_query)
+        if supermaster is not None:
+            supermaster.piece_done(index)
+            work = message + output.on_rank0(size, model.write_per_byte)
+            start = max(free[p] + latency, free0)
+            free0 = start + work
+            busy0 += work
+            end = max(end, free0)
+        else:  # the only master writes: charged to its own time (rank 0)
+            work = output.on_rank0(size, model.write_per_byte)
+            free[p] += work
+            busy[p] += work
+
+    masters: list[Master] = []
+    pms: list[PartitionMaster] = []
+    for p, group in enumerate(groups):
+        scheduler = IndexedScheduler(
+            plan,
+            keep_alignments=model.keep_alignments,
+            alignments_stored=model.alignments_stored,
+            assigned=set() if partitioned else None,
+        )
+        sink = _Sink(plan, functools.partial(piece_written, p))
+        master = Master(scheduler, sink, Progress(0, quiet=True), RankStats(group[0], "master"))
+        masters.append(master)
+        if partitioned:
+            pms.append(PartitionMaster(master, len(group) - 1))
+    worker_ranks = [group[1:] if partitioned else group for group in groups]
+    free = [0.0] * len(groups)  # each master's next free moment
+    busy = [0.0] * len(groups)
+    idle: list[deque[int]] = [deque(ws) for ws in worker_ranks]
+    events: list[tuple[float, int, int, int, Any]] = []  # (time, sequence, kind, partition, payload)
+    DONE, SEGMENT, REQUEST = 0, 1, 2
+    sequence = itertools.count()
+    work = 0.0
+    worker_busy = 0.0
+    tasks = 0
+
+    def dispatch(p: int) -> None:
+        nonlocal scheduler_seconds, work, worker_busy, tasks
+        master = masters[p]
+        t0 = time.perf_counter()
+        while idle[p]:
+            task = master.next_task(idle[p][0])
+            if task is None:
+                break
+            worker = idle[p].popleft()
+            free[p] += message
+            busy[p] += message
+            seconds = cost(task)
+            written = 0.0
+            if isinstance(task, PieceTask):
+                size = round(task.n_queries * model.output_per_query)
+                written = output.on_worker(size, model.write_per_byte)
+            work += seconds
+            worker_busy += seconds + written
+            tasks += 1
+            done = free[p] + latency + seconds + written
+            heapq.heappush(events, (done, next(sequence), DONE, p, (worker, task)))
+        if partitioned and pms[p].wants_segment():
+            pms[p].requested = True
+            free[p] += message
+            busy[p] += message
+            heapq.heappush(events, (free[p] + latency, next(sequence), REQUEST, p, None))
+        scheduler_seconds += time.perf_counter() - t0
+
+    for master in masters:
+        master.start()
+    for p in range(len(groups)):
+        dispatch(p)
+    while events:
+        now, _, kind, p, payload = heapq.heappop(events)
+        end = max(end, now)
+        if kind == REQUEST:  # at rank 0: the next segment for partition p
+            assert supermaster is not None
+            start = max(now, free0)
+            free0 = start + message
+            busy0 += message
+            t0 = time.perf_counter()
+            segment = supermaster.next_segment(groups[p][0])
+            scheduler_seconds += time.perf_counter() - t0
+            if segment is not None:
+                last_segment = free0
+            heapq.heappush(events, (free0 + latency, next(sequence), SEGMENT, p, segment))
+            continue
+        start = max(now, free[p])
+        free[p] = start + message
+        busy[p] += message
+        t0 = time.perf_counter()
+        if kind == SEGMENT:
+            pms[p].receive(payload)
+        else:
+            worker, task = payload
+            if isinstance(task, SearchTask):
+                merge = model.merge_per_query * len(plan.batches[task.batch])
+                free[p] += merge
+                busy[p] += merge
+            masters[p].accept(result(task))  # a piece: its output costs (piece_written)
+            idle[p].append(worker)
+        scheduler_seconds += time.perf_counter() - t0
+        dispatch(p)
+        end = max(end, free[p])
+    finished = supermaster.finished if supermaster is not None else masters[0].finished
+    if not finished:
+        raise UsageError("internal: the simulated job stalled (the scheduler handed out no task)")
+    wall = max(end, free0) + model.fixed_seconds
+    roles: dict[str, Role] = {}
+    if partitioned:
+        roles["supermaster"] = Role(1, busy0)
+        roles["partition masters"] = Role(len(groups), sum(busy))
+    else:
+        roles["master"] = Role(1, sum(busy))
+    roles["workers"] = Role(sum(len(ws) for ws in worker_ranks), worker_busy)
+    return Prediction(
+        settings=settings,
+        wall_seconds=wall,
+        work_seconds=work,
+        ranks=ranks,
+        partitions=len(groups) if partitioned else 0,
+        plan_batches=len(plan.batches),
+        plan_pieces=len(plan.pieces),
+        fragments=plan.n_fragments,
+        tasks=tasks,
+        roles=roles,
+        fixed_seconds=model.fixed_seconds,
+        scheduler_seconds=scheduler_seconds,
+        simulate_seconds=time.perf_counter() - started,
+        last_segment_seconds=last_segment,
+    )
+
+
+def run_simulate(settings: SimulateSettings, as_json: bool) -> int:
+    """`paramedic simulate`: the prediction on standard output, as text or JSON."""
+    prediction = simulate(settings)
+    if as_json:
+        print(json.dumps(prediction.as_dict(), indent=2))
+    else:
+        print(prediction.summary())
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,47 @@
+"""The predictor on a real run's record (issue 13 item 4): a real search records every task's cost, and
+`paramedic simulate --json` predicts the efficiency of a job on 32,768 workers in partitions from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from paramedic.report.record import RunRecord
+from tests.conftest import paramedic, take_fasta
+
+pytestmark = pytest.mark.integration
+
+
+def test_simulate_predicts_32768_workers_from_a_real_record(data_dir: Path, tmp_path: Path) -> None:
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", tmp_path / "db.fasta", 3000)
+    queries = take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", tmp_path / "q.fasta", 12)
+    paramedic(
+        "format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "3", "--out", "db/uni", "--quiet",
+        cwd=tmp_path,
+    )  # fmt: skip
+    paramedic(
+        "search", "blastp", "-query", str(queries), "-db", "db/uni", "-out", "hits.txt", "-evalue", "1e-5",
+        "--strategy", "fragments", "--batch", "4", "--np", "2", "--quiet", cwd=tmp_path,
+    )  # fmt: skip
+    record = RunRecord.load(tmp_path / "hits.txt.run.json")
+    costs = [c for r in record.ranks_stats for c in r.costs()]
+    assert sorted((c.number, c.fragment) for c in costs if c.kind == "search") == [
+        (b, f) for b in range(record.batches) for f in range(3)
+    ]
+    assert sum(c.queries for c in costs if c.kind == "piece") == 12
+    assert all(c.seconds > 0 and c.query_residues > 0 for c in costs)
+
+    done = paramedic(
+        "simulate", "--record", "hits.txt.run.json", "--queries", "20000", "--workers", "32768",
+        "--partition-size", "128", "--database-scale", "50", "--fragments", "32", "--json", cwd=tmp_path,
+    )  # fmt: skip
+    prediction = json.loads(done.stdout)
+    assert prediction["workers"] == 32768 and prediction["ranks"] == 32769 and prediction["partitions"] == 256
+    assert 0 < prediction["efficiency"] < 1 and prediction["wall_seconds"] > 0
+    assert set(prediction["roles"]) == {"supermaster", "partition masters", "workers"}
+    text = paramedic(
+        "simulate", "--record", "hits.txt.run.json", "--queries", "100", "--workers", "3", cwd=tmp_path
+    ).stdout
+    assert "efficiency" in text and "workers: 3 ranks" in text

@@ -1,0 +1,231 @@
+"""The predictor (paramedic.engine.simulate) on small made-up run records: one worker takes the sum of the
+task costs, more workers are never slower on balanced work, the JSON has its keys, bad records and bad
+options are one line and an exit code; its indexed scheduler decides as the engine's."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from paramedic.cli import main
+from paramedic.engine.master import Master, PieceResult, SearchResult
+from paramedic.engine.scheduler import Plan, Scheduler, SearchTask
+from paramedic.engine.simulate import (
+    CostModel,
+    IndexedPlan,
+    IndexedScheduler,
+    SimulateSettings,
+    predict,
+)
+from paramedic.errors import UsageError
+from paramedic.report.progress import Progress
+from paramedic.report.record import RankStats, RunRecord, TaskCost
+from tests.unit.fragments import searched
+from tests.unit.test_master import writer
+
+STARTUP = 0.1
+RATE = 1e-9  # seconds per query residue per fragment residue
+
+
+def made_up(tmp_path: Path, wall: float = 1.0, queries: int = 20, length: int = 2000) -> Path:
+    """A pilot of `queries` queries of `length` residues, 2 fragments of 10,000 residues, batches and
+    pieces of 5 queries (a BLAST+ batch of 10,000 residues each): a search costs start-up + 5 x 2,000 x
+    10,000 x RATE, a piece start-up +
+    0.2 s per query."""
+    worker = RankStats(rank=1, role="worker")
+    for batch in range(queries // 5):
+        for fragment in range(2):
+            worker.add_task(
+                TaskCost("search", batch, fragment, 5, 5 * length, 10_000, STARTUP + RATE * 5 * length * 1e4)
+            )
+        worker.add_task(TaskCost("piece", batch, -1, 5, 5 * length, 0, STARTUP + 5 * 0.2))
+    record = RunRecord(
+        program="blastp", command=["paramedic", "search", "blastp", "--batch", "5", "--regen-batch", "5"],
+        database="db", manifest_sha256="ab" * 32, queries=queries, ranks=2, workers=1,
+        batches=queries // 5, fragments=2, pieces=queries // 5, strategy="fragments",
+        search_batch_queries=5, regen_group_queries=5, blast_startup_seconds=STARTUP, wall_seconds=wall,
+        output="hits.txt", output_bytes=0, metadata_pairs=0, queries_with_hits=0, searched_again=0,
+        ranks_stats=[RankStats(rank=0, role="master"), worker],
+    )  # fmt: skip
+    path = tmp_path / "pilot.run.json"
+    record.write(path)
+    return path
+
+
+def settings(path: Path, queries: int, workers: int, **kw: object) -> SimulateSettings:
+    return SimulateSettings(
+        record=path, queries=queries, workers=workers, message_seconds=0.0, latency_seconds=0.0, **kw
+    )  # type: ignore[arg-type]
+
+
+def model(path: Path) -> CostModel:
+    return CostModel.from_record(RunRecord.load(path))
+
+
+def test_one_worker_takes_the_sum_of_the_task_costs(tmp_path: Path) -> None:
+    path = made_up(tmp_path)
+    prediction = predict(model(path), settings(path, 40, 1))
+    search = STARTUP + RATE * 5 * 2000 * 10_000
+    piece = STARTUP + 5 * 0.2
+    expected = 8 * (2 * search + piece)  # 8 batches of 5 queries, 2 fragments, a piece per batch
+    assert prediction.tasks == 24
+    assert prediction.work_seconds == pytest.approx(expected)
+    assert prediction.wall_seconds == pytest.approx(expected)
+    assert prediction.efficiency == pytest.approx(0.5)  # the master's rank counts: 2 ranks, 1 works
+
+
+def test_the_pilots_fixed_cost_is_added(tmp_path: Path) -> None:
+    path = made_up(tmp_path, wall=100.0)
+    pilot = model(path)
+    assert pilot.fixed_seconds > 90
+    prediction = predict(pilot, settings(path, 40, 1))
+    assert prediction.wall_seconds == pytest.approx(prediction.work_seconds + pilot.fixed_seconds)
+
+
+@pytest.mark.parametrize("partition_size", [None, 4])
+def test_more_workers_are_never_predicted_slower_on_balanced_work(tmp_path: Path, partition_size) -> None:
+    path = made_up(tmp_path)
+    walls = []
+    for workers in (4, 8, 16, 32):
+        s = SimulateSettings(record=path, queries=400, workers=workers, partition_size=partition_size)
+        walls.append(predict(model(path), s).wall_seconds)
+    assert walls == sorted(walls, reverse=True) and walls[-1] < walls[0] / 4
+
+
+def test_partitions_do_all_the_work_and_rank0_is_busier_writing(tmp_path: Path) -> None:
+    path = made_up(tmp_path)
+    one = predict(model(path), SimulateSettings(record=path, queries=200, workers=12))
+    parts = predict(model(path), SimulateSettings(record=path, queries=200, workers=12, partition_size=4))
+    assert parts.tasks == one.tasks and parts.work_seconds == pytest.approx(one.work_seconds)
+    assert parts.partitions == 3 and set(parts.roles) == {"supermaster", "partition masters", "workers"}
+    assert parts.roles["workers"].ranks == 9 and one.roles["workers"].ranks == 12
+
+
+def test_json_gives_wall_and_efficiency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = made_up(tmp_path)
+    assert main(["simulate", "--record", str(path), "--queries", "100", "--workers", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"wall_seconds", "efficiency", "work_seconds", "roles", "ranks"} <= set(out)
+    assert 0 < out["efficiency"] <= 1 and out["ranks"] == 9
+    assert main(["simulate", "--record", str(path), "--queries", "100", "--workers", "8"]) == 0
+    assert "efficiency" in capsys.readouterr().out
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], argv: list[str], code: int, words: str) -> None:
+    assert main(["simulate", *argv]) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+
+
+def test_bad_records_and_options_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = made_up(tmp_path)
+    args = ["--queries", "10", "--workers", "2"]
+    _one_line(capsys, ["--record", str(tmp_path / "none.json"), *args], 3, "no such file")
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({**json.loads(path.read_text()), "version": 1}))
+    _one_line(capsys, ["--record", str(old), *args], 3, "run record version 1")
+    bare = tmp_path / "bare.json"
+    data = json.loads(path.read_text())
+    for rank in data["ranks_stats"]:
+        rank["task_costs"] = []
+    bare.write_text(json.dumps(data))
+    _one_line(capsys, ["--record", str(bare), *args], 3, "no per-task costs")
+    garbled = tmp_path / "garbled.json"
+    garbled.write_text("{")
+    _one_line(capsys, ["--record", str(garbled), *args], 3, "not a run record")
+    _one_line(capsys, ["--record", str(path), "--queries", "0", "--workers", "2"], 2, "--queries")
+    _one_line(capsys, ["--record", str(path), *args, "--partition-size", "8"], 2, "fewer than one partition")
+    _one_line(capsys, ["--record", str(path), *args, "--output-strategy", "carrier-pigeon"], 2, "invalid")
+    with pytest.raises(UsageError):
+        SimulateSettings(record=path, queries=1, workers=1, database_scale=float("nan"))
+
+
+# -- the indexed plan and scheduler decide as the engine's -------------------------------------------------
+def random_plan(rng: random.Random) -> Plan:
+    n = rng.randint(1, 60)
+    cuts = sorted(rng.sample(range(1, n), rng.randint(0, n - 1))) if n > 1 else []
+    pieces = tuple(range(a, b) for a, b in zip([0, *cuts], [*cuts, n], strict=True))
+    # batches: unions of consecutive pieces, or sometimes arbitrary cuts (pieces crossing them)
+    if rng.random() < 0.8:
+        ends = sorted(rng.sample([p.stop for p in pieces[:-1]], rng.randint(0, len(pieces) - 1)))
+    else:
+        ends = sorted(rng.sample(range(1, n), rng.randint(0, n - 1))) if n > 1 else []
+    batches = tuple(range(a, b) for a, b in zip([0, *ends], [*ends, n], strict=True))
+    return Plan(batches, rng.randint(1, 8), pieces, hitlist_size=5)
+
+
+def test_the_indexed_plan_finds_the_same_pieces() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        plan = random_plan(rng)
+        indexed = IndexedPlan(plan.batches, plan.n_fragments, plan.pieces, plan.hitlist_size)
+        for batch in range(len(plan.batches)):
+            try:
+                expected: range | str = plan.batch_pieces(batch)
+            except ValueError as exc:
+                expected = str(exc)
+            try:
+                got: range | str = indexed.batch_pieces(batch)
+            except ValueError as exc:
+                got = str(exc)
+            assert got == expected
+
+
+def drive(scheduler: Scheduler, rng: random.Random, workers: int, segments: list[int] | None) -> list:
+    """Hand out tasks to random idle workers, finish them in random order, give segments one by one;
+    returns every decision."""
+    plan = scheduler.plan
+    master = Master(scheduler, writer(plan)[0], Progress(0, quiet=True), RankStats(0, "m"))
+    master.start()
+    decisions: list = []
+    running: list = []
+    idle = list(range(workers))
+    while not scheduler.finished:
+        if segments and (rng.random() < 0.3 or not running):
+            scheduler.assign(segments.pop(0))
+        rng.shuffle(idle)
+        while idle:
+            task = master.next_task(idle[-1])
+            decisions.append((idle[-1], task))
+            if task is None:
+                break
+            running.append((idle.pop(), task))
+        if not running:
+            assert segments, "stalled"
+            continue
+        worker, task = running.pop(rng.randrange(len(running)))
+        idle.append(worker)
+        if isinstance(task, SearchTask):
+            hits = [[] for _ in plan.batches[task.batch]]
+            master.accept(SearchResult(task, searched(hits)))
+        else:
+            master.accept(PieceResult(task, b"", 0.0))
+    return decisions
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_the_indexed_scheduler_hands_out_what_the_engines_does(partitioned: bool) -> None:
+    for seed in range(150):
+        plan = random_plan(random.Random(seed))
+        try:
+            for batch in range(len(plan.batches)):
+                plan.batch_pieces(batch)
+        except ValueError:
+            continue
+        indexed_plan = IndexedPlan(plan.batches, plan.n_fragments, plan.pieces, plan.hitlist_size)
+        workers = random.Random(-seed).randint(1, 8)
+        segments = list(range(len(plan.batches))) if partitioned else None
+        assigned = set() if partitioned else None
+        engine = drive(
+            Scheduler(plan, assigned=assigned), random.Random(seed), workers, segments and [*segments]
+        )
+        indexed = drive(
+            IndexedScheduler(indexed_plan, assigned=None if assigned is None else set()),
+            random.Random(seed),
+            workers,
+            segments and [*segments],
+        )
+        assert indexed == engine, seed
