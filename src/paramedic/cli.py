@@ -225,6 +225,12 @@ def _simulate(argv: list[str]) -> int:
         help="a database this many times the pilot's (default 1; same cost per residue pair)",
     )
     parser.add_argument("--batch", type=int, help="queries per search task (default: as the pilot)")
+    parser.add_argument(
+        "--cores",
+        type=int,
+        help="cores the ranks share on one machine: more workers than cores slow every task in "
+        "proportion (default: a core per rank)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of the query sampling (default 1)")
     parser.add_argument("--json", action="store_true", help="the prediction as JSON")
     args = parser.parse_args(argv)
@@ -238,6 +244,7 @@ def _simulate(argv: list[str]) -> int:
         database_scale=args.database_scale,
         batch=args.batch,
         seed=args.seed,
+        cores=args.cores,
     )
     return run_simulate(settings, args.json)
 

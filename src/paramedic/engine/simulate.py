@@ -107,6 +107,9 @@ class SimulateSettings:
     message_seconds: float = MESSAGE_SECONDS
     latency_seconds: float = LATENCY_SECONDS
     seed: int = 1
+    # cores the ranks share (one machine): with more workers than cores a task takes workers/cores times
+    # its cost (the cores shared out evenly); None: a core per rank, as on a cluster
+    cores: int | None = None
 
     def __post_init__(self) -> None:
         if self.queries < 1:
@@ -130,6 +133,8 @@ class SimulateSettings:
             raise UsageError("--database-scale must be a positive number")
         if self.batch is not None and self.batch < 1:
             raise UsageError("--batch must be at least 1")
+        if self.cores is not None and self.cores < 1:
+            raise UsageError("--cores must be at least 1")
         if self.message_seconds < 0 or self.latency_seconds < 0:
             raise UsageError("--message-seconds and --latency-seconds must not be negative")
 
@@ -514,8 +519,12 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
     output = OUTPUT_COSTS[settings.output_strategy]
     message = settings.message_seconds
     latency = settings.latency_seconds
+    shared = max(1.0, settings.workers / settings.cores) if settings.cores else 1.0
 
     def cost(task: Task) -> float:
+        return shared * blast_seconds(task)
+
+    def blast_seconds(task: Task) -> float:
         if isinstance(task, SearchTask):
             batch = plan.batches[task.batch]
             q = residues[batch.stop] - residues[batch.start]
