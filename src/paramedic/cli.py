@@ -43,6 +43,7 @@ ENGINE_OPTIONS_WITH_VALUE = {
     "--ship",
     "--streams",
     "--ship-timeout",
+    "--partition-size",
 }
 
 
@@ -274,6 +275,12 @@ def _search_parser() -> argparse.ArgumentParser:
         help="fragments: search fragments, merge, regenerate; queries: whole database per task; "
         "auto (default): queries when the database fits in a quarter of memory and no metadata is asked",
     )
+    parser.add_argument(
+        "--partition-size",
+        type=int,
+        help="ranks per partition: rank 0 hands query segments to partition masters, each with its own "
+        "workers (mpiBLAST's hierarchical scheduling, for many ranks; default: one master for all)",
+    )
     parser.add_argument("--batch", type=int, help="queries per search task (default: sized automatically)")
     parser.add_argument(
         "--regen-batch",
@@ -354,6 +361,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         ship=ship,
         restart=args.restart,
         journal=not args.no_journal,
+        partition_size=args.partition_size,
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
 

@@ -53,6 +53,7 @@ class Job:
     # Where finished work is kept so that the search resumes after a kill (paramedic.engine.journal);
     # None when the report goes to standard output
     journal: Path | None = None
+    partition_size: int | None = None  # --partition-size (paramedic.engine.partitions)
     restart: bool = False
     # Which strategy, and why (paramedic.engine.strategy; the run record's strategy_reason)
     strategy: StrategyChoice | None = None
@@ -161,6 +162,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         keep_alignments=keep_alignments,
         journal=journal,
         restart=settings.restart,
+        partition_size=settings.partition_size,
         strategy=strategy,
     )
 

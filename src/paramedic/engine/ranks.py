@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from mpi4py import MPI
 
@@ -34,9 +35,21 @@ TAG_READY, TAG_RESULT, TAG_ERROR, TAG_TASK, TAG_STOP, TAG_STATS = range(6)
 
 def patient_recv(comm: MPI.Comm, source: int = MPI.ANY_SOURCE) -> tuple[Any, int, int, int]:
     """Receive without busy-polling a core: (message, source rank, tag, bytes received)."""
+    got = patient_recv_or(comm, source)
+    assert got is not None
+    return got
+
+
+def patient_recv_or(
+    comm: MPI.Comm, source: int = MPI.ANY_SOURCE, also: Callable[[], bool] | None = None
+) -> tuple[Any, int, int, int] | None:
+    """As patient_recv; while waiting, `also()` handles other messages (a partition master's from the
+    supermaster) and returning True ends the wait with None."""
     status = MPI.Status()
     wait = POLL_SECONDS
     while not comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
+        if also is not None and also():
+            return None
         time.sleep(wait)
         wait = min(2 * wait, POLL_MAX_SECONDS)
     size = status.Get_count(MPI.BYTE)
@@ -44,10 +57,13 @@ def patient_recv(comm: MPI.Comm, source: int = MPI.ANY_SOURCE) -> tuple[Any, int
     return message, status.Get_source(), status.Get_tag(), size
 
 
-def run_worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store | None) -> None:
+def run_worker(
+    job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store | None, rank: int | None = None
+) -> None:
     """A worker's loop: tasks from its master (rank 0 of `comm`) until told to stop; errors go to the
-    master, which ends the job with them."""
-    stats = RankStats(rank=comm.Get_rank(), role="worker")
+    master, which ends the job with them. `rank`: this rank's number in the job, when `comm` is a
+    partition's."""
+    stats = RankStats(rank=comm.Get_rank() if rank is None else rank, role="worker")
     comm.send(None, dest=0, tag=TAG_READY)
     while True:
         task, _, tag, _ = patient_recv(comm, source=0)
@@ -67,23 +83,49 @@ def run_worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store
     comm.send(stats, dest=0, tag=TAG_STATS)
 
 
-def run_workers(master: Master, comm: MPI.Comm, stats: RankStats) -> list[RankStats]:
+class Upstream(Protocol):
+    """Where a partition master's work comes from (paramedic.engine.partitions): polled while it waits."""
+
+    def poll(self) -> bool:
+        """Handle what came from above, without blocking; True when something did."""
+        ...
+
+    @property
+    def waiting(self) -> bool:
+        """Work was asked for and may still come."""
+        ...
+
+    @property
+    def finished(self) -> bool: ...
+
+
+def run_workers(
+    master: Master,
+    comm: MPI.Comm,
+    stats: RankStats,
+    upstream: Upstream | None = None,
+    ranks: Sequence[int] | None = None,
+) -> list[RankStats]:
     """The MPI runner: hand tasks to idle worker ranks, pass their results to the master; then stop the
-    workers and collect their figures. `stats`: rank 0's, which counts the bytes of the results."""
+    workers and collect their figures. `stats`: this master's, which counts the bytes of the results.
+    A partition master passes its `upstream` (the supermaster) and its ranks' numbers in the job."""
     size = comm.Get_size()
+    names = list(ranks) if ranks is not None else list(range(size))
     master.start()
     idle: deque[int] = deque()
     busy: dict[int, Task] = {}
-    while not master.finished:
-        message, source, tag, nbytes = patient_recv(comm)
-        stats.received_bytes += nbytes
-        if tag == TAG_ERROR:
-            text, code = message
-            raise JobError(f"rank {source}: {text}", code)
-        if tag == TAG_RESULT:
-            busy.pop(source, None)
-            master.accept(message)
-        idle.append(source)
+    while not (upstream.finished if upstream is not None else master.finished):
+        got = patient_recv_or(comm, also=upstream.poll if upstream is not None else None)
+        if got is not None:
+            message, source, tag, nbytes = got
+            stats.received_bytes += nbytes
+            if tag == TAG_ERROR:
+                text, code = message
+                raise JobError(f"rank {names[source]}: {text}", code)
+            if tag == TAG_RESULT:
+                busy.pop(source, None)
+                master.accept(message)
+            idle.append(source)
         while idle:
             task = master.next_task(idle[0])
             if task is None:
@@ -91,7 +133,9 @@ def run_workers(master: Master, comm: MPI.Comm, stats: RankStats) -> list[RankSt
             worker = idle.popleft()
             busy[worker] = task
             comm.send(task, dest=worker, tag=TAG_TASK)
-        if not busy and not master.finished and len(idle) == size - 1:
+        finished = upstream.finished if upstream is not None else master.finished
+        waiting = upstream is not None and upstream.waiting
+        if not busy and not finished and not waiting and len(idle) == size - 1:
             raise JobError("internal: scheduler stalled with every worker idle")
     for worker in range(1, size):
         comm.send(None, dest=worker, tag=TAG_STOP)

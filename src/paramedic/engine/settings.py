@@ -29,6 +29,9 @@ class SearchSettings:
     ship: ShipSettings | None = None  # send the output to a storage site (--site) instead of -out here
     restart: bool = False  # discard the journal of an earlier, unfinished run instead of continuing it
     journal: bool = True  # keep finished work in a journal beside the output (paramedic.engine.journal)
+    # ranks per partition (a partition master and its workers) under a supermaster, rank 0
+    # (paramedic.engine.hierarchy); None: one master for all workers
+    partition_size: int | None = None
     cwd: Path = field(default_factory=Path.cwd)
 
     def __post_init__(self) -> None:
@@ -39,5 +42,15 @@ class SearchSettings:
                 raise UsageError(f"{flag} must be at least 1")
         if self.strategy not in ("auto", "fragments", "queries"):
             raise UsageError(f"--strategy {self.strategy}: choose auto, fragments or queries")
+        if self.partition_size is not None:
+            if self.partition_size < 2:
+                raise UsageError("--partition-size must be at least 2 (a partition master and a worker)")
+            if self.ship is not None and self.ship.mode == "auto":
+                raise UsageError(
+                    "--partition-size needs --ship metadata, compressed or direct: --ship auto decides "
+                    "from one master's probe"
+                )
+            if self.from_metadata is not None:
+                raise UsageError("--partition-size cannot regenerate from --from-metadata: run it without")
         if self.restart and not self.journal:
             raise UsageError("--restart discards a journal and --no-journal keeps none: choose one")
