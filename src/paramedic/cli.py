@@ -44,6 +44,7 @@ ENGINE_OPTIONS_WITH_VALUE = {
     "--streams",
     "--ship-timeout",
     "--partition-size",
+    "--replica-group-size",
 }
 
 
@@ -281,6 +282,12 @@ def _search_parser() -> argparse.ArgumentParser:
         help="ranks per partition: rank 0 hands query segments to partition masters, each with its own "
         "workers (mpiBLAST's hierarchical scheduling, for many ranks; default: one master for all)",
     )
+    parser.add_argument(
+        "--replica-group-size",
+        type=int,
+        help="workers that together hold one copy of the database: each prefers its share of the "
+        "fragments (default: any worker any fragment, by cache affinity)",
+    )
     parser.add_argument("--batch", type=int, help="queries per search task (default: sized automatically)")
     parser.add_argument(
         "--regen-batch",
@@ -362,6 +369,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         restart=args.restart,
         journal=not args.no_journal,
         partition_size=args.partition_size,
+        replica_group_size=args.replica_group_size,
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
 

@@ -54,6 +54,7 @@ class Job:
     # None when the report goes to standard output
     journal: Path | None = None
     partition_size: int | None = None  # --partition-size (paramedic.engine.partitions)
+    replica_group_size: int | None = None  # --replica-group-size (paramedic.engine.scheduler)
     restart: bool = False
     # Which strategy, and why (paramedic.engine.strategy; the run record's strategy_reason)
     strategy: StrategyChoice | None = None
@@ -163,6 +164,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         journal=journal,
         restart=settings.restart,
         partition_size=settings.partition_size,
+        replica_group_size=settings.replica_group_size,
         strategy=strategy,
     )
 

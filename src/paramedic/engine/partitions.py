@@ -139,6 +139,7 @@ def _partition_master(
         keep_alignments=job.keep_alignments,
         alignments_stored=store is not None,
         assigned=set(),
+        replica_group=job.replica_group_size,
     )
     holds = job.ship is not None and ships_pieces(job.ship.mode)
     scheduler.hold_pieces = holds

@@ -139,7 +139,12 @@ def _master(
         elif not auto:
             sink = open_sink(job, plan, job.ship.mode if job.ship else None, journal)
         master = Master(
-            Scheduler(plan, keep_alignments=job.keep_alignments, alignments_stored=store is not None),
+            Scheduler(
+                plan,
+                keep_alignments=job.keep_alignments,
+                alignments_stored=store is not None,
+                replica_group=job.replica_group_size,
+            ),
             sink,
             progress,
             stats,

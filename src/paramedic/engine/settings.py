@@ -32,6 +32,8 @@ class SearchSettings:
     # ranks per partition (a partition master and its workers) under a supermaster, rank 0
     # (paramedic.engine.hierarchy); None: one master for all workers
     partition_size: int | None = None
+    # workers per copy of the database: each worker prefers its share of the fragments (None: any)
+    replica_group_size: int | None = None
     cwd: Path = field(default_factory=Path.cwd)
 
     def __post_init__(self) -> None:
@@ -42,6 +44,8 @@ class SearchSettings:
                 raise UsageError(f"{flag} must be at least 1")
         if self.strategy not in ("auto", "fragments", "queries"):
             raise UsageError(f"--strategy {self.strategy}: choose auto, fragments or queries")
+        if self.replica_group_size is not None and self.replica_group_size < 1:
+            raise UsageError("--replica-group-size must be at least 1")
         if self.partition_size is not None:
             if self.partition_size < 2:
                 raise UsageError("--partition-size must be at least 2 (a partition master and a worker)")
