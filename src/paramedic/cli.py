@@ -43,6 +43,7 @@ ENGINE_OPTIONS_WITH_VALUE = {
     "--ship",
     "--streams",
     "--ship-timeout",
+    "--output-strategy",
 }
 
 
@@ -252,6 +253,7 @@ def _search(argv: list[str]) -> int:
 
 
 def _search_parser() -> argparse.ArgumentParser:
+    from paramedic.output.strategies import MASTER, OUTPUT_STRATEGIES, output_strategy_names
     from paramedic.ship.destination import SHIP_MODES  # the codecs' choices (paramedic.ship.registry)
 
     parser = _parser(
@@ -273,6 +275,15 @@ def _search_parser() -> argparse.ArgumentParser:
         default="auto",
         help="fragments: search fragments, merge, regenerate; queries: whole database per task; "
         "auto (default): queries when the database fits in a quarter of memory and no metadata is asked",
+    )
+    parser.add_argument(
+        "--output-strategy",
+        choices=output_strategy_names(),
+        default=MASTER,
+        help="who writes the report file: "
+        + "; ".join(f"{cls.name}: {cls.help}" for cls in OUTPUT_STRATEGIES.values())
+        + " (default master; the others write a file on a filesystem every rank sees: not with -out - "
+        "or --site)",
     )
     parser.add_argument("--batch", type=int, help="queries per search task (default: sized automatically)")
     parser.add_argument(
@@ -354,6 +365,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         ship=ship,
         restart=args.restart,
         journal=not args.no_journal,
+        output_strategy=args.output_strategy,
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
 

@@ -56,6 +56,7 @@ class Job:
     restart: bool = False
     # Which strategy, and why (paramedic.engine.strategy; the run record's strategy_reason)
     strategy: StrategyChoice | None = None
+    output_strategy: str = "master"  # who writes the report file (paramedic.output.strategies)
 
     def plan(self, workers: int) -> Plan:
         return make_plan(workers=workers, **self.plan_inputs)  # type: ignore[arg-type]
@@ -162,6 +163,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         journal=journal,
         restart=settings.restart,
         strategy=strategy,
+        output_strategy=settings.output_strategy,
     )
 
 
