@@ -8,6 +8,7 @@ ends the whole job with the failing rank's message: workers report errors to the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from pathlib import Path
@@ -173,7 +174,9 @@ def run_writing_worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, stor
                     total_queries,
                 )  # fmt: skip
                 holder.keep(task.piece, data)
-                payload = PieceHeld(task, len(data), payload.seconds, rank, agreement)
+                # rank 0 needs only the piece's place, not its subjects again
+                lean = dataclasses.replace(task, subjects=None, alignments=None, stored=None)
+                payload = PieceHeld(lean, len(data), payload.seconds, rank, agreement)
         except ParamedicError as exc:
             comm.send((str(exc), exc.exit_code), dest=0, tag=TAG_ERROR)
             return

@@ -535,7 +535,7 @@ def stitch_alone(
         )
 
     def digest(part: bytes | None) -> str | None:
-        return None if part is None else hashlib.sha256(part).hexdigest()
+        return None if part is None else hashlib.blake2b(part, digest_size=16).hexdigest()
 
     return out, Agreement(digest(stitcher._header), digest(stitcher._footer), stitcher._ids.positional)
 

@@ -23,6 +23,7 @@ paramedic.engine.mpiio carries the orders out.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import ClassVar
@@ -30,6 +31,21 @@ from typing import ClassVar
 MASTER = "master"
 MERGE_BUFFER_BYTES = 4 * 2**20  # worker-merge: the most a writer gathers before it writes (the issue's)
 ROUND_BYTES = 32 * 2**20  # worker-collective: placed, unwritten bytes that start a round
+# Both bounds at once, in bytes (for tests and measurements: small values give many rounds and segments)
+BUFFER_VARIABLE = "PARAMEDIC_OUTPUT_BUFFER"
+
+
+def _bound(default: int) -> int:
+    value = os.environ.get(BUFFER_VARIABLE)
+    if not value:
+        return default
+    try:
+        bound = int(value)
+    except ValueError:
+        bound = 0
+    if bound < 1:
+        raise ValueError(f"{BUFFER_VARIABLE}={value}: expected a positive number of bytes")
+    return bound
 
 
 @dataclass(frozen=True)
@@ -169,10 +185,10 @@ class WorkerCollective(OutputStrategy):
     name = "worker-collective"
     help = "every rank writes its pieces in collective rounds (a file view each, MPI-IO Write_all)"
     collective = True
-    round_bytes = ROUND_BYTES
 
     def __init__(self, n_pieces: int):
         super().__init__(n_pieces)
+        self.round_bytes = _bound(ROUND_BYTES)
         self.rounds = 0
         self.unwritten: defaultdict[int, list[Write]] = defaultdict(list)
         self.unwritten_bytes = 0
@@ -204,10 +220,10 @@ class WorkerMerge(OutputStrategy):
         "per run of consecutive pieces (up to a 4 MiB buffer) the worker holding most of its bytes gathers "
         "its peers' pieces (non-blocking sends) and writes them contiguously"
     )
-    buffer_bytes = MERGE_BUFFER_BYTES
 
     def __init__(self, n_pieces: int):
         super().__init__(n_pieces)
+        self.buffer_bytes = _bound(MERGE_BUFFER_BYTES)
         self.segment: list[tuple[int, int, int]] = []  # (piece, holder, size), consecutive
         self.segment_offset = 0
         self.segment_bytes = 0
