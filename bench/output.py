@@ -92,7 +92,9 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--queries", type=int, default=150)
     parser.add_argument("--np", type=int, default=6, help="workers (ranks - 1)")
     parser.add_argument("--fragments", type=int, default=4)
@@ -119,7 +121,9 @@ def main() -> None:
             results.append(run(work, out, strategy, args.np, queries))
             print(f"{strategy}: {results[-1]['elapsed']:.1f} s", file=sys.stderr)
             out.unlink()
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": results}, indent=1))
+    args.out.write_text(
+        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": results}, indent=1)
+    )
     print(table(results, args))
 
 
