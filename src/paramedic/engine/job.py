@@ -58,6 +58,7 @@ class Job:
     restart: bool = False
     # Which strategy, and why (paramedic.engine.strategy; the run record's strategy_reason)
     strategy: StrategyChoice | None = None
+    output_strategy: str = "master"  # who writes the report file (paramedic.output.strategies)
 
     def plan(self, workers: int) -> Plan:
         return make_plan(workers=workers, **self.plan_inputs)  # type: ignore[arg-type]
@@ -166,6 +167,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         partition_size=settings.partition_size,
         replica_group_size=settings.replica_group_size,
         strategy=strategy,
+        output_strategy=settings.output_strategy,
     )
 
 

@@ -54,4 +54,5 @@ def run_record(
         ship=sink.report(),
         strategy_reason=job.strategy.record() if job.strategy else None,
         partitions=partitions,
+        output_strategy=job.output_strategy,
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paramedic.errors import UsageError
+from paramedic.output.strategies import MASTER, output_strategy_names
 
 if TYPE_CHECKING:
     from paramedic.ship.destination import ShipSettings
@@ -34,6 +35,8 @@ class SearchSettings:
     partition_size: int | None = None
     # workers per copy of the database: each worker prefers its share of the fragments (None: any)
     replica_group_size: int | None = None
+    # who writes the report file (paramedic.output.strategies): rank 0 ("master") or the workers
+    output_strategy: str = MASTER
     cwd: Path = field(default_factory=Path.cwd)
 
     def __post_init__(self) -> None:
@@ -56,5 +59,22 @@ class SearchSettings:
                 )
             if self.from_metadata is not None:
                 raise UsageError("--partition-size cannot regenerate from --from-metadata: run it without")
+        self._check_output_strategy()
         if self.restart and not self.journal:
             raise UsageError("--restart discards a journal and --no-journal keeps none: choose one")
+
+    def _check_output_strategy(self) -> None:
+        names = output_strategy_names()
+        if self.output_strategy not in names:
+            raise UsageError(f"--output-strategy {self.output_strategy}: choose {', '.join(names)}")
+        if self.output_strategy == MASTER:
+            return
+        flag = f"--output-strategy {self.output_strategy}"
+        args = self.blast_args
+        out = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "-out"), None)
+        if self.ship is not None:
+            raise UsageError(f"{flag} writes a file here; with --site rank 0 sends the output: drop {flag}")
+        if out is None or out == "-":
+            raise UsageError(f"{flag} writes a file: standard output is written by rank 0 (give -out FILE)")
+        if self.partition_size is not None:
+            raise UsageError(f"{flag} is for one partition: drop --partition-size or {flag}")
