@@ -46,6 +46,9 @@ ENGINE_OPTIONS_WITH_VALUE = {
     "--ship",
     "--streams",
     "--ship-timeout",
+    "--partition-size",
+    "--replica-group-size",
+    "--output-strategy",
 }
 
 
@@ -314,6 +317,7 @@ def _search(argv: list[str]) -> int:
 
 
 def _search_parser() -> argparse.ArgumentParser:
+    from paramedic.output.strategies import MASTER, OUTPUT_STRATEGIES, output_strategy_names
     from paramedic.ship.destination import SHIP_MODES  # the codecs' choices (paramedic.ship.registry)
 
     parser = _parser(
@@ -335,6 +339,27 @@ def _search_parser() -> argparse.ArgumentParser:
         default="auto",
         help="fragments: search fragments, merge, regenerate; queries: whole database per task; "
         "auto (default): queries when the database fits in a quarter of memory and no metadata is asked",
+    )
+    parser.add_argument(
+        "--partition-size",
+        type=int,
+        help="ranks per partition: rank 0 hands query segments to partition masters, each with its own "
+        "workers (mpiBLAST's hierarchical scheduling, for many ranks; default: one master for all)",
+    )
+    parser.add_argument(
+        "--replica-group-size",
+        type=int,
+        help="workers that together hold one copy of the database: each prefers its share of the "
+        "fragments (default: any worker any fragment, by cache affinity)",
+    )
+    parser.add_argument(
+        "--output-strategy",
+        choices=output_strategy_names(),
+        default=MASTER,
+        help="who writes the report file: "
+        + "; ".join(f"{cls.name}: {cls.help}" for cls in OUTPUT_STRATEGIES.values())
+        + " (default master; the others write a file on a filesystem every rank sees: not with -out - "
+        "or --site)",
     )
     parser.add_argument("--batch", type=int, help="queries per search task (default: sized automatically)")
     parser.add_argument(
@@ -416,6 +441,9 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         ship=ship,
         restart=args.restart,
         journal=not args.no_journal,
+        partition_size=args.partition_size,
+        replica_group_size=args.replica_group_size,
+        output_strategy=args.output_strategy,
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
 

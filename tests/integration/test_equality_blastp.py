@@ -115,3 +115,42 @@ def test_alignments_stay_with_the_workers_unless_a_worker_cannot_see_the_store(
         received[name] = record["ranks_stats"][0]["received_bytes"]
     # rank 0 received the reports and the keys; with the alignments as well, several times more
     assert 2 * max(received["journal"], received["scratch"]) < received["hidden"], received
+
+
+@pytest.mark.parametrize("strategy", ["fragments", "queries"])
+def test_partitions_write_blast_output(site: Site, strategy: str) -> None:
+    """Issue 13: rank 0 hands query segments to 2 partition masters with their own workers (5 ranks on 2
+    cores); both partitions work, and the report is still BLAST+'s, in every format's stitching."""
+    for outfmt in ("0", "7"):
+        out = site.root / f"partitions-{strategy}-{outfmt}.out"
+        paramedic(
+            "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-outfmt", outfmt,
+            "-out", str(out), "--np", "4", "--partition-size", "2", "--batch", "20", "--strategy", strategy,
+            "--quiet", cwd=site.root / "p4",
+        )  # fmt: skip
+        site.assert_matches(out, None, outfmt)
+        record = json.loads(out.with_name(out.name + ".run.json").read_text())
+        assert record["partitions"] == 2 and record["batches"] >= 4
+        workers = [rank for rank in record["ranks_stats"] if rank["role"] == "worker"]
+        # the case this test exists for: both partitions got segments
+        assert len(workers) == 2 and all(w["tasks"]["search"] > 0 for w in workers), workers
+
+
+def test_partitions_refuse_what_they_cannot_do(site: Site) -> None:
+    common = [
+        "search",
+        "blastp",
+        "-query",
+        str(site.root / "queries.fasta"),
+        "-db",
+        "uniprot",
+        "-outfmt",
+        "6",
+    ]
+    proc = paramedic(*common, "-out", str(site.root / "x.out"), "--np", "1", "--partition-size", "3",
+                     "--quiet", cwd=site.root / "p4", check=False)  # fmt: skip
+    assert proc.returncode == 2 and "too few for partitions" in proc.stderr, proc.stderr
+    assert not (site.root / "x.out").exists()
+    proc = paramedic(*common, "-out", str(site.root / "x.out"), "--partition-size", "1", cwd=site.root / "p4",
+                     check=False)  # fmt: skip
+    assert proc.returncode == 2 and "--partition-size must be at least 2" in proc.stderr

@@ -62,8 +62,10 @@ def records(journal: Path, kind: str) -> list[str]:
         return []
 
 
-def kill_every_rank_when(command: list[str], cwd: Path, journal: Path, ready, limit: float = 120) -> None:
-    """Run `command` under our own `mpiexec -n 3` and SIGKILL mpiexec and every rank (with its BLAST+
+def kill_every_rank_when(
+    command: list[str], cwd: Path, journal: Path, ready, limit: float = 120, ranks: int = 3
+) -> None:
+    """Run `command` under our own `mpiexec -n <ranks>` and SIGKILL mpiexec and every rank (with its BLAST+
     processes) as soon as `ready(journal)` holds: as a node loss or a batch system's hard kill would."""
     ranks_dir = cwd / "ranks"
     ranks_dir.mkdir(exist_ok=True)
@@ -72,7 +74,7 @@ def kill_every_rank_when(command: list[str], cwd: Path, journal: Path, ready, li
     env = {**os.environ, "PARAMEDIC_RANKS_DIR": str(ranks_dir), "TMPDIR": str(tmp)}
     before = mpich_leftovers()
     mpiexec = subprocess.Popen(
-        [str(BIN / "mpiexec"), "-n", "3", sys.executable, "-m", "paramedic", *command],
+        [str(BIN / "mpiexec"), "-n", str(ranks), sys.executable, "-m", "paramedic", *command],
         cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + limit
@@ -139,6 +141,22 @@ def test_killed_search_run_again_continues_and_equals_an_uninterrupted_run(
     assert not journal.exists()  # the output is complete: the journal is gone
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hits.txt", "hits.txt.run.json", "ranks", "tmp"]
     assert proc.stderr == ""
+
+
+def test_partitions_killed_and_run_again_continue_from_the_journal(data: Data, tmp_path: Path) -> None:
+    """Issue 13 with issue 11: a job of 2 partitions killed while searching resumes from its journal, in
+    partitions again: the kept searches are read back from the journal's store by the partition masters."""
+    out = tmp_path / "hits.txt"
+    journal = tmp_path / ".hits.txt.journal"
+    command = ["search", "blastp", *blast_args(data.queries, data.db, out), *ENGINE, "--partition-size", "2"]
+    kill_every_rank_when(command, tmp_path, journal, searches_done(4), ranks=5)
+    assert not out.exists() and len(records(journal, "search")) >= 4
+    paramedic(*command, "--np", "4", cwd=tmp_path)
+    assert out.read_bytes() == data.reference
+    record = json.loads((tmp_path / "hits.txt.run.json").read_text())
+    assert record["partitions"] == 2 and record["resumed"]["searches"] >= 4
+    assert total_searches(record) + record["resumed"]["searches"] == record["batches"] * FRAGMENTS
+    assert not journal.exists()
 
 
 def test_a_changed_search_is_refused_and_restart_starts_afresh(data: Data, tmp_path: Path) -> None:

@@ -568,3 +568,16 @@ def test_inbox_transport_delivers_the_same_file(sites: Sites, tmp_path: Path, mo
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.mark.parametrize("mode", ["metadata", "compressed"])
+def test_partitions_ship_what_one_master_ships(sites: Sites, mode: str) -> None:
+    """Issue 13: with partitions (rank 0 a supermaster, 2 partition masters with a worker each), the
+    partition masters forward their pieces to rank 0, which ships them: the site's file is the same."""
+    out = f"partitions/{mode}.out"
+    sites.search(out, mode, "0", None, None, "--np", "4", "--partition-size", "2", "--batch", "8")
+    assert (sites.root / out).read_bytes() == sites.local("0")
+    record = json.loads(sites.record_path(out).read_text())
+    assert record["partitions"] == 2 and record["ship"]["mode"] == mode
+    roles = [rank["role"] for rank in record["ranks_stats"]]
+    assert roles == ["supermaster", "partition master", "worker", "partition master", "worker"]

@@ -220,3 +220,22 @@ def test_batches_and_pieces_start_where_blast_starts_a_batch():
             assert not any(piece.start < s < piece.stop for s in batch_starts), extra
         unaligned = make_plan(**common, **extra)
         assert len(plan.batches) <= len(unaligned.batches) and len(plan.pieces) <= len(unaligned.pieces)
+
+
+def test_replica_groups_keep_each_worker_on_its_share_of_the_database():
+    # 4 fragments, groups of 2 workers: workers 1 and 3 hold fragments 0 and 2, workers 2 and 4 hold 1, 3
+    p = plan(n_queries=8, batch=2, fragments=4, group=2)
+    s = Scheduler(p, window=4, replica_group=2)
+    handed = {w: [] for w in (1, 2, 3, 4)}
+    for _ in range(4):
+        for w in (1, 2, 3, 4):
+            task = s.next_task(w)
+            assert isinstance(task, SearchTask)
+            handed[w].append(task.fragment)
+    homes = {1: {0, 2}, 2: {1, 3}, 3: {0, 2}, 4: {1, 3}}
+    assert all(set(handed[w]) <= homes[w] for w in homes), handed
+    assert s.home(1) == {0, 2} and Scheduler(p).home(1) == set()
+    # worker 3 after worker 1: its home (a fragment of its copy), not the next fragment no one holds
+    grouped, plain = Scheduler(p, window=4, replica_group=2), Scheduler(p, window=4)
+    assert [grouped.next_task(w).fragment for w in (1, 3)] == [0, 2]
+    assert [plain.next_task(w).fragment for w in (1, 3)] == [0, 1]

@@ -53,9 +53,12 @@ class Job:
     # Where finished work is kept so that the search resumes after a kill (paramedic.engine.journal);
     # None when the report goes to standard output
     journal: Path | None = None
+    partition_size: int | None = None  # --partition-size (paramedic.engine.partitions)
+    replica_group_size: int | None = None  # --replica-group-size (paramedic.engine.scheduler)
     restart: bool = False
     # Which strategy, and why (paramedic.engine.strategy; the run record's strategy_reason)
     strategy: StrategyChoice | None = None
+    output_strategy: str = "master"  # who writes the report file (paramedic.output.strategies)
 
     def plan(self, workers: int) -> Plan:
         return make_plan(workers=workers, **self.plan_inputs)  # type: ignore[arg-type]
@@ -161,7 +164,10 @@ def prepare_job(settings: SearchSettings) -> Job:
         keep_alignments=keep_alignments,
         journal=journal,
         restart=settings.restart,
+        partition_size=settings.partition_size,
+        replica_group_size=settings.replica_group_size,
         strategy=strategy,
+        output_strategy=settings.output_strategy,
     )
 
 

@@ -16,12 +16,13 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from paramedic.blast.hits import FragmentSearch
 from paramedic.engine.journal import NOTHING, Journal, Replay
 from paramedic.engine.scheduler import PieceTask, Scheduler, SearchTask, Task
 from paramedic.errors import InternalError
+from paramedic.output.stitch import Agreement
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats
 
@@ -46,7 +47,21 @@ class PieceResult:
     seconds: float
 
 
-Result = SearchResult | PieceResult
+@dataclass(frozen=True)
+class PieceHeld:
+    """A piece of the report that stays with the rank that wrote it (--output-strategy other than
+    master, paramedic.output.strategies): its size once stitched for its position, the rank holding it,
+    what the stitcher checks across pieces, and the seconds BLAST+ took. Not journaled: rank 0 never has
+    the bytes."""
+
+    task: PieceTask
+    size: int
+    seconds: float
+    holder: int
+    agreement: Agreement
+
+
+Result = SearchResult | PieceResult | PieceHeld
 
 
 class Sink(Protocol):
@@ -68,6 +83,14 @@ class Sink(Protocol):
     def commit(self) -> None: ...
 
     def abort(self) -> None: ...
+
+
+class HoldingSink(Sink, Protocol):
+    """A sink whose pieces the workers hold and write (paramedic.engine.sinks.WorkerSink)."""
+
+    def held(self, result: PieceHeld) -> int:
+        """A piece held by a worker; returns how many queries it holds."""
+        ...
 
 
 # --ship auto: given the probe piece and its regenerated output, open the sink the job ships to.
@@ -130,6 +153,9 @@ class Master:
             self.stats.add("merge", time.perf_counter() - start)
             start = time.perf_counter()
             self._route_released()
+        elif isinstance(result, PieceHeld):  # the bytes stay with a worker: not journaled
+            self.scheduler.piece_done(result.task)
+            self.progress.advance(cast(HoldingSink, self.sink).held(result))
         elif self.sink is None:  # undecided: only the probe was handed out as a piece
             self._decide(result)
         else:

@@ -8,20 +8,26 @@ ends the whole job with the failing rank's message: workers report errors to the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 from mpi4py import MPI
 
 from paramedic.blast.forkserver import close_fork_servers
 from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
-from paramedic.engine.master import Master
+from paramedic.engine.master import Master, PieceHeld, PieceResult
+from paramedic.engine.mpiio import Holder, OutputFile
 from paramedic.engine.scheduler import Plan, Task
+from paramedic.engine.sinks import WorkerSink
 from paramedic.engine.store import Store
 from paramedic.errors import JobError, ParamedicError
+from paramedic.output.stitch import stitch_alone
+from paramedic.output.strategies import Round, output_strategy
 from paramedic.report.record import RankStats
 
 # Waits between probes start short and double up to the maximum: a master waiting through a long search
@@ -30,13 +36,28 @@ from paramedic.report.record import RankStats
 POLL_SECONDS = 0.001
 POLL_MAX_SECONDS = 0.01
 TAG_READY, TAG_RESULT, TAG_ERROR, TAG_TASK, TAG_STOP, TAG_STATS = range(6)
+# Workers writing the report (paramedic.output.strategies): orders from rank 0, a collective round, a
+# worker's word that it is in the round, its count of what it wrote
+TAG_WRITE, TAG_ROUND, TAG_JOINED, TAG_WRITTEN = range(6, 10)
 
 
 def patient_recv(comm: MPI.Comm, source: int = MPI.ANY_SOURCE) -> tuple[Any, int, int, int]:
     """Receive without busy-polling a core: (message, source rank, tag, bytes received)."""
+    got = patient_recv_or(comm, source)
+    assert got is not None
+    return got
+
+
+def patient_recv_or(
+    comm: MPI.Comm, source: int = MPI.ANY_SOURCE, also: Callable[[], bool] | None = None
+) -> tuple[Any, int, int, int] | None:
+    """As patient_recv; while waiting, `also()` handles other messages (a partition master's from the
+    supermaster) and returning True ends the wait with None."""
     status = MPI.Status()
     wait = POLL_SECONDS
     while not comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
+        if also is not None and also():
+            return None
         time.sleep(wait)
         wait = min(2 * wait, POLL_MAX_SECONDS)
     size = status.Get_count(MPI.BYTE)
@@ -44,10 +65,15 @@ def patient_recv(comm: MPI.Comm, source: int = MPI.ANY_SOURCE) -> tuple[Any, int
     return message, status.Get_source(), status.Get_tag(), size
 
 
-def run_worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store | None) -> None:
+def run_worker(
+    job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store | None, rank: int | None = None
+) -> None:
     """A worker's loop: tasks from its master (rank 0 of `comm`) until told to stop; errors go to the
-    master, which ends the job with them."""
-    stats = RankStats(rank=comm.Get_rank(), role="worker")
+    master, which ends the job with them. `rank`: this rank's number in the job, when `comm` is a
+    partition's."""
+    if output_strategy(job.output_strategy).workers_write and job.out is not None:
+        return run_writing_worker(job, plan, comm, workdir, store)
+    stats = RankStats(rank=comm.Get_rank() if rank is None else rank, role="worker")
     comm.send(None, dest=0, tag=TAG_READY)
     while True:
         task, _, tag, _ = patient_recv(comm, source=0)
@@ -67,23 +93,51 @@ def run_worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store
     comm.send(stats, dest=0, tag=TAG_STATS)
 
 
-def run_workers(master: Master, comm: MPI.Comm, stats: RankStats) -> list[RankStats]:
+class Upstream(Protocol):
+    """Where a partition master's work comes from (paramedic.engine.partitions): polled while it waits."""
+
+    def poll(self) -> bool:
+        """Handle what came from above, without blocking; True when something did."""
+        ...
+
+    @property
+    def waiting(self) -> bool:
+        """Work was asked for and may still come."""
+        ...
+
+    @property
+    def finished(self) -> bool: ...
+
+
+def run_workers(
+    master: Master,
+    comm: MPI.Comm,
+    stats: RankStats,
+    upstream: Upstream | None = None,
+    ranks: Sequence[int] | None = None,
+) -> list[RankStats]:
     """The MPI runner: hand tasks to idle worker ranks, pass their results to the master; then stop the
-    workers and collect their figures. `stats`: rank 0's, which counts the bytes of the results."""
+    workers and collect their figures. `stats`: this master's, which counts the bytes of the results.
+    A partition master passes its `upstream` (the supermaster) and its ranks' numbers in the job."""
+    if isinstance(master.sink, WorkerSink):
+        return run_writing_workers(master, master.sink, comm, stats)
     size = comm.Get_size()
+    names = list(ranks) if ranks is not None else list(range(size))
     master.start()
     idle: deque[int] = deque()
     busy: dict[int, Task] = {}
-    while not master.finished:
-        message, source, tag, nbytes = patient_recv(comm)
-        stats.received_bytes += nbytes
-        if tag == TAG_ERROR:
-            text, code = message
-            raise JobError(f"rank {source}: {text}", code)
-        if tag == TAG_RESULT:
-            busy.pop(source, None)
-            master.accept(message)
-        idle.append(source)
+    while not (upstream.finished if upstream is not None else master.finished):
+        got = patient_recv_or(comm, also=upstream.poll if upstream is not None else None)
+        if got is not None:
+            message, source, tag, nbytes = got
+            stats.received_bytes += nbytes
+            if tag == TAG_ERROR:
+                text, code = message
+                raise JobError(f"rank {names[source]}: {text}", code)
+            if tag == TAG_RESULT:
+                busy.pop(source, None)
+                master.accept(message)
+            idle.append(source)
         while idle:
             task = master.next_task(idle[0])
             if task is None:
@@ -91,7 +145,9 @@ def run_workers(master: Master, comm: MPI.Comm, stats: RankStats) -> list[RankSt
             worker = idle.popleft()
             busy[worker] = task
             comm.send(task, dest=worker, tag=TAG_TASK)
-        if not busy and not master.finished and len(idle) == size - 1:
+        finished = upstream.finished if upstream is not None else master.finished
+        waiting = upstream is not None and upstream.waiting
+        if not busy and not finished and not waiting and len(idle) == size - 1:
             raise JobError("internal: scheduler stalled with every worker idle")
     for worker in range(1, size):
         comm.send(None, dest=worker, tag=TAG_STOP)
@@ -100,4 +156,168 @@ def run_workers(master: Master, comm: MPI.Comm, stats: RankStats) -> list[RankSt
         message, source, tag, _ = patient_recv(comm)
         if tag == TAG_STATS:
             worker_stats.append(message)
+    return sorted(worker_stats, key=lambda s: s.rank)
+
+
+# -- workers writing the report (--output-strategy other than master) ---------------------------------
+
+
+def _open_output(comm: MPI.Comm, path: Path | None) -> tuple[OutputFile, MPI.Comm]:
+    """Every rank at once: rank 0 names the temporary file, all open it (MPI-IO), and a duplicate of
+    the communicator carries worker-merge's piece bytes apart from the tasks."""
+    name = comm.bcast(str(path) if path is not None else None, root=0)
+    data_comm = comm.Dup()
+    return OutputFile(cast(MPI.Intracomm, comm), Path(name)), data_comm
+
+
+def _patient_probe(comm: MPI.Comm, holder: Holder) -> tuple[Any, int, int, int]:
+    """As patient_recv from rank 0, moving the holder's non-blocking sends and receives on meanwhile."""
+    status = MPI.Status()
+    wait = POLL_SECONDS
+    while not comm.Iprobe(source=0, tag=MPI.ANY_TAG, status=status):
+        holder.progress()
+        time.sleep(wait)
+        wait = min(2 * wait, POLL_MAX_SECONDS)
+    size = status.Get_count(MPI.BYTE)
+    message = comm.recv(source=0, tag=status.Get_tag())
+    return message, 0, status.Get_tag(), size
+
+
+def run_writing_worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store | None) -> None:
+    """A worker that keeps the pieces it writes, stitched for their place, and writes them into the file
+    as rank 0 orders (paramedic.output.strategies); rank 0 learns only their sizes."""
+    rank = comm.Get_rank()
+    stats = RankStats(rank=rank, role="worker")
+    file, data_comm = _open_output(comm, None)
+    holder = Holder(file, data_comm)
+    outfmt = job.options.outfmt()
+    total_queries = plan.pieces[-1].stop
+    comm.send(None, dest=0, tag=TAG_READY)
+    final: Round | None = None
+    # A task's failure goes to rank 0, which ends the job; a failure writing the file is raised (the
+    # launcher's handler aborts every rank): another rank may be waiting in a collective call with it
+    while True:
+        message, _, tag, _ = _patient_probe(comm, holder)
+        if tag == TAG_STOP:
+            final = message
+            break
+        if tag == TAG_WRITE:
+            holder.run(message)
+            continue
+        if tag == TAG_ROUND:
+            comm.send(None, dest=0, tag=TAG_JOINED)
+            holder.round(message)
+            comm.send(None, dest=0, tag=TAG_READY)
+            continue
+        try:
+            payload = execute(message, job, plan, workdir, stats, store)
+            if isinstance(payload, PieceResult):
+                task = payload.task
+                data, agreement = stitch_alone(
+                    outfmt, len(plan.pieces), task.piece, payload.data, task.first_query, task.n_queries,
+                    total_queries,
+                )  # fmt: skip
+                holder.keep(task.piece, data)
+                # rank 0 needs only the piece's place, not its subjects again
+                lean = dataclasses.replace(task, subjects=None, alignments=None, stored=None)
+                payload = PieceHeld(lean, len(data), payload.seconds, rank, agreement)
+        except ParamedicError as exc:
+            comm.send((str(exc), exc.exit_code), dest=0, tag=TAG_ERROR)
+            return
+        except Exception as exc:  # a bug: still end the whole job with a message, never hang
+            comm.send((f"internal error: {type(exc).__name__}: {exc}", 1), dest=0, tag=TAG_ERROR)
+            return
+        comm.send(payload, dest=0, tag=TAG_RESULT)
+    if final is not None:
+        holder.round(final)
+    holder.drain()
+    file.close()
+    stats.add("write", file.seconds)
+    comm.send((holder.written_pieces, holder.written_bytes), dest=0, tag=TAG_WRITTEN)
+    close_fork_servers()  # their BLAST+ runs then count in this rank's peak memory
+    stats.measure_memory()
+    comm.send(stats, dest=0, tag=TAG_STATS)
+
+
+def run_writing_workers(
+    master: Master, sink: WorkerSink, comm: MPI.Comm, stats: RankStats
+) -> list[RankStats]:
+    """Rank 0's runner when the workers write the report: as run_workers, and as pieces are placed it
+    sends their holders the orders (a worker reads them between tasks); worker-collective's rounds start
+    when enough bytes are placed: every worker is told, and rank 0 joins the round once all are in it
+    (so it never blocks while a worker still has a result to send). At the end: the last orders and
+    round with the stop, then every rank syncs and closes the file, and counts what it wrote."""
+    size = comm.Get_size()
+    file, data_comm = _open_output(comm, sink.tmp)
+    holder = sink.attach(file, data_comm)
+    strategy = sink.strategy
+    master.start()
+    idle: deque[int] = deque()
+    busy: dict[int, Task] = {}
+    round_shares: dict[int, Round] | None = None  # the round under way
+    joined: set[int] = set()
+
+    def send_orders() -> None:
+        for rank, orders in strategy.take().items():
+            if rank == 0:
+                holder.run(orders)
+            else:
+                comm.send(orders, dest=rank, tag=TAG_WRITE)
+
+    send_orders()  # pieces rank 0 restored from the journal
+    while not master.finished or round_shares is not None:
+        message, source, tag, nbytes = patient_recv(comm)
+        stats.received_bytes += nbytes
+        if tag == TAG_ERROR:
+            text, code = message
+            raise JobError(f"rank {source}: {text}", code)
+        if tag == TAG_RESULT:
+            busy.pop(source, None)
+            master.accept(message)
+            send_orders()
+        if tag == TAG_JOINED:
+            joined.add(source)
+        elif round_shares is None:  # in a round a worker says it is ready once the round is over
+            idle.append(source)
+        if round_shares is None and strategy.round_due and not master.finished:
+            round_shares = strategy.start_round(size)
+            assert round_shares is not None
+            joined = set()
+            idle.clear()
+            for worker in range(1, size):
+                comm.send(round_shares[worker], dest=worker, tag=TAG_ROUND)
+        if round_shares is not None and len(joined) == size - 1:
+            holder.round(round_shares[0])  # every worker is in the round: this returns
+            round_shares = None
+            continue
+        while idle and round_shares is None:
+            task = master.next_task(idle[0])
+            if task is None:
+                break
+            worker = idle.popleft()
+            busy[worker] = task
+            comm.send(task, dest=worker, tag=TAG_TASK)
+        if not busy and round_shares is None and not master.finished and len(idle) == size - 1:
+            raise JobError("internal: scheduler stalled with every worker idle")
+    final = strategy.start_round(size)
+    for worker in range(1, size):
+        comm.send(final[worker] if final is not None else None, dest=worker, tag=TAG_STOP)
+    if final is not None:
+        holder.round(final[0])
+    holder.drain()
+    file.close()
+    sink.write_seconds += file.seconds
+    stats.add("write", file.seconds)
+    sink.acknowledge(holder.written_pieces, holder.written_bytes)
+    worker_stats: list[RankStats] = []
+    while len(worker_stats) < size - 1:
+        message, source, tag, _ = patient_recv(comm)
+        if tag == TAG_ERROR:
+            text, code = message
+            raise JobError(f"rank {source}: {text}", code)
+        if tag == TAG_WRITTEN:
+            sink.acknowledge(*message)
+        elif tag == TAG_STATS:
+            worker_stats.append(message)
+    sink.closed_by_ranks()
     return sorted(worker_stats, key=lambda s: s.rank)

@@ -25,6 +25,8 @@ from paramedic.engine.job import Job
 from paramedic.engine.journal import NOTHING, Journal, Replay
 from paramedic.engine.master import Master, Sink, run_serial
 from paramedic.engine.metadata import save_metadata
+from paramedic.engine.outcome import run_record
+from paramedic.engine.partitions import check_partitioning, run_partitioned
 from paramedic.engine.ranks import run_worker, run_workers
 from paramedic.engine.scheduler import Plan, Scheduler
 from paramedic.engine.sinks import (
@@ -55,11 +57,17 @@ def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
         plan = job.plan(max(1, comm.Get_size() - 1))
         if job.journal is not None:  # resuming: the journal's plan, whatever the ranks are this time
             journal, plan, replay = Journal.open(job.journal, job.journal_identity(), plan, job.restart)
+        if job.partition_size is not None:
+            check_partitioning(job, plan, comm.Get_size(), job.partition_size)
     plan = comm.bcast(plan, root=0)
     assert plan is not None
     workdir = Path(tempfile.mkdtemp(prefix=f"paramedic-rank{comm.Get_rank()}-"))
     try:
         store = _shared_store(comm, job, plan, workdir, journal)
+        if job.partition_size is not None:
+            return run_partitioned(
+                job, plan, comm, workdir, command, journal, replay, store, job.partition_size
+            )
         if comm.Get_rank() == 0:
             return _master(job, plan, comm, workdir, command, journal, replay, store)
         run_worker(job, plan, comm, workdir, store)
@@ -131,7 +139,12 @@ def _master(
         elif not auto:
             sink = open_sink(job, plan, job.ship.mode if job.ship else None, journal)
         master = Master(
-            Scheduler(plan, keep_alignments=job.keep_alignments, alignments_stored=store is not None),
+            Scheduler(
+                plan,
+                keep_alignments=job.keep_alignments,
+                alignments_stored=store is not None,
+                replica_group=job.replica_group_size,
+            ),
             sink,
             progress,
             stats,
@@ -171,31 +184,17 @@ def _master(
     stats.measure_memory()
     sink = master.sink
     assert isinstance(sink, (WriterSink, MetadataSink, PublishedSink))
-    scheduler = master.scheduler
-    return RunRecord(
-        program=job.program,
-        command=command,
-        database=job.db.arg,
-        manifest_sha256=job.manifest_checksum,
-        queries=len(job.queries),
+    return run_record(
+        job,
+        plan,
+        command,
+        wall_seconds=time.perf_counter() - start,
         ranks=size,
         workers=max(1, size - 1),
-        batches=len(plan.batches),
-        fragments=plan.n_fragments,
-        pieces=len(plan.pieces),
-        strategy="queries" if plan.query_segmentation else "fragments",
-        search_batch_queries=len(plan.batches[0]),
-        regen_group_queries=len(plan.pieces[0]),
-        blast_startup_seconds=float(job.plan_inputs["startup_seconds"]),  # type: ignore[arg-type]
-        wall_seconds=round(time.perf_counter() - start, 3),
-        output=(f"{job.ship.site}/{job.ship.out}" if job.ship else str(job.out) if job.out else "-"),
-        output_bytes=sink.output_bytes,
-        metadata_pairs=None if plan.query_segmentation else sum(len(m) for m in merged),
-        queries_with_hits=None if plan.query_segmentation else sum(1 for m in merged if m),
-        searched_again=None if plan.query_segmentation else scheduler.searched_again,
-        resumed={"searches": journal.kept_searches, "pieces": journal.kept_pieces} if journal else None,
-        alignments=("store" if store is not None else "tasks") if job.keep_alignments else None,
+        sink=sink,
+        merged=merged,
+        searched_again=master.scheduler.searched_again,
+        journal=journal,
+        store=store,
         ranks_stats=[stats, *worker_stats],
-        ship=sink.report(),
-        strategy_reason=job.strategy.record() if job.strategy else None,
     )

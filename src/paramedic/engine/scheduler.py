@@ -116,6 +116,9 @@ class Scheduler:
     # The batches this scheduler works on (None: all). A partition master's starts with none and is given
     # query segments one by one (`assign`, paramedic.engine.hierarchy).
     assigned: set[int] | None = None
+    # Workers per copy of the database (--replica-group-size): worker w (numbered from 1) is at home with
+    # the fragments f where f % group == (w - 1) % group, the share of the copy it holds. None: any.
+    replica_group: int | None = None
     _pending: list[set[int]] = field(init=False)  # per batch: fragments not yet handed out
     _waiting: list[int] = field(init=False)  # per batch: fragment results still missing
     _hits: dict[int, list[list[list[Hit]]]] = field(init=False)  # batch -> per query -> per fragment hits
@@ -151,6 +154,13 @@ class Scheduler:
             batches = range(len(self.plan.batches)) if self.assigned is None else sorted(self.assigned)
             for batch in batches:
                 self._ready_whole(batch)
+
+    def home(self, worker: int) -> set[int]:
+        """The fragments `worker` holds in its replica group's copy of the database (--replica-group-size)."""
+        if self.replica_group is None:
+            return set()
+        position = (worker - 1) % self.replica_group
+        return {f for f in range(self.plan.n_fragments) if f % self.replica_group == position}
 
     def _ready_whole(self, batch: int) -> None:
         """Query segmentation: the batch's pieces are tasks at once (searched and written in one run)."""
@@ -220,7 +230,13 @@ class Scheduler:
         held = self.cache.setdefault(worker, set())
         held_by_others = set().union(*(f for w, f in self.cache.items() if w != worker))
         choice = None
-        for prefer in (lambda f: f in held, lambda f: f not in held_by_others, lambda f: True):
+        home = self.home(worker)
+        for prefer in (
+            lambda f: f in held,
+            lambda f: f in home,
+            lambda f: f not in held_by_others,
+            lambda f: True,
+        ):
             for batch in open_batches:
                 fragments = sorted(f for f in self._pending[batch] if prefer(f))
                 if fragments:

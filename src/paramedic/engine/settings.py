@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paramedic.errors import UsageError
+from paramedic.output.strategies import MASTER, output_strategy_names
 
 if TYPE_CHECKING:
     from paramedic.ship.destination import ShipSettings
@@ -29,6 +30,13 @@ class SearchSettings:
     ship: ShipSettings | None = None  # send the output to a storage site (--site) instead of -out here
     restart: bool = False  # discard the journal of an earlier, unfinished run instead of continuing it
     journal: bool = True  # keep finished work in a journal beside the output (paramedic.engine.journal)
+    # ranks per partition (a partition master and its workers) under a supermaster, rank 0
+    # (paramedic.engine.hierarchy); None: one master for all workers
+    partition_size: int | None = None
+    # workers per copy of the database: each worker prefers its share of the fragments (None: any)
+    replica_group_size: int | None = None
+    # who writes the report file (paramedic.output.strategies): rank 0 ("master") or the workers
+    output_strategy: str = MASTER
     cwd: Path = field(default_factory=Path.cwd)
 
     def __post_init__(self) -> None:
@@ -39,5 +47,34 @@ class SearchSettings:
                 raise UsageError(f"{flag} must be at least 1")
         if self.strategy not in ("auto", "fragments", "queries"):
             raise UsageError(f"--strategy {self.strategy}: choose auto, fragments or queries")
+        if self.replica_group_size is not None and self.replica_group_size < 1:
+            raise UsageError("--replica-group-size must be at least 1")
+        if self.partition_size is not None:
+            if self.partition_size < 2:
+                raise UsageError("--partition-size must be at least 2 (a partition master and a worker)")
+            if self.ship is not None and self.ship.mode == "auto":
+                raise UsageError(
+                    "--partition-size needs --ship metadata, compressed or direct: --ship auto decides "
+                    "from one master's probe"
+                )
+            if self.from_metadata is not None:
+                raise UsageError("--partition-size cannot regenerate from --from-metadata: run it without")
+        self._check_output_strategy()
         if self.restart and not self.journal:
             raise UsageError("--restart discards a journal and --no-journal keeps none: choose one")
+
+    def _check_output_strategy(self) -> None:
+        names = output_strategy_names()
+        if self.output_strategy not in names:
+            raise UsageError(f"--output-strategy {self.output_strategy}: choose {', '.join(names)}")
+        if self.output_strategy == MASTER:
+            return
+        flag = f"--output-strategy {self.output_strategy}"
+        args = self.blast_args
+        out = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "-out"), None)
+        if self.ship is not None:
+            raise UsageError(f"{flag} writes a file here; with --site rank 0 sends the output: drop {flag}")
+        if out is None or out == "-":
+            raise UsageError(f"{flag} writes a file: standard output is written by rank 0 (give -out FILE)")
+        if self.partition_size is not None:
+            raise UsageError(f"{flag} is for one partition: drop --partition-size or {flag}")

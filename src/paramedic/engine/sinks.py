@@ -3,6 +3,8 @@
 - `WriterSink`: regenerated pieces, stitched in query order by an OrderedWriter onto a byte sink: a local
   file (written under a temporary name, renamed when complete) or a storage site that receives the bytes
   (`--ship direct|compressed`).
+- `WorkerSink`: the workers hold the pieces they wrote and write them into the file themselves
+  (`--output-strategy` other than master, paramedic.output.strategies); rank 0 places them.
 - `MetadataSink`: released pieces shipped as they are, their merged subject ids (`--ship metadata`); the
   storage site regenerates the output.
 `open_sink` builds the one a job asks for; with `--ship auto`, `auto_chooser` returns the function the
@@ -11,15 +13,19 @@ master calls with the probe's result to build it then.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal
-from paramedic.engine.master import PieceResult, Sink
+from paramedic.engine.master import PieceHeld, PieceResult, Sink
 from paramedic.engine.scheduler import PieceTask, Plan
-from paramedic.errors import JobError
+from paramedic.errors import JobError, OutputError
+from paramedic.output.stitch import AgreementCheck, stitch_alone
+from paramedic.output.strategies import output_strategy
 from paramedic.output.writer import ByteSink, LocalFile, OrderedWriter
 from paramedic.report.record import ShipReport
 from paramedic.ship.auto import METADATA, Link, decide, measure_link
@@ -28,6 +34,9 @@ from paramedic.ship.codecs import JobSpec
 from paramedic.ship.destination import Shipping, cancel_site_job, start_shipping
 from paramedic.ship.registry import codec_for_mode, ships_pieces
 from paramedic.ship.transport import SiteError
+
+if TYPE_CHECKING:  # MPI is started by whoever imports mpi4py.MPI: only the ranks do (paramedic.engine.mpiio)
+    from paramedic.engine.mpiio import Holder, OutputFile
 
 
 class WriterSink:
@@ -59,6 +68,124 @@ class WriterSink:
 
     def report(self) -> ShipReport | None:
         return self.shipping.report() if self.shipping is not None else None
+
+
+class WorkerSink(WriterSink):
+    """--output-strategy other than master: the workers hold the pieces they wrote and write them into
+    the file themselves (paramedic.output.strategies, paramedic.engine.mpiio); rank 0 places the pieces
+    from their sizes and sends the orders (paramedic.engine.ranks), then checks that every piece was
+    written and renames the file into place. Pieces rank 0 is given with their bytes (journaled by an
+    earlier run, or every piece in a one-rank job) it stitches, holds and writes itself.
+
+    A WriterSink only by descent (the run record's output bytes and ship report): it has no ordered
+    writer."""
+
+    holds_pieces = False
+
+    def __init__(
+        self, outfmt: str, pieces: tuple[range, ...], strategy: str, out: Path, partial: Path | None
+    ):
+        self.outfmt = outfmt
+        self.pieces = pieces
+        self.shipping = None
+        self.out = out
+        job = os.environ.get("PARAMEDIC_JOB_ID") or str(os.getpid())
+        self.tmp = partial or out.with_name(f".{out.name}.partial-{job}")
+        self.strategy = output_strategy(strategy)(len(pieces))
+        self.agreement = AgreementCheck()
+        self.own: dict[int, bytes] = {}  # rank 0's pieces until its Holder exists
+        self.holder: Holder | None = None
+        self.closed = False
+        self.acknowledged = {"pieces": 0, "bytes": 0}
+        self.write_seconds = 0.0
+
+    # -- the master's calls -------------------------------------------------------------------------
+    def add(self, index: int, data: bytes) -> int:
+        """A piece whose bytes rank 0 has: stitched and held here, written by rank 0."""
+        piece = self.pieces[index]
+        out, agreement = stitch_alone(
+            self.outfmt, len(self.pieces), index, data, piece.start, len(piece), self.pieces[-1].stop
+        )
+        self.agreement.add(index, agreement)
+        if self.holder is not None:
+            self.holder.keep(index, out)
+        else:
+            self.own[index] = out
+        self.strategy.held(index, len(out), 0)
+        return len(piece)
+
+    def held(self, result: PieceHeld) -> int:
+        self.agreement.add(result.task.piece, result.agreement)
+        self.strategy.held(result.task.piece, result.size, result.holder)
+        return result.task.n_queries
+
+    # -- the runner's calls (paramedic.engine.ranks) ------------------------------------------------
+    def attach(self, file: OutputFile, data_comm: Any) -> Holder:
+        """The file is open on every rank: rank 0's Holder takes the pieces it was given so far."""
+        from paramedic.engine.mpiio import Holder
+
+        self.holder = Holder(file, data_comm)
+        for index, data in self.own.items():
+            self.holder.keep(index, data)
+        self.own = {}
+        return self.holder
+
+    def acknowledge(self, pieces: int, nbytes: int) -> None:
+        self.acknowledged["pieces"] += pieces
+        self.acknowledged["bytes"] += nbytes
+
+    def closed_by_ranks(self) -> None:
+        """Every rank synced and closed the file (its figures acknowledged)."""
+        self.closed = True
+
+    # -- the end ------------------------------------------------------------------------------------
+    def commit(self) -> None:
+        if not self.closed:  # a one-rank job (paramedic.engine.master.run_serial): rank 0 wrote every piece
+            from mpi4py import MPI
+
+            from paramedic.engine.mpiio import OutputFile
+
+            holder = self.attach(OutputFile(MPI.COMM_SELF, self.tmp), MPI.COMM_SELF)
+            holder.run(self.strategy.take().get(0, []))
+            share = self.strategy.start_round(1)
+            if share is not None:
+                holder.round(share[0])
+            holder.drain()
+            holder.file.close()
+            self.write_seconds += holder.file.seconds
+            self.acknowledge(holder.written_pieces, holder.written_bytes)
+            self.closed = True
+        total = self.strategy.total
+        if not self.strategy.complete or self.acknowledged != {"pieces": len(self.pieces), "bytes": total}:
+            raise OutputError(
+                f"internal: {self.acknowledged['pieces']} of {len(self.pieces)} pieces and "
+                f"{self.acknowledged['bytes']} of {total} bytes acknowledged as written"
+            )
+        try:
+            size = self.tmp.stat().st_size
+            if size != total:
+                raise OutputError(
+                    f"cannot write {self.out}: the file holds {size} bytes, {total} were written"
+                )
+            os.replace(self.tmp, self.out)
+            dir_fd = os.open(self.out.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise OutputError(f"cannot write {self.out}: {exc.strerror}") from exc
+
+    def abort(self) -> None:
+        """The ranks end with the job (comm.Abort); the temporary file goes."""
+        self.tmp.unlink(missing_ok=True)
+
+    @property
+    def output_bytes(self) -> int:
+        return self.strategy.total
+
+    def report(self) -> ShipReport | None:
+        return None
 
 
 class MetadataSink:
@@ -95,6 +222,8 @@ def open_sink(job: Job, plan: Plan, mode: str | None, journal: Journal | None) -
     outfmt = job.options.outfmt()
     if job.ship is None or mode is None:
         partial = journal.partial_output if journal is not None else None
+        if output_strategy(job.output_strategy).workers_write and job.out is not None:
+            return WorkerSink(outfmt, plan.pieces, job.output_strategy, job.out, partial)
         return WriterSink(outfmt, plan.pieces, LocalFile(job.out, partial))
     shipping = open_shipping(job, plan, mode, journal)
     if shipping.holds_pieces:

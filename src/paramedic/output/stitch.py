@@ -33,7 +33,9 @@ query count); anything unexpected raises ValueError instead of giving silently w
 
 from __future__ import annotations
 
+import hashlib
 import re
+from dataclasses import dataclass
 
 # Output format number -> how its pieces are joined.
 _KINDS: dict[int, str] = {
@@ -495,3 +497,66 @@ def _block_width(index: int, block: list[bytes], old: bytes, previous: int | Non
     if width is None or width < len(old) + 2:
         raise ValueError(f"piece {index}: cannot read the label width in the alignment of {old.decode()}")
     return width
+
+
+# --- one piece at a time (parallel output: the worker that wrote a piece stitches it) ---
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What a Stitcher checks across pieces, for a piece stitched on its own: digests of the run's header
+    and footer as the piece wrote them, and whether its query ids were positional (None: it showed
+    none). Whoever orders the pieces compares these (`AgreementCheck`) instead of the bytes."""
+
+    header: str | None
+    footer: str | None
+    positional: bool | None
+
+
+def stitch_alone(
+    outfmt: str,
+    total_pieces: int,
+    index: int,
+    data: bytes,
+    query_offset: int,
+    n_queries: int,
+    total_queries: int,
+) -> tuple[bytes, Agreement]:
+    """The bytes piece `index` puts in the stitched output, computed without the earlier pieces: what a
+    piece contributes depends only on its position (first, last, query offset), which the plan fixes;
+    the checks between pieces are left to `AgreementCheck`, which sees every piece's `Agreement`."""
+    stitcher = Stitcher(outfmt, total_pieces)
+    stitcher._next_index = index
+    stitcher._next_offset = query_offset
+    out = stitcher.piece(index, data, query_offset, total_queries)
+    if stitcher._next_offset is not None and stitcher._next_offset != query_offset + n_queries:
+        raise ValueError(
+            f"piece {index}: holds {stitcher._next_offset - query_offset} queries, the plan {n_queries}"
+        )
+
+    def digest(part: bytes | None) -> str | None:
+        return None if part is None else hashlib.blake2b(part, digest_size=16).hexdigest()
+
+    return out, Agreement(digest(stitcher._header), digest(stitcher._footer), stitcher._ids.positional)
+
+
+class AgreementCheck:
+    """The Stitcher's checks between pieces, over pieces stitched on their own (any order): every header
+    and footer equal to the first seen, query ids positional in all pieces or in none."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[int, object]] = {}
+
+    def add(self, index: int, agreement: Agreement) -> None:
+        for what, value in (
+            ("header", agreement.header),
+            ("footer", agreement.footer),
+            ("query ids", agreement.positional),
+        ):
+            if value is None:
+                continue
+            seen = self.first.setdefault(what, (index, value))
+            if seen[1] != value:
+                raise ValueError(
+                    f"piece {index}: its {what} differ from piece {seen[0]}'s (other options or db?)"
+                )

@@ -168,6 +168,11 @@ class RunRecord:
     # with the workers, in the search store every rank reads), "tasks" (through rank 0, with the tasks:
     # some rank did not see the store), None (reports written by searching again)
     alignments: str | None = None
+    # Partitions of the ranks (--partition-size): 1 is one master for all workers; more, a supermaster
+    # (rank 0) handing query segments to partition masters (paramedic.engine.hierarchy)
+    partitions: int = 1
+    # Who wrote the report file (--output-strategy): "master" (rank 0) or a worker strategy
+    output_strategy: str = "master"
     # Which strategy was used and why, with the sizes and the memory per worker it was decided from
     strategy_reason: StrategyReason | None = None
     version: int = VERSION

@@ -1,0 +1,259 @@
+"""The job on MPI ranks in partitions (--partition-size): rank 0 the supermaster, each partition a master
+and its workers (paramedic.engine.hierarchy).
+
+Rank 0 hands out query segments on request, writes (or ships) the pieces the partitions send it, keeps
+the journal's pieces and writes the run record. A partition master runs the ordinary master over the
+segments it was given and hands their tasks to its workers over a communicator of the partition's own,
+with the same runner and worker loop as a one-master job (paramedic.engine.ranks); its searches' results
+stay in the search store as there. Pieces reach rank 0 as they are written; the workers' figures and the
+merged subjects once the partition is done.
+
+Not with --ship auto (its probe is a decision of the one master) nor --from-metadata: refused up front.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpi4py import MPI
+
+from paramedic.blast.forkserver import close_fork_servers
+from paramedic.blast.hits import FragmentSearch
+from paramedic.engine.hierarchy import PartitionMaster, Segment, Supermaster, partitions
+from paramedic.engine.job import Job
+from paramedic.engine.journal import Journal, Replay
+from paramedic.engine.master import Master
+from paramedic.engine.metadata import save_metadata
+from paramedic.engine.outcome import run_record
+from paramedic.engine.ranks import TAG_ERROR, patient_recv, run_worker, run_workers
+from paramedic.engine.scheduler import PieceTask, Plan, Scheduler
+from paramedic.engine.sinks import open_sink
+from paramedic.engine.store import RecordError, Store
+from paramedic.errors import InternalError, JobError
+from paramedic.report.progress import Progress
+from paramedic.report.record import RankStats, RunRecord
+from paramedic.ship.registry import ships_pieces
+
+# Messages between rank 0 and the partition masters (the workers' tags, engine/ranks.py, are 0-5).
+TAG_WANT, TAG_SEGMENT, TAG_PIECE, TAG_SHIP, TAG_DONE = range(20, 25)
+
+
+def run_partitioned(
+    job: Job,
+    plan: Plan,
+    comm: MPI.Comm,
+    workdir: Path,
+    command: list[str],
+    journal: Journal | None,
+    replay: Replay,
+    store: Store | None,
+    size: int,
+) -> RunRecord | None:
+    """This rank's part in a job of partitions of `size` ranks; rank 0 returns the run record."""
+    groups = partitions(comm.Get_size(), size)
+    rank = comm.Get_rank()
+    color = next((i for i, group in enumerate(groups) if rank in group), MPI.UNDEFINED)
+    local = comm.Split(color, key=rank)
+    if rank == 0:
+        return _supermaster(job, plan, comm, groups, command, journal, replay, store)
+    group = groups[color]
+    if rank == group[0]:
+        _partition_master(job, plan, comm, local, group, store)
+    else:
+        run_worker(job, plan, local, workdir, store, rank=rank)
+    return None
+
+
+# -- a partition master ------------------------------------------------------------------------------
+class Forward:
+    """A partition master's sink: its pieces go to rank 0, which writes or ships them."""
+
+    def __init__(self, comm: MPI.Comm, holds_pieces: bool):
+        self.comm = comm
+        self.holds_pieces = holds_pieces
+
+    def add(self, index: int, data: bytes) -> int:
+        self.comm.send((index, data), dest=0, tag=TAG_PIECE)
+        return 0
+
+    def ship(self, tasks: list[PieceTask]) -> int:
+        self.comm.send(tasks, dest=0, tag=TAG_SHIP)
+        return 0
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+@dataclass
+class SupermasterLink:
+    """The partition master's side of its supermaster: asks for segments, receives them."""
+
+    partition: PartitionMaster
+    comm: MPI.Comm
+    store: Store | None
+    plan: Plan
+
+    def poll(self) -> bool:
+        if self.partition.wants_segment():
+            self.comm.send(None, dest=0, tag=TAG_WANT)
+            self.partition.requested = True
+        if not self.comm.Iprobe(source=0, tag=TAG_SEGMENT):
+            return False
+        segment: Segment | None = self.comm.recv(source=0, tag=TAG_SEGMENT)
+        self.partition.receive(segment, self._kept(segment))
+        return True
+
+    def _kept(self, segment: Segment | None) -> dict[int, FragmentSearch]:
+        """The searches an earlier run kept in the journal's store, read back (a record that does not read
+        back is searched again)."""
+        if segment is None or self.store is None:
+            return {}
+        queries = len(self.plan.batches[segment.batch])
+        kept = {}
+        for fragment in segment.kept_searches:
+            try:
+                kept[fragment] = self.store.keys(segment.batch, fragment, queries)
+            except RecordError:
+                continue
+        return kept
+
+    @property
+    def waiting(self) -> bool:
+        return not self.partition.exhausted
+
+    @property
+    def finished(self) -> bool:
+        return self.partition.finished
+
+
+def _partition_master(
+    job: Job, plan: Plan, comm: MPI.Comm, local: MPI.Comm, group: list[int], store: Store | None
+) -> None:
+    stats = RankStats(rank=comm.Get_rank(), role="partition master")
+    scheduler = Scheduler(
+        plan,
+        keep_alignments=job.keep_alignments,
+        alignments_stored=store is not None,
+        assigned=set(),
+        replica_group=job.replica_group_size,
+    )
+    holds = job.ship is not None and ships_pieces(job.ship.mode)
+    scheduler.hold_pieces = holds
+    master = Master(scheduler, Forward(comm, holds), Progress(0, quiet=True), stats)
+    partition = PartitionMaster(master, workers=local.Get_size() - 1)
+    link = SupermasterLink(partition, comm, store, plan)
+    worker_stats = run_workers(master, local, stats, upstream=link, ranks=group)
+    merged = {q: s for b in scheduler.assigned or () for q in plan.batches[b] if (s := scheduler.metadata(q))}
+    close_fork_servers()
+    stats.measure_memory()
+    comm.send(([stats, *worker_stats], merged, scheduler.searched_again), dest=0, tag=TAG_DONE)
+
+
+# -- the supermaster ---------------------------------------------------------------------------------
+def _supermaster(
+    job: Job,
+    plan: Plan,
+    comm: MPI.Comm,
+    groups: list[list[int]],
+    command: list[str],
+    journal: Journal | None,
+    replay: Replay,
+    store: Store | None,
+) -> RunRecord:
+    start = time.perf_counter()
+    stats = RankStats(rank=0, role="supermaster")
+    progress = Progress(len(job.queries), quiet=job.quiet)
+    sink = open_sink(job, plan, job.ship.mode if job.ship else None, journal)
+    try:
+        done: list[int] = []
+        if journal is not None and not sink.holds_pieces:
+            for index in replay.pieces:
+                data = journal.load_piece(index)
+                if data is not None:
+                    done.append(index)
+                    progress.advance(sink.add(index, data))
+        kept: dict[int, list[int]] = {}
+        if store is not None:  # the partition masters read the kept searches back from the store
+            for task in replay.searches:
+                kept.setdefault(task.batch, []).append(task.fragment)
+        supermaster = Supermaster(plan, done, kept)
+        if journal is not None:
+            journal.kept_searches = sum(len(f) for b, f in kept.items())
+        stats_of: list[RankStats] = []
+        merged: dict[int, list[int]] = {}
+        searched_again = 0
+        running = len(groups)
+        while running:
+            message, source, tag, nbytes = patient_recv(comm)
+            stats.received_bytes += nbytes
+            if tag == TAG_WANT:
+                comm.send(supermaster.next_segment(source), dest=source, tag=TAG_SEGMENT)
+            elif tag == TAG_PIECE:
+                index, data = message
+                if journal is not None:
+                    journal.piece_done(index, data)
+                supermaster.piece_done(index)
+                progress.advance(sink.add(index, data))
+            elif tag == TAG_SHIP:
+                for task in message:
+                    supermaster.piece_done(task.piece)
+                progress.advance(sink.ship(message))
+            elif tag == TAG_DONE:
+                figures, part, again = message
+                stats_of.extend(figures)
+                merged.update(part)
+                searched_again += again
+                running -= 1
+            elif tag == TAG_ERROR:  # a partition master's own failure travels as an abort, not here
+                raise JobError(f"rank {source}: {message[0]}", message[1])
+        if not supermaster.finished:
+            raise InternalError("internal: the partitions finished with pieces left unwritten")
+        sink.commit()
+        metadata = [merged.get(q, []) for q in range(len(job.queries))]
+        if job.save_metadata is not None:
+            save_metadata(job.save_metadata, job.identity, metadata)
+    except BaseException:
+        sink.abort()
+        raise
+    finally:
+        progress.close()
+    if journal is not None:
+        journal.close(complete=True)
+    stats.measure_memory()
+    workers = sum(len(group) - 1 for group in groups)
+    _note(job, groups)
+    return run_record(
+        job,
+        plan,
+        command,
+        wall_seconds=time.perf_counter() - start,
+        ranks=comm.Get_size(),
+        workers=workers,
+        sink=sink,
+        merged=metadata,
+        searched_again=searched_again,
+        journal=journal,
+        store=store,
+        ranks_stats=[stats, *sorted(stats_of, key=lambda s: s.rank)],
+        partitions=len(groups),
+    )
+
+
+def _note(job: Job, groups: list[list[int]]) -> None:
+    if not job.quiet:
+        sizes = ", ".join(str(len(g)) for g in groups)
+        print(f"paramedic: {len(groups)} partitions of {sizes} ranks under rank 0", file=sys.stderr)
+
+
+def check_partitioning(job: Job, plan: Plan, ranks: int, size: int) -> None:
+    """Refuse up front what partitions cannot do (rank 0, before any rank starts work)."""
+    try:
+        partitions(ranks, size)
+        for batch in range(len(plan.batches)):
+            plan.batch_pieces(batch)
+    except ValueError as exc:
+        raise JobError(f"--partition-size {size}: {exc}", 2) from exc

@@ -1,0 +1,198 @@
+"""Output strategies (issue 13 item 2): every `--output-strategy` writes BLAST+'s bytes, the same as
+`master`, with real mpiexec ranks (3 ranks, and 4 ranks on 2 cores), several output formats, pieces
+small enough that every worker writes several and (with a small PARAMEDIC_OUTPUT_BUFFER) worker-collective
+runs rounds during the search and worker-merge gathers many segments; a failing or killed run leaves no
+partial file; the refusals are one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, paramedic, take_fasta, without_posted_date
+from tests.integration.equality import Site
+
+pytestmark = pytest.mark.integration
+
+WORKERS = ["worker-individual", "worker-collective", "worker-merge"]
+# Small search batches and one query per piece: many pieces on every worker
+ENGINE = ["--strategy", "fragments", "--batch", "4", "--regen-batch", "1", "--quiet", "--no-journal"]
+
+
+@pytest.fixture(scope="module")
+def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    """BLAST+ batches blastp's queries by 10,000 residues and report pieces start only where a batch
+    does; BLAST+'s BATCH_SIZE (which paramedic models too) makes batches small, so that a few queries
+    give many pieces. Set for BLAST+'s reference runs and paramedic's alike, for this module only."""
+    before = os.environ.get("BATCH_SIZE")
+    os.environ["BATCH_SIZE"] = "800"
+    try:
+        root = tmp_path_factory.mktemp("outputs")
+        take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "queries.fasta", 24)
+        take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 3000)
+        site = Site(root, "blastp", "uniprot", "prot", "mmseqs2-examples DB", {})
+        site.build(root / "db.fasta", fragment_counts=(3,))
+        yield site
+    finally:
+        if before is None:
+            os.environ.pop("BATCH_SIZE", None)
+        else:
+            os.environ["BATCH_SIZE"] = before
+
+
+def search(site: Site, strategy: str, outfmt: str, np: int = 2, env: dict[str, str] | None = None) -> Path:
+    out = site.root / f"{strategy}-np{np}-{outfmt}.out"
+    paramedic(
+        "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", site.db, "-outfmt", outfmt,
+        "-evalue", "1e-5", "-out", str(out), "--np", str(np), "--output-strategy", strategy, *ENGINE,
+        cwd=site.root / "p3", env=env,
+    )  # fmt: skip
+    assert not [p.name for p in out.parent.iterdir() if ".partial" in p.name]
+    return out
+
+
+def expected(site: Site, outfmt: str) -> bytes:
+    return without_posted_date(site.reference(None, outfmt, "-evalue", "1e-5"), outfmt)
+
+
+def written_by_workers(out: Path) -> None:
+    """The workers wrote: rank 0 received none of the report's bytes, every worker spent time writing."""
+    record = json.loads(out.with_name(out.name + ".run.json").read_text())
+    assert record["output_bytes"] == out.stat().st_size
+    assert record["output_strategy"] != "master" and out.name.startswith(record["output_strategy"])
+    ranks = record["ranks_stats"]
+    assert all(r["seconds"]["write"] > 0 for r in ranks[1:]), ranks
+    assert record["pieces"] >= 6
+    # what rank 0 received: the searches' merge keys and the pieces' sizes; the report's bytes went to
+    # rank 0 under master, as the same run's record says
+    master = json.loads(_master_record(out).read_text())
+    assert (
+        master["ranks_stats"][0]["received_bytes"] - ranks[0]["received_bytes"] > 0.8 * master["output_bytes"]
+    )
+
+
+def _master_record(out: Path) -> Path:
+    strategy = next(s for s in WORKERS if out.name.startswith(s))
+    master = out.with_name(out.name.replace(strategy, "master", 1))
+    if not master.exists():
+        raise AssertionError(f"no master run beside {out.name}")
+    return master.with_name(master.name + ".run.json")
+
+
+# every format with several strategies, every strategy with several formats (the whole matrix is slow)
+MATRIX = {
+    "0": WORKERS,
+    "5": ["worker-collective", "worker-merge"],
+    "6": ["worker-individual"],
+    "7": ["worker-merge"],
+    "15": ["worker-individual", "worker-collective"],
+}
+
+
+@pytest.mark.parametrize("outfmt", list(MATRIX))
+def test_every_strategy_writes_blast_bytes(site: Site, outfmt: str) -> None:
+    master = search(site, "master", outfmt)
+    assert without_posted_date(master.read_bytes(), outfmt) == expected(site, outfmt)
+    # a third of the output: rounds during the search, segments of a few pieces from several workers
+    bound = str(max(1, master.stat().st_size // 3))
+    for strategy in MATRIX[outfmt]:
+        out = search(site, strategy, outfmt, env={"PARAMEDIC_OUTPUT_BUFFER": bound})
+        assert out.read_bytes() == master.read_bytes(), f"{strategy}, outfmt {outfmt}"
+        written_by_workers(out)
+
+
+@pytest.mark.parametrize("strategy", WORKERS)
+def test_more_ranks_than_cores(site: Site, strategy: str) -> None:
+    """4 ranks on 2 cores, default bounds (one round at the end, one segment)."""
+    out = search(site, strategy, "7", np=3)
+    assert out.read_bytes() == expected(site, "7")
+
+
+def test_one_rank_writes_alone(site: Site) -> None:
+    """Under `mpiexec -n 1` rank 0 does every task and writes the file itself."""
+    out = site.root / "one-rank.out"
+    proc = subprocess.run(
+        [str(BIN / "mpiexec"), "-n", "1", str(BIN / "paramedic"), "search", "blastp", "-query",
+         str(site.root / "queries.fasta"), "-db", site.db, "-outfmt", "6", "-evalue", "1e-5", "-out", str(out),
+         "--output-strategy", "worker-collective", *ENGINE],
+        cwd=site.root / "p3", capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == expected(site, "6")
+
+
+def test_failing_run_leaves_no_partial_file(site: Site, tmp_path: Path) -> None:
+    """A worker's BLAST+ fails writing a piece (the whole-database volume is cut short) under our own
+    mpiexec: rank 0 ends the job, and the file the ranks had opened is gone."""
+    db = tmp_path / "db"
+    subprocess.run(["cp", "-r", str(site.root / "p3" / site.db), str(db)], check=True)
+    subprocess.run(["cp", str(site.root / "p3" / f"{site.db}.pal"), str(tmp_path / "db.pal")], check=True)
+    for volume in db.glob("whole.p[si][qn]"):
+        os.truncate(volume, volume.stat().st_size // 3)
+    for strategy in WORKERS:
+        out = tmp_path / f"{strategy}.out"
+        proc = subprocess.run(
+            [str(BIN / "mpiexec"), "-n", "3", str(BIN / "paramedic"), "search", "blastp", "-query",
+             str(site.root / "queries.fasta"), "-db", str(db), "-out", str(out), "--output-strategy",
+             strategy, *ENGINE],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode != 0, proc.stderr
+        assert "paramedic: error:" in proc.stderr and "Traceback" not in proc.stderr
+        assert not out.exists()
+        assert [p.name for p in tmp_path.iterdir() if ".partial" in p.name] == []
+
+
+def test_killed_worker_leaves_no_partial_file(site: Site, tmp_path: Path) -> None:
+    """SIGKILL of a worker rank once the ranks have opened the file: the launcher removes it."""
+    queries = take_fasta(site.root / "db.fasta", tmp_path / "q.fasta", 200)
+    out = tmp_path / "hits.txt"
+    proc = subprocess.Popen(
+        [str(BIN / "paramedic"), "search", "blastp", "-query", str(queries), "-db", site.db, "-out", str(out),
+         "--np", "2", "--output-strategy", "worker-individual", *ENGINE],
+        cwd=site.root / "p3", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not [p for p in tmp_path.iterdir() if ".partial" in p.name]:
+        assert time.monotonic() < deadline and proc.poll() is None, "the ranks never opened the file"
+        time.sleep(0.05)
+    (mpiexec,) = _children(proc.pid)
+    ranks = _children(_children(mpiexec)[0])
+    assert len(ranks) == 3
+    os.kill(ranks[-1], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 7, stderr
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if ".partial" in p.name] == []
+
+
+def _children(pid: int) -> list[int]:
+    listed = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in listed.split()]
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["-out", "-"], "standard output"),
+        ([], "standard output"),
+        (["-out", "x.txt", "--site", "file:///tmp/inbox"], "--site"),
+        (["-out", "x.txt", "--output-strategy", "worker-everything"], "invalid choice"),
+    ],
+)
+def test_refusals(site: Site, extra: list[str], says: str) -> None:
+    args = ["--output-strategy", "worker-merge", *extra] if "--output-strategy" not in extra else extra
+    proc = paramedic(
+        "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", site.db, *args, "--quiet",
+        cwd=site.root / "p3", check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], proc.stderr
