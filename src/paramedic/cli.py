@@ -213,6 +213,9 @@ def _simulate(argv: list[str]) -> int:
         "--partition-size", type=int, help="ranks per partition (a partition master and its workers)"
     )
     parser.add_argument(
+        "--replica-group-size", type=int, help="workers per copy of the database, as in search"
+    )
+    parser.add_argument(
         "--output-strategy",
         choices=sorted(OUTPUT_COSTS),
         default="master",
@@ -242,6 +245,7 @@ def _simulate(argv: list[str]) -> int:
         queries=args.queries,
         workers=args.workers,
         partition_size=args.partition_size,
+        replica_group_size=args.replica_group_size,
         output_strategy=args.output_strategy,
         fragments=args.fragments,
         database_scale=args.database_scale,

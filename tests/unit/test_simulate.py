@@ -182,7 +182,7 @@ def drive(scheduler: Scheduler, rng: random.Random, workers: int, segments: list
     master.start()
     decisions: list = []
     running: list = []
-    idle = list(range(workers))
+    idle = list(range(1, workers + 1))
     while not scheduler.finished:
         if segments and (rng.random() < 0.3 or not running):
             scheduler.assign(segments.pop(0))
@@ -206,8 +206,9 @@ def drive(scheduler: Scheduler, rng: random.Random, workers: int, segments: list
     return decisions
 
 
+@pytest.mark.parametrize("replica_group", [None, 2])
 @pytest.mark.parametrize("partitioned", [False, True])
-def test_the_indexed_scheduler_hands_out_what_the_engines_does(partitioned: bool) -> None:
+def test_the_indexed_scheduler_hands_out_what_the_engines_does(partitioned: bool, replica_group) -> None:
     for seed in range(150):
         plan = random_plan(random.Random(seed))
         try:

@@ -88,6 +88,12 @@ register_output(OutputCost("master", lambda size, per_byte: size * per_byte, lam
 register_output(
     OutputCost("worker-individual", lambda size, per_byte: 0.0, lambda size, per_byte: size * per_byte)
 )
+# a writer per segment gathers its peers' pieces and writes them: costed as each piece written once by
+# the worker that wrote it (the gathering messages are not modelled); worker-collective (rounds in which
+# every rank writes together) is not modelled
+register_output(
+    OutputCost("worker-merge", lambda size, per_byte: 0.0, lambda size, per_byte: size * per_byte)
+)
 
 
 # -- settings --------------------------------------------------------------------------------------------
@@ -100,6 +106,7 @@ class SimulateSettings:
     queries: int
     workers: int
     partition_size: int | None = None  # ranks per partition (its master and workers); None: one master
+    replica_group_size: int | None = None  # workers per copy of the database (--replica-group-size)
     output_strategy: str = "master"
     fragments: int | None = None  # the database cut into this many equal fragments (default: the pilot's)
     database_scale: float = 1.0  # a database this many times the pilot's (same cost per residue pair)
@@ -123,6 +130,8 @@ class SimulateSettings:
                 raise UsageError(
                     f"--workers {self.workers} is fewer than one partition of {self.partition_size} ranks"
                 )
+        if self.replica_group_size is not None and self.replica_group_size < 1:
+            raise UsageError("--replica-group-size must be at least 1")
         if self.output_strategy not in OUTPUT_COSTS:
             raise UsageError(
                 f"--output-strategy {self.output_strategy!r}: choose one of {', '.join(OUTPUT_COSTS)}"
@@ -210,6 +219,9 @@ class CostModel:
             fragment_residues = tuple(fragments[f] for f in sorted(fragments))
         master = record.ranks_stats[0]
         search_queries = sum(t.queries for t in tasks if t.kind == "search")
+        # the write rate: rank 0's with the master strategy, else the workers' MPI-IO seconds
+        writers = [master] if record.output_strategy == "master" else record.ranks_stats[1:]
+        writing = sum(r.seconds["write"] for r in writers)
         busiest = max(sum(c.seconds for c in cs) + len(cs) * LATENCY_SECONDS for r, cs in costs if cs)
         return cls(
             program=record.program,
@@ -222,7 +234,7 @@ class CostModel:
             queries=samples,
             fragment_residues=fragment_residues,
             merge_per_query=master.seconds["merge"] / search_queries if search_queries else 0.0,
-            write_per_byte=master.seconds["write"] / record.output_bytes if record.output_bytes else 0.0,
+            write_per_byte=writing / record.output_bytes if record.output_bytes else 0.0,
             output_per_query=record.output_bytes / record.queries,
             fixed_seconds=max(0.0, record.wall_seconds - busiest),
             batch=_option(record.command, "--batch"),
@@ -354,7 +366,13 @@ class IndexedScheduler(Scheduler):
         held = self.cache.setdefault(worker, set())
         held_by_others = {f for f, n in self._holders.items() if n > (f in held)}
         choice = None
-        for prefer in (lambda f: f in held, lambda f: f not in held_by_others, lambda f: True):
+        home = self.home(worker)
+        for prefer in (
+            lambda f: f in held,
+            lambda f: f in home,
+            lambda f: f not in held_by_others,
+            lambda f: True,
+        ):
             for batch in open_batches:
                 fragments = sorted(f for f in self._pending[batch] if prefer(f))
                 if fragments:
@@ -593,6 +611,7 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
             keep_alignments=model.keep_alignments,
             alignments_stored=model.alignments_stored,
             assigned=set() if partitioned else None,
+            replica_group=settings.replica_group_size,
         )
         sink = _Sink(plan, functools.partial(piece_written, p))
         master = Master(scheduler, sink, Progress(0, quiet=True), RankStats(group[0], "master"))
@@ -602,7 +621,8 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
     worker_ranks = [group[1:] if partitioned else group for group in groups]
     free = [0.0] * len(groups)  # each master's next free moment
     busy = [0.0] * len(groups)
-    idle: list[deque[int]] = [deque(ws) for ws in worker_ranks]
+    # a master numbers its workers from 1 (their ranks in its communicator), as the engine's runners do
+    idle: list[deque[int]] = [deque(range(1, len(ws) + 1)) for ws in worker_ranks]
     events: list[tuple[float, int, int, int, Any]] = []  # (time, sequence, kind, partition, payload)
     DONE, SEGMENT, REQUEST = 0, 1, 2
     sequence = itertools.count()
