@@ -10,7 +10,7 @@
    efficiency (BLAST+ work / (ranks x wall)), the paper's relative efficiency (speedup from 4,096 workers
    divided by the ratio of workers), rank 0's and the workers' idle shares, the simulator's own time.
 
-    .venv/bin/python bench/simulate.py [--queries 300] [--pilot 100] [--np 1 2 3] [--partition-size 2]
+    .venv/bin/python bench/simulate.py [--queries 300] [--pilot 100] [--np 1 2 3] [--partitioned 3:2]
         [--strategy fragments] [--skip-validation] [--skip-scale]
 """
 
@@ -82,19 +82,24 @@ def validation(args: argparse.Namespace, work: Path) -> None:
     partitions = "--partition-size" in run([PARAMEDIC, "search", "--help"])
     cases: list[tuple[int, int | None]] = [(np, None) for np in args.np]
     if partitions:
-        cases += [(np, size) for size in args.partition_size for np in args.np if np + 1 > size]
+        cases += [(int(np), int(size)) for np, size in (c.split(":") for c in args.partitioned)]
     print(
-        "\n| run | workers | partition size | measured wall s | predicted wall s | error | predicted "
-        "efficiency | load avg |\n|---|---|---|---|---|---|---|---|"
+        "\n| run | --np | partition size | measured wall s | predicted, --query-file (error) | predicted, "
+        "lengths sampled (error) | predicted efficiency | load avg |\n|---|---|---|---|---|---|---|---|"
     )
     for np, size in cases:
         extra = ["--partition-size", str(size)] if size else []
         measured = search(work, f"target{np}-{size}", target_q, np, args.strategy, extra)
-        predicted = predict(pilot_record, args.queries, np, [*extra, "--cores", str(os.cpu_count())])
-        error = predicted["wall_seconds"] / measured["wall_seconds"] - 1
+        cores = ["--cores", str(os.cpu_count())]
+        sampled = predict(pilot_record, args.queries, np, [*extra, *cores])
+        # the same with the job's own query lengths (--query-file) instead of lengths sampled from the pilot
+        argv = [PARAMEDIC, "simulate", "--record", str(pilot_record), "--query-file", str(target_q)]
+        own = json.loads(run([*argv, "--workers", str(np), *extra, *cores, "--json"]))
+        wall = measured["wall_seconds"]
         print(
-            f"| {args.queries} queries | {np} | {size or '-'} | {measured['wall_seconds']:.1f} | "
-            f"{predicted['wall_seconds']:.1f} | {100 * error:+.1f}% | {100 * predicted['efficiency']:.1f}% "
+            f"| {args.queries} queries | {np} | {size or '-'} | {wall:.1f} | {own['wall_seconds']:.1f} "
+            f"({100 * (own['wall_seconds'] / wall - 1):+.1f}%) | {sampled['wall_seconds']:.1f} "
+            f"({100 * (sampled['wall_seconds'] / wall - 1):+.1f}%) | {100 * own['efficiency']:.1f}% "
             f"| {os.getloadavg()[0]:.1f} |",
             flush=True,
         )
@@ -176,7 +181,13 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--pilot", type=int, default=100)
     parser.add_argument("--np", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--partition-size", type=int, nargs="+", default=[2, 3])
+    parser.add_argument(
+        "--partitioned",
+        nargs="+",
+        default=["3:2", "4:2", "5:3"],
+        help="NP:SIZE runs with --np NP --partition-size SIZE (3:2 is one partition of 2 workers, 4:2 two of "
+        "1, 5:3 two of 2 and 1)",
+    )
     parser.add_argument("--strategy", default="fragments", choices=["fragments", "queries"])
     parser.add_argument("--calibrate", action="store_true", help="only measure the message cost")
     parser.add_argument("--skip-validation", action="store_true")

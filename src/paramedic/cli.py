@@ -205,7 +205,10 @@ def _simulate(argv: list[str]) -> int:
         "record (its <out>.run.json).",
     )
     parser.add_argument("--record", required=True, type=Path, help="the pilot run's record")
-    parser.add_argument("--queries", required=True, type=int, help="queries of the predicted job")
+    parser.add_argument("--queries", type=int, help="queries of the predicted job (lengths sampled)")
+    parser.add_argument(
+        "--query-file", type=Path, help="or the predicted job's own queries (FASTA): their lengths"
+    )
     parser.add_argument(
         "--workers", required=True, type=int, help="ranks besides rank 0, as `paramedic search --np`"
     )
@@ -252,6 +255,7 @@ def _simulate(argv: list[str]) -> int:
         batch=args.batch,
         seed=args.seed,
         cores=args.cores,
+        query_file=args.query_file,
     )
     return run_simulate(settings, args.json)
 

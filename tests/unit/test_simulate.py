@@ -230,3 +230,19 @@ def test_the_indexed_scheduler_hands_out_what_the_engines_does(partitioned: bool
             segments and [*segments],
         )
         assert indexed == engine, seed
+
+
+def test_the_jobs_own_queries_give_their_lengths(tmp_path: Path) -> None:
+    path = made_up(tmp_path)
+    fasta = tmp_path / "q.fasta"
+    fasta.write_text("".join(f">q{i}\n{'MKLVW' * 800}\n" for i in range(10)))  # twice the pilot's length
+    s = SimulateSettings(record=path, queries=None, workers=1, query_file=fasta, message_seconds=0.0)
+    prediction = predict(model(path), s)
+    assert prediction.queries == 10
+    # 10 queries of 4,000 residues on 2 fragments, their reports at the pilot's 0.2 s per query
+    searches = 2 * prediction.plan_batches * STARTUP + 2 * RATE * 10 * 4000 * 10_000
+    assert prediction.work_seconds == pytest.approx(searches + prediction.plan_pieces * STARTUP + 10 * 0.2)
+    with pytest.raises(UsageError, match="one of them"):
+        SimulateSettings(record=path, queries=10, workers=1, query_file=fasta)
+    with pytest.raises(UsageError, match="one of them"):
+        SimulateSettings(record=path, queries=None, workers=1)

@@ -43,6 +43,8 @@ from typing import Any
 from paramedic.blast.hits import FragmentSearch
 from paramedic.blast.options import BlastOptions
 from paramedic.blast.prelim import batch_residues, query_batches
+from paramedic.blast.programs import PROGRAMS
+from paramedic.db.fasta import read_fasta
 from paramedic.engine.hierarchy import PartitionMaster, Supermaster, partitions
 from paramedic.engine.master import Master, PieceResult, SearchResult
 from paramedic.engine.plan import make_plan
@@ -103,7 +105,7 @@ class SimulateSettings:
     `paramedic search --np`), from the record of a pilot run."""
 
     record: Path
-    queries: int
+    queries: int | None  # None: the queries of `query_file`
     workers: int
     partition_size: int | None = None  # ranks per partition (its master and workers); None: one master
     replica_group_size: int | None = None  # workers per copy of the database (--replica-group-size)
@@ -117,9 +119,12 @@ class SimulateSettings:
     # cores the ranks share (one machine): with more workers than cores a task takes workers/cores times
     # its cost (the cores shared out evenly); None: a core per rank, as on a cluster
     cores: int | None = None
+    query_file: Path | None = None  # the job's own queries: their lengths instead of sampled ones
 
     def __post_init__(self) -> None:
-        if self.queries < 1:
+        if (self.queries is None) == (self.query_file is None):
+            raise UsageError("give --queries N or --query-file FASTA (one of them)")
+        if self.queries is not None and self.queries < 1:
             raise UsageError("--queries must be at least 1")
         if self.workers < 1:
             raise UsageError("--workers must be at least 1")
@@ -411,6 +416,7 @@ class Role:
 @dataclass
 class Prediction:
     settings: SimulateSettings
+    queries: int
     wall_seconds: float
     work_seconds: float
     ranks: int
@@ -435,7 +441,7 @@ class Prediction:
             "wall_seconds": round(self.wall_seconds, 3),
             "efficiency": round(self.efficiency, 4),
             "work_seconds": round(self.work_seconds, 3),
-            "queries": s.queries,
+            "queries": self.queries,
             "workers": s.workers,
             "ranks": self.ranks,
             "partition_size": s.partition_size,
@@ -461,7 +467,7 @@ class Prediction:
             f"{self.partitions} partitions of {s.partition_size} ranks" if s.partition_size else "one master"
         )
         lines = [
-            f"paramedic: predicted {s.queries:,} queries on {s.workers:,} workers ({layout}, "
+            f"paramedic: predicted {self.queries:,} queries on {s.workers:,} workers ({layout}, "
             f"{self.ranks:,} ranks, output: {s.output_strategy}): wall {self.wall_seconds:,.1f} s, "
             f"efficiency {100 * self.efficiency:.1f}%",
             f"  plan: {self.plan_batches:,} batches x {self.fragments} fragments, {self.plan_pieces:,} "
@@ -512,8 +518,14 @@ def simulate(settings: SimulateSettings) -> Prediction:
 def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
     started = time.perf_counter()
     rng = random.Random(settings.seed)
-    picks = [model.queries[rng.randrange(len(model.queries))] for _ in range(settings.queries)]
-    lengths = [q.length for q in picks]
+    if settings.query_file is not None:
+        program = PROGRAMS[model.program]
+        lengths = [len(r.sequence) for r in read_fasta(settings.query_file, program.query_type)]
+    n = len(lengths) if settings.query_file is not None else settings.queries
+    assert n is not None
+    picks = [model.queries[rng.randrange(len(model.queries))] for _ in range(n)]
+    if settings.query_file is None:
+        lengths = [q.length for q in picks]
     residues = [0, *itertools.accumulate(lengths)]
     piece_cost = [0.0, *itertools.accumulate(q.piece_seconds for q in picks)]
     fragment_residues = model.database(settings.fragments, settings.database_scale)
@@ -537,7 +549,6 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
     output = OUTPUT_COSTS[settings.output_strategy]
     message = settings.message_seconds
     latency = settings.latency_seconds
-    shared = max(1.0, settings.workers / settings.cores) if settings.cores else 1.0
 
     def cost(task: Task) -> float:
         return shared * blast_seconds(task)
@@ -619,6 +630,8 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
         if partitioned:
             pms.append(PartitionMaster(master, len(group) - 1))
     worker_ranks = [group[1:] if partitioned else group for group in groups]
+    searching = sum(len(ws) for ws in worker_ranks)  # the ranks running BLAST+ (masters use little CPU)
+    shared = max(1.0, searching / settings.cores) if settings.cores else 1.0
     free = [0.0] * len(groups)  # each master's next free moment
     busy = [0.0] * len(groups)
     # a master numbers its workers from 1 (their ranks in its communicator), as the engine's runners do
@@ -707,6 +720,7 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
     roles["workers"] = Role(sum(len(ws) for ws in worker_ranks), worker_busy)
     return Prediction(
         settings=settings,
+        queries=n,
         wall_seconds=wall,
         work_seconds=work,
         ranks=ranks,
