@@ -150,7 +150,10 @@ class SiteServer:
 
     def serve_forever(self) -> None:
         assert self.listener is not None
-        self.listener.settimeout(0.5)
+        try:
+            self.listener.settimeout(0.5)
+        except OSError:  # stopped (the listener closed) before this thread got here
+            return
         while not self.stopping.is_set():
             try:
                 sock, address = self.listener.accept()
