@@ -81,16 +81,21 @@ def run_worker(
             break
         try:
             payload = execute(task, job, plan, workdir, stats, store)
-        except ParamedicError as exc:
-            comm.send((str(exc), exc.exit_code), dest=0, tag=TAG_ERROR)
-            return
-        except Exception as exc:  # a bug: still end the whole job with a message, never hang
-            comm.send((f"internal error: {type(exc).__name__}: {exc}", 1), dest=0, tag=TAG_ERROR)
+        except Exception as exc:
+            send_failure(comm, exc)
             return
         comm.send(payload, dest=0, tag=TAG_RESULT)
     close_fork_servers()  # their BLAST+ runs then count in this rank's peak memory
     stats.measure_memory()
     comm.send(stats, dest=0, tag=TAG_STATS)
+
+
+def send_failure(comm: MPI.Comm, exc: Exception) -> None:
+    """A worker's failure, to its master, which ends the whole job with it: a bug too, never a hang."""
+    if isinstance(exc, ParamedicError):
+        comm.send((str(exc), exc.exit_code), dest=0, tag=TAG_ERROR)
+    else:
+        comm.send((f"internal error: {type(exc).__name__}: {exc}", 1), dest=0, tag=TAG_ERROR)
 
 
 class Upstream(Protocol):
@@ -221,11 +226,8 @@ def run_writing_worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, stor
                 # rank 0 needs only the piece's place, not its subjects again
                 lean = dataclasses.replace(task, subjects=None, alignments=None, stored=None)
                 payload = PieceHeld(lean, len(data), payload.seconds, rank, agreement)
-        except ParamedicError as exc:
-            comm.send((str(exc), exc.exit_code), dest=0, tag=TAG_ERROR)
-            return
-        except Exception as exc:  # a bug: still end the whole job with a message, never hang
-            comm.send((f"internal error: {type(exc).__name__}: {exc}", 1), dest=0, tag=TAG_ERROR)
+        except Exception as exc:
+            send_failure(comm, exc)
             return
         comm.send(payload, dest=0, tag=TAG_RESULT)
     if final is not None:
