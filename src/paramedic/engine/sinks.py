@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from paramedic.durable import fsync_dir
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal
 from paramedic.engine.master import PieceHeld, PieceResult, Sink
@@ -168,11 +169,7 @@ class WorkerSink(WriterSink):
                     f"cannot write {self.out}: the file holds {size} bytes, {total} were written"
                 )
             os.replace(self.tmp, self.out)
-            dir_fd = os.open(self.out.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            fsync_dir(self.out.parent)
         except OSError as exc:
             raise OutputError(f"cannot write {self.out}: {exc.strerror}") from exc
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from paramedic.durable import fsync_dir
 from paramedic.errors import OutputError
 from paramedic.output.stitch import Stitcher
 
@@ -96,11 +97,7 @@ class LocalFile:
             os.fsync(self.fh.fileno())
             self.fh.close()
             os.replace(self.tmp, self.out)
-            dir_fd = os.open(self.out.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            fsync_dir(self.out.parent)
         except OSError as exc:
             raise OutputError(f"cannot write {self.out}: {exc.strerror}") from exc
 
