@@ -1,0 +1,128 @@
+"""Replicas of a formatted database that a fragment's files can be read from (issue 14's seam).
+
+A replica is a place that holds the files of a `paramedic format` database: a directory (shared storage,
+a mirror mount) or a storage site serving its database read-only (`paramedic serve`, `tls://`). Staging
+(`paramedic.db.stage`) and striped reads over several replicas (`paramedic.db.stripes`) see replicas only
+through `Replica`; a transport is a plugin registered here by URL scheme, as `ship.transport` does for
+output. Whatever a replica serves is untrusted until it verifies against the manifest's SHA-256s.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
+
+from paramedic.db.manifest import MANIFEST_NAME, Manifest
+from paramedic.errors import DatabaseError, UsageError
+
+# The most one read asks for: a stripe (paramedic.db.stripes) is at most this long.
+MAX_READ_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class VolumeFile:
+    """One file of a makeblastdb volume (e.g. f003.psq) and its size, as a replica lists it."""
+
+    name: str
+    size: int
+
+
+class Replica(Protocol):
+    """Read-only access to one copy of a database's files. Methods raise `ReplicaError` for anything the
+    replica cannot do (unreachable, refused, short read): the caller drops the replica, never the run."""
+
+    @property
+    def label(self) -> str:
+        """Where it is, for messages and the run record (a path or a URL, no secrets)."""
+        ...
+
+    def manifest(self) -> Manifest:
+        """The replica's manifest: replicas are used together only when their checksums are equal."""
+        ...
+
+    def volume_files(self, volume: str) -> list[VolumeFile]:
+        """The files of a volume (`Fragment.volume`), in name order, as `volume_sha256` digests them."""
+        ...
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        """`length` bytes (at most MAX_READ_BYTES) of volume file `name` from `offset`: exactly that many,
+        or ReplicaError."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ReplicaError(DatabaseError):
+    """A replica failed a request; the read moves to another replica."""
+
+
+class LocalReplica:
+    """A database directory on a filesystem this process can read (shared storage, a mirror mount)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    @property
+    def label(self) -> str:
+        return str(self.directory)
+
+    def manifest(self) -> Manifest:
+        try:
+            return Manifest.from_json((self.directory / MANIFEST_NAME).read_text())
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise ReplicaError(f"replica {self.label}: no readable {MANIFEST_NAME} ({exc})") from exc
+
+    def volume_files(self, volume: str) -> list[VolumeFile]:
+        try:
+            return [
+                VolumeFile(p.name, p.stat().st_size)
+                for p in sorted(self.directory.iterdir())
+                if p.name.startswith(volume + ".") and p.suffix not in (".pal", ".nal")
+            ]
+        except OSError as exc:
+            raise ReplicaError(f"replica {self.label}: cannot list volume {volume} ({exc.strerror})") from exc
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        if "/" in name or name.startswith(".") or not 0 < length <= MAX_READ_BYTES or offset < 0:
+            raise ReplicaError(f"replica {self.label}: bad read {name!r} {offset}+{length}")
+        try:
+            fd = os.open(self.directory / name, os.O_RDONLY)
+            try:
+                data = os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise ReplicaError(f"replica {self.label}: cannot read {name} ({exc.strerror})") from exc
+        if len(data) != length:
+            raise ReplicaError(f"replica {self.label}: {name} is shorter than it was listed")
+        return data
+
+    def close(self) -> None:
+        pass
+
+
+# scheme -> factory(url, keys); "" is a local path. Transports register themselves on import.
+ReplicaFactory = Callable[[str, Path | None], Replica]
+REPLICA_SCHEMES: dict[str, ReplicaFactory] = {"": lambda url, keys: LocalReplica(Path(url).resolve())}
+
+
+def register_replica_scheme(scheme: str) -> Callable[[ReplicaFactory], ReplicaFactory]:
+    def register(factory: ReplicaFactory) -> ReplicaFactory:
+        REPLICA_SCHEMES[scheme] = factory
+        return factory
+
+    return register
+
+
+def open_replica(url: str, keys: Path | None = None) -> Replica:
+    """The replica at `url`: a directory path, or `scheme://...` of a registered transport."""
+    scheme = urlparse(url).scheme if "://" in url else ""
+    factory = REPLICA_SCHEMES.get(scheme)
+    if factory is None:
+        known = ", ".join(f"{s}://" for s in REPLICA_SCHEMES if s) or "none"
+        raise UsageError(f"--mirror {url}: unknown scheme {scheme!r} (a directory, or {known})")
+    return factory(url, keys)
