@@ -63,7 +63,7 @@ def run_partitioned(
     if rank == group[0]:
         _partition_master(job, plan, comm, local, group, store)
     else:
-        run_worker(job, plan, local, workdir, store, rank=rank)
+        run_worker(job, plan, local, workdir, store, world=comm)
     return None
 
 

@@ -27,7 +27,7 @@ from paramedic.engine.sinks import WorkerSink
 from paramedic.engine.store import Store
 from paramedic.errors import JobError, ParamedicError
 from paramedic.output.stitch import stitch_alone
-from paramedic.output.strategies import Round, output_strategy
+from paramedic.output.strategies import Order, Round, output_strategy
 from paramedic.report.record import RankStats
 
 # Waits between probes start short and double up to the maximum: a master waiting through a long search
@@ -66,14 +66,14 @@ def patient_recv_or(
 
 
 def run_worker(
-    job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store | None, rank: int | None = None
+    job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store | None, world: MPI.Comm | None = None
 ) -> None:
     """A worker's loop: tasks from its master (rank 0 of `comm`) until told to stop; errors go to the
-    master, which ends the job with them. `rank`: this rank's number in the job, when `comm` is a
+    master, which ends the job with them. `world`: the whole job's communicator, when `comm` is a
     partition's."""
     if output_strategy(job.output_strategy).workers_write and job.out is not None:
-        return run_writing_worker(job, plan, comm, workdir, store)
-    stats = RankStats(rank=comm.Get_rank() if rank is None else rank, role="worker")
+        return run_writing_worker(job, plan, comm, workdir, store, world or comm)
+    stats = RankStats(rank=(world or comm).Get_rank(), role="worker")
     comm.send(None, dest=0, tag=TAG_READY)
     while True:
         task, _, tag, _ = patient_recv(comm, source=0)
@@ -124,9 +124,18 @@ def run_workers(
     """The MPI runner: hand tasks to idle worker ranks, pass their results to the master; then stop the
     workers and collect their figures. `stats`: this master's, which counts the bytes of the results.
     A partition master passes its `upstream` (the supermaster) and its ranks' numbers in the job."""
-    if isinstance(master.sink, WorkerSink):
-        return run_writing_workers(master, master.sink, comm, stats)
     size = comm.Get_size()
+    if isinstance(master.sink, WorkerSink):
+        sink = master.sink
+        file, data_comm = open_output(comm, sink.tmp)
+        holder = sink.attach(file, data_comm)
+        figures, written = run_writing_workers(
+            master, comm, stats, holder, StrategyConductor(master, sink, size)
+        )
+        sink.write_seconds += file.seconds
+        sink.acknowledge(*written)
+        sink.closed_by_ranks()
+        return figures
     names = list(ranks) if ranks is not None else list(range(size))
     master.start()
     idle: deque[int] = deque()
@@ -167,9 +176,10 @@ def run_workers(
 # -- workers writing the report (--output-strategy other than master) ---------------------------------
 
 
-def _open_output(comm: MPI.Comm, path: Path | None) -> tuple[OutputFile, MPI.Comm]:
-    """Every rank at once: rank 0 names the temporary file, all open it (MPI-IO), and a duplicate of
-    the communicator carries worker-merge's piece bytes apart from the tasks."""
+def open_output(comm: MPI.Comm, path: Path | None) -> tuple[OutputFile, MPI.Comm]:
+    """Every rank of the job at once: rank 0 names the temporary file, all open it (MPI-IO), and a
+    duplicate of the communicator carries worker-merge's piece bytes apart from the tasks. With
+    partitions `comm` is the whole job's, not a partition's: a piece's writer may be in another one."""
     name = comm.bcast(str(path) if path is not None else None, root=0)
     data_comm = comm.Dup()
     return OutputFile(cast(MPI.Intracomm, comm), Path(name)), data_comm
@@ -188,18 +198,22 @@ def _patient_probe(comm: MPI.Comm, holder: Holder) -> tuple[Any, int, int, int]:
     return message, 0, status.Get_tag(), size
 
 
-def run_writing_worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store | None) -> None:
+def run_writing_worker(
+    job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, store: Store | None, world: MPI.Comm
+) -> None:
     """A worker that keeps the pieces it writes, stitched for their place, and writes them into the file
-    as rank 0 orders (paramedic.output.strategies); rank 0 learns only their sizes."""
-    rank = comm.Get_rank()
+    as its master relays rank 0's orders (paramedic.output.strategies); rank 0 learns only their sizes.
+    `comm`: the worker's and its master's (a partition's, or the job's); `world`: the job's, over which
+    the file is open."""
+    rank = world.Get_rank()
     stats = RankStats(rank=rank, role="worker")
-    file, data_comm = _open_output(comm, None)
+    file, data_comm = open_output(world, None)
     holder = Holder(file, data_comm)
     outfmt = job.options.outfmt()
     total_queries = plan.pieces[-1].stop
     comm.send(None, dest=0, tag=TAG_READY)
     final: Round | None = None
-    # A task's failure goes to rank 0, which ends the job; a failure writing the file is raised (the
+    # A task's failure goes to the master, which ends the job; a failure writing the file is raised (the
     # launcher's handler aborts every rank): another rank may be waiting in a collective call with it
     while True:
         message, _, tag, _ = _patient_probe(comm, holder)
@@ -241,54 +255,109 @@ def run_writing_worker(job: Job, plan: Plan, comm: MPI.Comm, workdir: Path, stor
     comm.send(stats, dest=0, tag=TAG_STATS)
 
 
+class Conductor(Protocol):
+    """Who places the pieces and calls the collective rounds for a master whose workers write: the
+    output strategy itself (one master, `StrategyConductor`), or rank 0, whose orders a partition master
+    relays (paramedic.engine.partitions). Ranks are those of the master's communicator."""
+
+    def poll(self) -> bool:
+        """Handle what came from above, without blocking; True when something did."""
+        ...
+
+    def orders(self) -> dict[int, list[Order]]:
+        """Orders made since the last call, per rank."""
+        ...
+
+    def start_round(self) -> dict[int, Round] | None:
+        """A round to start now: every rank's share."""
+        ...
+
+    def entering_round(self) -> None:
+        """Every worker is in the round; this master enters it next."""
+        ...
+
+    @property
+    def ended(self) -> bool:
+        """No piece is left to place: the last round and the stop."""
+        ...
+
+    def final(self) -> dict[int, Round] | None: ...
+
+
+class StrategyConductor:
+    """One master: its sink's output strategy places the pieces as their sizes arrive."""
+
+    def __init__(self, master: Master, sink: WorkerSink, ranks: int):
+        self.master = master
+        self.strategy = sink.strategy
+        self.ranks = ranks
+
+    def poll(self) -> bool:
+        return False
+
+    def orders(self) -> dict[int, list[Order]]:
+        return self.strategy.take()
+
+    def start_round(self) -> dict[int, Round] | None:
+        if self.strategy.round_due and not self.master.finished:
+            return self.strategy.start_round(self.ranks)
+        return None
+
+    def entering_round(self) -> None:
+        pass
+
+    @property
+    def ended(self) -> bool:
+        return self.master.finished
+
+    def final(self) -> dict[int, Round] | None:
+        return self.strategy.start_round(self.ranks)
+
+
 def run_writing_workers(
-    master: Master, sink: WorkerSink, comm: MPI.Comm, stats: RankStats
-) -> list[RankStats]:
-    """Rank 0's runner when the workers write the report: as run_workers, and as pieces are placed it
-    sends their holders the orders (a worker reads them between tasks); worker-collective's rounds start
-    when enough bytes are placed: every worker is told, and rank 0 joins the round once all are in it
-    (so it never blocks while a worker still has a result to send). At the end: the last orders and
-    round with the stop, then every rank syncs and closes the file, and counts what it wrote."""
+    master: Master,
+    comm: MPI.Comm,
+    stats: RankStats,
+    holder: Holder,
+    conductor: Conductor,
+    upstream: Upstream | None = None,
+    ranks: Sequence[int] | None = None,
+) -> tuple[list[RankStats], tuple[int, int]]:
+    """A master's runner when the workers write the report: as run_workers, and it sends the holders the
+    orders the conductor makes (a worker reads them between tasks); a collective round: every worker is
+    told, and the master joins the round once all are in it (so it never blocks while a worker still
+    has a result to send). At the end: the last orders and round with the stop, then every rank syncs
+    and closes the file. Returns the workers' figures and the pieces and bytes written by this master
+    and its workers."""
     size = comm.Get_size()
-    file, data_comm = _open_output(comm, sink.tmp)
-    holder = sink.attach(file, data_comm)
-    strategy = sink.strategy
+    names = list(ranks) if ranks is not None else list(range(size))
     master.start()
     idle: deque[int] = deque()
     busy: dict[int, Task] = {}
     round_shares: dict[int, Round] | None = None  # the round under way
     joined: set[int] = set()
 
+    def poll() -> bool:
+        return conductor.poll() | (upstream.poll() if upstream is not None else False)
+
     def send_orders() -> None:
-        for rank, orders in strategy.take().items():
+        for rank, orders in conductor.orders().items():
             if rank == 0:
                 holder.run(orders)
             else:
                 comm.send(orders, dest=rank, tag=TAG_WRITE)
 
-    send_orders()  # pieces rank 0 restored from the journal
-    while not master.finished or round_shares is not None:
-        message, source, tag, nbytes = patient_recv(comm)
-        stats.received_bytes += nbytes
-        if tag == TAG_ERROR:
-            text, code = message
-            raise JobError(f"rank {source}: {text}", code)
-        if tag == TAG_RESULT:
-            busy.pop(source, None)
-            master.accept(message)
-            send_orders()
-        if tag == TAG_JOINED:
-            joined.add(source)
-        elif round_shares is None:  # in a round a worker says it is ready once the round is over
-            idle.append(source)
-        if round_shares is None and strategy.round_due and not master.finished:
-            round_shares = strategy.start_round(size)
-            assert round_shares is not None
-            joined = set()
-            idle.clear()
-            for worker in range(1, size):
-                comm.send(round_shares[worker], dest=worker, tag=TAG_ROUND)
+    while not conductor.ended or round_shares is not None:
+        send_orders()
+        if round_shares is None:
+            round_shares = conductor.start_round()
+            if round_shares is not None:
+                joined = set()
+                idle.clear()
+                for worker in range(1, size):
+                    comm.send(round_shares[worker], dest=worker, tag=TAG_ROUND)
         if round_shares is not None and len(joined) == size - 1:
+            conductor.entering_round()
             holder.round(round_shares[0])  # every worker is in the round: this returns
             round_shares = None
             continue
@@ -299,27 +368,43 @@ def run_writing_workers(
             worker = idle.popleft()
             busy[worker] = task
             comm.send(task, dest=worker, tag=TAG_TASK)
-        if not busy and round_shares is None and not master.finished and len(idle) == size - 1:
+        stalled = not busy and round_shares is None and len(idle) == size - 1 and not conductor.ended
+        if stalled and upstream is None and isinstance(conductor, StrategyConductor):
             raise JobError("internal: scheduler stalled with every worker idle")
-    final = strategy.start_round(size)
+        got = patient_recv_or(comm, also=poll)
+        if got is None:
+            continue
+        message, source, tag, nbytes = got
+        stats.received_bytes += nbytes
+        if tag == TAG_ERROR:
+            text, code = message
+            raise JobError(f"rank {names[source]}: {text}", code)
+        if tag == TAG_RESULT:
+            busy.pop(source, None)
+            master.accept(message)
+        if tag == TAG_JOINED:
+            joined.add(source)
+        elif round_shares is None:  # in a round a worker says it is ready once the round is over
+            idle.append(source)
+    send_orders()
+    final = conductor.final()
     for worker in range(1, size):
         comm.send(final[worker] if final is not None else None, dest=worker, tag=TAG_STOP)
     if final is not None:
         holder.round(final[0])
     holder.drain()
-    file.close()
-    sink.write_seconds += file.seconds
-    stats.add("write", file.seconds)
-    sink.acknowledge(holder.written_pieces, holder.written_bytes)
+    holder.file.close()
+    stats.add("write", holder.file.seconds)
+    pieces, nbytes = holder.written_pieces, holder.written_bytes
     worker_stats: list[RankStats] = []
     while len(worker_stats) < size - 1:
         message, source, tag, _ = patient_recv(comm)
         if tag == TAG_ERROR:
             text, code = message
-            raise JobError(f"rank {source}: {text}", code)
+            raise JobError(f"rank {names[source]}: {text}", code)
         if tag == TAG_WRITTEN:
-            sink.acknowledge(*message)
+            pieces += message[0]
+            nbytes += message[1]
         elif tag == TAG_STATS:
             worker_stats.append(message)
-    sink.closed_by_ranks()
-    return sorted(worker_stats, key=lambda s: s.rank)
+    return sorted(worker_stats, key=lambda s: s.rank), (pieces, nbytes)
