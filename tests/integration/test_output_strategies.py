@@ -115,6 +115,37 @@ def test_more_ranks_than_cores(site: Site, strategy: str) -> None:
     assert out.read_bytes() == expected(site, "7")
 
 
+@pytest.mark.parametrize("strategy", WORKERS)
+def test_partitions_workers_write(site: Site, strategy: str) -> None:
+    """The issue's combination: partitions under a supermaster, the workers writing the file. 7 ranks: rank 0 and
+    two partitions of a master and two workers (rank 0 places the pieces, the partition masters relay),
+    and a small buffer: worker-collective runs rounds across the partitions during the search, and
+    worker-merge's segments gather pieces of workers in both partitions."""
+    out = site.root / f"{strategy}-partitions.out"
+    master = search(site, "master", "0")
+    bound = str(max(1, master.stat().st_size // 4))
+    paramedic(
+        "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", site.db, "-outfmt", "0",
+        "-evalue", "1e-5", "-out", str(out), "--np", "6", "--partition-size", "3", "--output-strategy",
+        strategy, *ENGINE, cwd=site.root / "p3", env={"PARAMEDIC_OUTPUT_BUFFER": bound},
+    )  # fmt: skip
+    assert out.read_bytes() == master.read_bytes()
+    record = json.loads(out.with_name(out.name + ".run.json").read_text())
+    assert record["partitions"] == 2 and record["output_strategy"] == strategy
+    ranks = record["ranks_stats"]
+    workers = [r for r in ranks if r["role"] == "worker"]
+    assert len(workers) == 4 and all(r["seconds"]["write"] > 0 for r in workers), ranks
+    # every worker wrote pieces: both partitions searched and wrote
+    assert all(r["tasks"]["regenerate"] + r["tasks"]["rendered"] > 0 for r in workers), ranks
+    # rank 0 received sizes, not the report
+    assert ranks[0]["received_bytes"] < master.stat().st_size
+    writes = record["output_writes"]
+    if strategy == "worker-collective":
+        assert writes["rounds"] >= 2, writes  # at least one during the search, and the last
+    if strategy == "worker-merge":
+        assert writes["gathered"] >= 1 and writes["segments"] >= 2, writes
+
+
 def test_one_rank_writes_alone(site: Site) -> None:
     """Under `mpiexec -n 1` rank 0 does every task and writes the file itself."""
     out = site.root / "one-rank.out"

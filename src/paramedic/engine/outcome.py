@@ -5,7 +5,7 @@ from __future__ import annotations
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal
 from paramedic.engine.scheduler import Plan
-from paramedic.engine.sinks import MetadataSink, PublishedSink, WriterSink
+from paramedic.engine.sinks import MetadataSink, PublishedSink, WorkerSink, WriterSink
 from paramedic.engine.store import Store
 from paramedic.report.record import RankStats, RunRecord
 
@@ -55,4 +55,5 @@ def run_record(
         strategy_reason=job.strategy.record() if job.strategy else None,
         partitions=partitions,
         output_strategy=job.output_strategy,
+        output_writes=sink.strategy.counts() if isinstance(sink, WorkerSink) else None,
     )

@@ -8,6 +8,11 @@ with the same runner and worker loop as a one-master job (paramedic.engine.ranks
 stay in the search store as there. Pieces reach rank 0 as they are written; the workers' figures and the
 merged subjects once the partition is done.
 
+With workers writing the report (--output-strategy other than master) rank 0 places the pieces from
+their sizes as with one master, and a partition master relays: its workers' sizes up, rank 0's orders and
+collective rounds down (`Relay`); the file is open over the whole job, so a segment's writer may gather
+pieces from workers of other partitions.
+
 Not with --ship auto (its probe is a decision of the one master) nor --from-metadata: refused up front.
 """
 
@@ -17,6 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from mpi4py import MPI
 
@@ -25,20 +31,32 @@ from paramedic.blast.hits import FragmentSearch
 from paramedic.engine.hierarchy import PartitionMaster, Segment, Supermaster, partitions
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal, Replay
-from paramedic.engine.master import Master
+from paramedic.engine.master import Master, PieceHeld
 from paramedic.engine.metadata import save_metadata
+from paramedic.engine.mpiio import Holder
 from paramedic.engine.outcome import run_record
-from paramedic.engine.ranks import TAG_ERROR, patient_recv, run_worker, run_workers
+from paramedic.engine.ranks import (
+    TAG_ERROR,
+    open_output,
+    patient_recv,
+    run_worker,
+    run_workers,
+    run_writing_workers,
+)
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler
-from paramedic.engine.sinks import open_sink
+from paramedic.engine.sinks import WorkerSink, open_sink
 from paramedic.engine.store import RecordError, Store
 from paramedic.errors import InternalError, JobError
+from paramedic.output.strategies import Order, Round, output_strategy
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord
 from paramedic.ship.registry import ships_pieces
 
-# Messages between rank 0 and the partition masters (the workers' tags, engine/ranks.py, are 0-5).
+# Messages between rank 0 and the partition masters (the workers' tags, engine/ranks.py, are 0-9).
 TAG_WANT, TAG_SEGMENT, TAG_PIECE, TAG_SHIP, TAG_DONE = range(20, 25)
+# ... when the workers write the report: a piece's size and holder (up), orders, a collective round,
+# the partition is in it (up), the last round and the end (down)
+TAG_HELD, TAG_ORDERS, TAG_ROUND, TAG_JOINED, TAG_FINAL = range(25, 30)
 
 
 def run_partitioned(
@@ -81,6 +99,11 @@ class Forward:
 
     def ship(self, tasks: list[PieceTask]) -> int:
         self.comm.send(tasks, dest=0, tag=TAG_SHIP)
+        return 0
+
+    def held(self, result: PieceHeld) -> int:
+        """A piece a worker holds (it writes it): rank 0 places it."""
+        self.comm.send(result, dest=0, tag=TAG_HELD)
         return 0
 
     def commit(self) -> None: ...
@@ -146,11 +169,131 @@ def _partition_master(
     master = Master(scheduler, Forward(comm, holds), Progress(0, quiet=True), stats)
     partition = PartitionMaster(master, workers=local.Get_size() - 1)
     link = SupermasterLink(partition, comm, store, plan)
-    worker_stats = run_workers(master, local, stats, upstream=link, ranks=group)
+    written = (0, 0)
+    if workers_write(job):
+        file, data_comm = open_output(comm, None)
+        relay = Relay(comm, group)
+        worker_stats, written = run_writing_workers(
+            master, local, stats, Holder(file, data_comm), relay, upstream=link, ranks=group
+        )
+    else:
+        worker_stats = run_workers(master, local, stats, upstream=link, ranks=group)
     merged = {q: s for b in scheduler.assigned or () for q in plan.batches[b] if (s := scheduler.metadata(q))}
     close_fork_servers()
     stats.measure_memory()
-    comm.send(([stats, *worker_stats], merged, scheduler.searched_again), dest=0, tag=TAG_DONE)
+    comm.send(([stats, *worker_stats], merged, scheduler.searched_again, written), dest=0, tag=TAG_DONE)
+
+
+class Relay:
+    """A partition master's conductor when its workers write the report: rank 0 places the pieces and
+    calls the rounds; this passes its orders and rounds on to the partition's workers (local ranks)."""
+
+    def __init__(self, comm: MPI.Comm, group: list[int]):
+        self.comm = comm
+        self.local = {rank: i for i, rank in enumerate(group)}
+        self._orders: dict[int, list[Order]] = {}
+        self._round: dict[int, Round] | None = None
+        self._final: dict[int, Round] | None = None
+        self._ended = False
+
+    def poll(self) -> bool:
+        status = MPI.Status()
+        got = False
+        while self.comm.Iprobe(source=0, tag=MPI.ANY_TAG, status=status) and status.Get_tag() in (
+            TAG_ORDERS,
+            TAG_ROUND,
+            TAG_FINAL,
+        ):
+            tag = status.Get_tag()
+            message = self.comm.recv(source=0, tag=tag)
+            got = True
+            if tag == TAG_ORDERS:
+                for rank, orders in message.items():
+                    self._orders.setdefault(self.local[rank], []).extend(orders)
+            elif tag == TAG_ROUND:
+                self._round = self._mapped(message)
+            else:
+                self._final = self._mapped(message) if message is not None else None
+                self._ended = True
+        return got
+
+    def _mapped(self, shares: dict[int, Round]) -> dict[int, Round]:
+        return {self.local[rank]: share for rank, share in shares.items()}
+
+    def orders(self) -> dict[int, list[Order]]:
+        orders, self._orders = self._orders, {}
+        return orders
+
+    def start_round(self) -> dict[int, Round] | None:
+        shares, self._round = self._round, None
+        return shares
+
+    def entering_round(self) -> None:
+        self.comm.send(None, dest=0, tag=TAG_JOINED)
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def final(self) -> dict[int, Round] | None:
+        return self._final
+
+
+class Placing:
+    """Rank 0's side when the workers write the report: places the pieces as their sizes arrive (the
+    sink's output strategy), sends each partition master its workers' orders, runs the collective rounds
+    (rank 0 enters once every partition is in), and at the end the last round and the file's close."""
+
+    def __init__(self, sink: WorkerSink, comm: MPI.Comm, groups: list[list[int]]):
+        self.sink = sink
+        self.comm = comm
+        self.groups = groups
+        self.master_of = {rank: group[0] for group in groups for rank in group}
+        file, data_comm = open_output(comm, sink.tmp)
+        self.holder = sink.attach(file, data_comm)
+        self.round: dict[int, Round] | None = None
+        self.joined: set[int] = set()
+        self.closed = False
+
+    def send_orders(self) -> None:
+        per_master: dict[int, dict[int, list[Order]]] = {}
+        for rank, orders in self.sink.strategy.take().items():
+            if rank == 0:
+                self.holder.run(orders)
+            else:
+                per_master.setdefault(self.master_of[rank], {})[rank] = orders
+        for master, orders_of in per_master.items():
+            self.comm.send(orders_of, dest=master, tag=TAG_ORDERS)
+
+    def joined_round(self, master: int) -> None:
+        self.joined.add(master)
+
+    def step(self, finished: bool) -> None:
+        """After each message: orders out, a round started or entered, or (all pieces placed) the end."""
+        self.send_orders()
+        strategy = self.sink.strategy
+        if self.round is None and not finished and strategy.round_due:
+            self.round = strategy.start_round(self.comm.Get_size())
+            self.joined = set()
+            self._down(TAG_ROUND, self.round)
+        if self.round is not None and len(self.joined) == len(self.groups):
+            self.holder.round(self.round[0])
+            self.round = None
+        if finished and self.round is None and not self.closed:
+            final = strategy.start_round(self.comm.Get_size())
+            self._down(TAG_FINAL, final)
+            if final is not None:
+                self.holder.round(final[0])
+            self.holder.drain()
+            self.holder.file.close()
+            self.sink.write_seconds += self.holder.file.seconds
+            self.sink.acknowledge(self.holder.written_pieces, self.holder.written_bytes)
+            self.closed = True
+
+    def _down(self, tag: int, shares: dict[int, Round] | None) -> None:
+        for group in self.groups:
+            part = {rank: shares[rank] for rank in group} if shares is not None else None
+            self.comm.send(part, dest=group[0], tag=tag)
 
 
 # -- the supermaster ---------------------------------------------------------------------------------
@@ -181,6 +324,7 @@ def _supermaster(
             for task in replay.searches:
                 kept.setdefault(task.batch, []).append(task.fragment)
         supermaster = Supermaster(plan, done, kept)
+        placing = Placing(sink, comm, groups) if isinstance(sink, WorkerSink) else None
         if journal is not None:
             journal.kept_searches = sum(len(f) for b, f in kept.items())
         stats_of: list[RankStats] = []
@@ -202,16 +346,27 @@ def _supermaster(
                 for task in message:
                     supermaster.piece_done(task.piece)
                 progress.advance(sink.ship(message))
+            elif tag == TAG_HELD:
+                supermaster.piece_done(message.task.piece)
+                progress.advance(cast(WorkerSink, sink).held(message))
+            elif tag == TAG_JOINED and placing is not None:
+                placing.joined_round(source)
             elif tag == TAG_DONE:
-                figures, part, again = message
+                figures, part, again, written = message
                 stats_of.extend(figures)
                 merged.update(part)
                 searched_again += again
+                if placing is not None:
+                    placing.sink.acknowledge(*written)
                 running -= 1
             elif tag == TAG_ERROR:  # a partition master's own failure travels as an abort, not here
                 raise JobError(f"rank {source}: {message[0]}", message[1])
+            if placing is not None and running:
+                placing.step(supermaster.finished)
         if not supermaster.finished:
             raise InternalError("internal: the partitions finished with pieces left unwritten")
+        if placing is not None:
+            placing.sink.closed_by_ranks()
         sink.commit()
         metadata = [merged.get(q, []) for q in range(len(job.queries))]
         if job.save_metadata is not None:
@@ -257,3 +412,8 @@ def check_partitioning(job: Job, plan: Plan, ranks: int, size: int) -> None:
             plan.batch_pieces(batch)
     except ValueError as exc:
         raise JobError(f"--partition-size {size}: {exc}", 2) from exc
+
+
+def workers_write(job: Job) -> bool:
+    """The workers write the report file (--output-strategy other than master, with -out FILE)."""
+    return output_strategy(job.output_strategy).workers_write and job.out is not None

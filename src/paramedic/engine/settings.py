@@ -76,5 +76,3 @@ class SearchSettings:
             raise UsageError(f"{flag} writes a file here; with --site rank 0 sends the output: drop {flag}")
         if out is None or out == "-":
             raise UsageError(f"{flag} writes a file: standard output is written by rank 0 (give -out FILE)")
-        if self.partition_size is not None:
-            raise UsageError(f"{flag} is for one partition: drop --partition-size or {flag}")

@@ -139,6 +139,10 @@ class OutputStrategy:
     def round_due(self) -> bool:
         return False
 
+    def counts(self) -> dict[str, int]:
+        """What the strategy did, for the run record (rounds, segments)."""
+        return {}
+
     def start_round(self, ranks: int) -> dict[int, Round] | None:
         """worker-collective: every rank's share of a round over the unwritten placed pieces (None when
         there is nothing to write)."""
@@ -201,6 +205,9 @@ class WorkerCollective(OutputStrategy):
     def round_due(self) -> bool:
         return self.unwritten_bytes >= self.round_bytes
 
+    def counts(self) -> dict[str, int]:
+        return {"rounds": self.rounds}
+
     def start_round(self, ranks: int) -> dict[int, Round] | None:
         if not self.unwritten:
             return None
@@ -228,6 +235,10 @@ class WorkerMerge(OutputStrategy):
         self.segment_offset = 0
         self.segment_bytes = 0
         self.segments = 0
+        self.gathered = 0  # segments whose writer received pieces from other ranks
+
+    def counts(self) -> dict[str, int]:
+        return {"segments": self.segments, "gathered": self.gathered}
 
     def _placed(self, piece: int, offset: int, size: int, holder: int) -> None:
         if holder == 0:  # rank 0's own pieces (journaled, or a one-rank job): rank 0 writes them
@@ -251,6 +262,7 @@ class WorkerMerge(OutputStrategy):
         for _, holder, size in self.segment:
             held[holder] += size
         writer = min(held, key=lambda rank: (-held[rank], rank))
+        self.gathered += len(held) > 1
         for piece, holder, _ in self.segment:
             if holder != writer:
                 self._order(holder, Send(piece, writer))

@@ -173,6 +173,9 @@ class RunRecord:
     partitions: int = 1
     # Who wrote the report file (--output-strategy): "master" (rank 0) or a worker strategy
     output_strategy: str = "master"
+    # What a worker strategy did: {"rounds": collective rounds} or {"segments": .., "gathered": segments
+    # whose writer received pieces from other ranks}; None under master
+    output_writes: dict[str, int] | None = None
     # Which strategy was used and why, with the sizes and the memory per worker it was decided from
     strategy_reason: StrategyReason | None = None
     version: int = VERSION
