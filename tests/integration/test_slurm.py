@@ -2,7 +2,7 @@
 
 munged, slurmctld and slurmd (Debian's slurm-wlm, `make slurm`) run from a temporary configuration: their
 own munge key and socket, free ports, state, spool and log directories under one temporary directory; one
-node with 2 CPUs (fewer if the machine has fewer), 3 ranks by --overcommit. The script is submitted with sbatch as a user would, after
+node with 2 CPUs (fewer if the machine has fewer), 4 ranks by --overcommit. The script is submitted with sbatch as a user would, after
 changing its two marked lines, with the virtual environment's `paramedic` on PATH (an activated venv).
 Its output must be one plain BLAST+ run's bytes and its run record must be there. Then the same script on a
 database that does not exist (one line, exit 4, nothing written), and srun without an MPI plugin
@@ -32,8 +32,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "slurm" / "search.sbatch"
 # The BLAST+ options the example passes; the reference run uses the same.
 OPTIONS = ("-outfmt", "0", "-evalue", "1e-5")
-# 3 ranks (a master and 2 workers) on the node's 2 CPUs; --exclusive gives the job both CPUs.
-SBATCH_OPTIONS = ("--ntasks=3", "--overcommit", "--exclusive", "--time=10")
+# 4 ranks (rank 0, one partition: its master and 2 workers) on the node's 2 CPUs; --exclusive gives the
+# job both CPUs.
+SBATCH_OPTIONS = ("--ntasks=4", "--overcommit", "--exclusive", "--time=10")
+# The engine options the example passes: the (partitions, copies of the database, workers write)
+ENGINE = "--partition-size 128 --replica-group-size 64 --output-strategy worker-merge"
 DAEMONS = ("munged", "slurmctld", "slurmd")
 TITLE = "slurm test proteins"
 
@@ -239,7 +242,7 @@ def error_lines(log: str) -> list[str]:
 
 
 def test_example_script_gives_blast_output_and_run_record(cluster: Cluster, data: Path) -> None:
-    assert " ".join(OPTIONS) in SCRIPT.read_text()
+    assert " ".join(OPTIONS) in SCRIPT.read_text() and f"ENGINE=({ENGINE})" in SCRIPT.read_text()
     run = cluster.root / "run"
     run.mkdir()
     script = adapt(data / "p" / "proteins", data / "q.fasta", run / "search.sbatch")
@@ -256,9 +259,12 @@ def test_example_script_gives_blast_output_and_run_record(cluster: Cluster, data
     assert without_posted_date(out.read_bytes(), "0") == expected, "differs from BLAST+"
 
     record = json.loads(out.with_name(out.name + ".run.json").read_text())
-    assert (record["ranks"], record["workers"], record["queries"]) == (3, 2, 30)
+    assert (record["ranks"], record["workers"], record["queries"]) == (4, 2, 30)
     assert record["output"] == str(out) and record["output_bytes"] == out.stat().st_size
-    assert [r["role"] for r in record["ranks_stats"]] == ["master", "worker", "worker"]
+    roles = [r["role"] for r in record["ranks_stats"]]
+    assert roles == ["supermaster", "partition master", "worker", "worker"]
+    assert (record["partitions"], record["output_strategy"]) == (1, "worker-merge")
+    assert all(r["seconds"]["write"] > 0 for r in record["ranks_stats"][2:])  # the workers wrote
     assert sum(r["tasks"]["search"] for r in record["ranks_stats"]) >= 1
     assert sorted(p.name for p in run.iterdir()) == sorted(
         ["search.sbatch", f"paramedic-{job}.log", out.name, f"{out.name}.run.json"]
