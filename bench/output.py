@@ -16,6 +16,7 @@ wall: waiting for tasks, merging, messages).
 
     bash bench/wan/setup.sh           # once: toxiproxy, sshd, sshfs
     .venv/bin/python bench/output.py --queries 150 --np 6 --rate-mbit 10 --rtt-ms 2
+    .venv/bin/python bench/output.py --queries 150 --np 8 --partition-size 4   # also in partitions
 """
 
 from __future__ import annotations
@@ -40,28 +41,33 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def run(work: Path, out: Path, strategy: str, np: int, queries: Path) -> dict:
+def run(
+    work: Path, out: Path, strategy: str, np: int, queries: Path, partition_size: int | None = None
+) -> dict:
     start = time.perf_counter()
+    name = strategy if partition_size is None else f"{strategy}, partitions of {partition_size}"
+    record_path = work / f"{name.replace(', ', '-').replace(' ', '-')}.run.json"
+    extra = [] if partition_size is None else ["--partition-size", str(partition_size)]
     proc = subprocess.run(
         [wan.PARAMEDIC, "search", "blastp", "-query", str(queries), "-db", "db/uniprot", "-outfmt", "0",
          "-out", str(out), "--np", str(np), "--strategy", "fragments", "--no-journal", "--quiet",
-         "--record", str(work / f"{strategy}.run.json"), "--output-strategy", strategy],
+         "--record", str(record_path), "--output-strategy", strategy, *extra],
         cwd=work / "compute", capture_output=True, text=True,
     )  # fmt: skip
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{strategy}: exit {proc.returncode}: {proc.stderr.strip()}")
-    record = json.loads((work / f"{strategy}.run.json").read_text())
+    record = json.loads(record_path.read_text())
     wall = record["wall_seconds"]
     ranks = []
     for r in record["ranks_stats"]:
         s = r["seconds"]
         blast = s["search"] + s["regenerate"]
         ranks.append(
-            {"rank": r["rank"], "init": elapsed - wall, "blast": blast, "write": s["write"],
+            {"rank": r["rank"], "role": r["role"], "init": elapsed - wall, "blast": blast, "write": s["write"],
              "other": max(0.0, wall - blast - s["write"])}
         )  # fmt: skip
-    return {"strategy": strategy, "elapsed": elapsed, "wall": wall, "bytes": out.stat().st_size,
+    return {"strategy": name, "elapsed": elapsed, "wall": wall, "bytes": out.stat().st_size,
             "sha256": sha256(out), "ranks": ranks}  # fmt: skip
 
 
@@ -76,7 +82,9 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
     ]
     local = results[0]["sha256"]
     for res in results[1:]:
-        zero, workers = res["ranks"][0], res["ranks"][1:]
+        zero = res["ranks"][0]
+        # the workers: every rank but 0 and the partition masters (who run no BLAST+ and write nothing)
+        workers = [r for r in res["ranks"][1:] if r["role"] == "worker"]
 
         def mean(key: str, ranks: list[dict] = workers) -> float:
             return sum(r[key] for r in ranks) / len(ranks)
@@ -100,6 +108,9 @@ def main() -> None:
     parser.add_argument("--fragments", type=int, default=4)
     parser.add_argument("--rate-mbit", type=float, default=10.0)
     parser.add_argument("--rtt-ms", type=float, default=2.0)
+    parser.add_argument(
+        "--partition-size", type=int, help="also run every strategy in partitions of this many ranks"
+    )
     parser.add_argument("--work", type=Path, default=Path(__file__).parent / "output-work")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "output-results.json")
     args = parser.parse_args()
@@ -116,11 +127,13 @@ def main() -> None:
             wan.sshfs_mount(port, key, work / "storage" / "root", work / "mnt", work / "logs" / "sshfs.log")
         )
         results.append(run(work, work / "compute" / "local" / "hits.txt", "master", args.np, queries))
-        for strategy in STRATEGIES:
-            out = mount / "runs" / f"{strategy}.txt"
-            results.append(run(work, out, strategy, args.np, queries))
-            print(f"{strategy}: {results[-1]['elapsed']:.1f} s", file=sys.stderr)
-            out.unlink()
+        sizes = [None] if args.partition_size is None else [None, args.partition_size]
+        for partition_size in sizes:
+            for strategy in STRATEGIES:
+                out = mount / "runs" / f"{strategy}.txt"
+                results.append(run(work, out, strategy, args.np, queries, partition_size))
+                print(f"{results[-1]['strategy']}: {results[-1]['elapsed']:.1f} s", file=sys.stderr)
+                out.unlink()
     args.out.write_text(
         json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": results}, indent=1)
     )
