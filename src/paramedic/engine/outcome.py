@@ -6,6 +6,7 @@ from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.sinks import MetadataSink, PublishedSink, WriterSink
+from paramedic.engine.staging import summary
 from paramedic.engine.store import Store
 from paramedic.report.record import RankStats, RunRecord
 
@@ -55,4 +56,5 @@ def run_record(
         strategy_reason=job.strategy.record() if job.strategy else None,
         partitions=partitions,
         output_strategy=job.output_strategy,
+        stage=summary(job.stage, [r.stage for r in ranks_stats]),
     )
