@@ -9,6 +9,7 @@ fragment is searched more than once by 2 workers on this one node, and copied on
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -97,8 +98,23 @@ def test_partitions_stage_too(site: Site, tmp_path: Path) -> None:
     assert record["stage"]["copies_in_flight_bound"] == 1
 
 
+def test_a_mirror_of_the_same_database_is_accepted_and_reported(site: Site, tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror" / "uniprot"
+    shutil.copytree(site.root / "p4" / "uniprot", mirror)
+    record = staged_search(site, "mirrored", "--stage", str(tmp_path / "cache"), "--mirror", str(mirror))
+    assert record["stage"]["mirrors"] == [str(mirror)]
+    served = [r for rank in record["ranks_stats"] if rank["stage"] for r in rank["stage"]["replicas"]]
+    assert {r["replica"] for r in served} == {str(site.root / "p4" / "uniprot"), str(mirror)}
+    assert all(r["dropped"] is None for r in served)
+
+
 def test_refusals_are_one_line(site: Site, tmp_path: Path) -> None:
+    other = tmp_path / "other" / "uniprot"  # another database: the same files, another manifest
+    shutil.copytree(site.root / "p4" / "uniprot", other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "title": "something else"}, indent=2) + "\n")
     cases = [
+        (("--stage", str(tmp_path / "c"), "--mirror", str(other)), 4, "holds a different database"),
         (("--stage", str(tmp_path / "c"), "--strategy", "queries"), 2, "--strategy queries"),
         (("--stage-limit", "1G"), 2, "give --stage DIR"),
         (("--stage", str(tmp_path / "c"), "--stage-limit", "lots"), 2, "--stage-limit 'lots'"),
