@@ -296,6 +296,7 @@ def test_the_scheduler_prefers_fragments_staged_on_the_workers_node():
 
 def test_copies_in_flight_are_bounded_and_a_finished_search_counts_as_staged():
     s = Scheduler(staged_plan(), nodes={1: "a", 2: "b", 3: "a"}, stage_copies=1)
+    assert s.per_worker and not Scheduler(staged_plan()).per_worker  # the runner asks every idle worker
     first = s.next_task(1)
     assert isinstance(first, SearchTask) and s.copies_in_flight == 1
     assert s.next_task(2) is None  # node b has nothing staged and the one copy allowed is in flight

@@ -244,14 +244,16 @@ class Scheduler:
         ][: self.window]
         if not open_batches:
             return None
-        held = self.cache.setdefault(worker, set())
-        held_by_others = set().union(*(f for w, f in self.cache.items() if w != worker))
         node = self.nodes.get(worker) if self.nodes is not None else None
         on_node = self.staged.get(node, set()) if node is not None else set()
         copying = {f for n, f in self._copying if n == node}
         bounded = (
             node is not None and self.stage_copies is not None and len(self._copying) >= self.stage_copies
         )
+        if bounded and not any((on_node | copying) & self._pending[b] for b in open_batches):
+            return None  # every copy allowed is in flight and nothing is staged here: wait (cheaply)
+        held = self.cache.setdefault(worker, set())
+        held_by_others = set().union(*(f for w, f in self.cache.items() if w != worker))
         choice = None
         home = self.home(worker)
         for prefer in (
@@ -272,8 +274,7 @@ class Scheduler:
                     break
             if choice:
                 break
-        if choice is None:
-            return None  # every copy allowed is in flight and nothing is staged here: wait for one
+        assert choice is not None
         self._pending[choice.batch].discard(choice.fragment)
         held.add(choice.fragment)
         if node is not None:
@@ -281,6 +282,12 @@ class Scheduler:
             if choice.fragment not in on_node:
                 self._copying.add((node, choice.fragment))
         return choice
+
+    @property
+    def per_worker(self) -> bool:
+        """Whether `next_task` may give one idle worker nothing and another a task (--stage: the bound
+        on copies in flight leaves a worker only what is staged on its node)."""
+        return self.nodes is not None and self.stage_copies is not None
 
     @property
     def copies_in_flight(self) -> int:
