@@ -76,6 +76,8 @@ def test_a_cache_smaller_than_the_database_keeps_its_limit_and_the_output(site: 
     cache = tmp_path / "cache"
     sizes = volume_bytes(site)
     limit = max(sizes) * 2 + 4096  # two fragments of four
+    staged_search(site, "unlimited", "--stage", str(cache))  # fills the cache with all four
+    assert cache_bytes(cache) > limit
     record = staged_search(site, "limited", "--stage", str(cache), "--stage-limit", str(limit))
     stage = record["stage"]
     assert stage["limit_bytes"] == limit

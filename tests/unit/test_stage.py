@@ -98,6 +98,20 @@ def test_the_limit_evicts_the_least_recently_used_volume_and_is_respected(tmp_pa
     assert (cache.stats.copies, cache.stats.hits, cache.stats.evictions) == (3, 1, 1)
 
 
+def test_a_smaller_limit_trims_the_cache_a_larger_one_filled(tmp_path):
+    manifest = make_db(tmp_path / "db", fragments=3)
+    source = tmp_path / "db"
+    for fragment in (2, 0, 1):  # 2 is the least recently used
+        with StageCache(tmp_path / "cache").use(manifest, fragment, source, lambda: replicas(source)):
+            pass
+        time.sleep(0.01)
+    smaller = StageCache(tmp_path / "cache", VOLUME_BYTES + 1000)
+    with smaller.use(manifest, 0, source, lambda: replicas(source)):
+        smaller.trim()  # 0 is in use: 2, then 1 go
+    assert smaller.staged(manifest) == [0] and smaller.stats.evictions == 2
+    assert bytes_in(tmp_path / "cache") <= VOLUME_BYTES + 1000
+
+
 def test_a_volume_in_use_is_never_evicted_and_one_that_does_not_fit_is_searched_in_place(tmp_path):
     manifest = make_db(tmp_path / "db", fragments=2)
     source = tmp_path / "db"

@@ -210,31 +210,47 @@ class StageCache:
             self.stats.copy_seconds += time.monotonic() - started
             copied = True
 
+    def trim(self) -> None:
+        """Bring the cache within the limit now (a run with a smaller limit than the one that filled it),
+        evicting least recently used volumes that no search holds; and clean what dead copies left."""
+        with self._cache_lock():
+            self._make_room(0)
+
     def _reserve(self, entry: Path, volume: str, size: int) -> Path | None:
         """Under the cache's lock: clean what dead copies left, evict least recently used volumes until
         `size` more bytes fit, and reserve them with a `.fill-` directory (None: it cannot fit)."""
         if self.limit is not None and size > self.limit:
             return None
-        lock = os.open(self.root / LOCK_NAME, os.O_RDWR)
-        try:
-            self._lock(lock, fcntl.LOCK_EX)
-            published, filling = self._survey()
-            used = sum(b for _, b, _ in published) + filling
-            if self.limit is not None and used + size > self.limit:
-                for path, nbytes, _ in sorted(published, key=lambda p: p[2]):
-                    if self._evict(path):
-                        self.stats.evictions += 1
-                        self.stats.evicted_bytes += nbytes
-                        used -= nbytes
-                        if used + size <= self.limit:
-                            break
-                if used + size > self.limit:
-                    return None
+        with self._cache_lock():
+            if not self._make_room(size):
+                return None
             fill = entry / f"{FILL_PREFIX}{volume}-{size}-{secrets.token_hex(4)}"
             fill.mkdir()
             return fill
+
+    @contextlib.contextmanager
+    def _cache_lock(self) -> Iterator[None]:
+        lock = os.open(self.root / LOCK_NAME, os.O_RDWR)
+        try:
+            self._lock(lock, fcntl.LOCK_EX)
+            yield
         finally:
             os.close(lock)
+
+    def _make_room(self, size: int) -> bool:
+        """With the cache's lock held: evict until `size` more bytes fit; False when they cannot."""
+        published, filling = self._survey()
+        used = sum(b for _, b, _ in published) + filling
+        if self.limit is None or used + size <= self.limit:
+            return True
+        for path, nbytes, _ in sorted(published, key=lambda p: p[2]):
+            if self._evict(path):
+                self.stats.evictions += 1
+                self.stats.evicted_bytes += nbytes
+                used -= nbytes
+                if used + size <= self.limit:
+                    return True
+        return False
 
     def _survey(self) -> tuple[list[tuple[Path, int, float]], int]:
         """Published copies (path, bytes, last use) of every database here, and the bytes reserved by

@@ -38,6 +38,7 @@ class Stager:
         self.db = db
         self.manifest: Manifest = load_manifest(db.directory)
         self.cache = StageCache(stage.directory, stage.limit)
+        self.trimmed = False
         self.replicas: ReplicaSet | None = None
         self.node = node_name()
 
@@ -54,6 +55,9 @@ class Stager:
     def fragment(self, fragment: int) -> Iterator[Database]:
         """The database to search fragment `fragment` in: the staged copy (held for the block), or the
         -db directory itself when the copy does not fit the cache."""
+        if not self.trimmed:  # a cache filled under a larger limit is brought within this one (by the
+            self.trimmed = True  # ranks that search: their records count the evictions)
+            self.cache.trim()
         with self.cache.use(self.manifest, fragment, self.db.directory, self._replicas) as place:
             yield self.db if place is None else dataclasses.replace(self.db, directory=place)
 
