@@ -49,6 +49,10 @@ ENGINE_OPTIONS_WITH_VALUE = {
     "--partition-size",
     "--replica-group-size",
     "--output-strategy",
+    "--stage",
+    "--stage-limit",
+    "--stage-copies",
+    "--mirror",
 }
 
 
@@ -419,6 +423,30 @@ def _search_parser() -> argparse.ArgumentParser:
         help="this compute site's keys (from paramedic keys): the TLS client certificate for tls://, "
         "and for file:// the key that signs the inbox jobs (needed when the site's inbox uses --keys)",
     )
+    parser.add_argument(
+        "--stage",
+        type=Path,
+        help="node-local cache directory: each fragment is copied there from -db (or a --mirror) the first "
+        "time a worker on the node needs it, verified, and reused by later runs (fragments strategy)",
+    )
+    parser.add_argument(
+        "--stage-limit",
+        help="bound of the --stage cache, e.g. 500M or 200G: least recently used fragments are evicted; "
+        "one that does not fit is searched in place (default: unbounded)",
+    )
+    parser.add_argument(
+        "--stage-copies",
+        type=int,
+        help="fragment copies from shared storage in flight at once, over the job (each partition's with "
+        "--partition-size; default 2), as mpiBLAST's --concurrent",
+    )
+    parser.add_argument(
+        "--mirror",
+        action="append",
+        default=[],
+        help="another replica of the -db database to copy fragments from with --stage: a directory or a "
+        "storage site URL (repeatable; its manifest must equal -db's)",
+    )
     return parser
 
 
@@ -436,6 +464,25 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         out = next((blast_args[i + 1] for i, a in enumerate(blast_args[:-1]) if a == "-out"), None)
         ship = ShipSettings.build(args.site, args.keys, args.ship, out, args.streams, args.ship_timeout)
 
+    stage = None
+    if args.stage is not None:
+        from paramedic.db.stage import parse_size
+        from paramedic.engine.settings import DEFAULT_STAGE_COPIES, StageSettings
+
+        stage = StageSettings(
+            directory=args.stage.absolute(),
+            limit=parse_size(args.stage_limit) if args.stage_limit is not None else None,
+            mirrors=tuple(args.mirror),
+            keys=args.keys,
+            copies=DEFAULT_STAGE_COPIES if args.stage_copies is None else args.stage_copies,
+        )
+    else:
+        for flag, value in (("--stage-limit", args.stage_limit), ("--stage-copies", args.stage_copies)):
+            if value is not None:
+                raise UsageError(f"{flag} bounds the --stage cache: give --stage DIR")
+        if args.mirror:
+            raise UsageError("--mirror is read into the --stage cache: give --stage DIR")
+
     settings = SearchSettings(
         program=program,
         blast_args=blast_args,
@@ -452,6 +499,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         partition_size=args.partition_size,
         replica_group_size=args.replica_group_size,
         output_strategy=args.output_strategy,
+        stage=stage,
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
 

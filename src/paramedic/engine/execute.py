@@ -8,15 +8,18 @@ costs only speed: the piece is written by searching again, as when its reports d
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from paramedic.blast.render import Unrenderable, render
-from paramedic.blast.run import regenerate, search_fragment
+from paramedic.blast.run import Database, regenerate, search_fragment
 from paramedic.db.manifest import fragment_members
 from paramedic.db.seqids import seqid_table
 from paramedic.engine.job import Job
 from paramedic.engine.master import PieceResult, Result, SearchResult
 from paramedic.engine.scheduler import PieceTask, Plan, SearchTask, Task
+from paramedic.engine.staging import stager
 from paramedic.engine.store import RecordError, Store, keys_only
 from paramedic.errors import InternalError
 from paramedic.report.record import RankStats, TaskCost
@@ -30,9 +33,10 @@ def execute(
         batch = plan.batches[task.batch]
         queries = job.queries[batch.start : batch.stop]
         gids = fragment_members(job.db.directory, len(job.db.fragments))[task.fragment]
-        found, run = search_fragment(
-            job.program, job.options, job.db, task.fragment, queries, workdir, job.keep_alignments, gids
-        )
+        with _place(job, task.fragment, stats) as db:
+            found, run = search_fragment(
+                job.program, job.options, db, task.fragment, queries, workdir, job.keep_alignments, gids
+            )
         stats.add("search", run.seconds)
         stats.tasks["search"] += 1
         stats.fragments.append(task.fragment)
@@ -89,6 +93,20 @@ def execute(
         )
     )
     return PieceResult(task, data, run.seconds)
+
+
+@contextmanager
+def _place(job: Job, fragment: int, stats: RankStats) -> Iterator[Database]:
+    """Where a fragment is searched: its staged copy on this node (--stage), else the -db directory."""
+    if job.stage is None:
+        yield job.db
+        return
+    local = stager(job.stage, job.db)
+    try:
+        with local.fragment(fragment) as db:
+            yield db
+    finally:
+        stats.stage = local.record()
 
 
 def _residues(queries: list[tuple[str, str]]) -> int:

@@ -20,12 +20,15 @@ from paramedic.blast.run import Database
 from paramedic.blast.tools import startup_seconds
 from paramedic.db.fasta import read_fasta
 from paramedic.db.locate import resolve_database
+from paramedic.db.manifest import Manifest
 from paramedic.db.seqids import SeqIdTable
+from paramedic.db.stage import StageCache, check_stageable
+from paramedic.db.stripes import ReplicaSet
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
-from paramedic.engine.settings import SearchSettings
+from paramedic.engine.settings import SearchSettings, StageSettings
 from paramedic.engine.strategy import StrategyChoice, choose_strategy
 from paramedic.errors import OutputError, UsageError
 from paramedic.output.stitch import can_stitch
@@ -59,6 +62,10 @@ class Job:
     # Which strategy, and why (paramedic.engine.strategy; the run record's strategy_reason)
     strategy: StrategyChoice | None = None
     output_strategy: str = "master"  # who writes the report file (paramedic.output.strategies)
+    stage: StageSettings | None = None  # --stage: fragments searched from a node-local copy
+    # With --stage, per rank of the job: its node's name and the fragments already staged there, as
+    # every rank reported at start (paramedic.engine.staging; set in paramedic.engine.roles)
+    stage_nodes: tuple[tuple[str, tuple[int, ...]], ...] | None = None
 
     def plan(self, workers: int) -> Plan:
         return make_plan(workers=workers, **self.plan_inputs)  # type: ignore[arg-type]
@@ -113,6 +120,8 @@ def prepare_job(settings: SearchSettings) -> Job:
     inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
     strategy = choose_strategy(settings, db, manifest, inexact)
     query_segmentation = strategy.strategy == "queries"
+    if settings.stage is not None:
+        check_stage(settings.stage, manifest, db.arg)
     if not query_segmentation and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
     ships_metadata = settings.ship is not None and ships_pieces(settings.ship.mode)
@@ -168,7 +177,17 @@ def prepare_job(settings: SearchSettings) -> Job:
         replica_group_size=settings.replica_group_size,
         strategy=strategy,
         output_strategy=settings.output_strategy,
+        stage=settings.stage,
     )
+
+
+def check_stage(stage: StageSettings, manifest: Manifest, where: str) -> None:
+    """Before MPI starts: the database can be staged, the cache directory used, and every --mirror
+    holds this very database (manifest checksum), or one line and a refusal now."""
+    check_stageable(manifest, where)
+    StageCache(stage.directory, stage.limit)
+    if stage.mirrors:
+        ReplicaSet.open(stage.mirrors, manifest, stage.keys).close()
 
 
 def _resolve(cwd: Path, path: str) -> Path:

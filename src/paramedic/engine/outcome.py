@@ -6,6 +6,7 @@ from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.sinks import MetadataSink, PublishedSink, WorkerSink, WriterSink
+from paramedic.engine.staging import summary
 from paramedic.engine.store import Store
 from paramedic.report.record import RankStats, RunRecord
 
@@ -56,4 +57,5 @@ def run_record(
         partitions=partitions,
         output_strategy=job.output_strategy,
         output_writes=sink.strategy.counts() if isinstance(sink, WorkerSink) else None,
+        stage=summary(job.stage, [r.stage for r in ranks_stats]),
     )

@@ -45,6 +45,7 @@ from paramedic.engine.ranks import (
 )
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler
 from paramedic.engine.sinks import WorkerSink, open_sink
+from paramedic.engine.staging import scheduling
 from paramedic.engine.store import RecordError, Store
 from paramedic.errors import InternalError, JobError
 from paramedic.output.strategies import Order, Round, output_strategy
@@ -163,6 +164,7 @@ def _partition_master(
         alignments_stored=store is not None,
         assigned=set(),
         replica_group=job.replica_group_size,
+        **scheduling(job.stage, job.stage_nodes, group),  # --stage: the partition's workers' nodes
     )
     holds = job.ship is not None and ships_pieces(job.ship.mode)
     scheduler.hold_pieces = holds

@@ -90,6 +90,17 @@ def run_worker(
     comm.send(stats, dest=0, tag=TAG_STATS)
 
 
+def _next_for_idle(master: Master, idle: deque[int]) -> tuple[int, Task] | None:
+    """The first idle worker the master has a task for, taken off `idle`. Only the first is asked unless
+    the answer depends on the worker (--stage: paramedic.engine.scheduler `per_worker`)."""
+    for worker in list(idle) if master.scheduler.per_worker else [idle[0]]:
+        task = master.next_task(worker)
+        if task is not None:
+            idle.remove(worker)
+            return worker, task
+    return None
+
+
 def send_failure(comm: MPI.Comm, exc: Exception) -> None:
     """A worker's failure, to its master, which ends the whole job with it: a bug too, never a hang."""
     if isinstance(exc, ParamedicError):
@@ -153,10 +164,10 @@ def run_workers(
                 master.accept(message)
             idle.append(source)
         while idle:
-            task = master.next_task(idle[0])
-            if task is None:
+            handed = _next_for_idle(master, idle)
+            if handed is None:
                 break
-            worker = idle.popleft()
+            worker, task = handed
             busy[worker] = task
             comm.send(task, dest=worker, tag=TAG_TASK)
         finished = upstream.finished if upstream is not None else master.finished
@@ -362,10 +373,10 @@ def run_writing_workers(
             round_shares = None
             continue
         while idle and round_shares is None:
-            task = master.next_task(idle[0])
-            if task is None:
+            handed = _next_for_idle(master, idle)
+            if handed is None:
                 break
-            worker = idle.popleft()
+            worker, task = handed
             busy[worker] = task
             comm.send(task, dest=worker, tag=TAG_TASK)
         stalled = not busy and round_shares is None and len(idle) == size - 1 and not conductor.ended

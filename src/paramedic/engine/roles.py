@@ -8,6 +8,7 @@ store every rank sees, and writes the run record.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import shutil
@@ -38,6 +39,7 @@ from paramedic.engine.sinks import (
     open_sink,
     published_earlier,
 )
+from paramedic.engine.staging import scheduling, stager
 from paramedic.engine.store import Store
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord
@@ -64,6 +66,9 @@ def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
     workdir = Path(tempfile.mkdtemp(prefix=f"paramedic-rank{comm.Get_rank()}-"))
     try:
         store = _shared_store(comm, job, plan, workdir, journal)
+        if job.stage is not None:  # every rank's node and what is staged there, for the scheduler(s)
+            hellos = comm.allgather(stager(job.stage, job.db).hello())
+            job = dataclasses.replace(job, stage_nodes=tuple(hellos))
         if job.partition_size is not None:
             return run_partitioned(
                 job, plan, comm, workdir, command, journal, replay, store, job.partition_size
@@ -144,6 +149,7 @@ def _master(
                 keep_alignments=job.keep_alignments,
                 alignments_stored=store is not None,
                 replica_group=job.replica_group_size,
+                **scheduling(job.stage, job.stage_nodes, range(size)),
             ),
             sink,
             progress,

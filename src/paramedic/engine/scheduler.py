@@ -8,7 +8,13 @@ Policy for an idle worker:
 1. a ready regeneration task first (output flows early and merged hits are freed);
 2. otherwise a search task from the earliest open batches (a window of `window` batches, so batches
    complete in order and regeneration overlaps the search), preferring a fragment the worker already
-   has cached, then a fragment no other worker holds, then any.
+   has cached, then one staged on its node (--stage), then its replica group's share, then a fragment
+   no other worker holds, then any.
+
+With --stage a task whose fragment is not staged on the worker's node copies it there from shared
+storage (paramedic.db.stage). At most `stage_copies` such copies are in flight at once (mpiBLAST's
+--concurrent): once they are, a worker gets only fragments staged or being copied on its node, or waits.
+A finished search means its fragment is staged on that node.
 """
 
 from __future__ import annotations
@@ -119,6 +125,13 @@ class Scheduler:
     # Workers per copy of the database (--replica-group-size): worker w (numbered from 1) is at home with
     # the fragments f where f % group == (w - 1) % group, the share of the copy it holds. None: any.
     replica_group: int | None = None
+    # --stage: worker -> its node's name; node -> fragments staged there (reported at start, and each
+    # finished search); the bound on copies in flight (None: unbounded). No nodes: no staging.
+    nodes: dict[int, str] | None = None
+    staged: dict[str, set[int]] = field(default_factory=dict)
+    stage_copies: int | None = None
+    _copying: set[tuple[str, int]] = field(init=False)  # (node, fragment) copies in flight
+    _handed: dict[SearchTask, str] = field(init=False)  # search handed out -> the node it went to
     _pending: list[set[int]] = field(init=False)  # per batch: fragments not yet handed out
     _waiting: list[int] = field(init=False)  # per batch: fragment results still missing
     _hits: dict[int, list[list[list[Hit]]]] = field(init=False)  # batch -> per query -> per fragment hits
@@ -147,6 +160,10 @@ class Scheduler:
         self._unreleased = set(range(len(self.plan.pieces)))
         self.cache = {}
         self.released = []
+        self._copying = set()
+        self._handed = {}
+        if self.stage_copies is not None and self.stage_copies < 1:
+            raise ValueError("stage_copies must be at least 1")
         if self.plan.query_segmentation:
             self._pending = [set() for _ in self.plan.batches]
             self._waiting = [0] * len(self.plan.batches)
@@ -227,18 +244,31 @@ class Scheduler:
         ][: self.window]
         if not open_batches:
             return None
+        node = self.nodes.get(worker) if self.nodes is not None else None
+        on_node = self.staged.get(node, set()) if node is not None else set()
+        copying = {f for n, f in self._copying if n == node}
+        bounded = (
+            node is not None and self.stage_copies is not None and len(self._copying) >= self.stage_copies
+        )
+        if bounded and not any((on_node | copying) & self._pending[b] for b in open_batches):
+            return None  # every copy allowed is in flight and nothing is staged here: wait (cheaply)
         held = self.cache.setdefault(worker, set())
         held_by_others = set().union(*(f for w, f in self.cache.items() if w != worker))
         choice = None
         home = self.home(worker)
         for prefer in (
             lambda f: f in held,
+            lambda f: f in on_node,
             lambda f: f in home,
             lambda f: f not in held_by_others,
             lambda f: True,
         ):
             for batch in open_batches:
-                fragments = sorted(f for f in self._pending[batch] if prefer(f))
+                fragments = sorted(
+                    f
+                    for f in self._pending[batch]
+                    if prefer(f) and (not bounded or f in on_node or f in copying)
+                )
                 if fragments:
                     choice = SearchTask(batch, fragments[0])
                     break
@@ -247,7 +277,22 @@ class Scheduler:
         assert choice is not None
         self._pending[choice.batch].discard(choice.fragment)
         held.add(choice.fragment)
+        if node is not None:
+            self._handed[choice] = node
+            if choice.fragment not in on_node:
+                self._copying.add((node, choice.fragment))
         return choice
+
+    @property
+    def per_worker(self) -> bool:
+        """Whether `next_task` may give one idle worker nothing and another a task (--stage: the bound
+        on copies in flight leaves a worker only what is staged on its node)."""
+        return self.nodes is not None and self.stage_copies is not None
+
+    @property
+    def copies_in_flight(self) -> int:
+        """Fragments being copied to a node's --stage cache now (one per node and fragment)."""
+        return len(self._copying)
 
     def search_done(self, task: SearchTask, result: FragmentSearch) -> None:
         """Record one fragment's hits for a batch; when the batch is complete, merge it."""
@@ -256,6 +301,10 @@ class Scheduler:
             raise ValueError(
                 f"search of batch {task.batch} returned {len(result.hits)} queries, expected {len(batch)}"
             )
+        node = self._handed.pop(task, None)
+        if node is not None:  # its fragment is staged on that node now (or was searched in place)
+            self.staged.setdefault(node, set()).add(task.fragment)
+            self._copying.discard((node, task.fragment))
         per_query = self._hits.setdefault(task.batch, [[] for _ in batch])
         per_query_prelim = self._prelim.setdefault(task.batch, [[] for _ in batch])
         for q, (query_hits, prelim) in enumerate(zip(result.hits, result.prelim, strict=True)):

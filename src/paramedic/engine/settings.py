@@ -15,6 +15,28 @@ from paramedic.output.strategies import MASTER, output_strategy_names
 if TYPE_CHECKING:
     from paramedic.ship.destination import ShipSettings
 
+# Copies from shared storage in flight at once, over the whole job (each master's: with --partition-size,
+# each partition's): mpiBLAST's --concurrent. The shared storage is what they load, so the bound is
+# counted there, not per node; 2 keeps a shared filesystem streaming without a crowd of readers.
+DEFAULT_STAGE_COPIES = 2
+
+
+@dataclass(frozen=True)
+class StageSettings:
+    """--stage DIR and its companions: fragments copied to a node-local cache (paramedic.db.stage)."""
+
+    directory: Path  # node-local cache directory (the same path on every node)
+    limit: int | None = None  # --stage-limit in bytes (None: unbounded)
+    mirrors: tuple[str, ...] = ()  # --mirror: other replicas of the database to copy from
+    keys: Path | None = None  # --keys for tls:// mirrors
+    copies: int = DEFAULT_STAGE_COPIES  # --stage-copies: copies in flight at once
+
+    def __post_init__(self) -> None:
+        if self.copies < 1:
+            raise UsageError("--stage-copies must be at least 1")
+        if self.limit is not None and self.limit < 1:
+            raise UsageError("--stage-limit must be at least 1 byte")
+
 
 @dataclass(frozen=True)
 class SearchSettings:
@@ -37,6 +59,8 @@ class SearchSettings:
     replica_group_size: int | None = None
     # who writes the report file (paramedic.output.strategies): rank 0 ("master") or the workers
     output_strategy: str = MASTER
+    # fragments copied to a node-local cache before they are searched (--stage; None: read in place)
+    stage: StageSettings | None = None
     cwd: Path = field(default_factory=Path.cwd)
 
     def __post_init__(self) -> None:
@@ -60,6 +84,14 @@ class SearchSettings:
             if self.from_metadata is not None:
                 raise UsageError("--partition-size cannot regenerate from --from-metadata: run it without")
         self._check_output_strategy()
+        if self.stage is not None:
+            if self.strategy == "queries":
+                raise UsageError(
+                    "--stage copies fragments to each node, and --strategy queries searches the whole "
+                    "database in place: use --strategy fragments (or auto) with --stage, or drop --stage"
+                )
+            if self.from_metadata is not None:
+                raise UsageError("--from-metadata searches nothing, so there is nothing to --stage: drop it")
         if self.restart and not self.journal:
             raise UsageError("--restart discards a journal and --no-journal keeps none: choose one")
 

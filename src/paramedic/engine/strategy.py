@@ -17,6 +17,7 @@ record (`strategy_reason`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +177,18 @@ def choose_strategy(
     needs_metadata = (
         settings.save_metadata is not None or settings.from_metadata is not None or ships_metadata
     )
+    if settings.stage is not None and settings.strategy == "auto" and not needs_metadata:
+        # staging copies fragments, which only the fragments strategy searches
+        if inexact:
+            raise UsageError(f"--stage stages fragments, and the fragments strategy {inexact}")
+        chosen = decide(
+            "fragments",
+            database_bytes=volume_bytes(db.directory, db.whole),
+            fragment_bytes=[volume_bytes(db.directory, f.volume) for f in manifest.fragments],
+            memory=worker_memory(),
+        )
+        reason = "--stage is asked: staging copies fragments, which only the fragments strategy searches"
+        return dataclasses.replace(chosen, asked="auto", reason=reason)
     return decide(
         settings.strategy,
         database_bytes=volume_bytes(db.directory, db.whole),

@@ -101,6 +101,10 @@ class RankStats:
     received_bytes: int = 0  # MPI messages received (rank 0: the workers' results, reports included)
     # Every task this rank ran, in order: TaskCost's fields as a list (compact in JSON)
     task_costs: list[list[Any]] = field(default_factory=list)
+    # With --stage: this rank's node-local cache (paramedic.engine.staging.Stager.record): node, hits,
+    # copies, bytes, seconds copying and waiting, evictions, volumes searched in place, each replica's
+    # bytes, seconds and why it was dropped. None: no staging, or no fragment searched
+    stage: dict[str, Any] | None = None
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
@@ -178,6 +182,9 @@ class RunRecord:
     output_writes: dict[str, int] | None = None
     # Which strategy was used and why, with the sizes and the memory per worker it was decided from
     strategy_reason: StrategyReason | None = None
+    # With --stage: the cache's settings and the job's totals over its ranks (each rank's in its
+    # ranks_stats `stage`): hits, copies, bytes, seconds, evictions, volumes searched in place
+    stage: dict[str, Any] | None = None
     version: int = VERSION
 
     @classmethod
@@ -258,6 +265,14 @@ class RunRecord:
                 f"bytes of output (ratio {ship['ratio_output_to_payload']}), {ship['chunks']} chunks, "
                 f"{ship['chunks_resent']} re-sent, {ship['reconnects']} reconnects; site sha256 "
                 f"{str(ship['site_sha256'])[:16]}..."
+            )
+        if self.stage is not None:
+            st = self.stage
+            lines.append(
+                f"  staged in {st['directory']}: {_count(st['copies'], 'copy', 'ies')} "
+                f"({st['copied_bytes'] / 2**20:,.1f} MiB in {st['copy_seconds']:.1f} s), "
+                f"{_count(st['hits'], 'hit')}, {_count(st['evictions'], 'eviction')}"
+                + (f", searched in place: {', '.join(st['in_place'])}" if st["in_place"] else "")
             )
         peak = max((r.peak_blast_rss_mb for r in self.ranks_stats), default=0.0)
         lines.append(f"  peak memory: BLAST+ {peak:.0f} MB per process")

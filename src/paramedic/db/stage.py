@@ -1,0 +1,357 @@
+"""The node-local cache of fragment volumes (`paramedic search --stage DIR`), as mpiBLAST's Local storage.
+
+A worker searches a fragment from a copy on its node's own disk instead of shared storage: the first
+worker on a node that needs a fragment copies it (through `ReplicaSet.fetch_volume`, which verifies the
+bytes against the manifest's SHA-256), later searches and later runs of the same database use the copy.
+
+Layout, one entry per database identity (the manifest checksum), one directory per fragment volume:
+
+    DIR/.lock                          the cache's lock: held while space is counted, reserved, evicted
+    DIR/<checksum[:32]>/f003/          a published copy: f003.* (the volume) + frag003.pal (its alias,
+                                       written from the manifest) + .seal (sizes, times, inodes)
+    DIR/<checksum[:32]>/f003.lock      the volume's lock (never removed): shared while a search reads the
+                                       copy, exclusive while it is copied, discarded or evicted
+    DIR/<checksum[:32]>/.fill-f003-<bytes>-<token>/   a copy under way (its size is reserved)
+
+Why it is safe:
+- Published atomically: files are filled in a `.fill-*` directory inside the entry, fsynced, and the
+  directory is renamed into place; a copy killed half-way leaves only a `.fill-*` directory, which the
+  next run removes (nobody holds its volume's lock any more: the dead copier's lock went with it).
+- Shared: several workers on one node take the volume's lock; one copies (exclusive) while the others
+  wait for it and then search the same copy (shared).
+- Bounded: with a limit, the bytes of the published copies plus the copies under way stay within it.
+  Eviction removes whole volumes, least recently used first (a copy's directory time is its last use),
+  and only those it can lock exclusively: never a copy a search on this node is reading. A volume that
+  does not fit even then is searched where it lies (`use` gives None), never a failure.
+- Checked: bytes are verified against the manifest when copied; on every use the files' sizes, times
+  and inodes are compared with the seal written at publication (as `verify_volumes` checks a database:
+  cheap on every search); a copy that changed is discarded and copied again, never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from paramedic.blast.alias import write_alias
+from paramedic.blast.programs import alias_suffix
+from paramedic.db.manifest import FRAGMENT_DIGESTS, Manifest
+from paramedic.durable import fsync_dir, write_durably
+from paramedic.errors import DatabaseError, OutputError, UsageError
+
+SEAL_NAME = ".seal"
+LOCK_NAME = ".lock"
+FILL_PREFIX = ".fill-"
+EVICT_PREFIX = ".evict-"
+_FILL = re.compile(r"^\.fill-(?P<volume>[^-/]+)-(?P<bytes>\d+)-[0-9a-f]+$")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.I)
+
+
+def parse_size(text: str) -> int:
+    """'200G', '500M', '1.5T', '4096' (bytes; K, M, G, T, P are powers of 1024) -> bytes."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise UsageError(f"--stage-limit {text!r}: give a size such as 500M, 200G or 1.5T")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def check_stageable(manifest: Manifest, where: str) -> None:
+    """Staging verifies each copied volume against its digest: databases formatted before the digests
+    covered the stored files cannot be staged."""
+    if manifest.tools.get("digests") != FRAGMENT_DIGESTS:
+        raise DatabaseError(
+            f"{where}: formatted by an older paramedic, whose fragment checksums cannot verify a staged "
+            "copy: format it again to use --stage"
+        )
+
+
+class Fetcher(Protocol):
+    """What the cache copies through (`paramedic.db.stripes.ReplicaSet`)."""
+
+    def fetch_volume(self, volume: str, sha256: str, dest: Path) -> Any: ...
+
+
+@dataclass
+class StageStats:
+    """What this process's cache did (the run record's per-rank `stage`)."""
+
+    hits: int = 0  # searches of a copy already published (by an earlier run, or another worker)
+    copies: int = 0  # volumes this process copied
+    copied_bytes: int = 0
+    copy_seconds: float = 0.0  # fetching, verifying, publishing
+    wait_seconds: float = 0.0  # waiting for a lock: another worker's copy, or the cache's lock
+    evictions: int = 0  # volumes this process evicted to make room
+    evicted_bytes: int = 0
+    discarded: int = 0  # published copies that no longer matched their seal: removed, copied again
+    cleaned: int = 0  # leftovers of dead copies removed
+    in_place: list[str] = field(default_factory=list)  # volumes searched where they lie: did not fit
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "hits": self.hits,
+            "copies": self.copies,
+            "copied_bytes": self.copied_bytes,
+            "copy_seconds": round(self.copy_seconds, 3),
+            "wait_seconds": round(self.wait_seconds, 3),
+            "evictions": self.evictions,
+            "evicted_bytes": self.evicted_bytes,
+            "discarded": self.discarded,
+            "cleaned": self.cleaned,
+            "in_place": list(self.in_place),
+        }
+
+
+class StageCache:
+    """A node-local cache directory shared by every process on the node that uses it."""
+
+    def __init__(self, root: Path, limit: int | None = None):
+        if limit is not None and limit < 1:
+            raise UsageError("--stage-limit must be at least 1 byte")
+        self.root = root
+        self.limit = limit
+        self.stats = StageStats()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            (root / LOCK_NAME).touch(exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"--stage {root}: cannot use it ({exc.strerror})") from exc
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise OutputError(f"--stage {root}: not writable")
+
+    def entry(self, manifest: Manifest) -> Path:
+        return self.root / manifest.checksum()[:32]
+
+    def staged(self, manifest: Manifest) -> list[int]:
+        """The fragments of this database published here (what a worker tells its master at start)."""
+        entry = self.entry(manifest)
+        return [i for i, f in enumerate(manifest.fragments) if (entry / f.volume).is_dir()]
+
+    @contextlib.contextmanager
+    def use(
+        self, manifest: Manifest, fragment: int, source: Path, replicas: Callable[[], Fetcher]
+    ) -> Iterator[Path | None]:
+        """The directory of a verified local copy of fragment `fragment` (its alias is the fragment's
+        `name` in it), held shared for the `with` block; None: it does not fit, search it in `source`.
+
+        `source`: the database directory (sizes the copy); `replicas()`: where to copy from, opened on
+        the first copy only. DatabaseError when no replica serves the volume verified."""
+        info = manifest.fragments[fragment]
+        entry = self.entry(manifest)
+        entry.mkdir(exist_ok=True)
+        fd = os.open(entry / f"{info.volume}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            place = self._acquire(fd, manifest, fragment, source, replicas)
+            if place is None:
+                self.stats.in_place.append(info.volume)
+            yield place
+        finally:
+            os.close(fd)  # releases the lock
+
+    # -- the steps ----------------------------------------------------------------------------------
+    def _acquire(
+        self, fd: int, manifest: Manifest, fragment: int, source: Path, replicas: Callable[[], Fetcher]
+    ) -> Path | None:
+        info = manifest.fragments[fragment]
+        entry = self.entry(manifest)
+        place = entry / info.volume
+        copied = False
+        while True:
+            self._lock(fd, fcntl.LOCK_SH)  # waits while another process copies it
+            if place.is_dir() and _sealed(place):
+                os.utime(place)  # last use, for LRU
+                if not copied:
+                    self.stats.hits += 1
+                return place
+            self._lock(fd, fcntl.LOCK_EX)  # not atomic: re-checked below
+            if place.is_dir():
+                if _sealed(place):
+                    continue  # another process published it meanwhile: use it shared
+                self._remove(place)  # changed since it was published: never used
+                self.stats.discarded += 1
+            for leftover in entry.glob(f"{FILL_PREFIX}{info.volume}-*"):
+                self._remove(leftover)  # a dead copy of this volume (we hold its lock)
+                self.stats.cleaned += 1
+            size = _copy_bytes(source, info.volume)
+            fill = self._reserve(entry, info.volume, size)
+            if fill is None:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # searched in place, like any reader
+                return None
+            started = time.monotonic()
+            try:
+                replicas().fetch_volume(info.volume, info.sha256, fill)
+                write_alias(
+                    fill / (info.name + alias_suffix(manifest.dbtype)),
+                    [info.volume],
+                    title=manifest.title,
+                    nseq=manifest.nseq,
+                    length=manifest.length,
+                )
+                write_durably(fill / SEAL_NAME, json.dumps(_seal_of(fill)).encode())
+                fsync_dir(fill)
+                os.rename(fill, place)
+                fsync_dir(entry)
+            except BaseException:
+                shutil.rmtree(fill, ignore_errors=True)
+                raise
+            self.stats.copies += 1
+            self.stats.copied_bytes += _dir_bytes(place)
+            self.stats.copy_seconds += time.monotonic() - started
+            copied = True
+
+    def trim(self) -> None:
+        """Bring the cache within the limit now (a run with a smaller limit than the one that filled it),
+        evicting least recently used volumes that no search holds; and clean what dead copies left."""
+        with self._cache_lock():
+            self._make_room(0)
+
+    def _reserve(self, entry: Path, volume: str, size: int) -> Path | None:
+        """Under the cache's lock: clean what dead copies left, evict least recently used volumes until
+        `size` more bytes fit, and reserve them with a `.fill-` directory (None: it cannot fit)."""
+        if self.limit is not None and size > self.limit:
+            return None
+        with self._cache_lock():
+            if not self._make_room(size):
+                return None
+            fill = entry / f"{FILL_PREFIX}{volume}-{size}-{secrets.token_hex(4)}"
+            fill.mkdir()
+            return fill
+
+    @contextlib.contextmanager
+    def _cache_lock(self) -> Iterator[None]:
+        lock = os.open(self.root / LOCK_NAME, os.O_RDWR)
+        try:
+            self._lock(lock, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(lock)
+
+    def _make_room(self, size: int) -> bool:
+        """With the cache's lock held: evict until `size` more bytes fit; False when they cannot."""
+        published, filling = self._survey()
+        used = sum(b for _, b, _ in published) + filling
+        if self.limit is None or used + size <= self.limit:
+            return True
+        for path, nbytes, _ in sorted(published, key=lambda p: p[2]):
+            if self._evict(path):
+                self.stats.evictions += 1
+                self.stats.evicted_bytes += nbytes
+                used -= nbytes
+                if used + size <= self.limit:
+                    return True
+        return False
+
+    def _survey(self) -> tuple[list[tuple[Path, int, float]], int]:
+        """Published copies (path, bytes, last use) of every database here, and the bytes reserved by
+        copies under way; leftovers of dead copies and evictions are removed on the way."""
+        published: list[tuple[Path, int, float]] = []
+        filling = 0
+        for entry in self.root.iterdir():
+            if not entry.is_dir() or entry.name.startswith("."):
+                continue
+            for path in entry.iterdir():
+                if path.name.startswith(EVICT_PREFIX):
+                    self._remove(path)
+                    self.stats.cleaned += 1
+                elif (fill := _FILL.match(path.name)) is not None:
+                    if self._try_lock(
+                        entry / f"{fill['volume']}.lock", functools.partial(self._remove, path)
+                    ):
+                        self.stats.cleaned += 1  # its copier is gone: nobody holds its volume's lock
+                    else:
+                        filling += int(fill["bytes"])
+                elif path.is_dir() and not path.name.startswith("."):
+                    with contextlib.suppress(OSError):
+                        published.append((path, _dir_bytes(path), path.stat().st_mtime))
+        return published, filling
+
+    def _evict(self, path: Path) -> bool:
+        """Remove a published copy if no search holds it (its lock taken exclusively without waiting)."""
+        return self._try_lock(path.with_name(path.name + ".lock"), lambda: self._remove(path))
+
+    def _try_lock(self, lock_path: Path, then: Callable[[], None]) -> bool:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:
+            then()
+        finally:
+            os.close(fd)
+        return True
+
+    def _remove(self, path: Path) -> None:
+        """Out of sight first (renamed), then removed: a kill half-way leaves an `.evict-` directory, never
+        a half copy under a volume's name."""
+        if not path.exists():
+            return
+        if not path.name.startswith(EVICT_PREFIX):
+            hidden = path.with_name(f"{EVICT_PREFIX}{path.name}-{secrets.token_hex(4)}")
+            os.rename(path, hidden)
+            path = hidden
+        shutil.rmtree(path, ignore_errors=True)
+
+    def _lock(self, fd: int, how: int) -> None:
+        """flock, counting the time spent waiting for it."""
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        started = time.monotonic()
+        fcntl.flock(fd, how)
+        self.stats.wait_seconds += time.monotonic() - started
+
+
+def _volume_files(directory: Path, volume: str) -> list[Path]:
+    return sorted(
+        p for p in directory.iterdir() if p.name.startswith(volume + ".") and p.suffix not in (".pal", ".nal")
+    )
+
+
+def _copy_bytes(source: Path, volume: str) -> int:
+    """The bytes a copy of the volume takes (its files, as the database directory holds them)."""
+    try:
+        files = _volume_files(source, volume)
+        if not files:
+            raise DatabaseError(f"{source}: volume {volume} is missing")
+        return sum(p.stat().st_size for p in files)
+    except OSError as exc:
+        raise DatabaseError(f"{source}: volume {volume} unreadable ({exc.strerror})") from exc
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+def _seal_of(path: Path) -> dict[str, list[int]]:
+    out = {}
+    for p in sorted(path.iterdir()):
+        if p.name != SEAL_NAME and not p.name.startswith("."):
+            st = p.stat()
+            out[p.name] = [st.st_size, st.st_mtime_ns, st.st_ino]
+    return out
+
+
+def _sealed(path: Path) -> bool:
+    """The copy's files are those published (sizes, times, inodes): not truncated, replaced or touched."""
+    try:
+        return bool(json.loads((path / SEAL_NAME).read_text()) == _seal_of(path))
+    except (OSError, ValueError):
+        return False

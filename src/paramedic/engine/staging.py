@@ -1,0 +1,120 @@
+"""A rank's side of --stage: its node-local cache (paramedic.db.stage), where it copies from, what it
+tells its master at start, and what the scheduler learns from it.
+
+One `Stager` per process and database: the cache and the replicas (the -db directory and the --mirror
+URLs, paramedic.db.stripes) live as long as the rank, across its tasks; the replicas are opened on the
+first copy only, so a warm cache opens nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from paramedic.blast.run import Database
+from paramedic.db.manifest import Manifest, load_manifest
+from paramedic.db.stage import StageCache
+from paramedic.db.stripes import ReplicaSet
+from paramedic.engine.settings import StageSettings
+
+# (node name, fragments already staged there): what each rank reports at start
+Hello = tuple[str, tuple[int, ...]]
+
+
+def node_name() -> str:
+    """This rank's node, as the ranks on it share a --stage directory."""
+    return socket.gethostname()
+
+
+class Stager:
+    """This process's cache for one database, and the replicas it copies from."""
+
+    def __init__(self, stage: StageSettings, db: Database):
+        self.settings = stage
+        self.db = db
+        self.manifest: Manifest = load_manifest(db.directory)
+        self.cache = StageCache(stage.directory, stage.limit)
+        self.trimmed = False
+        self.replicas: ReplicaSet | None = None
+        self.node = node_name()
+
+    def _replicas(self) -> ReplicaSet:
+        if self.replicas is None:
+            urls = [str(self.db.directory), *self.settings.mirrors]
+            self.replicas = ReplicaSet.open(urls, self.manifest, self.settings.keys)
+        return self.replicas
+
+    def hello(self) -> Hello:
+        return self.node, tuple(self.cache.staged(self.manifest))
+
+    @contextmanager
+    def fragment(self, fragment: int) -> Iterator[Database]:
+        """The database to search fragment `fragment` in: the staged copy (held for the block), or the
+        -db directory itself when the copy does not fit the cache."""
+        if not self.trimmed:  # a cache filled under a larger limit is brought within this one (by the
+            self.trimmed = True  # ranks that search: their records count the evictions)
+            self.cache.trim()
+        with self.cache.use(self.manifest, fragment, self.db.directory, self._replicas) as place:
+            yield self.db if place is None else dataclasses.replace(self.db, directory=place)
+
+    def record(self) -> dict[str, Any]:
+        """The run record's per-rank `stage`: the cache's counts, and what each replica served."""
+        return {
+            "node": self.node,
+            "directory": str(self.settings.directory),
+            **self.cache.stats.as_record(),
+            "replicas": self.replicas.report() if self.replicas is not None else [],
+        }
+
+
+_STAGERS: dict[tuple[Path, Path], Stager] = {}
+
+
+def stager(stage: StageSettings, db: Database) -> Stager:
+    """This process's Stager for (cache, database), made on first use."""
+    key = (stage.directory, db.directory)
+    if key not in _STAGERS:
+        _STAGERS[key] = Stager(stage, db)
+    return _STAGERS[key]
+
+
+def scheduling(
+    stage: StageSettings | None, hellos: Sequence[Hello] | None, ranks: Sequence[int]
+) -> dict[str, Any]:
+    """The Scheduler's staging arguments for a master whose worker `i` is job rank `ranks[i]`: each
+    worker's node, the fragments staged per node, and the bound on copies in flight. Empty without
+    --stage (the scheduler then behaves as before)."""
+    if stage is None or hellos is None:
+        return {}
+    nodes = {i: hellos[rank][0] for i, rank in enumerate(ranks)}
+    staged: dict[str, set[int]] = {}
+    for rank in ranks:
+        node, fragments = hellos[rank]
+        staged.setdefault(node, set()).update(fragments)
+    return {"nodes": nodes, "staged": staged, "stage_copies": stage.copies}
+
+
+def summary(stage: StageSettings | None, per_rank: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The run record's `stage` section: the settings and the job's totals over its ranks."""
+    if stage is None:
+        return None
+    ranks = [r for r in per_rank if r is not None]
+    total = {
+        key: sum(r[key] for r in ranks)
+        for key in ("hits", "copies", "copied_bytes", "evictions", "evicted_bytes", "discarded", "cleaned")
+    }
+    seconds = {key: round(sum(r[key] for r in ranks), 3) for key in ("copy_seconds", "wait_seconds")}
+    return {
+        "directory": str(stage.directory),
+        "limit_bytes": stage.limit,
+        "mirrors": list(stage.mirrors),
+        "copies_in_flight_bound": stage.copies,
+        "nodes": sorted({r["node"] for r in ranks}),
+        **total,
+        **seconds,
+        "in_place": sorted({v for r in ranks for v in r["in_place"]}),
+    }

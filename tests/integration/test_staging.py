@@ -1,0 +1,130 @@
+"""--stage: fragments copied to a node-local cache, searched there, reused by the next run (real BLAST+,
+real mpiexec ranks, real files). The output must equal one BLAST+ run on the unsplit database, cold and
+warm, within a cache smaller than the database, and under partitions.
+
+2,000 of the mmseqs2 proteins in 4 fragments, 30 queries in batches of about 10 (at least 2): each
+fragment is searched more than once by 2 workers on this one node, and copied once.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import paramedic, take_fasta
+from tests.integration.equality import Site
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
+    root = tmp_path_factory.mktemp("staging")
+    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "queries.fasta", 30)
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 2000)
+    site = Site(root, "blastp", "uniprot", "prot", "mmseqs2 part", {})
+    site.build(root / "db.fasta", fragment_counts=(4,))
+    return site
+
+
+def staged_search(site: Site, name: str, *flags: str, check: bool = True):
+    out = site.root / f"{name}.out"
+    proc = paramedic(
+        "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-outfmt", "0",
+        "-out", str(out), "--np", "2", "--batch", "10", "--quiet", *flags, cwd=site.root / "p4", check=check,
+    )  # fmt: skip
+    if not check:
+        return proc
+    site.assert_matches(out, None, "0")
+    return json.loads(out.with_name(out.name + ".run.json").read_text())
+
+
+def cache_bytes(cache: Path) -> int:
+    return sum(p.stat().st_size for p in cache.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def volume_bytes(site: Site) -> list[int]:
+    db = site.root / "p4" / "uniprot"
+    return [sum(p.stat().st_size for p in db.glob(f"f{i:03d}.*")) for i in range(4)]
+
+
+def test_a_staged_run_equals_blast_cold_and_warm_with_one_copy_per_node(site: Site, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cold = staged_search(site, "cold", "--stage", str(cache))
+    stage = cold["stage"]
+    assert cold["strategy"] == "fragments" and "--stage" in cold["strategy_reason"]["reason"]
+    searches = 4 * cold["batches"]
+    assert cold["batches"] >= 2  # (BLAST+'s own query batches decide where search batches may start)
+    assert stage["copies"] == 4 and stage["hits"] == searches - 4  # each fragment copied once
+    assert stage["copied_bytes"] > sum(volume_bytes(site)) and stage["in_place"] == []
+    workers = [r["stage"] for r in cold["ranks_stats"] if r["role"] == "worker"]
+    assert len(workers) == 2 and all(w["hits"] + w["copies"] > 0 for w in workers)  # both used the copies
+    assert sum(w["copies"] for w in workers) == 4
+    served = [r for w in workers for r in w["replicas"]]
+    assert sum(r["bytes"] for r in served) == sum(volume_bytes(site))  # each byte fetched once
+    assert all(r["dropped"] is None for r in served)
+
+    warm = staged_search(site, "warm", "--stage", str(cache))
+    assert warm["stage"]["copies"] == 0 and warm["stage"]["hits"] == searches
+    assert all(r["stage"]["replicas"] == [] for r in warm["ranks_stats"] if r["stage"])  # nothing opened
+
+
+def test_a_cache_smaller_than_the_database_keeps_its_limit_and_the_output(site: Site, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    sizes = volume_bytes(site)
+    limit = max(sizes) * 2 + 4096  # two fragments of four
+    staged_search(site, "unlimited", "--stage", str(cache))  # fills the cache with all four
+    assert cache_bytes(cache) > limit
+    record = staged_search(site, "limited", "--stage", str(cache), "--stage-limit", str(limit))
+    stage = record["stage"]
+    assert stage["limit_bytes"] == limit
+    assert stage["evictions"] > 0 or stage["in_place"]
+    assert cache_bytes(cache) <= limit
+
+
+def test_partitions_stage_too(site: Site, tmp_path: Path) -> None:
+    record = staged_search(
+        site,
+        "partitioned",
+        "--stage",
+        str(tmp_path / "cache"),
+        "--partition-size",
+        "2",
+        "--stage-copies",
+        "1",
+    )
+    assert record["partitions"] >= 1 and record["stage"]["copies"] == 4
+    assert record["stage"]["copies_in_flight_bound"] == 1
+
+
+def test_a_mirror_of_the_same_database_is_accepted_and_reported(site: Site, tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror" / "uniprot"
+    shutil.copytree(site.root / "p4" / "uniprot", mirror)
+    record = staged_search(site, "mirrored", "--stage", str(tmp_path / "cache"), "--mirror", str(mirror))
+    assert record["stage"]["mirrors"] == [str(mirror)]
+    served = [r for rank in record["ranks_stats"] if rank["stage"] for r in rank["stage"]["replicas"]]
+    assert {r["replica"] for r in served} == {str(site.root / "p4" / "uniprot"), str(mirror)}
+    assert all(r["dropped"] is None for r in served)
+
+
+def test_refusals_are_one_line(site: Site, tmp_path: Path) -> None:
+    other = tmp_path / "other" / "uniprot"  # another database: the same files, another manifest
+    shutil.copytree(site.root / "p4" / "uniprot", other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "title": "something else"}, indent=2) + "\n")
+    cases = [
+        (("--stage", str(tmp_path / "c"), "--mirror", str(other)), 4, "holds a different database"),
+        (("--stage", str(tmp_path / "c"), "--strategy", "queries"), 2, "--strategy queries"),
+        (("--stage-limit", "1G"), 2, "give --stage DIR"),
+        (("--stage", str(tmp_path / "c"), "--stage-limit", "lots"), 2, "--stage-limit 'lots'"),
+        (("--stage", str(tmp_path / "c"), "--mirror", str(site.root / "nowhere")), 4, "replica"),
+    ]
+    for flags, code, words in cases:
+        proc = staged_search(site, "refused", *flags, check=False)
+        assert proc.returncode == code, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("paramedic: error:") and words in lines[0], lines
+    assert not (site.root / "refused.out").exists()
