@@ -6,8 +6,8 @@ rate, why it was skipped or dropped). A volume's files are cut into stripes (def
 live replicas at once, a few reads in flight per replica (threads), into a directory the caller owns.
 
 Steering (`policy="adaptive"`, the default): a replica pulls the next stripe whenever one of its reads is
-free, so a fast replica reads more. Each replica's rate is measured per read (a moving average, lowered
-at once by a read that is taking long), and a replica whose throughput is more than `skip_ratio` times
+free, so a fast replica reads more. Each replica's throughput is measured (bytes per busy second over its
+last few reads, lowered at once by a read that is overdue), and a replica more than `skip_ratio` times
 below the fastest live replica's stops getting stripes (hot-spot skipping: CEFT-PVFS's answer to a
 stressed disk); it gets one probe stripe every `probe_seconds`, so a replica that recovers is used again.
 Near the end, a free fast replica reads a stripe again that a slow one is still holding; the first copy
@@ -38,10 +38,10 @@ from paramedic.errors import DatabaseError, UsageError
 
 DEFAULT_STRIPE_BYTES = 4 << 20
 DEFAULT_INFLIGHT = 2  # reads in flight per replica (a remote replica uses one per TLS stream)
-DEFAULT_SKIP_RATIO = 3.0  # a replica this many times slower than the fastest gets no stripes
+DEFAULT_SKIP_RATIO = 4.0  # a replica this many times slower than the fastest gets no stripes
 DEFAULT_PROBE_SECONDS = 5.0  # a skipped replica gets one stripe this often, to notice a recovery
 POLICIES = ("adaptive", "round-robin")
-_EWMA = 0.5  # weight of the newest read in a replica's measured rate
+_WINDOW = 8  # a replica's throughput is measured over its last this many reads
 _MIN_SAMPLES = 2  # reads before a replica's rate counts for skipping (the first pays for connecting)
 _REISSUE_FACTOR = 1.5  # re-read a held stripe when the holder needs this much longer than we would
 _MAX_NAME = 255
@@ -59,8 +59,9 @@ class ReplicaUse:
     wasted: int = 0  # bytes it read that another replica had delivered first
     skipped: str | None = None  # why it stopped getting stripes (slow), the last time it did
     dropped: str | None = None  # why it was dropped, if it was
-    rate: float = 0.0  # bytes/s per read, moving average
+    rate: float = 0.0  # bytes per busy second over the last _WINDOW reads
     samples: int = 0
+    window: deque[tuple[float, int]] = field(default_factory=lambda: deque([(0.0, 0)], maxlen=_WINDOW + 1))
     parallelism: int = DEFAULT_INFLIGHT
     inflight: dict[int, tuple[float, int]] = field(default_factory=dict)  # read id -> (start, length)
     busy_since: float = 0.0
@@ -75,13 +76,25 @@ class ReplicaUse:
         return self.seconds + (now - self.busy_since if self.inflight else 0.0)
 
     def current_rate(self, now: float) -> float | None:
-        """Per-read rate for steering: the average, lowered by any read in flight that is already slower
-        (a stuck replica looks slow while it is stuck, not only after). None while nothing is known."""
-        bounds = [length / (now - start) for start, length in self.inflight.values() if now - start > 0.05]
-        low = min(bounds) if bounds else None
-        if self.samples >= _MIN_SAMPLES:
+        """Throughput for steering: the measured one, lowered by a read in flight that is overdue (twice
+        what the throughput gives it: a stuck replica looks slow while it is stuck, not only after; a read
+        merely queued behind others does not count). None while nothing is known; before two reads are
+        measured, only reads in flight say anything (an upper bound)."""
+        measured = self.samples >= _MIN_SAMPLES
+        low = None
+        for start, length in self.inflight.values():
+            elapsed = now - start
+            expected = length * self.parallelism / self.rate if measured and self.rate > 0 else 0.0
+            if elapsed > 0.05 and elapsed > 2 * expected:
+                bound = length * self.parallelism / elapsed
+                low = bound if low is None else min(low, bound)
+        if measured:
             return min(self.rate, low) if low is not None else self.rate
-        return low  # an upper bound of what the read will achieve: optimistic, never skips too early
+        return low
+
+    def read_seconds(self, length: int) -> float:
+        """How long one read of `length` takes with this replica's reads all in flight."""
+        return length * self.parallelism / self.rate if self.rate > 0 else float("inf")
 
     def measured(self) -> bool:
         return self.samples >= _MIN_SAMPLES
@@ -365,9 +378,9 @@ class ReplicaSet:
         for other in fetch.servers:
             use = self.uses[other]
             rate = use.current_rate(now) if other != r and use.dropped is None and use.measured() else None
-            if rate is not None and rate * use.parallelism > best:
-                best, best_label = rate * use.parallelism, use.label
-        capacity = mine * self.uses[r].parallelism
+            if rate is not None and rate > best:
+                best, best_label = rate, use.label
+        capacity = mine
         if best <= 0 or capacity * self.skip_ratio >= best:
             return None
         return (
@@ -377,7 +390,8 @@ class ReplicaSet:
 
     def _reissue(self, fetch: _Fetch, r: int, now: float) -> int | None:
         """End game: a stripe another replica holds that we would finish well before it, if any."""
-        mine = self.uses[r].current_rate(now) or self._fastest_rate(fetch, now)
+        use = self.uses[r]
+        mine = use.current_rate(now) or self._fastest_rate(fetch, now)
         if mine is None:
             return None
         choice, longest = None, 0.0
@@ -386,13 +400,16 @@ class ReplicaSet:
                 continue
             ((holder, start),) = stripe.holders.items()
             held = self.uses[holder]
-            # an overdue read is assumed to need as long again as it has taken
-            left = now - start
             if held.dropped is not None:
                 left = float("inf")
             elif held.measured() and held.rate > 0:
-                left = max(left, start + stripe.length / held.rate - now)
-            if left > _REISSUE_FACTOR * stripe.length / mine and left > longest:
+                left = start + held.read_seconds(stripe.length) - now
+                if left <= 0:  # overdue: assume it needs as long again as it has taken
+                    left = now - start
+            else:
+                left = now - start
+            ours = stripe.length * use.parallelism / mine  # a read of ours, all our reads in flight
+            if left > _REISSUE_FACTOR * ours and left > longest:
                 choice, longest = stripe.index, left
         return choice
 
@@ -412,12 +429,12 @@ class ReplicaSet:
         now = time.monotonic()
         with self.cond:
             use = self.uses[r]
-            start = stripe.holders.get(r, now)
             self._finish_read(r, read_id, now)
-            rate = size / max(now - start, 1e-6)
-            use.rate = rate if use.samples == 0 else _EWMA * rate + (1 - _EWMA) * use.rate
-            use.samples += 1
             use.bytes += size
+            use.window.append((use.busy_seconds(now), use.bytes))
+            (busy0, bytes0), (busy1, bytes1) = use.window[0], use.window[-1]
+            use.rate = (bytes1 - bytes0) / max(busy1 - busy0, 1e-6)
+            use.samples += 1
             use.stripes += 1
             if stripe.done_by is not None or fetch.closed:
                 use.wasted += size
