@@ -231,8 +231,8 @@ class ReplicaSet:
             finally:
                 self._close_fetch(fetch)
         for index in self.live():  # no assembly explained: each replica alone
-            if self._whole_from(index, volume, sha256, dest):
-                size = sum(f.size for f in self.replicas[index].volume_files(volume))
+            size = self._whole_from(index, volume, sha256, dest)
+            if size is not None:
                 return VolumeFetch(volume, size, time.monotonic() - started, 0, {self.uses[index].label: 0})
         reasons = "; ".join(f"{u.label}: {u.dropped}" for u in self.uses)
         raise DatabaseError(f"volume {volume}: no replica served it verified ({reasons})")
@@ -270,7 +270,7 @@ class ReplicaSet:
     def _striped(self, fetch: _Fetch, dest: Path, volume: str) -> bool:
         """Read every stripe from the live servers into `dest`; False when they all failed first."""
         for file in fetch.files:
-            fd = os.open(dest / file.name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(dest / file.name, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             fetch.fds.append(fd)
             os.ftruncate(fd, file.size)
         _remove_strays(dest, volume, fetch.files)
@@ -519,15 +519,17 @@ class ReplicaSet:
                 replaced.append((stripe, ours))
         return replaced
 
-    def _whole_from(self, index: int, volume: str, sha256: str, dest: Path) -> bool:
-        """The last resort: the whole volume from one replica; dropped if it fails or does not verify."""
+    def _whole_from(self, index: int, volume: str, sha256: str, dest: Path) -> int | None:
+        """The last resort: the whole volume from one replica (its size), or None: the replica failed or
+        its copy did not verify, and it is dropped."""
         replica, use = self.replicas[index], self.uses[index]
         try:
             files = replica.volume_files(volume)
             _check_listing(volume, files)
             _remove_strays(dest, volume, files)
             for file in files:
-                with open(dest / file.name, "wb") as fh:
+                fd = os.open(dest / file.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+                with open(fd, "wb") as fh:
                     for offset in range(0, file.size, self.stripe_bytes):
                         length = min(self.stripe_bytes, file.size - offset)
                         t0 = time.monotonic()
@@ -540,11 +542,11 @@ class ReplicaSet:
                     os.fsync(fh.fileno())
         except ReplicaError as exc:
             self.drop(index, str(exc))
-            return False
+            return None
         if volume_sha256(dest, volume) != sha256:
             self.drop(index, f"volume {volume} did not verify against the manifest")
-            return False
-        return True
+            return None
+        return sum(f.size for f in files)
 
     # -- the run record -------------------------------------------------------------------------------------
     def report(self) -> list[dict[str, object]]:
