@@ -200,3 +200,22 @@ def test_stray_files_of_the_volume_in_dest_do_not_spoil_the_digest(tmp_path):
     fetch_all(rs, manifest, dest)
     assert not (dest / "f000.pxx").exists()
     assert os.listdir(dest)
+
+
+def test_one_mirror_slow_and_one_corrupted(tmp_path):
+    """The issue's acceptance case at this layer: the volume verifies, the slow mirror is skipped (the
+    report says why), the corrupted one is dropped (the report says why), the good one is kept."""
+    db, manifest = make_db(tmp_path / "a", volumes=3)
+    slow = mirror(db, tmp_path / "slow" / "db")
+    bad = mirror(db, tmp_path / "bad" / "db")
+    for volume in ("f000", "f001", "f002"):
+        corrupt(bad / f"{volume}.psq")
+    stripe = 4096
+    rs = ReplicaSet(
+        [Slow(db, 0.003), Slow(slow, 0.06), Slow(bad, 0.003)], stripe_bytes=stripe, probe_seconds=60
+    )
+    fetch_all(rs, manifest, tmp_path / "out")
+    report = by_label(rs)
+    assert report[str(db)]["dropped"] is None and report[str(db)]["skipped"] is None
+    assert "slow" in str(report[str(slow)]["skipped"]) and report[str(slow)]["dropped"] is None, report
+    assert "served bytes that did not verify" in str(report[str(bad)]["dropped"]), report
