@@ -182,6 +182,12 @@ def _serve(argv: list[str]) -> int:
         help="free space kept on the file systems of --root and the state (default 256M); a job that "
         "would go below it fails and its data is removed",
     )
+    parser.add_argument(
+        "--no-replica-reads",
+        action="store_true",
+        help="do not serve the replica's fragment volumes to compute sites (by default an authenticated "
+        "compute site may read them, read-only, to mirror the database: search --mirror tls://...)",
+    )
     args = parser.parse_args(argv)  # the settings check their own values (ServeSettings)
     return serve(
         ServeSettings(
@@ -195,6 +201,7 @@ def _serve(argv: list[str]) -> int:
             args.expire_after,
             quota=Quota(job_bytes=args.job_quota, peer_bytes=args.site_quota, reserve_bytes=args.reserve),
             open_idle_seconds=args.open_idle * 3600,
+            replica_reads=not args.no_replica_reads,
         )
     )
 

@@ -120,11 +120,14 @@ class StorageSite:
 
 class CuttingProxy:
     """Forward 127.0.0.1:<port> to 127.0.0.1:<target>; once `cut_after` bytes went from clients to the
-    server (over all connections), close both sides of the connection that carried the last of them."""
+    server (over all connections), close both sides of the connection that carried the last of them.
+    With `down_rate`, each connection's server-to-client bytes are held to that many bytes a second (a
+    slow link to a replica)."""
 
-    def __init__(self, target: int, cut_after: int):
+    def __init__(self, target: int, cut_after: int = 2**62, down_rate: float | None = None):
         self.target = target
         self.cut_after = cut_after
+        self.down_rate = down_rate
         self.forwarded = 0  # client-to-server bytes, all connections
         self.cuts = 0
         self.connections = 0
@@ -175,10 +178,12 @@ class CuttingProxy:
     ) -> None:
         try:
             while True:
-                data = src.recv(16384)
+                data = src.recv(4096 if self.down_rate else 16384)
                 if not data:
                     break
                 dst.sendall(data)
+                if not up and self.down_rate:
+                    time.sleep(len(data) / self.down_rate)
                 if up:
                     with self.lock:
                         self.forwarded += len(data)

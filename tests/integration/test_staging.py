@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import paramedic, take_fasta
 from tests.integration.equality import Site
+from tests.integration.site import CuttingProxy, StorageSite
 
 pytestmark = pytest.mark.integration
 
@@ -30,11 +31,12 @@ def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
     return site
 
 
-def staged_search(site: Site, name: str, *flags: str, check: bool = True):
+def staged_search(site: Site, name: str, *flags: str, check: bool = True, env: dict[str, str] | None = None):
     out = site.root / f"{name}.out"
     proc = paramedic(
         "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-outfmt", "0",
         "-out", str(out), "--np", "2", "--batch", "10", "--quiet", *flags, cwd=site.root / "p4", check=check,
+        env=env,
     )  # fmt: skip
     if not check:
         return proc
@@ -108,6 +110,45 @@ def test_a_mirror_of_the_same_database_is_accepted_and_reported(site: Site, tmp_
     served = [r for rank in record["ranks_stats"] if rank["stage"] for r in rank["stage"]["replicas"]]
     assert {r["replica"] for r in served} == {str(site.root / "p4" / "uniprot"), str(mirror)}
     assert all(r["dropped"] is None for r in served)
+
+
+def test_one_mirror_slowed_and_one_corrupted(site: Site, tmp_path: Path) -> None:
+    """The issue's check: a storage site's replica over TLS behind a link held to 40 KB/s per stream, and
+    a directory mirror whose every volume file has a flipped byte (same sizes, same manifest: it passes
+    the identity check). Stripes of 8 KiB: dozens per volume, so every replica is asked for some. The output is BLAST+'s; every rank that read from the corrupted mirror dropped it
+    (none used its bytes), and the slow one was skipped, as the run record says."""
+    db = site.root / "p4" / "uniprot"
+    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    (tmp_path / "root").mkdir()
+    remote = StorageSite(db, tmp_path / "root", tmp_path / "keys/server", tmp_path / "serve.log")
+    bad = tmp_path / "bad" / "uniprot"
+    shutil.copytree(db, bad)
+    flipped = 0
+    for path in bad.glob("f00*.p*"):
+        if path.suffix != ".pal" and path.stat().st_size > 0:
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(bytes(data))
+            flipped += 1
+    assert flipped >= 4 * 5  # every fragment volume's files
+    remote.start()
+    try:
+        with CuttingProxy(remote.port, down_rate=40_000) as slow:
+            record = staged_search(
+                site, "faulty-mirrors", "--stage", str(tmp_path / "cache"), "--mirror",
+                f"tls://localhost:{slow.port}/uniprot", "--mirror", str(bad), "--keys",
+                str(tmp_path / "keys/compute-a"), env={"PARAMEDIC_STRIPE_BYTES": "8192"},
+            )  # fmt: skip
+    finally:
+        remote.stop()
+    replicas = [r for rank in record["ranks_stats"] if rank["stage"] for r in rank["stage"]["replicas"]]
+    assert replicas, "no rank copied anything"
+    bad_uses = [r for r in replicas if r["replica"] == str(bad)]
+    slow_uses = [r for r in replicas if r["replica"].startswith("tls://")]
+    assert bad_uses and all(r["dropped"] for r in bad_uses if r["stripes"] or r["bytes"]), bad_uses
+    assert any(r["dropped"] for r in bad_uses), bad_uses
+    assert any(r["skipped"] and "slow" in r["skipped"] for r in slow_uses), slow_uses
+    assert record["stage"]["copies"] == 4
 
 
 def test_refusals_are_one_line(site: Site, tmp_path: Path) -> None:

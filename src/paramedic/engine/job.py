@@ -23,12 +23,12 @@ from paramedic.db.locate import resolve_database
 from paramedic.db.manifest import Manifest
 from paramedic.db.seqids import SeqIdTable
 from paramedic.db.stage import StageCache, check_stageable
-from paramedic.db.stripes import ReplicaSet
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings, StageSettings
+from paramedic.engine.staging import open_replicas
 from paramedic.engine.strategy import StrategyChoice, choose_strategy
 from paramedic.errors import OutputError, UsageError
 from paramedic.output.stitch import can_stitch
@@ -187,7 +187,7 @@ def check_stage(stage: StageSettings, manifest: Manifest, where: str) -> None:
     check_stageable(manifest, where)
     StageCache(stage.directory, stage.limit)
     if stage.mirrors:
-        ReplicaSet.open(stage.mirrors, manifest, stage.keys).close()
+        open_replicas(stage.mirrors, manifest, stage.keys).close()
 
 
 def _resolve(cwd: Path, path: str) -> Path:

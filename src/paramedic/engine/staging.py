@@ -8,7 +8,9 @@ first copy only, so a warm cache opens nothing.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import os
 import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,9 +19,11 @@ from typing import Any
 
 from paramedic.blast.run import Database
 from paramedic.db.manifest import Manifest, load_manifest
+from paramedic.db.replicas import MAX_READ_BYTES
 from paramedic.db.stage import StageCache
 from paramedic.db.stripes import ReplicaSet
 from paramedic.engine.settings import StageSettings
+from paramedic.errors import UsageError
 
 # (node name, fragments already staged there): what each rank reports at start
 Hello = tuple[str, tuple[int, ...]]
@@ -45,7 +49,8 @@ class Stager:
     def _replicas(self) -> ReplicaSet:
         if self.replicas is None:
             urls = [str(self.db.directory), *self.settings.mirrors]
-            self.replicas = ReplicaSet.open(urls, self.manifest, self.settings.keys)
+            self.replicas = open_replicas(urls, self.manifest, self.settings.keys)
+            atexit.register(self.replicas.close)  # a storage site's streams end with the rank
         return self.replicas
 
     def hello(self) -> Hello:
@@ -69,6 +74,23 @@ class Stager:
             **self.cache.stats.as_record(),
             "replicas": self.replicas.report() if self.replicas is not None else [],
         }
+
+
+# Stripe size in bytes for reading a volume from several replicas (default 4 MiB; small values make many
+# stripes of a small database, for tests and measurements)
+STRIPE_VARIABLE = "PARAMEDIC_STRIPE_BYTES"
+
+
+def open_replicas(urls: Sequence[str], manifest: Manifest, keys: Path | None) -> ReplicaSet:
+    """The replicas at `urls`, identity checked; `tls://` ones are storage sites (paramedic serve)."""
+    import paramedic.ship.replica_client  # noqa: F401  (registers the tls:// replica transport)
+
+    stripe = os.environ.get(STRIPE_VARIABLE)
+    if not stripe:
+        return ReplicaSet.open(urls, manifest, keys)
+    if not stripe.isdigit() or not 0 < int(stripe) <= MAX_READ_BYTES:
+        raise UsageError(f"{STRIPE_VARIABLE}={stripe}: expected 1 to {MAX_READ_BYTES} bytes")
+    return ReplicaSet.open(urls, manifest, keys, stripe_bytes=int(stripe))
 
 
 _STAGERS: dict[tuple[Path, Path], Stager] = {}

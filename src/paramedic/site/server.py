@@ -8,6 +8,8 @@ job is finished the output is made durable under --root and its digest is sent b
 
 One thread per connection; requests on a connection are answered in order, so a client can keep several
 chunks in flight. With --inbox the same jobs also arrive as files through a shared directory (`site.inbox`).
+The same connections also serve the replica's fragment volumes read-only to compute sites that mirror
+the database from here (`site.replica_reads`; off with --no-replica-reads).
 
 Nobody holds the site with slow or silent connections (`Limits`): a connection that has not completed its
 TLS handshake has `handshake_seconds` in all, and such connections are bounded in number, also per source
@@ -46,6 +48,7 @@ from paramedic.ship.wire import (
     recv_frame,
     send_frame,
 )
+from paramedic.site.replica_reads import READ_OPS, ReplicaReads
 from paramedic.site.store import (
     DEFAULT_EXPIRE_SECONDS,
     DEFAULT_OPEN_IDLE_SECONDS,
@@ -86,6 +89,7 @@ class ServeSettings:
     limits: Limits = field(default_factory=Limits)
     quota: Quota = field(default_factory=Quota)
     open_idle_seconds: float = DEFAULT_OPEN_IDLE_SECONDS  # an open job with no request this long expires
+    replica_reads: bool = True  # serve the replica's fragment volumes to compute sites (--mirror tls://)
 
     def __post_init__(self) -> None:
         if self.io_workers < 1:
@@ -121,6 +125,7 @@ class SiteServer:
         for stale in workdir.glob("regen-*"):
             shutil.rmtree(stale, ignore_errors=True)
         self.replica = Replica(database, manifest.checksum(), workdir)
+        self.reads = ReplicaReads(database.directory, manifest) if settings.replica_reads else None
         self.context = server_context(settings.keys) if settings.keys is not None else None
         self.store = JobStore(
             root,
@@ -292,16 +297,19 @@ class SiteServer:
             except (ProtocolError, OSError) as exc:
                 log(f"{peer}: connection dropped: {exc}")
                 return
-            reply = self._answer(peer, header, payload)
+            answer = self._answer(peer, header, payload)
+            reply, data = answer if isinstance(answer, tuple) else (answer, b"")
             try:
                 tls.settimeout(self.limits.frames.frame)  # recv_frame left the frame's remaining time
-                send_frame(tls, reply)
+                send_frame(tls, reply, data)
             except OSError:
                 return
             if reply["op"] == "error":
                 return
 
-    def _answer(self, peer: str, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+    def _answer(
+        self, peer: str, header: dict[str, Any], payload: bytes
+    ) -> dict[str, Any] | tuple[dict[str, Any], bytes]:
         """The reply to one request: its result, or a refusal whose message is bounded (it may quote the
         request, and a reply must fit in a frame: 20,000 non-ASCII characters are 120 KB as JSON)."""
         try:
@@ -320,9 +328,15 @@ class SiteServer:
             )
             return {"op": "error", "message": "storage site internal error", "fatal": True}
 
-    def _handle(self, peer: str, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+    def _handle(
+        self, peer: str, header: dict[str, Any], payload: bytes
+    ) -> dict[str, Any] | tuple[dict[str, Any], bytes]:
         op = header["op"]
         owner = TLS_OWNER + peer
+        if op in READ_OPS:  # a compute site reading the replica (--mirror tls://): read-only, no job
+            if self.reads is None:
+                raise ProtocolError("this storage site serves no replica reads (--no-replica-reads)")
+            return self.reads.answer(op, header)
         if op == "hello":
             return {
                 "op": "hello",
@@ -388,7 +402,13 @@ def serve(settings: ServeSettings) -> int:
     try:
         if settings.keys is not None:
             host, port = server.bind()
-            log(f"listening on {host}:{port} (TLS 1.3, client certificates), replica {settings.replica}")
+            reads = (
+                "serving its fragment volumes read-only" if server.reads is not None else "no replica reads"
+            )
+            log(
+                f"listening on {host}:{port} (TLS 1.3, client certificates), replica {settings.replica} "
+                f"({reads})"
+            )
             server.serve_forever()
         else:
             server.stopping.wait()
