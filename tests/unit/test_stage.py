@@ -340,3 +340,63 @@ def test_settings_refuse_staging_with_query_segmentation(tmp_path):
     with pytest.raises(UsageError, match="--stage-copies"):
         StageSettings(tmp_path, copies=0)
     assert dataclasses.replace(stage, copies=3).copies == 3
+
+
+def _stager(tmp_path: Path, db: Path, opened: list[Path]):
+    """A rank's Stager over `db` whose replica sets are opened, one per call, on the directories in
+    `opened` (the engine opens the -db directory and the mirrors; here each attempt gets its own)."""
+    from paramedic.blast.run import Database
+    from paramedic.engine import staging
+    from paramedic.engine.settings import StageSettings
+
+    attempts = iter(opened)
+
+    def open_replicas(urls, manifest, keys):
+        return ReplicaSet.open([str(next(attempts))], manifest, keys)
+
+    stager = staging.Stager(
+        StageSettings(tmp_path / "cache"),
+        Database("db", db, "prot", "t", 9, 99, "whole", ("frag000", "frag001", "frag002")),
+    )
+    return stager, open_replicas
+
+
+def _damaged_copy(db: Path, where: Path) -> Path:
+    where.mkdir()
+    for path in db.iterdir():
+        data = bytearray(path.read_bytes())
+        if path.suffix in (".pin", ".phr", ".psq"):
+            data[0] ^= 0xFF
+        (where / path.name).write_bytes(bytes(data))
+    return where
+
+
+def test_a_copy_no_replica_served_verified_is_fetched_again_from_all_afresh(tmp_path, monkeypatch):
+    """The first attempt's only replica serves bad bytes (dropped, nothing used); the copy is fetched
+    again from a fresh set, verified, and the record keeps both sets' reports."""
+    from paramedic.engine import staging
+
+    db = tmp_path / "db"
+    manifest = make_db(db)
+    bad = _damaged_copy(db, tmp_path / "bad")
+    stager, fake_open = _stager(tmp_path, db, [bad, db])
+    monkeypatch.setattr(staging, "open_replicas", fake_open)
+    with stager.fragment(1) as staged:
+        assert volume_sha256(staged.directory, "f001") == manifest.fragments[1].sha256
+    reports = stager.record()["replicas"]
+    assert [r["replica"] for r in reports] == [str(bad), str(db)]
+    assert reports[0]["dropped"] and reports[1]["dropped"] is None
+
+
+def test_a_copy_that_fails_twice_fails_the_task_and_leaves_nothing(tmp_path, monkeypatch):
+    from paramedic.engine import staging
+
+    db = tmp_path / "db"
+    make_db(db)
+    bad = _damaged_copy(db, tmp_path / "bad")
+    stager, fake_open = _stager(tmp_path, db, [bad, bad])
+    monkeypatch.setattr(staging, "open_replicas", fake_open)
+    with pytest.raises(DatabaseError, match="no replica"), stager.fragment(2):
+        pass
+    assert bytes_in(tmp_path / "cache") == 0
+    assert not [p for p in (tmp_path / "cache").rglob(f"{FILL_PREFIX}*")]

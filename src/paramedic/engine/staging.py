@@ -23,7 +23,7 @@ from paramedic.db.replicas import MAX_READ_BYTES
 from paramedic.db.stage import StageCache
 from paramedic.db.stripes import ReplicaSet
 from paramedic.engine.settings import StageSettings
-from paramedic.errors import UsageError
+from paramedic.errors import DatabaseError, UsageError
 
 # (node name, fragments already staged there): what each rank reports at start
 Hello = tuple[str, tuple[int, ...]]
@@ -44,6 +44,7 @@ class Stager:
         self.cache = StageCache(stage.directory, stage.limit)
         self.trimmed = False
         self.replicas: ReplicaSet | None = None
+        self.retired: list[dict[str, object]] = []  # reports of replica sets given up after a failure
         self.node = node_name()
 
     def _replicas(self) -> ReplicaSet:
@@ -52,6 +53,21 @@ class Stager:
             self.replicas = open_replicas(urls, self.manifest, self.settings.keys)
             atexit.register(self.replicas.close)  # a storage site's streams end with the rank
         return self.replicas
+
+    def fetch_volume(self, volume: str, sha256: str, dest: Path) -> object:
+        """Copy a volume through the replicas; when none served it verified, once more from all of them
+        afresh (a failure may have been passing: a dropped connection, a file being replaced), and never
+        use what did not verify."""
+        try:
+            return self._replicas().fetch_volume(volume, sha256, dest)
+        except DatabaseError:
+            failed = self._replicas()
+            self.retired += failed.report()
+            failed.close()
+            self.replicas = None
+            for path in dest.iterdir():
+                path.unlink()
+            return self._replicas().fetch_volume(volume, sha256, dest)
 
     def hello(self) -> Hello:
         return self.node, tuple(self.cache.staged(self.manifest))
@@ -63,7 +79,7 @@ class Stager:
         if not self.trimmed:  # a cache filled under a larger limit is brought within this one (by the
             self.trimmed = True  # ranks that search: their records count the evictions)
             self.cache.trim()
-        with self.cache.use(self.manifest, fragment, self.db.directory, self._replicas) as place:
+        with self.cache.use(self.manifest, fragment, self.db.directory, lambda: self) as place:
             yield self.db if place is None else dataclasses.replace(self.db, directory=place)
 
     def record(self) -> dict[str, Any]:
@@ -72,7 +88,7 @@ class Stager:
             "node": self.node,
             "directory": str(self.settings.directory),
             **self.cache.stats.as_record(),
-            "replicas": self.replicas.report() if self.replicas is not None else [],
+            "replicas": self.retired + (self.replicas.report() if self.replicas is not None else []),
         }
 
 
