@@ -1,6 +1,7 @@
 """The predictor (paramedic.engine.simulate) on small made-up run records: one worker takes the sum of the
 task costs, more workers are never slower on balanced work, the JSON has its keys, bad records and bad
-options are one line and an exit code; its indexed scheduler decides as the engine's."""
+options are one line and an exit code; the engine's scheduler, indexed for large plans, decides as a
+plain scan of every batch does."""
 
 from __future__ import annotations
 
@@ -12,14 +13,8 @@ import pytest
 
 from paramedic.cli import main
 from paramedic.engine.master import Master, PieceResult, SearchResult
-from paramedic.engine.scheduler import Plan, Scheduler, SearchTask
-from paramedic.engine.simulate import (
-    CostModel,
-    IndexedPlan,
-    IndexedScheduler,
-    SimulateSettings,
-    predict,
-)
+from paramedic.engine.scheduler import Plan, Scheduler, SearchTask, Task
+from paramedic.engine.simulate import CostModel, SimulateSettings, predict
 from paramedic.errors import UsageError
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord, TaskCost
@@ -143,7 +138,7 @@ def test_bad_records_and_options_are_one_line(tmp_path: Path, capsys: pytest.Cap
         SimulateSettings(record=path, queries=1, workers=1, database_scale=float("nan"))
 
 
-# -- the indexed plan and scheduler decide as the engine's -------------------------------------------------
+# -- the engine's plan and scheduler, indexed, decide as a plain scan does -----------------------------
 def random_plan(rng: random.Random) -> Plan:
     n = rng.randint(1, 60)
     cuts = sorted(rng.sample(range(1, n), rng.randint(0, n - 1))) if n > 1 else []
@@ -157,21 +152,54 @@ def random_plan(rng: random.Random) -> Plan:
     return Plan(batches, rng.randint(1, 8), pieces, hitlist_size=5)
 
 
-def test_the_indexed_plan_finds_the_same_pieces() -> None:
+def test_the_plan_finds_the_pieces_a_scan_finds() -> None:
+    """Plan.batch_pieces bisects; a scan of every piece is the reference."""
     rng = random.Random(7)
     for _ in range(300):
         plan = random_plan(rng)
-        indexed = IndexedPlan(plan.batches, plan.n_fragments, plan.pieces, plan.hitlist_size)
         for batch in range(len(plan.batches)):
+            queries = plan.batches[batch]
+            inside = [
+                i for i, p in enumerate(plan.pieces) if p.start >= queries.start and p.stop <= queries.stop
+            ]
+            crossing = not inside or sum(len(plan.pieces[i]) for i in inside) != len(queries)
             try:
-                expected: range | str = plan.batch_pieces(batch)
-            except ValueError as exc:
-                expected = str(exc)
-            try:
-                got: range | str = indexed.batch_pieces(batch)
-            except ValueError as exc:
-                got = str(exc)
-            assert got == expected
+                got: range | None = plan.batch_pieces(batch)
+            except ValueError:
+                got = None
+            assert got == (None if crossing else range(inside[0], inside[-1] + 1))
+
+
+class ScanningScheduler(Scheduler):
+    """The reference: the same policy, found by scanning every batch of the plan and every worker's
+    cache on every call (what the engine did before it kept its open batches and holders counted)."""
+
+    def next_task(self, worker: int) -> Task | None:
+        if self._ready:
+            return self._ready.popleft()
+        open_batches = [
+            b for b in range(len(self.plan.batches))
+            if self._pending[b] and (self.assigned is None or b in self.assigned)
+        ][: self.window]  # fmt: skip
+        if not open_batches:
+            return None
+        held = self.cache.setdefault(worker, set())
+        others = set().union(*(f for w, f in self.cache.items() if w != worker))
+        home = self.home(worker)
+        for prefer in (
+            lambda f: f in held,
+            lambda f: f in home,
+            lambda f: f not in others,
+            lambda f: True,
+        ):
+            for batch in open_batches:
+                fragments = sorted(f for f in self._pending[batch] if prefer(f))
+                if fragments:
+                    choice = SearchTask(batch, fragments[0])
+                    self._pending[batch].discard(choice.fragment)
+                    held.add(choice.fragment)
+                    return choice
+        raise AssertionError("an open batch with nothing pending")
 
 
 def drive(scheduler: Scheduler, rng: random.Random, workers: int, segments: list[int] | None) -> list:
@@ -208,7 +236,7 @@ def drive(scheduler: Scheduler, rng: random.Random, workers: int, segments: list
 
 @pytest.mark.parametrize("replica_group", [None, 2])
 @pytest.mark.parametrize("partitioned", [False, True])
-def test_the_indexed_scheduler_hands_out_what_the_engines_does(partitioned: bool, replica_group) -> None:
+def test_the_scheduler_hands_out_what_a_scan_does(partitioned: bool, replica_group) -> None:
     for seed in range(150):
         plan = random_plan(random.Random(seed))
         try:
@@ -216,20 +244,24 @@ def test_the_indexed_scheduler_hands_out_what_the_engines_does(partitioned: bool
                 plan.batch_pieces(batch)
         except ValueError:
             continue
-        indexed_plan = IndexedPlan(plan.batches, plan.n_fragments, plan.pieces, plan.hitlist_size)
         workers = random.Random(-seed).randint(1, 8)
         segments = list(range(len(plan.batches))) if partitioned else None
         assigned = set() if partitioned else None
         engine = drive(
-            Scheduler(plan, assigned=assigned), random.Random(seed), workers, segments and [*segments]
-        )
-        indexed = drive(
-            IndexedScheduler(indexed_plan, assigned=None if assigned is None else set()),
+            Scheduler(plan, assigned=assigned, replica_group=replica_group),
             random.Random(seed),
             workers,
             segments and [*segments],
         )
-        assert indexed == engine, seed
+        scanning = drive(
+            ScanningScheduler(
+                plan, assigned=None if assigned is None else set(), replica_group=replica_group
+            ),
+            random.Random(seed),
+            workers,
+            segments and [*segments],
+        )
+        assert engine == scanning, seed
 
 
 def test_the_jobs_own_queries_give_their_lengths(tmp_path: Path) -> None:

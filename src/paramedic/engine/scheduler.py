@@ -19,7 +19,10 @@ A finished search means its fragment is staged on that node.
 
 from __future__ import annotations
 
+import bisect
+import functools
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from paramedic.blast.hits import FragmentSearch, Hit, PrelimList
@@ -85,11 +88,25 @@ class Plan:
     def batch_pieces(self, batch: int) -> range:
         """Indices of the pieces that lie in search batch `batch` (ValueError when a piece crosses its
         edge: a job whose report is one piece, unstitchable, cannot be cut into query segments)."""
-        queries = self.batches[batch]
-        inside = [i for i, p in enumerate(self.pieces) if p.start >= queries.start and p.stop <= queries.stop]
-        if not inside or sum(len(self.pieces[i]) for i in inside) != len(queries):
+        pieces = self.overlapping(batch)
+        if (self.pieces[pieces.start].start, self.pieces[pieces.stop - 1].stop) != (
+            self.batches[batch].start,
+            self.batches[batch].stop,
+        ):
             raise ValueError(f"batch {batch}'s pieces cross its edges")
-        return range(inside[0], inside[-1] + 1)
+        return pieces
+
+    def overlapping(self, batch: int) -> range:
+        """Indices of the pieces that hold any of batch `batch`'s queries (found by bisection: a master
+        asks for every batch it merges, and a plan may have tens of thousands)."""
+        queries = self.batches[batch]
+        first = bisect.bisect_right(self._piece_starts, queries.start) - 1
+        last = bisect.bisect_left(self._piece_starts, queries.stop)
+        return range(first, last)
+
+    @functools.cached_property
+    def _piece_starts(self) -> list[int]:
+        return [p.start for p in self.pieces]
 
     @property
     def first_query(self) -> int:
@@ -133,6 +150,10 @@ class Scheduler:
     _copying: set[tuple[str, int]] = field(init=False)  # (node, fragment) copies in flight
     _handed: dict[SearchTask, str] = field(init=False)  # search handed out -> the node it went to
     _pending: list[set[int]] = field(init=False)  # per batch: fragments not yet handed out
+    # the batches this scheduler may hand searches of (assigned, fragments pending), in order: an idle
+    # worker's choice looks at the first `window` of them, not at every batch of the plan
+    _open: list[int] = field(init=False)
+    _holders: dict[int, int] = field(init=False)  # fragment -> workers that hold it (in `cache`)
     _waiting: list[int] = field(init=False)  # per batch: fragment results still missing
     _hits: dict[int, list[list[list[Hit]]]] = field(init=False)  # batch -> per query -> per fragment hits
     _prelim: dict[int, list[list[PrelimList | None]]] = field(init=False)  # the same for prelim lists
@@ -148,8 +169,11 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         nf = self.plan.n_fragments
-        self._pending = [set(range(nf)) for _ in self.plan.batches]
+        # a partition master's scheduler touches only its own batches: their sets are made when first
+        # asked for (256 partitions x 11,872 batches x 64 fragments would hold 7 GB)
+        self._pending = _Pending(len(self.plan.batches), nf)
         self._waiting = [nf] * len(self.plan.batches)
+        self._holders = {}
         self._hits = {}
         self._prelim = {}
         self._inexact = set()
@@ -157,7 +181,13 @@ class Scheduler:
         self._alignments = {}
         self._ready = deque()
         self._done_pieces = set()
-        self._unreleased = set(range(len(self.plan.pieces)))
+        # pieces of batches not assigned here are never merged here: never released here
+        self._unreleased = (
+            set(range(len(self.plan.pieces)))
+            if self.assigned is None
+            else {i for b in self.assigned for i in self.plan.overlapping(b)}
+        )
+        self._open = list(range(len(self.plan.batches))) if self.assigned is None else sorted(self.assigned)
         self.cache = {}
         self.released = []
         self._copying = set()
@@ -165,9 +195,10 @@ class Scheduler:
         if self.stage_copies is not None and self.stage_copies < 1:
             raise ValueError("stage_copies must be at least 1")
         if self.plan.query_segmentation:
-            self._pending = [set() for _ in self.plan.batches]
+            self._pending = _Pending(len(self.plan.batches), 0)
             self._waiting = [0] * len(self.plan.batches)
             self._unreleased.clear()
+            self._open = []
             batches = range(len(self.plan.batches)) if self.assigned is None else sorted(self.assigned)
             for batch in batches:
                 self._ready_whole(batch)
@@ -193,13 +224,16 @@ class Scheduler:
         self.assigned.add(batch)
         if self.plan.query_segmentation:
             self._ready_whole(batch)
+            return
+        self._unreleased.update(i for i in self.plan.overlapping(batch) if i not in self._done_pieces)
+        if self._pending[batch]:
+            bisect.insort(self._open, batch)
 
     @property
     def open_tasks(self) -> int:
         """Tasks that could be handed out now or once earlier batches merge (a partition master asks for
         its next segment when these fall below its workers)."""
-        batches = range(len(self.plan.batches)) if self.assigned is None else self.assigned
-        return len(self._ready) + sum(len(self._pending[b]) for b in batches)
+        return len(self._ready) + sum(len(self._pending[b]) for b in self._open)
 
     @property
     def idle(self) -> bool:
@@ -213,15 +247,16 @@ class Scheduler:
         if len(merged) != self.plan.n_queries:
             raise ValueError(f"metadata has {len(merged)} queries, the job {self.plan.n_queries}")
         self._merged = dict(enumerate(merged, start=self.plan.first_query))
-        self._pending = [set() for _ in self.plan.batches]
+        self._pending = _Pending(len(self.plan.batches), 0)
         self._waiting = [0] * len(self.plan.batches)
-        self._release_pieces()
+        self._open = []
+        self._release_pieces(self._unreleased)
 
     def restore_search(self, task: SearchTask, result: FragmentSearch) -> None:
         """A search finished by an earlier run of the job (paramedic.engine.journal): not handed out again."""
         if task.fragment not in self._pending[task.batch]:
             raise ValueError(f"search {task} is not pending")
-        self._pending[task.batch].discard(task.fragment)
+        self._take(task)
         self.search_done(task, result)
 
     def mark_piece_done(self, index: int) -> None:
@@ -237,11 +272,7 @@ class Scheduler:
         """The task for an idle worker, or None when nothing can be handed out right now."""
         if self._ready:
             return self._ready.popleft()
-        open_batches = [
-            b
-            for b, pending in enumerate(self._pending)
-            if pending and (self.assigned is None or b in self.assigned)
-        ][: self.window]
+        open_batches = self._open[: self.window]
         if not open_batches:
             return None
         node = self.nodes.get(worker) if self.nodes is not None else None
@@ -253,7 +284,7 @@ class Scheduler:
         if bounded and not any((on_node | copying) & self._pending[b] for b in open_batches):
             return None  # every copy allowed is in flight and nothing is staged here: wait (cheaply)
         held = self.cache.setdefault(worker, set())
-        held_by_others = set().union(*(f for w, f in self.cache.items() if w != worker))
+        held_by_others = {f for f, n in self._holders.items() if n > (f in held)}
         choice = None
         home = self.home(worker)
         for prefer in (
@@ -275,13 +306,22 @@ class Scheduler:
             if choice:
                 break
         assert choice is not None
-        self._pending[choice.batch].discard(choice.fragment)
-        held.add(choice.fragment)
+        self._take(choice)
+        if choice.fragment not in held:
+            held.add(choice.fragment)
+            self._holders[choice.fragment] = self._holders.get(choice.fragment, 0) + 1
         if node is not None:
             self._handed[choice] = node
             if choice.fragment not in on_node:
                 self._copying.add((node, choice.fragment))
         return choice
+
+    def _take(self, task: SearchTask) -> None:
+        """A search is handed out (or was done by an earlier run): no longer pending."""
+        pending = self._pending[task.batch]
+        pending.discard(task.fragment)
+        if not pending and task.batch in self._open:
+            self._open.remove(task.batch)
 
     @property
     def per_worker(self) -> bool:
@@ -320,7 +360,7 @@ class Scheduler:
                     self._inexact.add(q)
                 elif self.keep_alignments:
                     self._alignments[q] = tuple(merged.hits)
-            self._release_pieces()
+            self._release_pieces(self.plan.overlapping(task.batch))
 
     def piece_done(self, task: PieceTask) -> None:
         self._done_pieces.add(task.piece)
@@ -354,9 +394,10 @@ class Scheduler:
         """Queries whose report had to be written by searching again against their preliminary list."""
         return len(self._inexact)
 
-    def _release_pieces(self) -> None:
-        """A piece becomes ready as soon as all its queries are merged (the writer restores order)."""
-        for index in sorted(self._unreleased):
+    def _release_pieces(self, candidates: Iterable[int]) -> None:
+        """A piece becomes ready as soon as all its queries are merged (the writer restores order); the
+        `candidates` are the pieces a merge may have completed."""
+        for index in sorted(i for i in candidates if i in self._unreleased):
             piece = self.plan.pieces[index]
             if all(q in self._merged for q in piece):
                 subjects = tuple(tuple(self._merged[q]) for q in piece)
@@ -372,3 +413,18 @@ class Scheduler:
                 task = PieceTask(index, piece.start, len(piece), subjects, alignments, stored)
                 (self.released if self.hold_pieces else self._ready).append(task)
                 self._unreleased.discard(index)
+
+
+class _Pending(list):  # type: ignore[type-arg]
+    """Per batch, the fragments not yet handed out; a batch's set is made when first asked for."""
+
+    def __init__(self, batches: int, fragments: int):
+        super().__init__([None] * batches)
+        self.fragments = fragments
+
+    def __getitem__(self, batch):  # type: ignore[no-untyped-def, override]
+        found = list.__getitem__(self, batch)
+        if found is None:
+            found = set(range(self.fragments))
+            list.__setitem__(self, batch, found)
+        return found

@@ -25,8 +25,6 @@ partition masters and workers.
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 import functools
 import heapq
 import itertools
@@ -285,122 +283,6 @@ def _option(command: Sequence[str], name: str) -> int | None:
         return None
 
 
-# -- the engine's objects, indexed for large plans ---------------------------------------------------
-class IndexedPlan(Plan):
-    """A Plan whose `batch_pieces` is looked up instead of scanning every piece (the same answers, the
-    same ValueError): the Supermaster asks it for every batch, a partition's scheduler for every merge."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        starts = [p.start for p in self.pieces]
-        table: list[range | None] = []
-        for queries in self.batches:
-            i, j = bisect.bisect_left(starts, queries.start), bisect.bisect_left(starts, queries.stop)
-            inside = j > i and starts[i] == queries.start and self.pieces[j - 1].stop == queries.stop
-            table.append(range(i, j) if inside else None)
-        object.__setattr__(self, "_batch_pieces", table)
-
-    def batch_pieces(self, batch: int) -> range:
-        found: range | None = self._batch_pieces[batch]  # type: ignore[attr-defined]
-        if found is None:
-            raise ValueError(f"batch {batch}'s pieces cross its edges")
-        return found
-
-
-class _Pending(list):  # type: ignore[type-arg]
-    """Per batch, the fragments not yet handed out, made when first asked for: a partition's scheduler
-    touches only its own batches (256 partitions x 11,872 batches x 64 fragments held 7 GB)."""
-
-    def __init__(self, batches: int, fragments: int):
-        super().__init__([None] * batches)
-        self.fragments = fragments
-
-    def __getitem__(self, batch):  # type: ignore[no-untyped-def, override]
-        found = list.__getitem__(self, batch)
-        if found is None:
-            found = set(range(self.fragments))
-            list.__setitem__(self, batch, found)
-        return found
-
-
-class IndexedScheduler(Scheduler):
-    """The engine's Scheduler making the same decisions in time independent of the plan's size: the
-    open batches (assigned, with fragments pending) kept in order instead of found by scanning every
-    batch of the plan, the fragments other workers hold counted instead of gathered from every worker,
-    a partition's unreleased pieces limited to its assigned batches. The engine's `next_task` scans all
-    of them on every call (0.5 ms with 2,375 batches); tests/unit/test_simulate.py checks that both
-    hand out the same tasks."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._holders: dict[int, int] = {}  # fragment -> workers holding it
-        self._open: list[int] = []
-        if not self.plan.query_segmentation:
-            self._open = list(range(len(self.plan.batches))) if self.assigned is None else []
-        if self.assigned is not None:
-            if not self.plan.query_segmentation and not self.assigned:
-                self._pending = _Pending(len(self.plan.batches), self.plan.n_fragments)
-            # pieces of batches not assigned here are never merged here: never released here
-            self._unreleased = {
-                i for b in self.assigned for i in self.plan.batch_pieces(b) if i in self._unreleased
-            }
-            self._open = sorted(b for b in self.assigned if self._pending[b])
-
-    def assign(self, batch: int) -> None:
-        super().assign(batch)
-        if not self.plan.query_segmentation:
-            self._unreleased.update(self.plan.batch_pieces(batch))
-        if self._pending[batch]:
-            bisect.insort(self._open, batch)
-
-    @property
-    def open_tasks(self) -> int:
-        return len(self._ready) + sum(len(self._pending[b]) for b in self._open)
-
-    def restore_search(self, task: SearchTask, result: FragmentSearch) -> None:
-        super().restore_search(task, result)
-        self._close(task.batch)
-
-    def preload(self, merged: list[list[int]]) -> None:
-        super().preload(merged)
-        self._open = []
-
-    def _close(self, batch: int) -> None:
-        if not self._pending[batch] and batch in self._open:
-            self._open.remove(batch)
-
-    def next_task(self, worker: int) -> Task | None:
-        if self._ready:
-            return self._ready.popleft()
-        open_batches = self._open[: self.window]
-        if not open_batches:
-            return None
-        held = self.cache.setdefault(worker, set())
-        held_by_others = {f for f, n in self._holders.items() if n > (f in held)}
-        choice = None
-        home = self.home(worker)
-        for prefer in (
-            lambda f: f in held,
-            lambda f: f in home,
-            lambda f: f not in held_by_others,
-            lambda f: True,
-        ):
-            for batch in open_batches:
-                fragments = sorted(f for f in self._pending[batch] if prefer(f))
-                if fragments:
-                    choice = SearchTask(batch, fragments[0])
-                    break
-            if choice:
-                break
-        assert choice is not None
-        self._pending[choice.batch].discard(choice.fragment)
-        self._close(choice.batch)
-        if choice.fragment not in held:
-            held.add(choice.fragment)
-            self._holders[choice.fragment] = self._holders.get(choice.fragment, 0) + 1
-        return choice
-
-
 # -- the simulation --------------------------------------------------------------------------------------
 @dataclass
 class Role:
@@ -551,7 +433,6 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
         keep_alignments=model.keep_alignments,
         blast_batches=query_batches(lengths, blast_residues) if blast_residues else (),
     )
-    plan = IndexedPlan(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(Plan)})
     whole_residues = sum(fragment_residues)
     output = OUTPUT_COSTS[settings.output_strategy]
     message = settings.message_seconds
@@ -624,7 +505,7 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
     masters: list[Master] = []
     pms: list[PartitionMaster] = []
     for p, group in enumerate(groups):
-        scheduler = IndexedScheduler(
+        scheduler = Scheduler(
             plan,
             keep_alignments=model.keep_alignments,
             alignments_stored=model.alignments_stored,
