@@ -5,6 +5,7 @@ plain scan of every batch does."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -16,6 +17,7 @@ from paramedic.engine.master import Master, PieceResult, SearchResult
 from paramedic.engine.scheduler import Plan, Scheduler, SearchTask, Task
 from paramedic.engine.simulate import CostModel, SimulateSettings, predict
 from paramedic.errors import UsageError
+from paramedic.output.strategies import ROUND_BYTES
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord, TaskCost
 from tests.unit.fragments import searched
@@ -97,6 +99,21 @@ def test_partitions_do_all_the_work_and_rank0_is_busier_writing(tmp_path: Path) 
     assert parts.tasks == one.tasks and parts.work_seconds == pytest.approx(one.work_seconds)
     assert parts.partitions == 3 and set(parts.roles) == {"supermaster", "partition masters", "workers"}
     assert parts.roles["workers"].ranks == 9 and one.roles["workers"].ranks == 12
+
+
+def test_collective_rounds_wait_for_every_worker(tmp_path: Path) -> None:
+    """worker-collective: a round once ROUND_BYTES are placed, after the last task in flight; with 10
+    rounds' worth of output, 10 rounds (the last one at the end) and a longer wall than workers writing
+    on their own; with little output, one round at the end."""
+    path = made_up(tmp_path)
+    pilot = dataclasses.replace(model(path), output_per_query=ROUND_BYTES / 20, write_per_byte=2e-8)
+    alone = predict(pilot, settings(path, 200, 8, output_strategy="worker-individual"))
+    rounds = predict(pilot, settings(path, 200, 8, output_strategy="worker-collective"))
+    assert rounds.output_rounds == 10 and alone.output_rounds == 0
+    assert rounds.work_seconds == pytest.approx(alone.work_seconds)
+    assert rounds.wall_seconds > alone.wall_seconds
+    little = dataclasses.replace(pilot, output_per_query=1000)
+    assert predict(little, settings(path, 200, 8, output_strategy="worker-collective")).output_rounds == 1
 
 
 def test_json_gives_wall_and_efficiency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -50,6 +50,7 @@ from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask, Task
 from paramedic.errors import InputError, UsageError
 from paramedic.output.stitch import can_stitch
+from paramedic.output.strategies import ROUND_BYTES
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord
 
@@ -74,6 +75,9 @@ class OutputCost:
     name: str
     on_rank0: Callable[[int, float], float]
     on_worker: Callable[[int, float], float]
+    # collective rounds: once this many placed bytes are unwritten every worker stops after its task,
+    # all write their shares together, then go on (None: no rounds)
+    round_bytes: int | None = None
 
 
 OUTPUT_COSTS: dict[str, OutputCost] = {}
@@ -93,10 +97,17 @@ register_output(
     OutputCost("worker-individual", lambda size, per_byte: 0.0, lambda size, per_byte: size * per_byte)
 )
 # a writer per segment gathers its peers' pieces and writes them: costed as each piece written once by
-# the worker that wrote it (the gathering messages are not modelled); worker-collective (rounds in which
-# every rank writes together) is not modelled
+# the worker that wrote it (the gathering messages are not modelled)
 register_output(
     OutputCost("worker-merge", lambda size, per_byte: 0.0, lambda size, per_byte: size * per_byte)
+)
+# rounds in which every worker writes its share of the placed bytes (spread evenly): a round starts when
+# ROUND_BYTES are placed and waits for the last task in flight anywhere (a barrier), and a last round
+# writes what is left at the end
+register_output(
+    OutputCost(
+        "worker-collective", lambda size, per_byte: 0.0, lambda size, per_byte: 0.0, round_bytes=ROUND_BYTES
+    )
 )
 
 
@@ -319,6 +330,7 @@ class Prediction:
     scheduler_seconds: float  # real CPU seconds the scheduler objects took in this simulation
     simulate_seconds: float
     last_segment_seconds: float | None = None  # virtual time the supermaster handed out its last segment
+    output_rounds: int = 0  # worker-collective: the rounds, the last one included
 
     @property
     def efficiency(self) -> float:
@@ -336,6 +348,7 @@ class Prediction:
             "partition_size": s.partition_size,
             "partitions": self.partitions,
             "output_strategy": s.output_strategy,
+            "output_rounds": self.output_rounds,
             "fragments": self.fragments,
             "batches": self.plan_batches,
             "pieces": self.plan_pieces,
@@ -480,6 +493,9 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
             "--partition-size: the pilot's -outfmt is written in one piece (not stitched), which cannot "
             "be cut into query segments"
         ) from None
+    unwritten = 0  # worker-collective: placed bytes not yet written in a round
+    round_until = 0.0  # ... no task starts before the round under way ends
+    rounds = 0
     free0 = 0.0  # rank 0's next free moment (the supermaster, or the only master)
     busy0 = 0.0
     end = 0.0
@@ -531,6 +547,15 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
     worker_busy = 0.0
     tasks = 0
 
+    def write_round(barrier: float) -> None:
+        """worker-collective: every worker writes its share of the unwritten bytes once all are in."""
+        nonlocal unwritten, round_until, rounds, worker_busy
+        seconds = unwritten * model.write_per_byte / searching
+        round_until = barrier + seconds
+        worker_busy += unwritten * model.write_per_byte
+        unwritten = 0
+        rounds += 1
+
     def dispatch(p: int) -> None:
         nonlocal scheduler_seconds, work, worker_busy, tasks
         master = masters[p]
@@ -550,7 +575,7 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
             work += seconds
             worker_busy += seconds + written
             tasks += 1
-            done = free[p] + latency + seconds + written
+            done = max(free[p], round_until) + latency + seconds + written
             heapq.heappush(events, (done, next(sequence), DONE, p, (worker, task)))
         if partitioned and pms[p].wants_segment():
             pms[p].requested = True
@@ -593,13 +618,19 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
                 busy[p] += merge
             masters[p].accept(result(task))  # a piece: its output costs (piece_written)
             idle[p].append(worker)
+            if output.round_bytes is not None and isinstance(task, PieceTask):
+                unwritten += round(task.n_queries * model.output_per_query)
+                if unwritten >= output.round_bytes:  # after the last task in flight anywhere
+                    write_round(max([now, *(t for t, _, k, _, _ in events if k == DONE)]))
         scheduler_seconds += time.perf_counter() - t0
         dispatch(p)
         end = max(end, free[p])
     finished = supermaster.finished if supermaster is not None else masters[0].finished
     if not finished:
         raise UsageError("internal: the simulated job stalled (the scheduler handed out no task)")
-    wall = max(end, free0) + model.fixed_seconds
+    if output.round_bytes is not None and unwritten:
+        write_round(max(end, free0))
+    wall = max(end, free0, round_until) + model.fixed_seconds
     roles: dict[str, Role] = {}
     if partitioned:
         roles["supermaster"] = Role(1, busy0)
@@ -623,6 +654,7 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
         scheduler_seconds=scheduler_seconds,
         simulate_seconds=time.perf_counter() - started,
         last_segment_seconds=last_segment,
+        output_rounds=rounds,
     )
 
 
