@@ -39,9 +39,9 @@ from paramedic.engine.ranks import (
     TAG_ERROR,
     open_output,
     patient_recv,
+    run_tasks,
     run_worker,
     run_workers,
-    run_writing_workers,
 )
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler
 from paramedic.engine.sinks import WorkerSink, open_sink
@@ -175,8 +175,8 @@ def _partition_master(
     if workers_write(job):
         file, data_comm = open_output(comm, None)
         relay = Relay(comm, group)
-        worker_stats, written = run_writing_workers(
-            master, local, stats, Holder(file, data_comm), relay, upstream=link, ranks=group
+        worker_stats, written = run_tasks(
+            master, local, stats, relay, Holder(file, data_comm), upstream=link, ranks=group
         )
     else:
         worker_stats = run_workers(master, local, stats, upstream=link, ranks=group)
@@ -189,6 +189,8 @@ def _partition_master(
 class Relay:
     """A partition master's conductor when its workers write the report: rank 0 places the pieces and
     calls the rounds; this passes its orders and rounds on to the partition's workers (local ranks)."""
+
+    decides = False  # its workers wait for rank 0's last round once the partition's work is done
 
     def __init__(self, comm: MPI.Comm, group: list[int]):
         self.comm = comm

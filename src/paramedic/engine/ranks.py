@@ -134,54 +134,21 @@ def run_workers(
 ) -> list[RankStats]:
     """The MPI runner: hand tasks to idle worker ranks, pass their results to the master; then stop the
     workers and collect their figures. `stats`: this master's, which counts the bytes of the results.
-    A partition master passes its `upstream` (the supermaster) and its ranks' numbers in the job."""
-    size = comm.Get_size()
+    A partition master passes its `upstream` (the supermaster) and its ranks' numbers in the job.
+    When the workers write the report (one master), the output strategy places the pieces."""
     if isinstance(master.sink, WorkerSink):
         sink = master.sink
         file, data_comm = open_output(comm, sink.tmp)
         holder = sink.attach(file, data_comm)
-        figures, written = run_writing_workers(
-            master, comm, stats, holder, StrategyConductor(master, sink, size)
+        figures, written = run_tasks(
+            master, comm, stats, StrategyConductor(master, sink, comm.Get_size()), holder
         )
         sink.write_seconds += file.seconds
         sink.acknowledge(*written)
         sink.closed_by_ranks()
         return figures
-    names = list(ranks) if ranks is not None else list(range(size))
-    master.start()
-    idle: deque[int] = deque()
-    busy: dict[int, Task] = {}
-    while not (upstream.finished if upstream is not None else master.finished):
-        got = patient_recv_or(comm, also=upstream.poll if upstream is not None else None)
-        if got is not None:
-            message, source, tag, nbytes = got
-            stats.received_bytes += nbytes
-            if tag == TAG_ERROR:
-                text, code = message
-                raise JobError(f"rank {names[source]}: {text}", code)
-            if tag == TAG_RESULT:
-                busy.pop(source, None)
-                master.accept(message)
-            idle.append(source)
-        while idle:
-            handed = _next_for_idle(master, idle)
-            if handed is None:
-                break
-            worker, task = handed
-            busy[worker] = task
-            comm.send(task, dest=worker, tag=TAG_TASK)
-        finished = upstream.finished if upstream is not None else master.finished
-        waiting = upstream is not None and upstream.waiting
-        if not busy and not finished and not waiting and len(idle) == size - 1:
-            raise JobError("internal: scheduler stalled with every worker idle")
-    for worker in range(1, size):
-        comm.send(None, dest=worker, tag=TAG_STOP)
-    worker_stats: list[RankStats] = []
-    while len(worker_stats) < size - 1:
-        message, source, tag, _ = patient_recv(comm)
-        if tag == TAG_STATS:
-            worker_stats.append(message)
-    return sorted(worker_stats, key=lambda s: s.rank)
+    figures, _ = run_tasks(master, comm, stats, Unconducted(master, upstream), None, upstream, ranks)
+    return figures
 
 
 # -- workers writing the report (--output-strategy other than master) ---------------------------------
@@ -271,6 +238,9 @@ class Conductor(Protocol):
     output strategy itself (one master, `StrategyConductor`), or rank 0, whose orders a partition master
     relays (paramedic.engine.partitions). Ranks are those of the master's communicator."""
 
+    # whether all work is known here: every worker idle with nothing busy and not ended is a stall
+    decides: bool
+
     def poll(self) -> bool:
         """Handle what came from above, without blocking; True when something did."""
         ...
@@ -295,8 +265,40 @@ class Conductor(Protocol):
     def final(self) -> dict[int, Round] | None: ...
 
 
+class Unconducted:
+    """Nobody places pieces (rank 0 writes the report, or ships it): no orders, no rounds; the work ends
+    with the master's, or with the partition's."""
+
+    decides = True
+
+    def __init__(self, master: Master, upstream: Upstream | None):
+        self.master = master
+        self.upstream = upstream
+
+    def poll(self) -> bool:
+        return False
+
+    def orders(self) -> dict[int, list[Order]]:
+        return {}
+
+    def start_round(self) -> dict[int, Round] | None:
+        return None
+
+    def entering_round(self) -> None:
+        pass
+
+    @property
+    def ended(self) -> bool:
+        return self.upstream.finished if self.upstream is not None else self.master.finished
+
+    def final(self) -> dict[int, Round] | None:
+        return None
+
+
 class StrategyConductor:
     """One master: its sink's output strategy places the pieces as their sizes arrive."""
+
+    decides = True
 
     def __init__(self, master: Master, sink: WorkerSink, ranks: int):
         self.master = master
@@ -325,21 +327,21 @@ class StrategyConductor:
         return self.strategy.start_round(self.ranks)
 
 
-def run_writing_workers(
+def run_tasks(
     master: Master,
     comm: MPI.Comm,
     stats: RankStats,
-    holder: Holder,
     conductor: Conductor,
+    holder: Holder | None,
     upstream: Upstream | None = None,
     ranks: Sequence[int] | None = None,
 ) -> tuple[list[RankStats], tuple[int, int]]:
-    """A master's runner when the workers write the report: as run_workers, and it sends the holders the
-    orders the conductor makes (a worker reads them between tasks); a collective round: every worker is
-    told, and the master joins the round once all are in it (so it never blocks while a worker still
-    has a result to send). At the end: the last orders and round with the stop, then every rank syncs
-    and closes the file. Returns the workers' figures and the pieces and bytes written by this master
-    and its workers."""
+    """A master's runner: hands tasks to idle workers and their results to the master. When the workers
+    write the report (a `holder`: the file is open on every rank) it also sends them the orders the
+    conductor makes (a worker reads them between tasks); a collective round: every worker is told, and
+    the master joins the round once all are in it (so it never blocks while a worker still has a result
+    to send). At the end: the last orders and round with the stop, then every rank syncs and closes the
+    file. Returns the workers' figures and the pieces and bytes written by this master and its workers."""
     size = comm.Get_size()
     names = list(ranks) if ranks is not None else list(range(size))
     master.start()
@@ -354,6 +356,7 @@ def run_writing_workers(
     def send_orders() -> None:
         for rank, orders in conductor.orders().items():
             if rank == 0:
+                assert holder is not None
                 holder.run(orders)
             else:
                 comm.send(orders, dest=rank, tag=TAG_WRITE)
@@ -368,6 +371,7 @@ def run_writing_workers(
                 for worker in range(1, size):
                     comm.send(round_shares[worker], dest=worker, tag=TAG_ROUND)
         if round_shares is not None and len(joined) == size - 1:
+            assert holder is not None
             conductor.entering_round()
             holder.round(round_shares[0])  # every worker is in the round: this returns
             round_shares = None
@@ -380,7 +384,7 @@ def run_writing_workers(
             busy[worker] = task
             comm.send(task, dest=worker, tag=TAG_TASK)
         stalled = not busy and round_shares is None and len(idle) == size - 1 and not conductor.ended
-        if stalled and upstream is None and isinstance(conductor, StrategyConductor):
+        if stalled and conductor.decides and not (upstream is not None and upstream.waiting):
             raise JobError("internal: scheduler stalled with every worker idle")
         got = patient_recv_or(comm, also=poll)
         if got is None:
@@ -401,12 +405,14 @@ def run_writing_workers(
     final = conductor.final()
     for worker in range(1, size):
         comm.send(final[worker] if final is not None else None, dest=worker, tag=TAG_STOP)
-    if final is not None:
-        holder.round(final[0])
-    holder.drain()
-    holder.file.close()
-    stats.add("write", holder.file.seconds)
-    pieces, nbytes = holder.written_pieces, holder.written_bytes
+    pieces = nbytes = 0
+    if holder is not None:
+        if final is not None:
+            holder.round(final[0])
+        holder.drain()
+        holder.file.close()
+        stats.add("write", holder.file.seconds)
+        pieces, nbytes = holder.written_pieces, holder.written_bytes
     worker_stats: list[RankStats] = []
     while len(worker_stats) < size - 1:
         message, source, tag, _ = patient_recv(comm)
