@@ -367,7 +367,7 @@ class SiteServer:
             self.store.cancel(job)
             return {"op": "cancelled"}
         if op == "status":  # a search run again after a kill: did its earlier job finish?
-            done = job.done()
+            done = job.settled()
             if done is not None:
                 return {"op": "done", **done}
             return {"op": "status", "state": "failed" if job.failure is not None else "open"}

@@ -119,6 +119,11 @@ def output_location(root_fd: int, relative: str, job_id: str) -> OutputLocation:
     return OutputLocation(root_fd, path.parts[:-1], name, f".{name}.paramedic-{job_id}", relative)
 
 
+# The most a request waits for another thread's work on the same job (a failure's cleanup, a finishing)
+# before it answers: under the compute site's own timeout for such a question (ship.client, 5 s)
+CLEANUP_WAIT_SECONDS = 3.0
+
+
 @dataclass
 class SiteJob:
     job_id: str
@@ -132,6 +137,9 @@ class SiteJob:
     acked: set[int] = field(default_factory=set)
     decoded: dict[int, dict[str, Any]] = field(default_factory=dict)
     failure: str | None = None
+    # set once a failed job's data is gone: whoever sees the failure waits for it before saying so (a
+    # compute site told "failed" finds nothing of the job left)
+    cleaned: threading.Event = field(default_factory=threading.Event)
     decode_seconds: float = 0.0
     unpacked: int = 0  # ordered codecs: chunks 0 .. unpacked-1 are unpacked
     stored_bytes: int = 0  # chunks, pieces and output ranges held for the job (Quota)
@@ -149,6 +157,16 @@ class SiteJob:
     def done(self) -> dict[str, Any] | None:
         path = self.directory / "done.json"
         return json.loads(path.read_text()) if path.exists() else None
+
+    def settled(self) -> dict[str, Any] | None:
+        """As `done`, after a finishing under way (the output being published, its digest recorded) has
+        ended, waiting a bounded time: a compute site asking about an earlier run's job must not be
+        told "open" in the moment between the file's publication and its record."""
+        if self.io_lock.acquire(timeout=CLEANUP_WAIT_SECONDS):
+            self.io_lock.release()
+        if self.failure is not None:
+            self.cleaned.wait(CLEANUP_WAIT_SECONDS)
+        return self.done()
 
     @property
     def active(self) -> bool:
@@ -348,6 +366,7 @@ class JobStore:
         """Store a chunk durably and queue its decoding; False when its checksum does not match."""
         index = field_int(header, "index", 0, MAX_CHUNKS - 1)
         if job.failure is not None:
+            job.cleaned.wait(CLEANUP_WAIT_SECONDS)
             raise JobFailed(job.failure)
         if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
             return False
@@ -446,11 +465,21 @@ class JobStore:
 
     def _fail(self, job: SiteJob, message: str) -> None:
         """A failed job is final: recorded on disk (a restart does not retry it), its partial data removed
-        first (so a failure for want of space frees space before it is recorded)."""
+        first (so a failure for want of space frees space before it is recorded). A second caller (another
+        thread failing the same job) returns once the first has removed the data."""
         with job.lock:
-            if job.failure is not None:
-                return
-            job.failure = message
+            first = job.failure is None
+            if first:
+                job.failure = message
+        if not first:
+            job.cleaned.wait(CLEANUP_WAIT_SECONDS)
+            return
+        try:
+            self._drop_failed(job, message)
+        finally:
+            job.cleaned.set()
+
+    def _drop_failed(self, job: SiteJob, message: str) -> None:
         self.log(f"job {job.job_id}: failed: {message}")
         with job.io_lock:
             if job.location is not None:
