@@ -340,16 +340,20 @@ def _supermaster(
             stats.received_bytes += nbytes
             if tag == TAG_WANT:
                 comm.send(supermaster.next_segment(source), dest=source, tag=TAG_SEGMENT)
-            elif tag == TAG_PIECE:
+            elif tag == TAG_PIECE:  # the journal and the writing count as writing, as under one master
+                written = time.perf_counter()
                 index, data = message
                 if journal is not None:
                     journal.piece_done(index, data)
                 supermaster.piece_done(index)
                 progress.advance(sink.add(index, data))
+                stats.add("write", time.perf_counter() - written)
             elif tag == TAG_SHIP:
+                written = time.perf_counter()
                 for task in message:
                     supermaster.piece_done(task.piece)
                 progress.advance(sink.ship(message))
+                stats.add("write", time.perf_counter() - written)
             elif tag == TAG_HELD:
                 supermaster.piece_done(message.task.piece)
                 progress.advance(cast(WorkerSink, sink).held(message))
