@@ -71,13 +71,13 @@ def nucleotide_fasta(out: Path, piece: int = 1500) -> None:
     rng = random.Random(11)
     with open(out, "w") as fh:
         for copy in ("", "mut1_", "mut2_", "rev1_", "rev2_"):
-            for header, seq in genomes():
+            for index, (header, seq) in enumerate(genomes()):
                 seq = seq.upper()
                 if copy.startswith("rev"):
                     seq = seq[::-1]
                 if copy:
                     seq = "".join(rng.choice("ACGT") if rng.random() < 0.1 else c for c in seq)
-                name = header.split()[0]
+                name = f"g{index}_{header.split()[0]}"  # contig names repeat across the sets
                 for at in range(0, len(seq) - piece // 2, piece):
                     fh.write(f">{copy}{name}_{at + 1}\n{seq[at : at + piece]}\n")
 
