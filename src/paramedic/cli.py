@@ -27,8 +27,10 @@ commands:
   serve    storage site: receive output or metadata and write the output under --root
              paramedic serve --replica dbs/uniprot --root /data/results --keys keys/server
   simulate predict a search's wall time and efficiency at any scale from a pilot run's record
-             paramedic simulate --record pilot/hits.txt.run.json --queries 250000 --workers 32768 \
-               --partition-size 128
+             paramedic simulate --record pilot/hits.txt.run.json --queries 250000 \
+                 --workers 32768 --partition-size 128
+  report   draw a run record as one self-contained HTML page (charts; opens from a file)
+             paramedic report hits.txt.run.json -o hits.html
 
 exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output,
 7 the parallel job failed on some rank (or a rank was killed), 8 storage site, 130 interrupted."""
@@ -53,6 +55,7 @@ ENGINE_OPTIONS_WITH_VALUE = {
     "--stage-limit",
     "--stage-copies",
     "--mirror",
+    "--report",
 }
 
 
@@ -101,7 +104,9 @@ def _dispatch(argv: list[str]) -> int:
         return _serve(rest)
     if command == "simulate":
         return _simulate(rest)
-    raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve, simulate)")
+    if command == "report":
+        return _report(rest)
+    raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve, simulate, report)")
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -271,6 +276,27 @@ def _simulate(argv: list[str]) -> int:
     return run_simulate(settings, args.json)
 
 
+def _report(argv: list[str]) -> int:
+    from paramedic.report.html import write_report
+
+    parser = _parser(
+        "report",
+        "Draw a run record (a search's <out>.run.json) as one self-contained HTML page: timeline of the "
+        "tasks per rank, phase split, load balance, bytes moved and saved, the ParaMEDIC data-or-metadata "
+        "chart, staging, and a `paramedic simulate --json` prediction beside the run.",
+    )
+    parser.add_argument("record", type=Path, help="the run record (e.g. hits.txt.run.json)")
+    parser.add_argument("-o", "--out", type=Path, help="the page to write (default: RECORD with .html)")
+    parser.add_argument(
+        "--prediction", type=Path, help="`paramedic simulate --json` output to show beside the run"
+    )
+    args = parser.parse_args(argv)
+    out = args.out or args.record.with_suffix(".html")
+    size = write_report(args.record, out, args.prediction)
+    print(f"paramedic: report page {out} ({size / 1e6:.1f} MB, opens with no network)", file=sys.stderr)
+    return 0
+
+
 _SIZE = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -395,6 +421,12 @@ def _search_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--metadata", type=Path, help="also save the merged subjects per query (JSON)")
     parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="PAGE.html",
+        help="also draw the run record as a self-contained HTML page (as `paramedic report`)",
+    )
+    parser.add_argument(
         "--from-metadata", type=Path, help="do not search: regenerate the output from saved --metadata"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
@@ -507,8 +539,18 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         replica_group_size=args.replica_group_size,
         output_strategy=args.output_strategy,
         stage=stage,
+        report=_report_page(args.report),
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
+
+
+def _report_page(page: Path | None) -> Path | None:
+    """--report's page, checked before the search: its directory must be there."""
+    if page is None:
+        return None
+    if not page.absolute().parent.is_dir():
+        raise UsageError(f"--report {page}: no directory {page.absolute().parent}")
+    return page.absolute()
 
 
 def split_engine_options(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from paramedic.engine.settings import SearchSettings
 from paramedic.errors import InternalError, JobError, ParamedicError, UsageError
+from paramedic.report.record import RunRecord
 
 # Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
 MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
@@ -510,4 +511,20 @@ def _run_rank(settings: SearchSettings, argv: list[str], comm: Any, np_ignored: 
             record.write(job.record)
         if not job.quiet:
             print(record.summary(), file=sys.stderr)
+        if settings.report is not None:
+            _write_page(record, settings.report, job.record, job.quiet)
     return 0
+
+
+def _write_page(record: RunRecord, page: Path, source: Path | None, quiet: bool) -> None:
+    """--report: the page is drawn once the output is complete; a page that cannot be written is said,
+    and the search (whose output is whole) still succeeds."""
+    from paramedic.report.html import write_page
+
+    try:
+        size = write_page(record, page, str(source or ""))
+    except ParamedicError as exc:
+        print(f"paramedic: warning: no report page: {exc}", file=sys.stderr)
+        return
+    if not quiet:
+        print(f"  report page: {page} ({size / 1e6:.1f} MB, opens in a browser)", file=sys.stderr)

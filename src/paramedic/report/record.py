@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import resource
+import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict
@@ -101,6 +102,9 @@ class RankStats:
     received_bytes: int = 0  # MPI messages received (rank 0: the workers' results, reports included)
     # Every task this rank ran, in order: TaskCost's fields as a list (compact in JSON)
     task_costs: list[list[Any]] = field(default_factory=list)
+    # When each of task_costs began (seconds since the epoch, the rank's clock): the moment it was recorded
+    # less its seconds. For the report page's timeline (paramedic.report.html); [] in older records
+    task_starts: list[float] = field(default_factory=list)
     # With --stage: this rank's node-local cache (paramedic.engine.staging.Stager.record): node, hits,
     # copies, bytes, seconds copying and waiting, evictions, volumes searched in place, each replica's
     # bytes, seconds and why it was dropped. None: no staging, or no fragment searched
@@ -111,6 +115,7 @@ class RankStats:
 
     def add_task(self, cost: TaskCost) -> None:
         self.task_costs.append([*cost[:6], round(cost.seconds, 4)])
+        self.task_starts.append(round(time.time() - cost.seconds, 4))
 
     def costs(self) -> list[TaskCost]:
         """`task_costs` as typed values; ValueError for an entry of another shape."""
@@ -233,7 +238,7 @@ class RunRecord:
         data["phase_totals"] = self.phase_totals()
         data["search_startup_share"] = round(self.startup_share(), 4)
         path.parent.mkdir(parents=True, exist_ok=True)  # a --site job's record mirrors the remote path
-        write_durably(path, (json.dumps(data, indent=2) + "\n").encode())
+        write_durably(path, (json.dumps(data, indent=2) + "\n").encode(), shared=True)
 
     def summary(self) -> str:
         totals = self.phase_totals()
