@@ -42,13 +42,11 @@ $(VENV)/.installed: pyproject.toml
 data:
 	PARAMEDIC_DATA=$(DATA) bash scripts/fetch-data.sh
 
-# The main job on real data: 500 UniProt queries against 20,000 proteins, 4 fragments, all local cores.
+# What paramedic is, on real data in about two minutes: the fragments engine checked byte for byte against
+# BLAST+, ParaMEDIC across two sites on 127.0.0.1 (metadata over TLS), the report page (scripts/demo.py).
+# Writes only under $(DEMO)/ and leaves nothing running.
 demo: setup data
-	rm -rf $(DEMO) && mkdir -p $(DEMO)
-	$(PARAMEDIC) format --in $(DATA)/mmseqs2/DB.fasta --dbtype prot --fragments 4 --out $(DEMO)/db/uniprot
-	$(PARAMEDIC) search blastp -query $(DATA)/mmseqs2/QUERY.fasta -db $(DEMO)/db/uniprot \
-	  -out $(DEMO)/hits.txt -outfmt 0 -evalue 1e-5
-	@echo "output: $(DEMO)/hits.txt   run record: $(DEMO)/hits.txt.run.json"
+	$(PY) scripts/demo.py --data $(DATA)/mmseqs2 --out $(DEMO)
 
 test: setup slurm chromium data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q

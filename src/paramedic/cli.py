@@ -501,6 +501,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         from paramedic.ship.destination import ShipSettings
 
         out = next((blast_args[i + 1] for i, a in enumerate(blast_args[:-1]) if a == "-out"), None)
+        _check_site_db(blast_args)
         ship = ShipSettings.build(args.site, args.keys, args.ship, out, args.streams, args.ship_timeout)
 
     stage = None
@@ -542,6 +543,18 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         report=_report_page(args.report),
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
+
+
+def _check_site_db(blast_args: list[str]) -> None:
+    """With --site the -db string goes to the storage site, which names its own replica with it (outfmt 5
+    and 7 print it) and refuses a '..' in it: said here, before the search, with what to give instead."""
+    db = next((blast_args[i + 1] for i, a in enumerate(blast_args[:-1]) if a == "-db"), None)
+    if db is not None and ".." in Path(db).parts:
+        raise UsageError(
+            f"-db {db}: with --site the -db string is sent to the storage site, which refuses '..' in it; "
+            f"give it without '..' (e.g. -db {os.path.normpath(os.path.abspath(db))}, or run from the "
+            "database's parent directory)"
+        )
 
 
 def _report_page(page: Path | None) -> Path | None:
