@@ -295,11 +295,11 @@ def _eq3(page: Page, record: RunRecord) -> None:
         g = float(decision.get("g_seconds") or ship["g_site_decode_seconds"] or 0.0)
         link = decision.get("link") or {}
         B = link.get("bandwidth_bytes_per_second")  # noqa: N806
-        if not B and ship["transfer_seconds"]:
-            B = ship["wire_bytes"] / ship["transfer_seconds"]  # noqa: N806
-        where = "measured at this run's storage site"
-        if B:
+        where = "measured with this run's storage site"
+        if B:  # --ship auto measured the link; a forced mode did not, so the run is a line, not a point
             point = (float(B), f + g)
+        else:
+            where += " (the link was not measured: --ship auto measures it and places the run on the chart)"
     else:
         D = float(record.output_bytes)  # noqa: N806
         x = float(record.metadata_pairs or 0) * 8  # two ids per pair, about what the metadata codec ships
