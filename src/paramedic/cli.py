@@ -27,7 +27,7 @@ commands:
   serve    storage site: receive output or metadata and write the output under --root
              paramedic serve --replica dbs/uniprot --root /data/results --keys keys/server
   simulate predict a search's wall time and efficiency at any scale from a pilot run's record
-             paramedic simulate --record pilot/hits.txt.run.json --queries 250000 \
+             paramedic simulate --record pilot/hits.txt.run.json --queries 250000 \\
                  --workers 32768 --partition-size 128
   report   draw a run record as one self-contained HTML page (charts; opens from a file)
              paramedic report hits.txt.run.json -o hits.html
@@ -323,7 +323,7 @@ def _format(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, type=Path, help="database name, e.g. dbs/uniprot")
     parser.add_argument("--title", help="database title (default: the --in path, as makeblastdb does)")
     parser.add_argument("--force", action="store_true", help="replace an existing database")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines, no summary (errors still)")
     args = parser.parse_args(argv)
     say = (lambda _: None) if args.quiet else (lambda msg: print(f"paramedic: {msg}", file=sys.stderr))
     manifest = format_database(
@@ -383,7 +383,8 @@ def _search_parser() -> argparse.ArgumentParser:
         choices=["auto", "fragments", "queries"],
         default="auto",
         help="fragments: search fragments, merge, regenerate; queries: whole database per task; "
-        "auto (default): queries when the database fits in a quarter of memory and no metadata is asked",
+        "auto (default): queries when the whole database fits in half the memory per worker and no "
+        "metadata is asked (the run record's strategy_reason says why)",
     )
     parser.add_argument(
         "--partition-size",
@@ -449,8 +450,8 @@ def _search_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ship",
         choices=SHIP_MODES,
-        default="auto",
-        help="what crosses the link with --site (default auto: measured choice)",
+        help="what crosses the link to --site (default auto: measured choice by the ParaMEDIC rule; "
+        "only with --site)",
     )
     parser.add_argument("--streams", type=int, default=4, help="parallel TLS streams with --site (default 4)")
     parser.add_argument(
@@ -502,7 +503,14 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
 
         out = next((blast_args[i + 1] for i, a in enumerate(blast_args[:-1]) if a == "-out"), None)
         _check_site_db(blast_args)
-        ship = ShipSettings.build(args.site, args.keys, args.ship, out, args.streams, args.ship_timeout)
+        ship = ShipSettings.build(
+            args.site, args.keys, args.ship or "auto", out, args.streams, args.ship_timeout
+        )
+    elif args.ship is not None:
+        raise UsageError(
+            f"--ship {args.ship} says what crosses the link to a storage site: give --site tls://HOST:PORT "
+            "(or file:///DIR), or drop --ship to write -out here"
+        )
 
     stage = None
     if args.stage is not None:

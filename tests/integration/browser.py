@@ -55,7 +55,10 @@ def load(page: Path, work: Path, screenshot: Path | None = None) -> Loaded:
     copy.write_text(text[:head] + CATCHER + text[head:])
     dom = _run(["--dump-dom", copy.as_uri()], work).stdout
     if screenshot is not None:
-        _run([f"--screenshot={screenshot}", "--window-size=1200,2400", "--hide-scrollbars", page.as_uri()], work)
+        _run(
+            [f"--screenshot={screenshot}", "--window-size=1200,2400", "--hide-scrollbars", page.as_uri()],
+            work,
+        )
     found = ERRORS.search(dom)
     errors = [e for e in (found.group(1) if found else "").split(";") if e]
     parts = re.split(r'<div id="(chart-\d+)"', dom)

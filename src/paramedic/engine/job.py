@@ -8,7 +8,8 @@ Every problem a user can cause surfaces here as one clear error, before the para
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paramedic.blast.options import BlastOptions, check_values
@@ -34,6 +35,8 @@ from paramedic.errors import OutputError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.ship.destination import ShipSettings, check_shippable
 from paramedic.ship.registry import ships_pieces
+
+COMPRESSED_MODE = "compressed"  # the --ship mode that sends the output itself, zstd-compressed
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         journal = journal_path(out_path) if out_path and settings.journal else None
     lengths = [len(s) for _, s in queries]
     inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
+    settings = _ship_data_when_inexact(settings, inexact)
     strategy = choose_strategy(settings, db, manifest, inexact)
     query_segmentation = strategy.strategy == "queries"
     if settings.stage is not None:
@@ -179,6 +183,23 @@ def prepare_job(settings: SearchSettings) -> Job:
         output_strategy=settings.output_strategy,
         stage=settings.stage,
     )
+
+
+def _ship_data_when_inexact(settings: SearchSettings, inexact: str | None) -> SearchSettings:
+    """--ship auto weighs metadata against the output; metadata needs the fragments strategy, so when
+    that would not be exact (and no strategy was asked) the output itself is shipped, compressed, and
+    the user told why: what works, not a refusal whose advice is refused in turn."""
+    ship = settings.ship
+    if inexact is None or ship is None or ship.mode != "auto" or settings.strategy != "auto":
+        return settings
+    if not settings.quiet:
+        why = inexact.split("; use --strategy queries")[0].split(": use --strategy queries")[0]
+        print(
+            f"paramedic: --ship auto: metadata needs the fragments strategy, which {why}: the output "
+            "is shipped compressed instead (--ship compressed, --strategy queries)",
+            file=sys.stderr,
+        )
+    return replace(settings, ship=replace(ship, mode=COMPRESSED_MODE))
 
 
 def check_stage(stage: StageSettings, manifest: Manifest, where: str) -> None:

@@ -150,6 +150,7 @@ class Master:
             if self.journal is not None and not result.stored:
                 self.journal.search_done(result.task, result.found)
             self.scheduler.search_done(result.task, result.found)
+            self.progress.search_done()
             self.stats.add("merge", time.perf_counter() - start)
             start = time.perf_counter()
             self._route_released()

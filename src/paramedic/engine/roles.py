@@ -132,7 +132,12 @@ def _master(
     start = time.perf_counter()
     size = comm.Get_size()
     stats = RankStats(rank=0, role="master" if size > 1 else "master+worker")
-    progress = Progress(len(job.queries), quiet=job.quiet)
+    progress = Progress(
+        len(job.queries),
+        quiet=job.quiet,
+        searches=0 if plan.query_segmentation else len(plan.batches) * plan.n_fragments,
+        pieces=len(plan.pieces),
+    )
     published = published_earlier(job, journal)
     auto = job.ship is not None and job.ship.mode == "auto" and published is None
     link = measure_site(job) if auto else None

@@ -224,11 +224,34 @@ class RunRecord:
                 f"  tasks: {n(searches, 'whole-database search', 'es')} of "
                 f"{n(self.search_batch_queries, 'query', 'ies')} ({share})"
             )
+        up_to = "" if self.batches * self.search_batch_queries == self.queries else "up to "
+        groups = "" if self.pieces * self.regen_group_queries == self.queries else "up to "
         return (
-            f"  tasks: {n(searches, 'search', 'es')} in {n(self.batches, 'batch', 'es')} of "
+            f"  tasks: {n(searches, 'search', 'es')} in {n(self.batches, 'batch', 'es')} of {up_to}"
             f"{n(self.search_batch_queries, 'query', 'ies')} ({share}), "
-            f"{n(self.pieces, 'regeneration')} of {self.regen_group_queries}"
+            f"{n(self.pieces, 'regeneration')} of {groups}{n(self.regen_group_queries, 'query', 'ies')}"
+            + self._batch_note()
         )
+
+    def _batch_note(self) -> str:
+        """What became of --batch N when the batches are not N queries (said, not silent)."""
+        asked = next(
+            (self.command[i + 1] for i, a in enumerate(self.command[:-1]) if a == "--batch"),
+            next((a.split("=", 1)[1] for a in self.command if a.startswith("--batch=")), None),
+        )
+        if asked is None or not asked.isdigit() or int(asked) == self.search_batch_queries:
+            return ""
+        return (
+            f"\n  --batch {asked} became {self.search_batch_queries}: a batch holds whole report pieces "
+            "(--regen-batch sets their size), ends where BLAST+ starts a query batch of its own, and holds "
+            "at most the queries there are"
+        )
+
+    def _strategy_line(self) -> str:
+        reason = self.strategy_reason
+        why = f" ({reason['asked']}: {reason['reason']})" if reason and reason["asked"] == "auto" else ""
+        writer = f"; output written by {self.output_strategy}" if self.output_strategy != "master" else ""
+        return f"  strategy: {self.strategy}{why}{writer}"
 
     def phase_totals(self) -> dict[str, float]:
         return {p: round(sum(r.seconds[p] for r in self.ranks_stats), 3) for p in PHASES}
@@ -245,10 +268,12 @@ class RunRecord:
         lines = [
             f"paramedic: {self.program} {_count(self.queries, 'query', 'ies')} x "
             + ("the whole database" if self.strategy == "queries" else _count(self.fragments, "fragment"))
-            + f" on {_count(self.workers, 'worker')} in {self.wall_seconds:.1f} s",
+            + f" on {_count(self.workers, 'worker')}"
+            + (f" in {self.partitions} partitions" if self.partitions > 1 else "")
+            + f" in {self.wall_seconds:.1f} s",
             self._tasks_line(),
             "  CPU-side time per phase (all ranks): " + ", ".join(f"{p} {totals[p]:.1f} s" for p in PHASES),
-            f"  strategy: {self.strategy}"
+            self._strategy_line()
             + (
                 f"; hits: {_count(self.metadata_pairs, 'query-subject pair')}, "
                 f"{_count(self.queries_with_hits or 0, 'query', 'ies')} with hits, "
@@ -267,8 +292,8 @@ class RunRecord:
             ship = self.ship
             lines.append(
                 f"  shipped ({ship['mode']}): {ship['shipped_payload_bytes']:,} bytes for {ship['output_bytes']:,} "
-                f"bytes of output (ratio {ship['ratio_output_to_payload']}), {ship['chunks']} chunks, "
-                f"{ship['chunks_resent']} re-sent, {ship['reconnects']} reconnects; site sha256 "
+                f"bytes of output (ratio {ship['ratio_output_to_payload']}), {_count(ship['chunks'], 'chunk')}, "
+                f"{ship['chunks_resent']} re-sent, {_count(ship['reconnects'], 'reconnect')}; site sha256 "
                 f"{str(ship['site_sha256'])[:16]}..."
             )
         if self.stage is not None:
@@ -279,6 +304,13 @@ class RunRecord:
                 f"{_count(st['hits'], 'hit')}, {_count(st['evictions'], 'eviction')}"
                 + (f", searched in place: {', '.join(st['in_place'])}" if st["in_place"] else "")
             )
+        dropped = {
+            str(rep.get("replica")): str(rep["dropped"])
+            for r in self.ranks_stats
+            for rep in (r.stage or {}).get("replicas", [])
+            if isinstance(rep, dict) and rep.get("dropped")
+        }
+        lines += [f"  replica {name} dropped: {why}" for name, why in sorted(dropped.items())]
         peak = max((r.peak_blast_rss_mb for r in self.ranks_stats), default=0.0)
         lines.append(f"  peak memory: BLAST+ {peak:.0f} MB per process")
         return "\n".join(lines)
