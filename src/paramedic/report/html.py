@@ -136,6 +136,7 @@ def _timeline(page: Page, record: RunRecord) -> None:
         return
     origin = min(s for r in ranks for s in r.task_starts)
     end = max(s + c[6] for r in ranks for s, c in zip(r.task_starts, r.task_costs, strict=True)) - origin
+    end = max([end] + [e[1] + e[2] - origin for r in record.ranks_stats for e in r.events])
     fig = go.Figure()
     labels = [_rank_label(r) for r in record.ranks_stats]
     for kind in ("search", "piece", "whole"):
@@ -159,9 +160,26 @@ def _timeline(page: Page, record: RunRecord) -> None:
                 marker={"color": COLOURS[kind], "line": {"color": "white", "width": 1}},
                 hovertext=texts, hoverinfo="text",
             )  # fmt: skip
+    for phase in ("merge", "write"):  # the masters' spans
+        spans = [(r, e) for r in record.ranks_stats for e in r.events if e[0] == phase]
+        if spans:
+            fig.add_bar(
+                x=[round(e[2], 3) for _, e in spans], base=[round(e[1] - origin, 3) for _, e in spans],
+                y=[_rank_label(r) for r, _ in spans], orientation="h", name=phase,
+                marker={"color": COLOURS[phase]}, hovertext=[f"{phase} {e[2]:.3f} s" for _, e in spans],
+                hoverinfo="text",
+            )  # fmt: skip
+    waits = _waits(ranks, origin)
+    if waits:
+        fig.add_bar(
+            x=[w[2] for w in waits], base=[w[1] for w in waits], y=[w[0] for w in waits], orientation="h",
+            name="waiting", marker={"color": COLOURS["idle"]}, hovertext=[f"waited {w[2]:.2f} s" for w in waits],
+            hoverinfo="text",
+        )  # fmt: skip
     for r in record.ranks_stats:  # partitions marked: a line above each partition master
         if r.role == "partition master":
-            fig.add_hline(y=labels.index(_rank_label(r)) - 0.5, line={"dash": "dot", "color": "#888"})
+            above = len(labels) - 1 - labels.index(_rank_label(r)) + 0.5  # categories run top down
+            fig.add_hline(y=above, line={"dash": "dot", "color": "#888"})
     fig.update_layout(
         barmode="overlay",
         height=max(220, 60 + 34 * len(labels)),
@@ -173,11 +191,25 @@ def _timeline(page: Page, record: RunRecord) -> None:
     )
     page.add(
         "Timeline",
-        "Every BLAST+ task each rank ran, from its start to its end; gaps are time the rank waited for "
-        "work, for a fragment copy or for the others (rank 0 hands out tasks, merges and writes: its "
-        f"time is in the load balance below).{partitions}",
+        "Every BLAST+ task each rank ran, from its start to its end, and the master's merging and writing; "
+        "grey is a worker waiting between tasks (for work, a fragment copy or the other ranks). Hover "
+        f"over a bar for the task.{partitions}",
         page.figure(fig),
     )
+
+
+def _waits(ranks: list[RankStats], origin: float) -> list[tuple[str, float, float]]:
+    """Each worker's gaps between its tasks (label, start, seconds): waiting for a task, a fragment copy
+    or the other ranks. Gaps under 20 ms are the hand-over itself and are not drawn."""
+    out = []
+    for r in ranks:
+        spans = sorted(
+            (s - origin, s - origin + c[6]) for s, c in zip(r.task_starts, r.task_costs, strict=True)
+        )
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            if start - end >= 0.02:
+                out.append((_rank_label(r), round(end, 3), round(start - end, 3)))
+    return out
 
 
 def _phases(page: Page, record: RunRecord) -> None:

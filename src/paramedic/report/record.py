@@ -81,6 +81,10 @@ class TaskCost(NamedTuple):
 
 
 TASK_KINDS = ("search", "piece", "whole")
+# Phases whose spans RankStats.events keeps (the tasks' are in task_costs and task_starts)
+EVENT_PHASES = ("merge", "write")
+EVENT_MIN_SECONDS = 0.002
+MAX_EVENTS = 5000
 
 
 @dataclass
@@ -105,6 +109,9 @@ class RankStats:
     # When each of task_costs began (seconds since the epoch, the rank's clock): the moment it was recorded
     # less its seconds. For the report page's timeline (paramedic.report.html); [] in older records
     task_starts: list[float] = field(default_factory=list)
+    # A master's merging and writing as [phase, start (epoch seconds), seconds], for the timeline: the
+    # spans of at least EVENT_MIN_SECONDS, at most MAX_EVENTS of them. [] in older records
+    events: list[list[Any]] = field(default_factory=list)
     # With --stage: this rank's node-local cache (paramedic.engine.staging.Stager.record): node, hits,
     # copies, bytes, seconds copying and waiting, evictions, volumes searched in place, each replica's
     # bytes, seconds and why it was dropped. None: no staging, or no fragment searched
@@ -112,6 +119,8 @@ class RankStats:
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
+        if phase in EVENT_PHASES and seconds >= EVENT_MIN_SECONDS and len(self.events) < MAX_EVENTS:
+            self.events.append([phase, round(time.time() - seconds, 4), round(seconds, 4)])
 
     def add_task(self, cost: TaskCost) -> None:
         self.task_costs.append([*cost[:6], round(cost.seconds, 4)])
