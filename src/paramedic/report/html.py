@@ -507,9 +507,44 @@ header h1{margin:0 0 4px;font-size:22px;font-weight:600} header code{color:#cfe3
 main{max-width:1100px;margin:0 auto;padding:16px 24px 40px}
 section{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);padding:14px 20px;margin:16px 0}
 h2{font-size:17px;margin:4px 0 6px} .note{color:#555;font-size:14px;margin:0 0 8px}
+.cards{display:flex;flex-wrap:wrap;gap:12px;margin:16px 0}
+.card{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);padding:10px 18px;min-width:120px}
+.card .big{font-size:24px;font-weight:600;color:#1f3b57} .card .what{font-size:13px;color:#666}
+summary{cursor:pointer;font-size:15px}
 table.facts{border-collapse:collapse;font-size:14px} .facts th{text-align:left;color:#666;padding:3px 16px 3px 0;
 font-weight:500;vertical-align:top} .facts td{padding:3px 0}
 """
+
+
+def _figures(record: RunRecord) -> str:
+    """The headline: a few big numbers a reader takes in at a glance."""
+    cards = [
+        (f"{record.wall_seconds:,.1f} s", "wall time"),
+        (f"{record.queries:,}", f"queries ({record.queries / max(record.wall_seconds, 1e-9):,.1f}/s)"),
+        (
+            f"{record.workers:,}",
+            "workers" + (f" in {record.partitions} partitions" if record.partitions > 1 else ""),
+        ),
+        (
+            f"{record.fragments}",
+            "fragments" if record.strategy == "fragments" else "fragments (searched whole)",
+        ),
+        (_mb(record.output_bytes), "of output"),
+    ]
+    if record.metadata_pairs is not None:
+        cards.append((f"{record.metadata_pairs:,}", "query-subject hits merged"))
+    if record.ship is not None:
+        ship = record.ship
+        cards.append((_mb(ship["shipped_payload_bytes"]), f"shipped ({ship['mode']})"))
+        if ship["ratio_output_to_payload"]:
+            cards.append((f"{ship['ratio_output_to_payload']:,.0f}x", "smaller than the output"))
+    if record.stage is not None:
+        cards.append((_mb(record.stage["copied_bytes"]), "staged to node-local disk"))
+    body = "".join(
+        f'<div class="card"><div class="big">{html.escape(v)}</div><div class="what">{html.escape(w)}</div></div>'
+        for v, w in cards
+    )
+    return f'<div class="cards">{body}</div>'
 
 
 def _document(page: Page, record: RunRecord, source: str) -> str:
@@ -518,9 +553,10 @@ def _document(page: Page, record: RunRecord, source: str) -> str:
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{html.escape(page.title)}</title><style>{_STYLE}</style></head><body>"
         f"<header><h1>{html.escape(page.title)}</h1><code>{command}</code></header><main>"
-        f"<section><h2>The run</h2>{_facts(record)}"
+        + _figures(record)
+        + f"<section><details><summary><b>The run in detail</b></summary>{_facts(record)}"
         + (f'<p class="note">From {html.escape(source)}.</p>' if source else "")
-        + "</section>"
+        + "</details></section>"
         + "".join(page.sections)
         + "</main></body></html>\n"
     )
