@@ -44,9 +44,11 @@ class Page:
     sections: list[str] = field(default_factory=list)
     charts: int = 0
 
-    def add(self, heading: str, text: str, body: str) -> None:
+    def add(self, heading: str, text: str, body: str, half: bool = False) -> None:
+        """A section; `half`: two of them side by side on a wide screen."""
+        css = ' class="half"' if half else ""
         self.sections.append(
-            f'<section><h2>{html.escape(heading)}</h2><p class="note">{text}</p>{body}</section>'
+            f'<section{css}><h2>{html.escape(heading)}</h2><p class="note">{text}</p>{body}</section>'
         )
 
     def figure(self, fig: Any) -> str:
@@ -114,9 +116,9 @@ def render(record: RunRecord, prediction: dict[str, Any] | None = None, source: 
     """The whole page as one HTML string."""
     page = Page(f"paramedic: {record.program}, {record.queries:,} queries, {record.wall_seconds:.1f} s")
     _timeline(page, record)
-    _phases(page, record)
-    _balance(page, record)
+    _phases(page, record)  # the two half-width sections, side by side
     _bytes(page, record)
+    _balance(page, record)
     _eq3(page, record)
     _staging(page, record)
     _prediction(page, record, prediction)
@@ -218,7 +220,11 @@ def _phases(page: Page, record: RunRecord) -> None:
     totals = record.phase_totals()
     if not any(totals.values()):
         return
-    shown = [p for p in PHASES if totals[p] >= 0.005 * sum(totals.values())]  # a 0.0 s slice is clutter
+    site = "regenerate at the storage site"
+    if record.ship is not None and record.ship["g_site_decode_seconds"]:
+        totals[site] = record.ship["g_site_decode_seconds"]  # g: the site's BLAST+ runs, off this job's ranks
+        COLOURS.setdefault(site, "#FFBF79")
+    shown = [p for p in totals if totals[p] >= 0.005 * sum(totals.values())]  # a 0.0 s slice is clutter
     fig = go.Figure(
         go.Pie(
             labels=shown,
@@ -235,6 +241,7 @@ def _phases(page: Page, record: RunRecord) -> None:
         "Time spent in each phase, summed over all ranks: searching the fragments, merging their hit "
         "lists into the exact top hits, regenerating the report for each query group, writing the file.",
         page.figure(fig),
+        half=True,
     )
 
 
@@ -308,8 +315,9 @@ def _bytes(page: Page, record: RunRecord) -> None:
             textposition="outside",
         )
     )
-    fig.update_layout(height=340, yaxis={"title": "bytes"}, showlegend=False)
-    page.add("Bytes moved and saved", text, page.figure(fig))
+    # log scale: metadata thousands of times smaller than the output still shows as a bar
+    fig.update_layout(height=340, yaxis={"title": "bytes (log scale)", "type": "log"}, showlegend=False)
+    page.add("Bytes moved and saved", text, page.figure(fig), half=True)
 
 
 def _eq3(page: Page, record: RunRecord) -> None:
@@ -504,8 +512,10 @@ _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;background:#f4f5f7;color:#222}
 header{background:#1f3b57;color:#fff;padding:18px 32px}
 header h1{margin:0 0 4px;font-size:22px;font-weight:600} header code{color:#cfe3f7;font-size:12px}
-main{max-width:1100px;margin:0 auto;padding:16px 24px 40px}
-section{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);padding:14px 20px;margin:16px 0}
+main{max-width:1100px;margin:0 auto;padding:16px 24px 40px;display:grid;grid-template-columns:1fr 1fr;
+column-gap:16px} main>*{grid-column:1/-1;min-width:0} main>section.half{grid-column:auto}
+@media (max-width:800px){main>section.half{grid-column:1/-1}}
+section{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);padding:14px 20px;margin:8px 0}
 h2{font-size:17px;margin:4px 0 6px} .note{color:#555;font-size:14px;margin:0 0 8px}
 .cards{display:flex;flex-wrap:wrap;gap:12px;margin:16px 0}
 .card{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);padding:10px 18px;min-width:120px}
