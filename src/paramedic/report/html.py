@@ -136,7 +136,9 @@ def _timeline(page: Page, record: RunRecord) -> None:
     if not ranks or any(len(r.task_starts) != len(r.task_costs) for r in ranks):
         page.add("Timeline", "This record has no task start times (written by an older paramedic).", "")
         return
-    origin = min(s for r in ranks for s in r.task_starts)
+    origin = min(
+        [s for r in ranks for s in r.task_starts] + [e[1] for r in record.ranks_stats for e in r.events]
+    )
     end = max(s + c[6] for r in ranks for s, c in zip(r.task_starts, r.task_costs, strict=True)) - origin
     end = max([end] + [e[1] + e[2] - origin for r in record.ranks_stats for e in r.events])
     fig = go.Figure()
@@ -162,15 +164,6 @@ def _timeline(page: Page, record: RunRecord) -> None:
                 marker={"color": COLOURS[kind], "line": {"color": "white", "width": 1}},
                 hovertext=texts, hoverinfo="text",
             )  # fmt: skip
-    for phase in ("merge", "write"):  # the masters' spans
-        spans = [(r, e) for r in record.ranks_stats for e in r.events if e[0] == phase]
-        if spans:
-            fig.add_bar(
-                x=[round(e[2], 3) for _, e in spans], base=[round(e[1] - origin, 3) for _, e in spans],
-                y=[_rank_label(r) for r, _ in spans], orientation="h", name=phase,
-                marker={"color": COLOURS[phase]}, hovertext=[f"{phase} {e[2]:.3f} s" for _, e in spans],
-                hoverinfo="text",
-            )  # fmt: skip
     waits = _waits(ranks, origin)
     if waits:
         fig.add_bar(
@@ -178,6 +171,17 @@ def _timeline(page: Page, record: RunRecord) -> None:
             name="waiting", marker={"color": COLOURS["idle"]}, hovertext=[f"waited {w[2]:.2f} s" for w in waits],
             hoverinfo="text",
         )  # fmt: skip
+    for phase in ("merge", "write", "stage"):  # the masters' spans, the workers' staging
+        spans = [(r, e) for r in record.ranks_stats for e in r.events if e[0] == phase]
+        if spans:
+            fig.add_bar(
+                x=[round(e[2], 3) for _, e in spans], base=[round(e[1] - origin, 3) for _, e in spans],
+                y=[_rank_label(r) for r, _ in spans], orientation="h",
+                name="staging (copy or wait for a fragment)" if phase == "stage" else phase,
+                marker={"color": COLOURS["staging" if phase == "stage" else phase]},
+                hovertext=[f"{phase} {e[2]:.3f} s" for _, e in spans],
+                hoverinfo="text",
+            )  # fmt: skip
     for r in record.ranks_stats:  # partitions marked: a line above each partition master
         if r.role == "partition master":
             above = len(labels) - 1 - labels.index(_rank_label(r)) + 0.5  # categories run top down

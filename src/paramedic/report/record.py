@@ -109,8 +109,9 @@ class RankStats:
     # When each of task_costs began (seconds since the epoch, the rank's clock): the moment it was recorded
     # less its seconds. For the report page's timeline (paramedic.report.html); [] in older records
     task_starts: list[float] = field(default_factory=list)
-    # A master's merging and writing as [phase, start (epoch seconds), seconds], for the timeline: the
-    # spans of at least EVENT_MIN_SECONDS, at most MAX_EVENTS of them. [] in older records
+    # A master's merging and writing, and a worker's staging of a fragment (its copy to the node-local
+    # cache, or the wait for another worker's), as [kind, start (epoch seconds), seconds], for the
+    # timeline: spans of at least EVENT_MIN_SECONDS, at most MAX_EVENTS of them. [] in older records
     events: list[list[Any]] = field(default_factory=list)
     # With --stage: this rank's node-local cache (paramedic.engine.staging.Stager.record): node, hits,
     # copies, bytes, seconds copying and waiting, evictions, volumes searched in place, each replica's
@@ -119,8 +120,13 @@ class RankStats:
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
-        if phase in EVENT_PHASES and seconds >= EVENT_MIN_SECONDS and len(self.events) < MAX_EVENTS:
-            self.events.append([phase, round(time.time() - seconds, 4), round(seconds, 4)])
+        if phase in EVENT_PHASES:
+            self.add_event(phase, time.time() - seconds, seconds)
+
+    def add_event(self, kind: str, start: float, seconds: float) -> None:
+        """A span for the report's timeline (merge, write, stage: a fragment's copy or the wait for it)."""
+        if seconds >= EVENT_MIN_SECONDS and len(self.events) < MAX_EVENTS:
+            self.events.append([kind, round(start, 4), round(seconds, 4)])
 
     def add_task(self, cost: TaskCost) -> None:
         self.task_costs.append([*cost[:6], round(cost.seconds, 4)])
