@@ -349,8 +349,16 @@ def _eq3(page: Page, record: RunRecord) -> None:
         x = float(record.metadata_pairs or 0) * 8  # two ids per pair, about what the metadata codec ships
         f, g = 0.0, record.phase_totals()["regenerate"]
         where = "estimated from this local run (no link crossed: f + g is its regeneration time)"
+    if record.strategy == "queries" and ship is None:
+        page.add(
+            "Data or metadata (the paper's Eq. 3)",
+            "This run searched by queries (the whole database per task): it merges nothing, so it makes no "
+            "metadata to ship instead of its output. The fragments strategy makes it (--strategy fragments).",
+            "",
+        )
+        return
     if D <= x or f + g <= 0:
-        page.add("Data or metadata (Eq. 3)", "Not enough in this record to place the run.", "")
+        page.add("Data or metadata (the paper's Eq. 3)", "Not enough in this record to place the run.", "")
         return
     breakeven = (D - x) / (f + g)
     marks = [breakeven] + ([point[0]] if point else [])
