@@ -43,9 +43,20 @@ def run(*args: str, cwd: Path, quiet: bool = False) -> subprocess.CompletedProce
     """A command as a user would type it (shown), its error said in one line if it fails."""
     shown = " ".join(a if a == PARAMEDIC else a.replace(str(cwd) + "/", "") for a in args)
     say(f"$ {shown.replace(PARAMEDIC, 'paramedic')}")
-    proc = subprocess.run(
+    child = subprocess.Popen(
         args, cwd=cwd, text=True, stderr=subprocess.PIPE if quiet else None, stdout=subprocess.PIPE
     )
+    try:
+        out, err = child.communicate()
+    except BaseException:  # interrupted: paramedic stops its MPI job on SIGINT (a kill would orphan it)
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        raise
+    proc = subprocess.CompletedProcess(args, child.returncode, out, err)
     if proc.returncode != 0:
         sys.exit(
             f"demo: failed: {shown} (exit {proc.returncode}){': ' + proc.stderr.strip() if proc.stderr else ''}"
@@ -209,7 +220,13 @@ def trace_step(out: Path) -> None:
     say("`paramedic trace` is here, but the demo does not run it yet (scripts/demo.py: trace_step).")
 
 
+def _interrupted(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # so that every `finally` runs: the storage site is stopped
+
+
 def main() -> int:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupted)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True, help="the mmseqs2 data (DB.fasta, QUERY.fasta)")
     parser.add_argument(
@@ -239,4 +256,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit("demo: interrupted (the storage site, if started, was stopped)")
