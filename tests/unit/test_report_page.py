@@ -105,6 +105,10 @@ def test_the_bar_counts_searches_then_pieces(monkeypatch: pytest.MonkeyPatch, tm
     bar.advance(5)
     assert shown() == ["6", "6", "task"]
     bar.close()
+    kept = Progress(10, quiet=False, searches=4, pieces=2)  # searches and pieces kept from an earlier run
+    kept.finish()
+    assert shown() == ["6", "6", "task"]  # full at the end, whatever was counted
+    kept.close()
     queries = Progress(10, quiet=False)  # query segmentation: queries written
     queries.search_done()
     queries.advance(3)

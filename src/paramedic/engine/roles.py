@@ -135,7 +135,9 @@ def _master(
     progress = Progress(
         len(job.queries),
         quiet=job.quiet,
-        searches=0 if plan.query_segmentation else len(plan.batches) * plan.n_fragments,
+        searches=0
+        if plan.query_segmentation or job.preloaded is not None
+        else len(plan.batches) * plan.n_fragments,
         pieces=len(plan.pieces),
     )
     published = published_earlier(job, journal)
@@ -180,6 +182,7 @@ def _master(
         else:
             worker_stats = run_workers(master, comm, stats)
         master.commit()
+        progress.finish()
         merged = [master.scheduler.metadata(q) or [] for q in range(len(job.queries))]
         if job.save_metadata is not None:
             save_metadata(job.save_metadata, job.identity, merged)

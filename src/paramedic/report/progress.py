@@ -74,6 +74,15 @@ class Progress:
         self.done = done
         self._write()
 
+    def finish(self) -> None:
+        """The job's output is complete: the bar is full, whatever was counted (work kept from an earlier
+        run, a site that already held the output), so it closes at 100% before the summary."""
+        if self.done != self.total:
+            if self.bar is not None:
+                self.bar.update(self.total - self.done)
+            self.done = self.total
+            self._write()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
