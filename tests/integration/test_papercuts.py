@@ -141,8 +141,15 @@ def test_site_auto_with_culling_ships_the_output(work: Path, tmp_path: Path) -> 
             "-culling_limit", "1", "--np", "2", "--site", site.url, "--keys", str(tmp_path / "keys" / "compute"),
             cwd=work,
         )  # fmt: skip
+        advised = paramedic(  # the old advice, followed: --strategy queries with --ship auto
+            "search", "blastp", "-query", "q.fasta", "-db", "db/uni", "-out", "advised.txt",
+            "-culling_limit", "1", "--np", "2", "--strategy", "queries", "--site", site.url,
+            "--keys", str(tmp_path / "keys" / "compute"), cwd=work,
+        )  # fmt: skip
     finally:
         site.stop()
+    assert "--ship auto: --strategy queries was asked, which makes no metadata" in advised.stderr
+    assert (tmp_path / "root" / "advised.txt").read_bytes() == (tmp_path / "root" / "culled.txt").read_bytes()
     assert (
         "--ship auto: metadata needs the fragments strategy, which cannot honour -culling_limit"
         in done.stderr

@@ -190,13 +190,19 @@ def _ship_data_when_inexact(settings: SearchSettings, inexact: str | None) -> Se
     that would not be exact (and no strategy was asked) the output itself is shipped, compressed, and
     the user told why: what works, not a refusal whose advice is refused in turn."""
     ship = settings.ship
-    if inexact is None or ship is None or ship.mode != "auto" or settings.strategy != "auto":
+    if ship is None or ship.mode != "auto" or settings.from_metadata is not None:
+        return settings
+    if settings.strategy == "queries":
+        why = "--strategy queries was asked, which makes no metadata"
+    elif settings.strategy == "auto" and inexact is not None:
+        reason = inexact.split("; use --strategy queries")[0].split(": use --strategy queries")[0]
+        why = f"metadata needs the fragments strategy, which {reason}"
+    else:
         return settings
     if not settings.quiet:
-        why = inexact.split("; use --strategy queries")[0].split(": use --strategy queries")[0]
         print(
-            f"paramedic: --ship auto: metadata needs the fragments strategy, which {why}: the output "
-            "is shipped compressed instead (--ship compressed, --strategy queries)",
+            f"paramedic: --ship auto: {why}: the output is shipped compressed instead (--ship compressed, "
+            "--strategy queries)",
             file=sys.stderr,
         )
     return replace(settings, ship=replace(ship, mode=COMPRESSED_MODE))
