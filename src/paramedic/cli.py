@@ -43,6 +43,7 @@ ENGINE_OPTIONS_WITH_VALUE = {
     "--metadata",
     "--from-metadata",
     "--strategy",
+    "--traceback",
     "--site",
     "--keys",
     "--ship",
@@ -387,6 +388,15 @@ def _search_parser() -> argparse.ArgumentParser:
         "metadata is asked (the run record's strategy_reason says why)",
     )
     parser.add_argument(
+        "--traceback",
+        choices=["auto", "once", "per-fragment"],
+        default="auto",
+        help="fragments strategy: once: fragment searches stop after BLAST+'s preliminary stage and each "
+        "query is aligned once, against the whole database's list; per-fragment: every fragment search "
+        "aligns its own hits; auto (default): once when the lists are a small share of the database "
+        "(large databases) and no metadata is asked",
+    )
+    parser.add_argument(
         "--partition-size",
         type=int,
         help="ranks per partition: rank 0 hands query segments to partition masters, each with its own "
@@ -541,6 +551,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         save_metadata=args.metadata,
         from_metadata=args.from_metadata,
         strategy=args.strategy,
+        traceback=args.traceback,
         ship=ship,
         restart=args.restart,
         journal=not args.no_journal,

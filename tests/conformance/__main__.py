@@ -54,7 +54,7 @@ def table(verdicts: list[Verdict], command: str, seconds: float) -> str:
         c = v.cell
         detail = v.detail.replace("|", "\\|")
         lines.append(
-            f"| {c.dataset} | {c.program} | {c.label()} | {c.outfmt} | {c.fragments} | {c.strategy} | "
+            f"| {c.dataset} | {c.program} | {c.label()} | {c.outfmt} | {c.fragments} | {c.strategy}{' (traceback ' + c.traceback + ')' if c.traceback != 'auto' else ''} | "
             f"{v.result} | {detail} |"
         )
     return "\n".join(lines) + "\n"

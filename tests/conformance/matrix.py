@@ -73,9 +73,17 @@ class Cell:
     fragments: int
     strategy: str  # "fragments" (the engine) or "auto" (the default)
     saturates: bool = False  # exists to fill BLAST+'s preliminary list: checked on the unsplit database
+    # --traceback: "auto" (the default), or the fragments engine's path by name: "once" (fragment
+    # searches stop after the preliminary stage, each query aligned once) or "per-fragment"
+    traceback: str = "auto"
 
     def label(self) -> str:
         return " ".join(self.options) or "defaults"
+
+    def engine_args(self) -> list[str]:
+        return ["--strategy", self.strategy] + (
+            ["--traceback", self.traceback] if self.traceback != "auto" else []
+        )
 
 
 def cells(full: bool) -> Iterator[Cell]:
@@ -90,6 +98,13 @@ def cells(full: bool) -> Iterator[Cell]:
         yield Cell("proteins", "blastp", ("-culling_limit", "2"), "6", 4, "auto")
         yield Cell("saturating", "blastp", (), "6", 16, "fragments", saturates=True)
         yield Cell("saturating", "blastp", ("-max_target_seqs", "5"), "6", 4, "fragments", saturates=True)
+        # the traceback-once path by name: every program, a text report, the saturating set, a cap
+        for program, (dataset, _) in PROGRAMS.items():
+            yield Cell(dataset, program, (), "6", 4, "fragments", traceback="once")
+        yield Cell("proteins", "blastp", (), "0", 16, "fragments", traceback="once")
+        yield Cell("saturating", "blastp", (), "6", 16, "fragments", saturates=True, traceback="once")
+        yield Cell("saturating", "blastp", ("-max_target_seqs", "5"), "7", 4, "fragments", True, "once")
+        yield Cell("genomes", "blastn", ("-max_target_seqs", "5"), "6", 16, "fragments", True, "once")
         return
     for program, (dataset, _) in PROGRAMS.items():
         for n in FRAGMENT_COUNTS:
@@ -112,6 +127,18 @@ def cells(full: bool) -> Iterator[Cell]:
         yield Cell("saturating", "blastp", ("-max_target_seqs", "5"), "6", n, "fragments", saturates=True)
         yield Cell("saturating", "blastx", (), "6", n, "fragments", saturates=True)
     yield Cell("saturating", "blastp", (), "0", 16, "fragments", saturates=True)
+    # the traceback-once path by name: every program at every fragment count, every option family,
+    # the crossed formats, the saturating set at every count
+    for program, (dataset, _) in PROGRAMS.items():
+        for n in FRAGMENT_COUNTS:
+            yield Cell(dataset, program, (), "6", n, "fragments", traceback="once")
+        for options in OPTIONS[program][1:]:
+            yield Cell(dataset, program, options, "6", 4, "fragments", traceback="once")
+        for outfmt in CROSSED_OUTFMTS:
+            yield Cell(dataset, program, ("-max_target_seqs", "5"), outfmt, 12, "fragments", False, "once")
+    for n in FRAGMENT_COUNTS:
+        for caps in ((), ("-max_target_seqs", "5")):
+            yield Cell("saturating", "blastp", caps, "6", n, "fragments", True, "once")
     for program in ("blastn", "tblastn", "tblastx"):
         for n in (4, 64):
             caps = ("-max_target_seqs", "5", "-comp_based_stats", "0") if program == "tblastn" else CAPS[1]
@@ -178,7 +205,7 @@ class Judge:
         out = self._out("paramedic")
         proc = subprocess.run(
             [str(BIN / "paramedic"), "search", cell.program, *self._args(cell, data, out),
-             "--strategy", cell.strategy, "--quiet"],
+             *cell.engine_args(), "--quiet"],
             cwd=data.fragments_dir(cell.fragments), capture_output=True, text=True, timeout=1800,
         )  # fmt: skip
         if proc.returncode == 2:

@@ -24,7 +24,9 @@ def judge(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Judge:
 
 
 @pytest.mark.parametrize(
-    "cell", SLICE, ids=lambda c: f"{c.program}-{c.label()}-{c.outfmt}-x{c.fragments}-{c.strategy}"
+    "cell",
+    SLICE,
+    ids=lambda c: f"{c.program}-{c.label()}-{c.outfmt}-x{c.fragments}-{c.strategy}-{c.traceback}",
 )
 def test_cell(judge: Judge, cell: Cell) -> None:
     verdict = judge.judge(cell)

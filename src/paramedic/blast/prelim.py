@@ -57,15 +57,16 @@ def shim() -> Path | None:
     return compiled(SOURCE)
 
 
-def environment() -> dict[str, str]:
-    """Extra environment for a search whose preliminary lists are to be read."""
+def environment(prelim_only: bool = False) -> dict[str, str]:
+    """Extra environment for a search whose preliminary lists are to be read; with `prelim_only` the
+    search stops after its preliminary stage (no traceback, an empty report)."""
     library = shim()
     if library is None:
         raise BlastError(
             "--strategy fragments needs a C compiler (Debian: apt-get install gcc) to read BLAST+'s "
             "preliminary hit list; use --strategy queries"
         )
-    return {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "1"}
+    return {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "2" if prelim_only else "1"}
 
 
 def batch_residues(program: str, options: BlastOptions) -> int | None:

@@ -17,7 +17,14 @@ from paramedic.blast.alias import oid_mask, write_alias
 from paramedic.blast.archive import parse_fragment_archive
 from paramedic.blast.hits import FragmentSearch
 from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
-from paramedic.blast.prelim import DUMP_NAME, batch_residues, environment, expected_limit, read_dump
+from paramedic.blast.prelim import (
+    DUMP_NAME,
+    batch_residues,
+    composition_adjusted,
+    environment,
+    expected_limit,
+    read_dump,
+)
 from paramedic.blast.programs import alias_suffix
 from paramedic.blast.tools import run_tool
 from paramedic.errors import BlastError
@@ -58,12 +65,16 @@ def search_fragment(
     workdir: Path,
     keep_alignments: bool = False,
     gids: Sequence[int] = (),
+    prelim_only: bool = False,
 ) -> tuple[FragmentSearch, RunStats]:
     """Search a query batch against one fragment (whole-database statistics); merge keys per query.
 
     The search writes an archive (outfmt 11): the keys at full precision, and with `keep_alignments`
     each hit's alignments, from which `paramedic.blast.render` writes the report without searching again.
     A preloaded shim writes BLAST+'s preliminary lists; `gids` maps the fragment's ordinal ids to global.
+    With `prelim_only` the search stops after BLAST+'s preliminary stage (the shim empties the lists the
+    traceback would read): only the lists come back, and every query is aligned once, later, against the
+    whole database's list (docs/DESIGN.md, "Traceback once").
     """
     query_file = workdir / "search-queries.fasta"
     archive_file = workdir / "search.asn"
@@ -85,7 +96,7 @@ def search_fragment(
         str(archive_file),
     ]
     start = time.perf_counter()
-    run_tool(argv, cwd=workdir, extra_env=environment())
+    run_tool(argv, cwd=workdir, extra_env=environment(prelim_only))
     data = archive_file.read_bytes()
     archive_file.unlink()
     try:
@@ -97,6 +108,11 @@ def search_fragment(
         hits = parse_fragment_archive(data, len(queries), keep_alignments)
     except ValueError as exc:
         raise BlastError(f"{program} on fragment {fragment}: unreadable archive: {exc}") from exc
+    if prelim_only and any(hits):
+        raise BlastError(
+            f"{program} on fragment {fragment} aligned subjects after its preliminary stage: the shim "
+            "that stops it there did not work with this BLAST+; use --strategy queries"
+        )
     prelim = read_dump(dump, [len(s) for _, s in queries], batch_residues(program, options), gids)
     limit = expected_limit(options, program)
     if any(p is not None and p.limit != limit for p in prelim):
@@ -114,8 +130,11 @@ def regenerate(
     queries: Sequence[tuple[str, str]],
     subjects: Sequence[Sequence[int]] | None,
     workdir: Path,
+    threads: int = 1,
 ) -> tuple[bytes, RunStats]:
     """The user's report for a query group, written by BLAST+ itself against the merged subjects only.
+    `threads`: BLAST+'s -num_threads for this run, when the caller knows they leave the report as it is
+    (`threads_exact`) and the user gave none.
 
     The database is restricted with an OIDLIST alias over the whole database that carries the whole
     database's NSEQ, LENGTH and TITLE, placed so that the user's own -db string names it: titles, size
@@ -140,6 +159,8 @@ def regenerate(
         "-out",
         str(out_file),
     ]
+    if threads > 1 and not options.has("num_threads"):
+        argv += ["-num_threads", str(threads)]
     start = time.perf_counter()
     run_tool(argv, cwd=run_dir)
     data = as_user_db(out_file.read_bytes(), db, db_name)
@@ -148,6 +169,19 @@ def regenerate(
     stats = RunStats(time.perf_counter() - start, len(data))
     shutil.rmtree(run_dir)
     return data, stats
+
+
+def threads_exact(program: str, options: BlastOptions, offered: int) -> int:
+    """How many of the `offered` threads a regeneration may use with its report unchanged (else 1).
+
+    BLAST+'s threads over the database (-mt_mode 0) change the report where the traceback adjusts for
+    composition: a search against a mask of 4,984 subjects kept 258 lines for a query with 2 threads
+    and 207 with one, the 207 of one BLAST+ run over the whole database (measured; docs/DESIGN.md,
+    "Traceback once"). tblastx's answers depend on more than each subject. Only the other programs'
+    regenerations take the cores of idle workers."""
+    if offered <= 1 or program == "tblastx" or options.has("num_threads"):
+        return 1
+    return 1 if composition_adjusted(options, program) else offered
 
 
 def user_db_name(db: Database) -> str:

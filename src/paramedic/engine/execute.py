@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from paramedic.blast.render import Unrenderable, render
-from paramedic.blast.run import Database, regenerate, search_fragment
+from paramedic.blast.run import Database, regenerate, search_fragment, threads_exact
 from paramedic.db.manifest import fragment_members
 from paramedic.db.seqids import seqid_table
 from paramedic.engine.job import Job
@@ -36,7 +36,15 @@ def execute(
         gids = fragment_members(job.db.directory, len(job.db.fragments))[task.fragment]
         with _place(job, task.fragment, stats) as db:
             found, run = search_fragment(
-                job.program, job.options, db, task.fragment, queries, workdir, job.keep_alignments, gids
+                job.program,
+                job.options,
+                db,
+                task.fragment,
+                queries,
+                workdir,
+                job.keep_alignments,
+                gids,
+                prelim_only=plan.traceback_once,
             )
         stats.add("search", run.seconds)
         stats.tasks["search"] += 1
@@ -76,7 +84,9 @@ def execute(
         except (Unrenderable, RecordError):
             stats.tasks["render_fallbacks"] += 1
     if data is None:
-        data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir)
+        threads = threads_exact(job.program, job.options, task.threads) if task.subjects else 1
+        data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir, threads)
+        stats.threads_used = max(stats.threads_used, threads)
     phase = "search" if task.subjects is None else "regenerate"  # query segmentation searches and writes
     stats.add(phase, run.seconds)
     stats.tasks[phase] += 1

@@ -13,7 +13,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paramedic.blast.options import BlastOptions, check_values
-from paramedic.blast.prelim import batch_residues, composition_adjusted, query_batches, split_query
+from paramedic.blast.prelim import (
+    batch_residues,
+    composition_adjusted,
+    expected_limit,
+    query_batches,
+    split_query,
+)
 from paramedic.blast.prelim_check import check_shim
 from paramedic.blast.programs import PROGRAMS
 from paramedic.blast.render import can_render
@@ -26,11 +32,11 @@ from paramedic.db.seqids import SeqIdTable
 from paramedic.db.stage import StageCache, check_stageable
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata
-from paramedic.engine.plan import make_plan
+from paramedic.engine.plan import DEFAULT_REGEN_GROUP, make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings, StageSettings
 from paramedic.engine.staging import open_replicas
-from paramedic.engine.strategy import StrategyChoice, choose_strategy
+from paramedic.engine.strategy import StrategyChoice, choose_strategy, local_workers, query_balance
 from paramedic.errors import OutputError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.ship.destination import ShipSettings, check_shippable
@@ -64,6 +70,8 @@ class Job:
     restart: bool = False
     # Which strategy, and why (paramedic.engine.strategy; the run record's strategy_reason)
     strategy: StrategyChoice | None = None
+    # How fragment searches align (--traceback) and why, in numbers (the run record's traceback_reason)
+    traceback_reason: str | None = None
     output_strategy: str = "master"  # who writes the report file (paramedic.output.strategies)
     stage: StageSettings | None = None  # --stage: fragments searched from a node-local copy
     # With --stage, per rank of the job: its node's name and the fragments already staged there, as
@@ -82,11 +90,14 @@ class Job:
             "queries": self.identity.queries_sha256,
             "strategy": "queries" if self.plan_inputs["query_segmentation"] else "fragments",
             "alignments": self.keep_alignments,
+            "traceback_once": bool(self.plan_inputs.get("traceback_once")),
             "from_metadata": self.preloaded is not None,
         }
 
 
-def prepare_job(settings: SearchSettings) -> Job:
+def prepare_job(settings: SearchSettings, workers: int | None = None) -> Job:
+    """The checked job; `workers`: how many worker ranks it will have (the launcher's; default: one
+    per local core, as `paramedic search` starts them), which `--strategy auto` weighs."""
     program = PROGRAMS.get(settings.program)
     if program is None:
         raise UsageError(f"unknown program {settings.program!r}: choose one of {', '.join(PROGRAMS)}")
@@ -121,16 +132,51 @@ def prepare_job(settings: SearchSettings) -> Job:
         journal = journal_path(out_path) if out_path and settings.journal else None
     lengths = [len(s) for _, s in queries]
     inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
+    blast_batches = (
+        query_batches(lengths, residues) if (residues := batch_residues(program.name, options)) else []
+    )
+    if workers is None:
+        workers = local_workers(os.environ)[0]
+    segments = make_plan(
+        program=program.name,
+        query_lengths=lengths,
+        fragment_residues=[f.length for f in manifest.fragments],
+        workers=workers,
+        hitlist_size=options.hitlist_size(),
+        startup_seconds=(segments_startup := startup_seconds(program.name)),
+        stitchable=can_stitch(options.outfmt()),
+        batch=settings.batch,
+        query_segmentation=True,
+        blast_batches=blast_batches,
+    )
+    balance = query_balance([sum(lengths[q] for q in p) for p in segments.pieces], workers)
     settings = _ship_data_when_inexact(settings, inexact)
-    strategy = choose_strategy(settings, db, manifest, inexact)
+    strategy = choose_strategy(settings, db, manifest, inexact, balance)
     query_segmentation = strategy.strategy == "queries"
     if settings.stage is not None:
         check_stage(settings.stage, manifest, db.arg)
     if not query_segmentation and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
     ships_metadata = settings.ship is not None and ships_pieces(settings.ship.mode)
+    blast_batches = (
+        query_batches(lengths, residues) if (residues := batch_residues(program.name, options)) else []
+    )
+    traceback_once, traceback_reason = choose_traceback(
+        settings,
+        program.name,
+        options,
+        lengths,
+        blast_batches,
+        db.nseq,
+        metadata=ships_metadata
+        or settings.from_metadata is not None
+        or settings.save_metadata is not None
+        or (settings.ship is not None and settings.ship.mode == "auto"),  # auto may ship metadata
+    )
+    traceback_once = traceback_once and not query_segmentation
     keep_alignments = (
         not query_segmentation
+        and not traceback_once
         and not ships_metadata
         and settings.from_metadata is None
         and can_render(program.name, options)
@@ -141,17 +187,16 @@ def prepare_job(settings: SearchSettings) -> Job:
         "query_lengths": lengths,
         "fragment_residues": [f.length for f in manifest.fragments],
         "hitlist_size": options.hitlist_size(),
-        "startup_seconds": startup_seconds(program.name),
+        "startup_seconds": segments_startup,
         "stitchable": can_stitch(options.outfmt()),
         "batch": settings.batch,
         "piece_queries": settings.piece_queries,
         "query_segmentation": query_segmentation,
         "keep_alignments": keep_alignments,
         # pieces cut at BLAST+'s own query batches where it fixes them (paramedic.blast.prelim)
-        "blast_batches": query_batches(lengths, residues)
-        if (residues := batch_residues(program.name, options))
-        else [],
+        "blast_batches": blast_batches,
         "search_filled_again": composition_adjusted(options, program.name) or options.has("qcov_hsp_perc"),
+        "traceback_once": traceback_once,
     }
     identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
     save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None
@@ -180,6 +225,7 @@ def prepare_job(settings: SearchSettings) -> Job:
         partition_size=settings.partition_size,
         replica_group_size=settings.replica_group_size,
         strategy=strategy,
+        traceback_reason=None if query_segmentation else traceback_reason,
         output_strategy=settings.output_strategy,
         stage=settings.stage,
     )
@@ -206,6 +252,49 @@ def _ship_data_when_inexact(settings: SearchSettings, inexact: str | None) -> Se
             file=sys.stderr,
         )
     return replace(settings, ship=replace(ship, mode=COMPRESSED_MODE))
+
+
+# Fragment searches stop after the preliminary stage (traceback once) when the subjects a piece is
+# aligned against, at most its queries' preliminary lists (N each), are at most this share of the
+# database: the piece's search scans only those, and saves every fragment's own traceback.
+TRACEBACK_ONCE_SHARE = 0.1
+
+
+def choose_traceback(
+    settings: SearchSettings,
+    program: str,
+    options: BlastOptions,
+    lengths: list[int],
+    blast_batches: list[range],
+    nseq: int,
+    metadata: bool,
+) -> tuple[bool, str]:
+    """Whether fragment searches stop after BLAST+'s preliminary stage, each query then aligned once
+    against the whole database's list (docs/DESIGN.md, "Traceback once"), and why.
+
+    It pays when the subjects a piece is aligned against (at most N per query, BLAST+'s preliminary list)
+    are a small share of the database: the piece's search scans only those, and every fragment's own
+    traceback is saved. A piece is one BLAST+ batch where BLAST+ fixes them (paramedic.engine.plan),
+    else DEFAULT_REGEN_GROUP queries. Metadata is then the whole lists, not the hits: auto keeps aligning
+    per fragment when metadata is asked (shipped, saved or used)."""
+    if settings.traceback == "once":
+        return True, "--traceback once was asked"
+    if settings.traceback == "per-fragment":
+        return False, "--traceback per-fragment was asked"
+    if program == "tblastx":
+        return False, "tblastx's preliminary list is its hit list: nothing to align once"
+    if metadata:
+        return False, "metadata is asked (shipped, saved or used): the merged hits, which fragments align"
+    limit = expected_limit(options, program)
+    largest = max((len(b) for b in blast_batches), default=min(len(lengths), DEFAULT_REGEN_GROUP))
+    share = largest * limit / max(1, nseq)
+    numbers = (
+        f"the largest piece's preliminary lists ({largest} quer{'y' if largest == 1 else 'ies'} x "
+        f"{limit:,} subjects) are {share:.1%} of the database's {nseq:,} sequences"
+    )
+    if share <= TRACEBACK_ONCE_SHARE:
+        return True, f"{numbers} (at most {TRACEBACK_ONCE_SHARE:.0%}): each query is aligned once"
+    return False, f"{numbers} (over {TRACEBACK_ONCE_SHARE:.0%}): each fragment search aligns its hits"
 
 
 def check_stage(stage: StageSettings, manifest: Manifest, where: str) -> None:

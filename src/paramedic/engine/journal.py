@@ -271,6 +271,7 @@ def _plan_json(plan: Plan) -> dict[str, Any]:
         "hitlist_size": plan.hitlist_size,
         "query_segmentation": plan.query_segmentation,
         "search_filled_again": plan.search_filled_again,
+        "traceback_once": plan.traceback_once,
     }
 
 
@@ -282,6 +283,7 @@ def _plan_from_json(data: dict[str, Any]) -> Plan:
         hitlist_size=_int(data["hitlist_size"]),
         query_segmentation=bool(data["query_segmentation"]),
         search_filled_again=bool(data["search_filled_again"]),
+        traceback_once=bool(data.get("traceback_once", False)),
     )
 
 

@@ -499,7 +499,7 @@ def _run_rank(settings: SearchSettings, argv: list[str], comm: Any, np_ignored: 
                 file=sys.stderr,
             )
         try:
-            job = prepare_job(settings)
+            job = prepare_job(settings, workers=max(1, comm.Get_size() - 1))
         except ParamedicError as exc:
             failure = exc
         except Exception as exc:  # a bug while preparing: every rank still learns of it (no hang)

@@ -99,3 +99,12 @@ def whole_list(per_fragment: Sequence[PrelimList | None]) -> PrelimList | None:
         raise BlastError("fragment searches disagree on BLAST+'s preliminary list size")
     union = sorted((c for p in lists for c in p.candidates), key=Candidate.key)
     return PrelimList(limit, tuple(union[:limit]))
+
+
+def whole_subjects(per_fragment: Sequence[PrelimList | None]) -> list[int]:
+    """A query's subjects when fragments stop after the preliminary stage: the whole database's list in
+    BLAST+'s preliminary order. A search against exactly these aligns what one BLAST+ run over the whole
+    database aligns, and in the same order, so its report is that run's (docs/DESIGN.md, "Preliminary
+    list")."""
+    whole = whole_list(per_fragment)
+    return [] if whole is None else [c.gid for c in whole.candidates]

@@ -58,4 +58,6 @@ def run_record(
         output_strategy=job.output_strategy,
         output_writes=sink.strategy.counts() if isinstance(sink, WorkerSink) else None,
         stage=summary(job.stage, [r.stage for r in ranks_stats]),
+        traceback=None if segmented else "once" if plan.traceback_once else "per-fragment",
+        traceback_reason=job.traceback_reason,
     )

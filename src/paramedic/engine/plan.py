@@ -49,11 +49,18 @@ def make_plan(
     keep_alignments: bool = False,
     blast_batches: Sequence[range] = (),
     search_filled_again: bool = True,
+    traceback_once: bool = False,
 ) -> Plan:
     """The plan; every search batch and every piece (a BLAST+ run that writes part of the report) is cut
     only where BLAST+ itself starts a batch of the user's query file (`blast_batches`,
     paramedic.blast.prelim): a query's answer can depend on the other queries of its batch (tblastx
-    found a subject for a query searched with its batch that it missed for the query alone)."""
+    found a subject for a query searched with its batch that it missed for the query alone).
+
+    With `traceback_once` a piece's regeneration is the only traceback of its queries, against the union
+    of their whole preliminary lists: pieces are as small as BLAST+'s batches allow (one batch each), so
+    that union stays small."""
+    if traceback_once and blast_batches and piece_queries is None:
+        piece_queries = 1  # each cut moves forward to the next BLAST+ batch: one piece per batch
     plan = _make_plan(
         program,
         query_lengths,
@@ -75,11 +82,18 @@ def make_plan(
             plan.hitlist_size,
             plan.query_segmentation,
             search_filled_again,
+            traceback_once and not plan.query_segmentation,
         )
     pieces = aligned(plan.pieces, blast_batches)
     batches = pieces if plan.query_segmentation else aligned(plan.batches, blast_batches)
     return Plan(
-        batches, plan.n_fragments, pieces, plan.hitlist_size, plan.query_segmentation, search_filled_again
+        batches,
+        plan.n_fragments,
+        pieces,
+        plan.hitlist_size,
+        plan.query_segmentation,
+        search_filled_again,
+        traceback_once and not plan.query_segmentation,
     )
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from paramedic.blast.hits import FragmentSearch, Hit, PrelimList
-from paramedic.engine.merge import merge_query
+from paramedic.engine.merge import merge_query, whole_subjects
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,10 @@ class PieceTask:
     # (paramedic.engine.store): per query, the merged hits' subject ids, in merged order (`subjects` may
     # be the whole preliminary list); the worker writing the piece reads their alignments there.
     stored: tuple[tuple[int, ...], ...] | None = None
+    # BLAST+ threads the runner offers the piece: more than one when workers of the same node would
+    # otherwise idle (the job's last pieces); the worker uses them only where they cannot change the
+    # report (paramedic.blast.run.threads_exact)
+    threads: int = 1
 
     @property
     def renderable(self) -> bool:
@@ -76,6 +80,9 @@ class Plan:
     # each piece searched against the whole database (--strategy queries): no merge, no regeneration
     query_segmentation: bool = False
     search_filled_again: bool = True  # a filled hit list is searched again (paramedic.engine.merge)
+    # fragment searches stop after BLAST+'s preliminary stage; every piece is written by one search
+    # against its queries' whole preliminary lists, the only traceback (docs/DESIGN.md, "Traceback once")
+    traceback_once: bool = False
 
     def __post_init__(self) -> None:
         _check_cover(self.batches, "batches")
@@ -354,6 +361,9 @@ class Scheduler:
         if self._waiting[task.batch] == 0:
             hits, prelims = self._hits.pop(task.batch), self._prelim.pop(task.batch)
             for q, fragments, lists in zip(batch, hits, prelims, strict=True):
+                if self.plan.traceback_once:
+                    self._merged[q] = whole_subjects(lists)
+                    continue
                 merged = merge_query(fragments, lists, self.plan.hitlist_size, self.plan.search_filled_again)
                 self._merged[q] = merged.subjects
                 if not merged.exact:

@@ -38,6 +38,9 @@ class StageSettings:
             raise UsageError("--stage-limit must be at least 1 byte")
 
 
+TRACEBACK_CHOICES = ("auto", "once", "per-fragment")
+
+
 @dataclass(frozen=True)
 class SearchSettings:
     program: str
@@ -48,6 +51,10 @@ class SearchSettings:
     record: Path | None = None  # run record path (default: <out>.run.json)
     save_metadata: Path | None = None  # write the merged subjects per query here
     strategy: str = "auto"  # "fragments", "queries" or "auto" (see choose_strategy)
+    # fragments: "once" stops each fragment search after BLAST+'s preliminary stage and aligns each
+    # query once, against the whole database's list; "per-fragment" aligns in every fragment search;
+    # "auto" chooses (paramedic.engine.job.traceback_once_pays)
+    traceback: str = "auto"
     from_metadata: Path | None = None  # skip the search: regenerate from saved metadata
     ship: ShipSettings | None = None  # send the output to a storage site (--site) instead of -out here
     restart: bool = False  # discard the journal of an earlier, unfinished run instead of continuing it
@@ -73,6 +80,13 @@ class SearchSettings:
                 raise UsageError(f"{flag} must be at least 1")
         if self.strategy not in ("auto", "fragments", "queries"):
             raise UsageError(f"--strategy {self.strategy}: choose auto, fragments or queries")
+        if self.traceback not in TRACEBACK_CHOICES:
+            raise UsageError(f"--traceback {self.traceback}: choose {', '.join(TRACEBACK_CHOICES)}")
+        if self.traceback != "auto" and self.strategy == "queries":
+            raise UsageError(
+                f"--traceback {self.traceback} is how fragment searches align, and --strategy queries "
+                "searches no fragments: drop one of them"
+            )
         if self.replica_group_size is not None and self.replica_group_size < 1:
             raise UsageError("--replica-group-size must be at least 1")
         if self.partition_size is not None:

@@ -78,6 +78,46 @@ class WorkerMemory:
         )
 
 
+# Query segmentation is chosen only when its tasks keep the workers busy: its busiest worker's share of
+# the query residues is at most this many times an even share. The fragments strategy spreads any
+# number of queries over every worker (it splits the database), at a cost of a few percent over
+# BLAST+'s own work (bench/RESULTS.md, "Big databases").
+QUERIES_BALANCE_LIMIT = 1.10
+
+
+@dataclass(frozen=True)
+class QueryBalance:
+    """How query segmentation would spread the work: its tasks (cut only where BLAST+ starts a query
+    batch) placed longest first on the workers, by query residues."""
+
+    tasks: int
+    workers: int
+    busiest: int  # residues on the busiest worker
+    total: int  # residues of all queries
+
+    @property
+    def ratio(self) -> float:
+        """The busiest worker's residues over an even share (1.0: perfectly even)."""
+        return self.busiest * self.workers / max(1, self.total)
+
+    def describe(self) -> str:
+        return (
+            f"query segmentation would make {self.tasks} task{'s' if self.tasks != 1 else ''} for "
+            f"{self.workers} worker{'s' if self.workers != 1 else ''} (tasks start only where BLAST+ starts "
+            f"a query batch): its busiest worker would search {self.ratio:.2f}x an even share of the "
+            f"{self.total:,} query residues (over {QUERIES_BALANCE_LIMIT:.2f}x); the fragments strategy "
+            "spreads the database over every worker"
+        )
+
+
+def query_balance(task_residues: list[int], workers: int) -> QueryBalance:
+    """Query segmentation's tasks placed longest first on `workers` (greedy: each to the least loaded)."""
+    loads = [0] * max(1, workers)
+    for residues in sorted(task_residues, reverse=True):
+        loads[loads.index(min(loads))] += residues
+    return QueryBalance(len(task_residues), max(1, workers), max(loads), sum(task_residues))
+
+
 @dataclass(frozen=True)
 class StrategyChoice:
     """The strategy a search uses, and why (the run record's `strategy_reason`)."""
@@ -118,9 +158,11 @@ def decide(
     memory: WorkerMemory,
     inexact: str | None = None,
     needs_metadata: bool = False,
+    balance: QueryBalance | None = None,
 ) -> StrategyChoice:
     """The rule. `inexact` says why the fragments strategy would not be exact here (then auto avoids it);
-    `needs_metadata`: --metadata, --from-metadata or --ship metadata/auto, which only fragments make.
+    `needs_metadata`: --metadata, --from-metadata or --ship metadata/auto, which only fragments make;
+    `balance`: how evenly query segmentation's tasks would spread over the workers.
     Raises UsageError for a combination that cannot run."""
     largest = max(fragment_bytes, default=0)
 
@@ -146,6 +188,8 @@ def decide(
             "metadata is asked (--metadata, --from-metadata or --ship), which "
             "only the fragments strategy makes",
         )
+    if balance is not None and balance.ratio > QUERIES_BALANCE_LIMIT:
+        return choice("fragments", balance.describe())
     if memory.per_worker is None:
         return choice("fragments", "the memory available per worker could not be read")
     budget = QUERIES_MEMORY_SHARE * memory.per_worker
@@ -168,7 +212,11 @@ def decide(
 
 
 def choose_strategy(
-    settings: SearchSettings, db: Database, manifest: Manifest, inexact: str | None = None
+    settings: SearchSettings,
+    db: Database,
+    manifest: Manifest,
+    inexact: str | None = None,
+    balance: QueryBalance | None = None,
 ) -> StrategyChoice:
     """The strategy for this search (rank 0, before the work starts), measured on this node."""
     ships_metadata = settings.ship is not None and (
@@ -196,6 +244,7 @@ def choose_strategy(
         memory=worker_memory(),
         inexact=inexact,
         needs_metadata=needs_metadata,
+        balance=balance,
     )
 
 

@@ -117,6 +117,9 @@ class RankStats:
     # copies, bytes, seconds copying and waiting, evictions, volumes searched in place, each replica's
     # bytes, seconds and why it was dropped. None: no staging, or no fragment searched
     stage: dict[str, Any] | None = None
+    # The most BLAST+ threads one of this rank's regenerations used: more than one when the job's last
+    # pieces ran while the other workers of its node had nothing left to do (paramedic.engine.ranks)
+    threads_used: int = 1
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
@@ -205,6 +208,10 @@ class RunRecord:
     # With --stage: the cache's settings and the job's totals over its ranks (each rank's in its
     # ranks_stats `stage`): hits, copies, bytes, seconds, evictions, volumes searched in place
     stage: dict[str, Any] | None = None
+    # How the fragment searches aligned: "once" (they stopped after BLAST+'s preliminary stage; each
+    # query was aligned once, against the whole database's list) or "per-fragment"; None: queries
+    traceback: str | None = None
+    traceback_reason: str | None = None  # why, in numbers (paramedic.engine.job.choose_traceback)
     version: int = VERSION
 
     @classmethod
@@ -290,7 +297,11 @@ class RunRecord:
             "  CPU-side time per phase (all ranks): " + ", ".join(f"{p} {totals[p]:.1f} s" for p in PHASES),
             self._strategy_line()
             + (
-                f"; hits: {_count(self.metadata_pairs, 'query-subject pair')}, "
+                f", traceback once; {_count(self.metadata_pairs, 'subject')} aligned once (the whole "
+                f"database's preliminary lists), {_count(self.queries_with_hits or 0, 'query', 'ies')} "
+                "with candidates"
+                if self.traceback == "once" and self.metadata_pairs is not None
+                else f"; hits: {_count(self.metadata_pairs, 'query-subject pair')}, "
                 f"{_count(self.queries_with_hits or 0, 'query', 'ies')} with hits, "
                 f"{self.searched_again} searched again (hit list filled)"
                 if self.metadata_pairs is not None

@@ -12,7 +12,12 @@
  * How: BlastHSPStreamClose is called (through libblast's PLT) once per query batch, after the
  * preliminary stage and before the traceback reads the stream. This shim finalises the stream's writer
  * as BLAST+ would (BlastHSPStreamSimpleClose), appends the kept lists to ./paramedic-prelim.bin in the
- * working directory, and calls the real BlastHSPStreamClose. Active only when PARAMEDIC_PRELIM=1.
+ * working directory, and calls the real BlastHSPStreamClose. Active when PARAMEDIC_PRELIM is 1 or 2.
+ *
+ * With PARAMEDIC_PRELIM=2 the search stops after the preliminary stage: once the lists are written,
+ * every query's list is emptied, so the traceback has nothing to align and the report is empty. The
+ * engine then aligns each query once, against the whole database's list (the top N of the fragments'
+ * lists), as one BLAST+ run over the whole database aligns it (docs/DESIGN.md, "Traceback once").
  *
  * BLAST+ splits a long query batch into chunks (SplitQuery_CalculateNumChunks) and merges the chunks'
  * lists with BlastHSPStreamMerge; those lists are not a top-N the merge can reproduce, so the shim also
@@ -160,7 +165,20 @@ static void dump(const BlastHSPResults *results) {
 
 static int active(void) {
     const char *on = getenv("PARAMEDIC_PRELIM");
-    return on != NULL && strcmp(on, "1") == 0;
+    return on != NULL && (strcmp(on, "1") == 0 || strcmp(on, "2") == 0);
+}
+
+static int prelim_only(void) {
+    const char *on = getenv("PARAMEDIC_PRELIM");
+    return on != NULL && strcmp(on, "2") == 0;
+}
+
+/* Empties every query's list: the traceback then reads no subject. The lists themselves are left
+ * allocated (a few MB per batch at most, freed with the process): freeing BLAST+'s structures from here
+ * would tie the shim to more of their layout than it reads. */
+static void drop_lists(BlastHSPResults *results) {
+    for (Int4 q = 0; q < results->num_queries; q++)
+        if (results->hitlist_array[q] != NULL) results->hitlist_array[q]->hsplist_count = 0;
 }
 
 typedef int (*merge_fn)(void *, uint32_t, BlastHSPStream *, BlastHSPStream *);
@@ -189,6 +207,7 @@ void BlastHSPStreamClose(BlastHSPStream *stream) {
         !stream->results_sorted && simple_close != NULL) {
         simple_close(stream); /* runs the writer's finaliser once, as the real close would */
         dump(stream->results);
+        if (prelim_only()) drop_lists(stream->results);
     }
     real_close(stream);
 }

@@ -1,0 +1,297 @@
+"""bench/bigdb: a large database and a few queries, the job database segmentation exists for (issue 21).
+
+Side by side in one run, alternating the order every round, on the same cores:
+  - `blastp -num_threads N` (BLAST+'s default -mt_mode 0: threads over the database);
+  - `blastp -num_threads N -mt_mode 1` (threads over the queries);
+  - `paramedic search` with its defaults (`auto` chooses, the run record says why);
+  - `paramedic search --strategy fragments` (the engine path by name);
+and the same for blastn. Wall seconds are measured around each command; CPU seconds are every process
+the command started, read from a cpuacct cgroup made for the run (as root; else the waited-for
+children's rusage). Ratios are against the faster BLAST+ mode of the same round; the medians over the
+rounds after a warm-up are reported, and every paramedic output is compared with BLAST+'s byte for byte.
+
+The databases are built from the real data `make data` installs, enlarged as bench/memory.py does:
+  - proteins: the 20,000 mmseqs2 proteins, 3 copies with 15% random substitutions (families: queries
+    that fill BLAST+'s preliminary list), and 17 decoy copies (reversed, rotated, conservatively
+    substituted): 420,000 proteins, 190 M residues;
+  - nucleotides: the ragout-examples genomes (65 Mbp), 2 copies with 10% substitutions and 2 reversed
+    decoy copies, cut into 1,500 bp pieces: 216,000 sequences, 325 Mbp.
+Queries: 20 (or --queries) mmseqs2 queries of at least 450 residues (seeded), and 20 pieces of 1-3 kbp
+cut from the genomes (seeded, every other one reverse complemented). Kept in --work between runs.
+
+    .venv/bin/python bench/bigdb.py --queries 1,20 --rounds 3 [--programs blastp,blastn]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from paramedic.report.record import RunRecord
+
+HERE = Path(__file__).resolve().parent
+DATA = Path(os.environ.get("PARAMEDIC_DATA", Path.home() / ".cache/paramedic/data"))
+BIN = Path(sys.executable).parent
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+AMINO = "ACDEFGHIKLMNPQRSTVWY"
+COMPLEMENT = str.maketrans("ACGTacgtN", "TGCAtgcaN")
+sys.path.insert(0, str(HERE))
+from memory import read_fasta, write_decoys  # noqa: E402  (bench/memory.py: the same enlargement)
+
+# -- data -------------------------------------------------------------------------------------------
+
+
+def protein_fasta(out: Path) -> None:
+    proteins = read_fasta(DATA / "mmseqs2" / "DB.fasta")
+    write_decoys(proteins, 17, out)
+    rng = random.Random(7)
+    with open(out, "a") as fh:
+        for k in range(1, 4):
+            for header, seq in proteins:
+                mutated = "".join(rng.choice(AMINO) if rng.random() < 0.15 else c for c in seq)
+                name, _, rest = header.partition(" ")
+                fh.write(f">mut{k}_{name} {rest}\n{mutated}\n")
+
+
+def genomes() -> list[tuple[str, str]]:
+    paths = sorted((DATA / "ragout").glob("*/*.fasta.gz")) + sorted(
+        (DATA / "ragout").glob("*/references/*.fasta.gz")
+    )
+    return [r for p in paths for r in read_fasta(p)]
+
+
+def nucleotide_fasta(out: Path, piece: int = 1500) -> None:
+    rng = random.Random(11)
+    with open(out, "w") as fh:
+        for copy in ("", "mut1_", "mut2_", "rev1_", "rev2_"):
+            for index, (header, seq) in enumerate(genomes()):
+                seq = seq.upper()
+                if copy.startswith("rev"):
+                    seq = seq[::-1]
+                if copy:
+                    seq = "".join(rng.choice("ACGT") if rng.random() < 0.1 else c for c in seq)
+                name = f"g{index}_{header.split()[0]}"  # contig names repeat across the sets
+                for at in range(0, len(seq) - piece // 2, piece):
+                    fh.write(f">{copy}{name}_{at + 1}\n{seq[at : at + piece]}\n")
+
+
+def protein_queries(n: int, out: Path) -> None:
+    records = read_fasta(DATA / "mmseqs2" / "QUERY.fasta")
+    random.Random(21).shuffle(records)
+    chosen = [r for r in records if len(r[1]) >= 450][:n]
+    out.write_text("".join(f">{h}\n{s}\n" for h, s in chosen))
+
+
+def nucleotide_queries(n: int, out: Path) -> None:
+    rng = random.Random(5)
+    source = [g for g in genomes() if len(g[1]) > 10_000]
+    with open(out, "w") as fh:
+        for i in range(n):
+            header, seq = rng.choice(source)
+            length = rng.randint(1000, 3000)
+            start = rng.randrange(0, len(seq) - length)
+            piece = seq[start : start + length].upper()
+            if i % 2:
+                piece = piece.translate(COMPLEMENT)[::-1]
+            fh.write(f">q{i + 1} {header.split()[0]}:{start + 1}-{start + length}\n{piece}\n")
+
+
+DATABASES: dict[str, tuple[str, Callable[[Path], None], Callable[[int, Path], None]]] = {
+    "blastp": ("prot", protein_fasta, protein_queries),
+    "blastn": ("nucl", nucleotide_fasta, nucleotide_queries),
+}
+
+
+def database(work: Path, program: str, fragments: int) -> Path:
+    """The formatted database (built once, kept in `work`)."""
+    dbtype, make, _ = DATABASES[program]
+    db = work / f"{dbtype}-f{fragments}"
+    if (db / "manifest.json").is_file():
+        return db
+    fasta = work / f"{dbtype}.fasta"
+    if not fasta.is_file():
+        print(f"building {fasta.name} ...", file=sys.stderr, flush=True)
+        make(fasta.with_suffix(".tmp"))
+        fasta.with_suffix(".tmp").rename(fasta)
+    subprocess.run(
+        [BIN / "paramedic", "format", "--in", fasta, "--dbtype", dbtype, "--fragments", str(fragments),
+         "--out", db, "--quiet"],
+        check=True,
+    )  # fmt: skip
+    return db
+
+
+# -- measuring --------------------------------------------------------------------------------------
+
+
+def measured(cmd: list[str | Path], cwd: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of every process the command started)."""
+    group = CPUACCT / f"paramedic-bench-{os.getpid()}"
+    use_cgroup = os.geteuid() == 0 and CPUACCT.is_dir()
+    if use_cgroup:
+        group.mkdir(exist_ok=True)
+
+    def enter() -> None:
+        if use_cgroup:
+            (group / "tasks").write_text(str(os.getpid()))
+
+    before = os.times()
+    start = time.perf_counter()
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, preexec_fn=enter)
+    wall = time.perf_counter() - start
+    after = os.times()
+    if proc.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(map(str, cmd))}\n{proc.stderr[-2000:]}")
+    if use_cgroup:
+        cpu = int((group / "cpuacct.usage").read_text()) / 1e9
+        group.rmdir()  # empty: every process of the command has ended
+    else:
+        cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return wall, cpu
+
+
+def run_shape(work: Path, program: str, n: int, rounds: int, cores: int, fragments: int) -> list[str]:
+    db = database(work, program, fragments)
+    queries = work / f"{program}-q{n}.fasta"
+    DATABASES[program][2](n, queries)
+    whole = db / "whole"
+    blast_common: list[str | Path] = [program, "-query", queries, "-outfmt", "6", "-num_threads", str(cores)]
+    runs: dict[str, Callable[[Path], list[str | Path]]] = {
+        "blast mt_mode 0": lambda out: [*blast_common, "-db", whole, "-out", out],
+        "blast mt_mode 1": lambda out: [*blast_common, "-db", whole, "-mt_mode", "1", "-out", out],
+        "paramedic (default)": lambda out: [
+            BIN / "paramedic",
+            "search",
+            program,
+            "-query",
+            queries,
+            "-db",
+            db,
+            "-outfmt",
+            "6",
+            "-out",
+            out,
+            "--np",
+            str(cores),
+            "--quiet",
+        ],  # fmt: skip
+        "paramedic --strategy fragments": lambda out: [
+            BIN / "paramedic",
+            "search",
+            program,
+            "-query",
+            queries,
+            "-db",
+            db,
+            "-outfmt",
+            "6",
+            "-out",
+            out,
+            "--np",
+            str(cores),
+            "--strategy",
+            "fragments",
+            "--quiet",
+        ],  # fmt: skip
+    }
+    names = list(runs)
+    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    reasons: dict[str, str] = {}
+    reference: bytes | None = None
+    for r in range(rounds + 1):  # round 0 warms the page cache and is not counted
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            out = work / f"out-{program}-{n}-{name.split()[0]}-{len(name)}.tsv"
+            wall, cpu = measured(runs[name](out), work)
+            data = out.read_bytes()
+            if name == "blast mt_mode 0":
+                if reference is not None and data != reference:
+                    raise SystemExit("BLAST+ changed its own output between rounds")
+                reference = data
+            if name.startswith("paramedic"):
+                record = RunRecord.load(out.with_name(out.name + ".run.json"))
+                reasons[name] = (
+                    f"{record.strategy}"
+                    + (f", traceback {record.traceback}" if record.traceback else "")
+                    + (f": {record.strategy_reason['reason']}" if record.strategy_reason else "")
+                    + (f"; {record.traceback_reason}" if record.traceback_reason else "")
+                )
+            if r:
+                figures[name].append((wall, cpu))
+            print(f"  round {r} {program} {n}q {name}: {wall:.1f} s wall, {cpu:.1f} s CPU", file=sys.stderr)
+        for name in names:
+            out = work / f"out-{program}-{n}-{name.split()[0]}-{len(name)}.tsv"
+            if out.read_bytes() != reference and name != "blast mt_mode 1":
+                raise SystemExit(f"{name}: output differs from BLAST+'s ({program}, {n} queries)")
+    med = {
+        name: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+        for name, v in figures.items()
+    }
+    best = min(med["blast mt_mode 0"][0], med["blast mt_mode 1"][0])
+    blast_cpu = (
+        med["blast mt_mode 0"][1]
+        if med["blast mt_mode 0"][0] <= med["blast mt_mode 1"][0]
+        else med["blast mt_mode 1"][1]
+    )
+    letters = sum(len(line) for line in queries.read_text().splitlines() if not line.startswith(">"))
+    lines = [
+        f"### {program}, {n} quer{'y' if n == 1 else 'ies'} ({letters:,} letters), {cores} cores, "
+        f"medians of {rounds} rounds",
+        "",
+        "| run | wall s | CPU s | wall vs faster BLAST+ | CPU vs it |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names:
+        wall, cpu = med[name]
+        lines.append(f"| {name} | {wall:.1f} | {cpu:.1f} | {wall / best:.2f} | {cpu / blast_cpu:.2f} |")
+    lines.append("")
+    for name, reason in reasons.items():
+        lines.append(f"- {name}: {reason}")
+    same = (
+        "identical to"
+        if (work / f"out-{program}-{n}-blast-{len('blast mt_mode 1')}.tsv").read_bytes() == reference
+        else "framed differently from"
+    )
+    lines += [f"- every paramedic output identical to BLAST+'s (-mt_mode 1's output {same} -mt_mode 0's)", ""]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--queries", default="1,20", help="query counts, comma-separated (default 1,20)")
+    parser.add_argument("--programs", default="blastp,blastn")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--fragments", type=int, default=8)
+    parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--work", type=Path, default=Path.home() / ".cache/paramedic/bench-bigdb")
+    parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    lines = [
+        f"## bigdb: a large database, few queries ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "",
+        f"Command: `.venv/bin/python bench/bigdb.py {' '.join(sys.argv[1:])}`; load average before: "
+        f"{os.getloadavg()[0]:.1f}",
+        "",
+    ]
+    for program in args.programs.split(","):
+        for n in (int(x) for x in args.queries.split(",")):
+            lines += run_shape(args.work, program, n, args.rounds, args.cores, args.fragments)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_results:
+        with open(HERE / "RESULTS.md", "a") as fh:
+            fh.write("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
