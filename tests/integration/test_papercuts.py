@@ -101,9 +101,8 @@ def test_summary_says_what_was_done(work: Path) -> None:
 def test_auto_strategy_says_why(work: Path) -> None:
     done = paramedic("search", "blastp", "-query", "q.fasta", "-db", "db/uni", "-out", "a.txt", "--np", "2",
                      cwd=work)  # fmt: skip
-    assert re.search(r"strategy: (queries|fragments) \(auto: the whole database .*memory", done.stderr), (
-        done.stderr
-    )
+    reason = json.loads((work / "a.txt.run.json").read_text())["strategy_reason"]
+    assert f"strategy: {reason['chosen']} (auto: {reason['reason']})" in done.stderr, done.stderr
 
 
 def test_ship_without_site_is_refused(work: Path) -> None:
