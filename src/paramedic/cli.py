@@ -27,8 +27,10 @@ commands:
   serve    storage site: receive output or metadata and write the output under --root
              paramedic serve --replica dbs/uniprot --root /data/results --keys keys/server
   simulate predict a search's wall time and efficiency at any scale from a pilot run's record
-             paramedic simulate --record pilot/hits.txt.run.json --queries 250000 --workers 32768 \
-               --partition-size 128
+             paramedic simulate --record pilot/hits.txt.run.json --queries 250000 \\
+                 --workers 32768 --partition-size 128
+  report   draw a run record as one self-contained HTML page (charts; opens from a file)
+             paramedic report hits.txt.run.json -o hits.html
 
 exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output,
 7 the parallel job failed on some rank (or a rank was killed), 8 storage site, 130 interrupted."""
@@ -54,6 +56,7 @@ ENGINE_OPTIONS_WITH_VALUE = {
     "--stage-limit",
     "--stage-copies",
     "--mirror",
+    "--report",
 }
 
 
@@ -102,7 +105,9 @@ def _dispatch(argv: list[str]) -> int:
         return _serve(rest)
     if command == "simulate":
         return _simulate(rest)
-    raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve, simulate)")
+    if command == "report":
+        return _report(rest)
+    raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve, simulate, report)")
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -272,6 +277,27 @@ def _simulate(argv: list[str]) -> int:
     return run_simulate(settings, args.json)
 
 
+def _report(argv: list[str]) -> int:
+    from paramedic.report.html import write_report
+
+    parser = _parser(
+        "report",
+        "Draw a run record (a search's <out>.run.json) as one self-contained HTML page: timeline of the "
+        "tasks per rank, phase split, load balance, bytes moved and saved, the ParaMEDIC data-or-metadata "
+        "chart, staging, and a `paramedic simulate --json` prediction beside the run.",
+    )
+    parser.add_argument("record", type=Path, help="the run record (e.g. hits.txt.run.json)")
+    parser.add_argument("-o", "--out", type=Path, help="the page to write (default: RECORD with .html)")
+    parser.add_argument(
+        "--prediction", type=Path, help="`paramedic simulate --json` output to show beside the run"
+    )
+    args = parser.parse_args(argv)
+    out = args.out or args.record.with_suffix(".html")
+    size = write_report(args.record, out, args.prediction)
+    print(f"paramedic: report page {out} ({size / 1e6:.1f} MB, opens with no network)", file=sys.stderr)
+    return 0
+
+
 _SIZE = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -298,7 +324,7 @@ def _format(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, type=Path, help="database name, e.g. dbs/uniprot")
     parser.add_argument("--title", help="database title (default: the --in path, as makeblastdb does)")
     parser.add_argument("--force", action="store_true", help="replace an existing database")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines, no summary (errors still)")
     args = parser.parse_args(argv)
     say = (lambda _: None) if args.quiet else (lambda msg: print(f"paramedic: {msg}", file=sys.stderr))
     manifest = format_database(
@@ -358,7 +384,8 @@ def _search_parser() -> argparse.ArgumentParser:
         choices=["auto", "fragments", "queries"],
         default="auto",
         help="fragments: search fragments, merge, regenerate; queries: whole database per task; "
-        "auto (default): queries when the database fits in a quarter of memory and no metadata is asked",
+        "auto (default): queries when the whole database fits in half the memory per worker and no "
+        "metadata is asked (the run record's strategy_reason says why)",
     )
     parser.add_argument(
         "--traceback",
@@ -405,6 +432,12 @@ def _search_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--metadata", type=Path, help="also save the merged subjects per query (JSON)")
     parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="PAGE.html",
+        help="also draw the run record as a self-contained HTML page (as `paramedic report`)",
+    )
+    parser.add_argument(
         "--from-metadata", type=Path, help="do not search: regenerate the output from saved --metadata"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
@@ -427,8 +460,8 @@ def _search_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ship",
         choices=SHIP_MODES,
-        default="auto",
-        help="what crosses the link with --site (default auto: measured choice)",
+        help="what crosses the link to --site (default auto: measured choice by the ParaMEDIC rule; "
+        "only with --site)",
     )
     parser.add_argument("--streams", type=int, default=4, help="parallel TLS streams with --site (default 4)")
     parser.add_argument(
@@ -479,7 +512,15 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         from paramedic.ship.destination import ShipSettings
 
         out = next((blast_args[i + 1] for i, a in enumerate(blast_args[:-1]) if a == "-out"), None)
-        ship = ShipSettings.build(args.site, args.keys, args.ship, out, args.streams, args.ship_timeout)
+        _check_site_db(blast_args)
+        ship = ShipSettings.build(
+            args.site, args.keys, args.ship or "auto", out, args.streams, args.ship_timeout
+        )
+    elif args.ship is not None:
+        raise UsageError(
+            f"--ship {args.ship} says what crosses the link to a storage site: give --site tls://HOST:PORT "
+            "(or file:///DIR), or drop --ship to write -out here"
+        )
 
     stage = None
     if args.stage is not None:
@@ -518,8 +559,30 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         replica_group_size=args.replica_group_size,
         output_strategy=args.output_strategy,
         stage=stage,
+        report=_report_page(args.report),
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
+
+
+def _check_site_db(blast_args: list[str]) -> None:
+    """With --site the -db string goes to the storage site, which names its own replica with it (outfmt 5
+    and 7 print it) and refuses a '..' in it: said here, before the search, with what to give instead."""
+    db = next((blast_args[i + 1] for i, a in enumerate(blast_args[:-1]) if a == "-db"), None)
+    if db is not None and ".." in Path(db).parts:
+        raise UsageError(
+            f"-db {db}: with --site the -db string is sent to the storage site, which refuses '..' in it; "
+            f"give it without '..' (e.g. -db {os.path.normpath(os.path.abspath(db))}, or run from the "
+            "database's parent directory)"
+        )
+
+
+def _report_page(page: Path | None) -> Path | None:
+    """--report's page, checked before the search: its directory must be there."""
+    if page is None:
+        return None
+    if not page.absolute().parent.is_dir():
+        raise UsageError(f"--report {page}: no directory {page.absolute().parent}")
+    return page.absolute()
 
 
 def split_engine_options(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -8,6 +8,7 @@ costs only speed: the piece is written by searching again, as when its reports d
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -113,7 +114,9 @@ def _place(job: Job, fragment: int, stats: RankStats) -> Iterator[Database]:
         return
     local = stager(job.stage, job.db)
     try:
+        entered = time.time()
         with local.fragment(fragment) as db:
+            stats.add_event("stage", entered, time.time() - entered)  # copied, waited for, or a hit
             yield db
     finally:
         stats.stage = local.record()

@@ -8,7 +8,8 @@ Every problem a user can cause surfaces here as one clear error, before the para
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paramedic.blast.options import BlastOptions, check_values
@@ -40,6 +41,8 @@ from paramedic.errors import OutputError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.ship.destination import ShipSettings, check_shippable
 from paramedic.ship.registry import ships_pieces
+
+COMPRESSED_MODE = "compressed"  # the --ship mode that sends the output itself, zstd-compressed
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,7 @@ def prepare_job(settings: SearchSettings, workers: int | None = None) -> Job:
         blast_batches=blast_batches,
     )
     balance = query_balance([sum(lengths[q] for q in p) for p in segments.pieces], workers)
+    settings = _ship_data_when_inexact(settings, inexact)
     strategy = choose_strategy(settings, db, manifest, inexact, balance)
     query_segmentation = strategy.strategy == "queries"
     if settings.stage is not None:
@@ -225,6 +229,29 @@ def prepare_job(settings: SearchSettings, workers: int | None = None) -> Job:
         output_strategy=settings.output_strategy,
         stage=settings.stage,
     )
+
+
+def _ship_data_when_inexact(settings: SearchSettings, inexact: str | None) -> SearchSettings:
+    """--ship auto weighs metadata against the output; metadata needs the fragments strategy, so when
+    that would not be exact (and no strategy was asked) the output itself is shipped, compressed, and
+    the user told why: what works, not a refusal whose advice is refused in turn."""
+    ship = settings.ship
+    if ship is None or ship.mode != "auto" or settings.from_metadata is not None:
+        return settings
+    if settings.strategy == "queries":
+        why = "--strategy queries was asked, which makes no metadata"
+    elif settings.strategy == "auto" and inexact is not None:
+        reason = inexact.split("; use --strategy queries")[0].split(": use --strategy queries")[0]
+        why = f"metadata needs the fragments strategy, which {reason}"
+    else:
+        return settings
+    if not settings.quiet:
+        print(
+            f"paramedic: --ship auto: {why}: the output is shipped compressed instead (--ship compressed, "
+            "--strategy queries)",
+            file=sys.stderr,
+        )
+    return replace(settings, ship=replace(ship, mode=COMPRESSED_MODE))
 
 
 # Fragment searches stop after the preliminary stage (traceback once) when the subjects a piece is

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from paramedic.engine.settings import SearchSettings
 from paramedic.errors import InternalError, JobError, ParamedicError, UsageError
+from paramedic.report.record import RunRecord
 
 # Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
 MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
@@ -206,8 +207,6 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
             signal.signal(s, handler)
         if bar is not None:
             bar.close(success=False)
-    if bar is not None and code == 0:
-        bar.update()
     if interrupted:
         print("paramedic: interrupted: the job was stopped and its temporary files removed", file=sys.stderr)
         return 130
@@ -324,22 +323,33 @@ class _Bar:
     def __init__(self, path: Path):
         self.path = path
         self.bar: Any = None
+        self.closed = False
         self.lock = threading.Lock()
 
     def update(self) -> None:
         fields = _read(self.path).split()
-        if len(fields) != 2 or not all(f.isdigit() for f in fields):
+        if len(fields) not in (2, 3) or not all(f.isdigit() for f in fields[:2]):
             return
         done, total = int(fields[0]), int(fields[1])
+        unit = fields[2] if len(fields) == 3 else "query"
         with self.lock:
+            if self.closed:  # the summary is printed: no bar after it
+                return
             if self.bar is None:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=total, unit="query", desc="paramedic", file=sys.stderr)
+                self.bar = tqdm(total=total, unit=unit, desc="paramedic", file=sys.stderr)
             self.bar.update(done - self.bar.n)
 
     def write(self, text: str) -> None:
+        """A line of the ranks' above the bar; once the bar is full (the summary comes), the bar is closed
+        at 100% first: it stays above the summary and is never drawn again."""
+        self.update()
         with self.lock:
+            if self.bar is not None and self.bar.n >= self.bar.total:
+                self.bar.close()
+                self.bar = None
+                self.closed = True
             if self.bar is None:
                 print(text, file=sys.stderr, flush=True)
             else:
@@ -347,6 +357,7 @@ class _Bar:
 
     def close(self, success: bool) -> None:
         with self.lock:
+            self.closed = True
             if self.bar is not None:
                 self.bar.close()
                 self.bar = None
@@ -510,4 +521,20 @@ def _run_rank(settings: SearchSettings, argv: list[str], comm: Any, np_ignored: 
             record.write(job.record)
         if not job.quiet:
             print(record.summary(), file=sys.stderr)
+        if settings.report is not None:
+            _write_page(record, settings.report, job.record, job.quiet)
     return 0
+
+
+def _write_page(record: RunRecord, page: Path, source: Path | None, quiet: bool) -> None:
+    """--report: the page is drawn once the output is complete; a page that cannot be written is said,
+    and the search (whose output is whole) still succeeds."""
+    from paramedic.report.html import write_page
+
+    try:
+        size = write_page(record, page, str(source or ""))
+    except ParamedicError as exc:
+        print(f"paramedic: warning: no report page: {exc}", file=sys.stderr)
+        return
+    if not quiet:
+        print(f"  report page: {page} ({size / 1e6:.1f} MB, opens in a browser)", file=sys.stderr)

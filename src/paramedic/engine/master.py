@@ -132,6 +132,7 @@ class Master:
                 found = self.journal.load_search(task, queries, alignments=inline)
                 if found is not None:
                     self.scheduler.restore_search(task, found)
+                    self.progress.search_done()
         if self.sink is not None and not self.sink.holds_pieces:
             self._restore_pieces()
         self._route_released()
@@ -150,6 +151,7 @@ class Master:
             if self.journal is not None and not result.stored:
                 self.journal.search_done(result.task, result.found)
             self.scheduler.search_done(result.task, result.found)
+            self.progress.search_done()
             self.stats.add("merge", time.perf_counter() - start)
             start = time.perf_counter()
             self._route_released()

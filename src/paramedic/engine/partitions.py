@@ -376,6 +376,7 @@ def _supermaster(
         if placing is not None:
             placing.sink.closed_by_ranks()
         sink.commit()
+        progress.finish()
         metadata = [merged.get(q, []) for q in range(len(job.queries))]
         if job.save_metadata is not None:
             save_metadata(job.save_metadata, job.identity, metadata)

@@ -132,7 +132,14 @@ def _master(
     start = time.perf_counter()
     size = comm.Get_size()
     stats = RankStats(rank=0, role="master" if size > 1 else "master+worker")
-    progress = Progress(len(job.queries), quiet=job.quiet)
+    progress = Progress(
+        len(job.queries),
+        quiet=job.quiet,
+        searches=0
+        if plan.query_segmentation or job.preloaded is not None
+        else len(plan.batches) * plan.n_fragments,
+        pieces=len(plan.pieces),
+    )
     published = published_earlier(job, journal)
     auto = job.ship is not None and job.ship.mode == "auto" and published is None
     link = measure_site(job) if auto else None
@@ -175,6 +182,7 @@ def _master(
         else:
             worker_stats = run_workers(master, comm, stats)
         master.commit()
+        progress.finish()
         merged = [master.scheduler.metadata(q) or [] for q in range(len(job.queries))]
         if job.save_metadata is not None:
             save_metadata(job.save_metadata, job.identity, merged)

@@ -69,6 +69,8 @@ class SearchSettings:
     # fragments copied to a node-local cache before they are searched (--stage; None: read in place)
     stage: StageSettings | None = None
     cwd: Path = field(default_factory=Path.cwd)
+    # the report page (paramedic.report.html) rank 0 writes from the run record at the end (--report)
+    report: Path | None = None
 
     def __post_init__(self) -> None:
         """The settings check themselves: whoever builds them (the CLI, a test, a library user) gets the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import resource
+import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict
@@ -80,6 +81,10 @@ class TaskCost(NamedTuple):
 
 
 TASK_KINDS = ("search", "piece", "whole")
+# Phases whose spans RankStats.events keeps (the tasks' are in task_costs and task_starts)
+EVENT_PHASES = ("merge", "write")
+EVENT_MIN_SECONDS = 0.002
+MAX_EVENTS = 5000
 
 
 @dataclass
@@ -101,6 +106,13 @@ class RankStats:
     received_bytes: int = 0  # MPI messages received (rank 0: the workers' results, reports included)
     # Every task this rank ran, in order: TaskCost's fields as a list (compact in JSON)
     task_costs: list[list[Any]] = field(default_factory=list)
+    # When each of task_costs began (seconds since the epoch, the rank's clock): the moment it was recorded
+    # less its seconds. For the report page's timeline (paramedic.report.html); [] in older records
+    task_starts: list[float] = field(default_factory=list)
+    # A master's merging and writing, and a worker's staging of a fragment (its copy to the node-local
+    # cache, or the wait for another worker's), as [kind, start (epoch seconds), seconds], for the
+    # timeline: spans of at least EVENT_MIN_SECONDS, at most MAX_EVENTS of them. [] in older records
+    events: list[list[Any]] = field(default_factory=list)
     # With --stage: this rank's node-local cache (paramedic.engine.staging.Stager.record): node, hits,
     # copies, bytes, seconds copying and waiting, evictions, volumes searched in place, each replica's
     # bytes, seconds and why it was dropped. None: no staging, or no fragment searched
@@ -111,9 +123,17 @@ class RankStats:
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
+        if phase in EVENT_PHASES:
+            self.add_event(phase, time.time() - seconds, seconds)
+
+    def add_event(self, kind: str, start: float, seconds: float) -> None:
+        """A span for the report's timeline (merge, write, stage: a fragment's copy or the wait for it)."""
+        if seconds >= EVENT_MIN_SECONDS and len(self.events) < MAX_EVENTS:
+            self.events.append([kind, round(start, 4), round(seconds, 4)])
 
     def add_task(self, cost: TaskCost) -> None:
         self.task_costs.append([*cost[:6], round(cost.seconds, 4)])
+        self.task_starts.append(round(time.time() - cost.seconds, 4))
 
     def costs(self) -> list[TaskCost]:
         """`task_costs` as typed values; ValueError for an entry of another shape."""
@@ -226,11 +246,34 @@ class RunRecord:
                 f"  tasks: {n(searches, 'whole-database search', 'es')} of "
                 f"{n(self.search_batch_queries, 'query', 'ies')} ({share})"
             )
+        up_to = "" if self.batches * self.search_batch_queries == self.queries else "up to "
+        groups = "" if self.pieces * self.regen_group_queries == self.queries else "up to "
         return (
-            f"  tasks: {n(searches, 'search', 'es')} in {n(self.batches, 'batch', 'es')} of "
+            f"  tasks: {n(searches, 'search', 'es')} in {n(self.batches, 'batch', 'es')} of {up_to}"
             f"{n(self.search_batch_queries, 'query', 'ies')} ({share}), "
-            f"{n(self.pieces, 'regeneration')} of {self.regen_group_queries}"
+            f"{n(self.pieces, 'regeneration')} of {groups}{n(self.regen_group_queries, 'query', 'ies')}"
+            + self._batch_note()
         )
+
+    def _batch_note(self) -> str:
+        """What became of --batch N when the batches are not N queries (said, not silent)."""
+        asked = next(
+            (self.command[i + 1] for i, a in enumerate(self.command[:-1]) if a == "--batch"),
+            next((a.split("=", 1)[1] for a in self.command if a.startswith("--batch=")), None),
+        )
+        if asked is None or not asked.isdigit() or int(asked) == self.search_batch_queries:
+            return ""
+        return (
+            f"\n  --batch {asked} became {self.search_batch_queries}: a batch holds whole report pieces "
+            "(--regen-batch sets their size), ends where BLAST+ starts a query batch of its own, and holds "
+            "at most the queries there are"
+        )
+
+    def _strategy_line(self) -> str:
+        reason = self.strategy_reason
+        why = f" ({reason['asked']}: {reason['reason']})" if reason and reason["asked"] == "auto" else ""
+        writer = f"; output written by {self.output_strategy}" if self.output_strategy != "master" else ""
+        return f"  strategy: {self.strategy}{why}{writer}"
 
     def phase_totals(self) -> dict[str, float]:
         return {p: round(sum(r.seconds[p] for r in self.ranks_stats), 3) for p in PHASES}
@@ -240,17 +283,19 @@ class RunRecord:
         data["phase_totals"] = self.phase_totals()
         data["search_startup_share"] = round(self.startup_share(), 4)
         path.parent.mkdir(parents=True, exist_ok=True)  # a --site job's record mirrors the remote path
-        write_durably(path, (json.dumps(data, indent=2) + "\n").encode())
+        write_durably(path, (json.dumps(data, indent=2) + "\n").encode(), shared=True)
 
     def summary(self) -> str:
         totals = self.phase_totals()
         lines = [
             f"paramedic: {self.program} {_count(self.queries, 'query', 'ies')} x "
             + ("the whole database" if self.strategy == "queries" else _count(self.fragments, "fragment"))
-            + f" on {_count(self.workers, 'worker')} in {self.wall_seconds:.1f} s",
+            + f" on {_count(self.workers, 'worker')}"
+            + (f" in {self.partitions} partitions" if self.partitions > 1 else "")
+            + f" in {self.wall_seconds:.1f} s",
             self._tasks_line(),
             "  CPU-side time per phase (all ranks): " + ", ".join(f"{p} {totals[p]:.1f} s" for p in PHASES),
-            f"  strategy: {self.strategy}"
+            self._strategy_line()
             + (
                 f", traceback once; {_count(self.metadata_pairs, 'subject')} aligned once (the whole "
                 f"database's preliminary lists), {_count(self.queries_with_hits or 0, 'query', 'ies')} "
@@ -273,8 +318,8 @@ class RunRecord:
             ship = self.ship
             lines.append(
                 f"  shipped ({ship['mode']}): {ship['shipped_payload_bytes']:,} bytes for {ship['output_bytes']:,} "
-                f"bytes of output (ratio {ship['ratio_output_to_payload']}), {ship['chunks']} chunks, "
-                f"{ship['chunks_resent']} re-sent, {ship['reconnects']} reconnects; site sha256 "
+                f"bytes of output (ratio {ship['ratio_output_to_payload']}), {_count(ship['chunks'], 'chunk')}, "
+                f"{ship['chunks_resent']} re-sent, {_count(ship['reconnects'], 'reconnect')}; site sha256 "
                 f"{str(ship['site_sha256'])[:16]}..."
             )
         if self.stage is not None:
@@ -285,6 +330,13 @@ class RunRecord:
                 f"{_count(st['hits'], 'hit')}, {_count(st['evictions'], 'eviction')}"
                 + (f", searched in place: {', '.join(st['in_place'])}" if st["in_place"] else "")
             )
+        dropped = {
+            str(rep.get("replica")): str(rep["dropped"])
+            for r in self.ranks_stats
+            for rep in (r.stage or {}).get("replicas", [])
+            if isinstance(rep, dict) and rep.get("dropped")
+        }
+        lines += [f"  replica {name} dropped: {why}" for name, why in sorted(dropped.items())]
         peak = max((r.peak_blast_rss_mb for r in self.ranks_stats), default=0.0)
         lines.append(f"  peak memory: BLAST+ {peak:.0f} MB per process")
         return "\n".join(lines)
