@@ -71,7 +71,7 @@ def nucleotide_fasta(out: Path, piece: int = 1500) -> None:
     rng = random.Random(11)
     with open(out, "w") as fh:
         for copy in ("", "mut1_", "mut2_", "rev1_", "rev2_"):
-            for index, (header, seq) in enumerate(genomes()):
+            for index, (_, seq) in enumerate(genomes()):
                 seq = seq.upper()
                 if copy.startswith("rev"):
                     seq = seq[::-1]
