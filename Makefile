@@ -6,7 +6,7 @@ DATA     ?= $(or $(PARAMEDIC_DATA),$(HOME)/.cache/paramedic/data)
 DEMO     ?= demo-run
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup blast slurm data demo test test-unit test-integration coverage lint bench conformance faults fuzz clean
+.PHONY: setup blast slurm mpi-trace data demo test test-unit test-integration coverage lint bench conformance faults fuzz clean
 
 setup: $(VENV)/.installed blast
 
@@ -25,6 +25,15 @@ slurm:
 	  command -v munged >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null; }
 	@slurmctld -V
+
+# Open MPI (headers and mpiexec), LAMMPS and its examples from Debian when missing: `paramedic trace` builds
+# its PMPI library against Open MPI (and MPICH, from the mpich wheel), and the trace tests and
+# bench/traces.py trace LAMMPS, a real MPI program nobody here wrote (idempotent).
+mpi-trace:
+	@command -v mpicc.openmpi >/dev/null && command -v mpiexec.openmpi >/dev/null && command -v lmp >/dev/null && \
+	  [ -d /usr/share/lammps/examples ] || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends libopenmpi-dev openmpi-bin lammps lammps-examples >/dev/null; }
+	@mpiexec.openmpi --version | head -1
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)

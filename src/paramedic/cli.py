@@ -29,6 +29,8 @@ commands:
   simulate predict a search's wall time and efficiency at any scale from a pilot run's record
              paramedic simulate --record pilot/hits.txt.run.json --queries 250000 --workers 32768 \
                --partition-size 128
+  trace    run an unmodified MPI program traced (PMPI); write one merged CLOG2 file (MPE2's format)
+             paramedic trace -out run.clog2 -- mpiexec -n 4 lmp -in in.melt
 
 exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output,
 7 the parallel job failed on some rank (or a rank was killed), 8 storage site, 130 interrupted."""
@@ -101,7 +103,28 @@ def _dispatch(argv: list[str]) -> int:
         return _serve(rest)
     if command == "simulate":
         return _simulate(rest)
-    raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve, simulate)")
+    if command == "trace":
+        return _trace(rest)
+    raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve, simulate, trace)")
+
+
+def _trace(argv: list[str]) -> int:
+    from paramedic.trace.run import summary_line, trace
+
+    if "--" not in argv:
+        raise UsageError("paramedic trace: give the MPI command after --: trace -out FILE.clog2 -- mpiexec ...")
+    split = argv.index("--")
+    parser = _parser("trace", "Run an unmodified MPI program traced; write one merged CLOG2 file.")
+    parser.add_argument("-out", required=True, type=Path, help="the merged CLOG2 file")
+    parser.add_argument(
+        "--buffer", type=int, default=8 << 20, help="bytes each rank buffers before writing (default 8 MiB)"
+    )
+    args = parser.parse_args(argv[:split])
+    if args.buffer < 4096 or args.buffer > 1 << 30:
+        raise UsageError("--buffer must be between 4096 and 2^30 bytes")
+    summary = trace(argv[split + 1 :], args.out, args.buffer)
+    print(f"paramedic: trace written to {args.out}: {summary_line(summary)}", file=sys.stderr)
+    return 0
 
 
 def _interrupt(signum: int, _frame: object) -> None:

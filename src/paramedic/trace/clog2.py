@@ -1,0 +1,307 @@
+"""CLOG2 files, MPE2's trace format: read with validation (the input is untrusted), write in MPE2's layout.
+
+A file is a 1,024-byte text preamble (NUL-separated "name=" and value strings: version, byte order, block
+size, world size, event-id ranges, the communicator table's offset), then blocks of `block_size` bytes, each a
+run of records (a 24-byte header: double time, int32 icomm, rank, thread, rectype; then a body whose size the
+rectype fixes), closed by an ENDBLOCK record (the last block by ENDLOG), then the communicator table (int32
+count, then 40 bytes per communicator). MPE2 writes merged files big-endian; both orders are read.
+
+Records are held as columns: `time` (the float64's bit pattern, uint64), `head` (icomm, rank, thread,
+rectype: int32) and `body` (the body as up to 28 int32 words, zero beyond the body's size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from paramedic.errors import InputError
+
+PREAMBLE_SIZE = 1024
+HEADER_SIZE = 24
+VERSION = "CLOG-02.44"
+DEFAULT_BLOCK_SIZE = 65536
+MAX_BLOCK_SIZE = 1 << 30
+MAX_TIME = 100000000.0  # CLOG_MAXTIME: the ENDLOG record's time
+BODY_WORDS = 28
+REC_ENDLOG, REC_ENDBLOCK = 0, 1
+# body bytes by rectype: ENDLOG, ENDBLOCK, STATEDEF, EVENTDEF, CONSTDEF, BAREEVT, CARGOEVT, MSGEVT,
+# COLLEVT, COMMEVT, SRCLOC, TIMESHIFT (MPE2's clog_record.h)
+BODY_SIZE = (0, 0, 112, 104, 40, 8, 40, 24, 16, 48, 48, 8)
+REC_NAMES = (
+    "ENDLOG",
+    "ENDBLOCK",
+    "STATEDEF",
+    "EVENTDEF",
+    "CONSTDEF",
+    "BAREEVT",
+    "CARGOEVT",
+    "MSGEVT",
+    "COLLEVT",
+    "COMMEVT",
+    "SRCLOC",
+    "TIMESHIFT",
+)
+COMM_RECORD = 40  # the communicator table's entries: 32-byte global id, int32 local id, int32 kind
+
+
+class TraceFormatError(InputError):
+    """Not a CLOG2 file, or a damaged one."""
+
+
+@dataclass
+class Records:
+    """Records in file order (without ENDBLOCK and ENDLOG), as columns."""
+
+    time: np.ndarray  # uint64: the float64 time's bits
+    head: np.ndarray  # int32 (n, 4): icomm, rank, thread, rectype
+    body: np.ndarray  # int32 (n, BODY_WORDS), zero beyond the body
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+    def take(self, index: np.ndarray) -> Records:
+        return Records(self.time[index], self.head[index], self.body[index])
+
+    @staticmethod
+    def concat(parts: list[Records]) -> Records:
+        if not parts:
+            return empty_records()
+        return Records(
+            np.concatenate([p.time for p in parts]),
+            np.concatenate([p.head for p in parts]),
+            np.concatenate([p.body for p in parts]),
+        )
+
+    def seconds(self) -> np.ndarray:
+        return self.time.view(np.float64)
+
+
+def empty_records() -> Records:
+    return Records(
+        np.zeros(0, np.uint64), np.zeros((0, 4), np.int32), np.zeros((0, BODY_WORDS), np.int32)
+    )
+
+
+@dataclass
+class Trace:
+    """A whole CLOG2 file: what is needed to write it back byte for byte (`write`)."""
+
+    preamble: bytes
+    big_endian: bool
+    block_size: int
+    records: Records
+    end_head: tuple[int, int, int]  # icomm, rank, thread of the ENDBLOCK and ENDLOG records
+    tails: list[bytes]  # per block, the bytes after its ENDBLOCK/ENDLOG (b"" when all zero)
+    commtable: bytes
+
+
+@dataclass
+class Preamble:
+    fields: dict[str, str]
+    big_endian: bool
+    block_size: int
+    world_size: int
+    commtable_fptr: int
+
+
+def make_preamble(world_size: int, commtable_fptr: int, block_size: int = DEFAULT_BLOCK_SIZE) -> bytes:
+    """The preamble MPE2's merger writes (big-endian, finalized)."""
+    giga = 1 << 30
+    values: list[tuple[str, str]] = [
+        ("is_big_endian=", "TRUE "),
+        ("is_finalzed=", "TRUE "),  # sic: MPE2's spelling
+        ("block_size=", str(block_size)),
+        ("num_buffered_blocks=", "128"),
+        ("max_comm_world_size=", str(world_size)),
+        ("max_thread_count=", "1"),
+        ("known_eventID_start=", "0"),
+        ("user_eventID_start=", "600"),
+        ("known_solo_eventID_start=", "-10"),
+        ("user_solo_eventID_start=", "5000"),
+        ("known_stateID_count=", "300"),
+        ("user_stateID_count=", "0"),
+        ("known_solo_eventID_count=", "10"),
+        ("user_solo_eventID_count=", "0"),
+    ]
+    parts = [VERSION] + [s for pair in values for s in pair]
+    parts += ["commtable_fptr=", str(commtable_fptr // giga), str(giga), str(commtable_fptr % giga)]
+    text = b"".join(p.encode() + b"\0" for p in parts)
+    return text.ljust(PREAMBLE_SIZE, b"\0")
+
+
+def parse_preamble(data: bytes, file_size: int) -> Preamble:
+    """The preamble's fields, checked against the file's size."""
+    if len(data) < PREAMBLE_SIZE or not data.startswith(b"CLOG-02."):
+        raise TraceFormatError("not a CLOG2 file (no CLOG-02 preamble)")
+    strings = data[:PREAMBLE_SIZE].split(b"\0")
+    try:
+        words = [s.decode("ascii") for s in strings]
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError("CLOG2 preamble is not text") from exc
+    fields: dict[str, str] = {"version": words[0]}
+    i = 1
+    while i < len(words) and words[i].endswith("="):
+        if words[i] == "commtable_fptr=":
+            fields[words[i]] = ",".join(words[i + 1 : i + 4])
+            i += 4
+        else:
+            fields[words[i]] = words[i + 1] if i + 1 < len(words) else ""
+            i += 2
+
+    def number(name: str, low: int, high: int) -> int:
+        try:
+            value = int(fields[name])
+        except (KeyError, ValueError) as exc:
+            raise TraceFormatError(f"CLOG2 preamble: bad or missing {name}") from exc
+        if not low <= value <= high:
+            raise TraceFormatError(f"CLOG2 preamble: {name}{value} out of range")
+        return value
+
+    order = fields.get("is_big_endian=", "").strip()
+    if order not in ("TRUE", "FALSE"):
+        raise TraceFormatError("CLOG2 preamble: bad is_big_endian")
+    block_size = number("block_size=", HEADER_SIZE * 2, MAX_BLOCK_SIZE)
+    if block_size % 8:
+        raise TraceFormatError("CLOG2 preamble: block_size not a multiple of 8")
+    world = number("max_comm_world_size=", 1, 1 << 24)
+    try:
+        giga, unit, sub = (int(x) for x in fields["commtable_fptr="].split(","))
+    except (KeyError, ValueError) as exc:
+        raise TraceFormatError("CLOG2 preamble: bad commtable_fptr") from exc
+    fptr = giga * unit + sub
+    if fptr < PREAMBLE_SIZE or fptr > file_size or (fptr - PREAMBLE_SIZE) % block_size:
+        raise TraceFormatError(f"CLOG2 preamble: communicator table offset {fptr} does not fit the file")
+    return Preamble(fields, order == "TRUE", block_size, world, fptr)
+
+
+def read(data: bytes, max_records: int = 1 << 28) -> Trace:
+    """Parse and validate a CLOG2 file (bounded by its size and `max_records`)."""
+    pre = parse_preamble(data, len(data))
+    bo = ">" if pre.big_endian else "<"
+    nblocks = (pre.commtable_fptr - PREAMBLE_SIZE) // pre.block_size
+    if nblocks < 1:
+        raise TraceFormatError("CLOG2 file has no blocks")
+    # a first pass finds every record's offset and type; the columns are then gathered with numpy
+    offsets: list[int] = []
+    tails: list[bytes] = []
+    end_head: tuple[int, int, int] | None = None
+    ended = False
+    hdr_view = np.frombuffer(data, dtype=np.uint8)
+    for b in range(nblocks):
+        if ended:
+            raise TraceFormatError(f"CLOG2 block {b} follows the ENDLOG record")
+        start = PREAMBLE_SIZE + b * pre.block_size
+        end = start + pre.block_size
+        pos = start
+        while True:
+            if pos + HEADER_SIZE > end:
+                raise TraceFormatError(f"CLOG2 block {b} has no ENDBLOCK record")
+            rectype = int.from_bytes(data[pos + 20 : pos + 24], "big" if pre.big_endian else "little", signed=True)
+            if not 0 <= rectype < len(BODY_SIZE):
+                raise TraceFormatError(f"CLOG2 record at byte {pos}: unknown record type {rectype}")
+            if rectype in (REC_ENDBLOCK, REC_ENDLOG):
+                head = np.frombuffer(data, dtype=f"{bo}i4", count=3, offset=pos + 8)
+                this = (int(head[0]), int(head[1]), int(head[2]))
+                if end_head is not None and this != end_head:
+                    end_head = (-(1 << 31), 0, 0)  # not one constant: the writer cannot remake it
+                elif end_head is None:
+                    end_head = this
+                tail = data[pos + HEADER_SIZE : end]
+                tails.append(tail if tail.strip(b"\0") else b"")
+                ended = rectype == REC_ENDLOG
+                break
+            size = HEADER_SIZE + BODY_SIZE[rectype]
+            if pos + size > end:
+                raise TraceFormatError(f"CLOG2 record at byte {pos} crosses its block's end")
+            offsets.append(pos)
+            if len(offsets) > max_records:
+                raise TraceFormatError(f"CLOG2 file has more than {max_records} records")
+            pos += size
+    if not ended:
+        raise TraceFormatError("CLOG2 file has no ENDLOG record")
+    table = data[pre.commtable_fptr :]
+    if len(table) < 4:
+        raise TraceFormatError("CLOG2 communicator table missing")
+    count = int.from_bytes(table[:4], "big" if pre.big_endian else "little", signed=True)
+    if count < 0 or len(table) != 4 + COMM_RECORD * count:
+        raise TraceFormatError("CLOG2 communicator table does not match its count")
+    off = np.asarray(offsets, dtype=np.int64)
+    time = np.zeros(len(off), np.uint64)
+    head = np.zeros((len(off), 4), np.int32)
+    body = np.zeros((len(off), BODY_WORDS), np.int32)
+    if len(off):
+        idx = off[:, None] + np.arange(8)
+        time = hdr_view[idx].copy().view(f"{bo}u8").reshape(-1).astype(np.uint64)
+        idx = off[:, None] + 8 + np.arange(16)
+        head = hdr_view[idx].copy().view(f"{bo}i4").reshape(-1, 4).astype(np.int32)
+        body = gather_bodies(hdr_view, off, head[:, 3], bo)
+    if end_head is None or end_head[0] == -(1 << 31):
+        end_head = (-(1 << 31), 0, 0)
+    return Trace(data[:PREAMBLE_SIZE], pre.big_endian, pre.block_size, Records(time, head, body), end_head, tails, table)
+
+
+def gather_bodies(view: np.ndarray, offsets: np.ndarray, rectypes: np.ndarray, bo: str) -> np.ndarray:
+    """The bodies of the records at `offsets` (header offsets) as int32 words, zero past each body's end;
+    in slices, so the index arrays stay small."""
+    body = np.zeros((len(offsets), BODY_WORDS), np.int32)
+    cols = np.arange(BODY_WORDS * 4)
+    step = 1 << 14
+    for s in range(0, len(offsets), step):
+        off = offsets[s : s + step]
+        sizes = np.asarray(BODY_SIZE, np.int64)[rectypes[s : s + step]]
+        idx = np.minimum(off[:, None] + HEADER_SIZE + cols, len(view) - 1)
+        raw = view[idx]
+        raw[cols[None, :] >= sizes[:, None]] = 0
+        body[s : s + step] = raw.view(f"{bo}i4").reshape(-1, BODY_WORDS)
+    return body
+
+
+def write(trace: Trace) -> bytes:
+    """The file's bytes: records packed into blocks as MPE2's merger packs them (a block closes when the next
+    record would leave less than an ENDBLOCK's room; the ENDBLOCK carries that next record's time)."""
+    bo = ">" if trace.big_endian else "<"
+    rec = trace.records
+    n = len(rec)
+    sizes = HEADER_SIZE + np.asarray(BODY_SIZE, np.int64)[rec.head[:, 3]] if n else np.zeros(0, np.int64)
+    # the records as bytes, each at its full size
+    full = np.zeros((n, HEADER_SIZE + BODY_WORDS * 4), np.uint8)
+    if n:
+        full[:, 0:8] = rec.time.astype(f"{bo}u8").view(np.uint8).reshape(n, 8)
+        full[:, 8:24] = rec.head.astype(f"{bo}i4").view(np.uint8).reshape(n, 16)
+        full[:, 24:] = rec.body.astype(f"{bo}i4").view(np.uint8).reshape(n, BODY_WORDS * 4)
+    out = bytearray(trace.preamble)
+    bs = trace.block_size
+    end_icomm, end_rank, end_thread = trace.end_head
+    block = bytearray()
+    nblock = 0
+    size_list = sizes.tolist()
+
+    def close(rectype: int, time_bits: bytes) -> None:
+        nonlocal block, nblock
+        block += time_bits + np.asarray([end_icomm, end_rank, end_thread, rectype], f"{bo}i4").tobytes()
+        tail = trace.tails[nblock] if nblock < len(trace.tails) else b""
+        room = bs - len(block)
+        if tail and len(tail) != room:
+            raise TraceFormatError("CLOG2 block tail does not fit its block")
+        block += tail if tail else bytes(room)
+        out.extend(block)
+        block = bytearray()
+        nblock += 1
+
+    for i in range(n):
+        size = size_list[i]
+        if len(block) + size + HEADER_SIZE >= bs:
+            close(REC_ENDBLOCK, full[i, 0:8].tobytes())
+        block += full[i, :size].tobytes()
+    close(REC_ENDLOG, np.asarray([MAX_TIME], f"{bo}f8").tobytes())
+    out.extend(trace.commtable)
+    return bytes(out)
+
+
+def world_comm_table(big_endian: bool = True) -> bytes:
+    """The communicator table of a trace that only uses MPI_COMM_WORLD: one intracommunicator, local id 0."""
+    bo = "big" if big_endian else "little"
+    gid = b"\0" * 12 + b"MPI_COMM_WORLD".ljust(20, b"\0")
+    return (1).to_bytes(4, bo) + gid + (0).to_bytes(4, bo) + (1).to_bytes(4, bo)
