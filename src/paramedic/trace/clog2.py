@@ -258,7 +258,7 @@ def gather_bodies(view: np.ndarray, offsets: np.ndarray, rectypes: np.ndarray, b
     return body
 
 
-def write(trace: Trace) -> bytes:
+def write(trace: Trace, max_size: int | None = None) -> bytes:
     """The file's bytes: records packed into blocks as MPE2's merger packs them (a block closes when the next
     record would leave less than an ENDBLOCK's room; the ENDBLOCK carries that next record's time)."""
     bo = ">" if trace.big_endian else "<"
@@ -289,6 +289,8 @@ def write(trace: Trace) -> bytes:
         out.extend(block)
         block = bytearray()
         nblock += 1
+        if max_size is not None and len(out) > max_size:
+            raise TraceFormatError("CLOG2 file would exceed its recorded size")
 
     for i in range(n):
         size = size_list[i]
