@@ -112,7 +112,9 @@ def _trace(argv: list[str]) -> int:
     from paramedic.trace.run import summary_line, trace
 
     if "--" not in argv:
-        raise UsageError("paramedic trace: give the MPI command after --: trace -out FILE.clog2 -- mpiexec ...")
+        raise UsageError(
+            "paramedic trace: give the MPI command after --: trace -out FILE.clog2 -- mpiexec ..."
+        )
     split = argv.index("--")
     parser = _parser("trace", "Run an unmodified MPI program traced; write one merged CLOG2 file.")
     parser.add_argument("-out", required=True, type=Path, help="the merged CLOG2 file")

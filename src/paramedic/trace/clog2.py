@@ -13,6 +13,7 @@ rectype: int32) and `body` (the body as up to 28 int32 words, zero beyond the bo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -79,9 +80,7 @@ class Records:
 
 
 def empty_records() -> Records:
-    return Records(
-        np.zeros(0, np.uint64), np.zeros((0, 4), np.int32), np.zeros((0, BODY_WORDS), np.int32)
-    )
+    return Records(np.zeros(0, np.uint64), np.zeros((0, 4), np.int32), np.zeros((0, BODY_WORDS), np.int32))
 
 
 @dataclass
@@ -198,7 +197,9 @@ def read(data: bytes, max_records: int = 1 << 28) -> Trace:
         while True:
             if pos + HEADER_SIZE > end:
                 raise TraceFormatError(f"CLOG2 block {b} has no ENDBLOCK record")
-            rectype = int.from_bytes(data[pos + 20 : pos + 24], "big" if pre.big_endian else "little", signed=True)
+            rectype = int.from_bytes(
+                data[pos + 20 : pos + 24], "big" if pre.big_endian else "little", signed=True
+            )
             if not 0 <= rectype < len(BODY_SIZE):
                 raise TraceFormatError(f"CLOG2 record at byte {pos}: unknown record type {rectype}")
             if rectype in (REC_ENDBLOCK, REC_ENDLOG):
@@ -239,7 +240,15 @@ def read(data: bytes, max_records: int = 1 << 28) -> Trace:
         body = gather_bodies(hdr_view, off, head[:, 3], bo)
     if end_head is None or end_head[0] == -(1 << 31):
         end_head = (-(1 << 31), 0, 0)
-    return Trace(data[:PREAMBLE_SIZE], pre.big_endian, pre.block_size, Records(time, head, body), end_head, tails, table)
+    return Trace(
+        data[:PREAMBLE_SIZE],
+        pre.big_endian,
+        pre.block_size,
+        Records(time, head, body),
+        end_head,
+        tails,
+        table,
+    )
 
 
 def gather_bodies(view: np.ndarray, offsets: np.ndarray, rectypes: np.ndarray, bo: str) -> np.ndarray:
@@ -304,6 +313,6 @@ def write(trace: Trace, max_size: int | None = None) -> bytes:
 
 def world_comm_table(big_endian: bool = True) -> bytes:
     """The communicator table of a trace that only uses MPI_COMM_WORLD: one intracommunicator, local id 0."""
-    bo = "big" if big_endian else "little"
+    bo: Literal["big", "little"] = "big" if big_endian else "little"
     gid = b"\0" * 12 + b"MPI_COMM_WORLD".ljust(20, b"\0")
     return (1).to_bytes(4, bo) + gid + (0).to_bytes(4, bo) + (1).to_bytes(4, bo)

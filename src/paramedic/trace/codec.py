@@ -92,8 +92,8 @@ def record_kinds(rec: clog2.Records) -> np.ndarray:
 
 def _zigzag(a: np.ndarray) -> np.ndarray:
     bits = a.dtype.itemsize * 8
-    u = a.view(np.uint64 if bits == 64 else np.uint32)
-    return (u << 1) ^ (a >> (bits - 1)).view(u.dtype)
+    u: np.ndarray = a.view(np.uint64 if bits == 64 else np.uint32)
+    return np.left_shift(u, 1) ^ (a >> (bits - 1)).view(u.dtype)
 
 
 def _unzigzag(u: np.ndarray) -> np.ndarray:
@@ -159,14 +159,19 @@ def _time_bits(mode: str, values: np.ndarray) -> np.ndarray:
     return values.view(np.uint64)
 
 
-def _encode_stream(rec: clog2.Records, time_mode: str, times: np.ndarray, period: int) -> tuple[dict[str, Any], list[bytes]]:
+def _encode_stream(
+    rec: clog2.Records, time_mode: str, times: np.ndarray, period: int
+) -> tuple[dict[str, Any], list[bytes]]:
     words = np.concatenate([rec.head[:, [0, 2, 3]], rec.body], axis=1).T.astype(np.int32)
     gaps = np.diff(times, prepend=np.int64(0))[None, :]
     word_blob = _pack(_period_diff(words, period))
     plain = _pack(gaps)
     timed = _pack(_period_diff(gaps, period)) if period else plain
     use_period = period and len(timed) < len(plain)
-    return {"n": len(rec), "period": period, "time_period": bool(use_period)}, [word_blob, timed if use_period else plain]
+    return {"n": len(rec), "period": period, "time_period": bool(use_period)}, [
+        word_blob,
+        timed if use_period else plain,
+    ]
 
 
 def _decode_stream(info: dict[str, Any], key: int, blobs: list[bytes], time_mode: str) -> clog2.Records:
@@ -316,7 +321,12 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
         table_len = int(header["commtable"])
         big_endian = bool(header["big_endian"])
         infos = [
-            {"n": int(s["n"]), "period": int(s["period"]), "time_period": bool(s["time_period"]), "key": int(s["key"])}
+            {
+                "n": int(s["n"]),
+                "period": int(s["period"]),
+                "time_period": bool(s["time_period"]),
+                "key": int(s["key"]),
+            }
             for s in streams
         ]
     except (KeyError, TypeError, ValueError) as exc:
@@ -370,7 +380,11 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
             at += t
     records = clog2.Records.concat(parts)
     if order == "merge":
-        keys = np.concatenate([np.full(i["n"], s, np.int64) for s, i in enumerate(infos)]) if infos else np.zeros(0)
+        keys = (
+            np.concatenate([np.full(i["n"], s, np.int64) for s, i in enumerate(infos)])
+            if infos
+            else np.zeros(0)
+        )
         by_stream = np.argsort(keys, kind="stable")
         index = by_stream[np.argsort(records.seconds()[by_stream], kind="stable")]
     else:

@@ -52,10 +52,14 @@ def read_rank(path: Path, rank: int) -> RankLog:
             raise MergeError(f"trace log {path} is too large")
         data = path.read_bytes()
     except OSError as exc:
-        raise MergeError(f"no trace log for rank {rank} ({exc.strerror}): did it reach MPI_Finalize?") from exc
+        raise MergeError(
+            f"no trace log for rank {rank} ({exc.strerror}): did it reach MPI_Finalize?"
+        ) from exc
     if len(data) < 16 + TRAILER.size or struct.unpack_from("<Q", data)[0] != MAGIC:
         raise MergeError(f"trace log of rank {rank} is not one of paramedic's")
-    count, dropped, t_init, off_init, t_fini, off_fini, magic = TRAILER.unpack_from(data, len(data) - TRAILER.size)
+    count, dropped, t_init, off_init, t_fini, off_fini, magic = TRAILER.unpack_from(
+        data, len(data) - TRAILER.size
+    )
     if magic != MAGIC:
         raise MergeError(f"trace log of rank {rank} is incomplete: did it reach MPI_Finalize?")
     end = len(data) - TRAILER.size
@@ -74,8 +78,16 @@ def read_rank(path: Path, rank: int) -> RankLog:
     view = np.frombuffer(data, np.uint8)
     off = np.asarray(offsets, np.int64)
     ns = view[off[:, None] + np.arange(8)].copy().view("<i8").reshape(-1) if count else np.zeros(0, np.int64)
-    head = view[off[:, None] + 8 + np.arange(16)].copy().view("<i4").reshape(-1, 4) if count else np.zeros((0, 4), np.int32)
-    body = clog2.gather_bodies(view, off, head[:, 3], "<") if count else np.zeros((0, clog2.BODY_WORDS), np.int32)
+    head = (
+        view[off[:, None] + 8 + np.arange(16)].copy().view("<i4").reshape(-1, 4)
+        if count
+        else np.zeros((0, 4), np.int32)
+    )
+    body = (
+        clog2.gather_bodies(view, off, head[:, 3], "<")
+        if count
+        else np.zeros((0, clog2.BODY_WORDS), np.int32)
+    )
     # strings (state names and colours, communicator ids) are bytes, not numbers: keep their byte order
     for rectype in (REC_STATEDEF, REC_COMMEVT):
         rows = head[:, 3] == rectype

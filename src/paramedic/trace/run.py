@@ -47,7 +47,9 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
         elapsed = time.monotonic() - started
         if proc.returncode != 0:
             raise JobError(f"the traced program exited with status {proc.returncode}; no trace written")
-        ranks = sorted(int(m.group(1)) for p in logs.iterdir() if (m := re.fullmatch(r"rank-(\d+)\.raw", p.name)))
+        ranks = sorted(
+            int(m.group(1)) for p in logs.iterdir() if (m := re.fullmatch(r"rank-(\d+)\.raw", p.name))
+        )
         if not ranks:
             raise JobError("the traced program logged nothing: did it call MPI_Init?")
         if ranks != list(range(len(ranks))):
