@@ -52,7 +52,7 @@ demo: setup data
 	  -out $(DEMO)/hits.txt -outfmt 0 -evalue 1e-5
 	@echo "output: $(DEMO)/hits.txt   run record: $(DEMO)/hits.txt.run.json"
 
-test: setup slurm data
+test: setup slurm mpi-trace data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q
 
 # Pure logic, no BLAST+ runs, no MPI: seconds.
@@ -60,7 +60,7 @@ test-unit: setup
 	$(VENV)/bin/pytest -q tests/unit
 
 # Real BLAST+, real mpiexec ranks, real TLS sockets and files, a real Slurm (most of `make test`'s time).
-test-integration: setup slurm data
+test-integration: setup slurm mpi-trace data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q tests/integration
 
 # Line and branch coverage of src/paramedic over the whole suite (or TESTS=tests/unit ...), every Python

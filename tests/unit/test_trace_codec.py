@@ -15,7 +15,9 @@ from paramedic.ship.wire import ProtocolError
 from paramedic.trace import clog2, codec
 
 
-def make_trace(kinds_per_rank: list[list[tuple[int, int, int, int]]], seed: int = 1, block_size: int = 4096) -> bytes:
+def make_trace(
+    kinds_per_rank: list[list[tuple[int, int, int, int]]], seed: int = 1, block_size: int = 4096
+) -> bytes:
     """A CLOG2 file from per-rank (rectype, etype, peer, size) sequences, times in integer ns with noise."""
     rng = np.random.default_rng(seed)
     times, heads, bodies = [], [], []
@@ -37,13 +39,40 @@ def make_trace(kinds_per_rank: list[list[tuple[int, int, int, int]]], seed: int 
     rec = rec.take(order)
     table = clog2.world_comm_table()
     # find the table's offset by writing once
-    probe = clog2.write(clog2.Trace(clog2.make_preamble(len(kinds_per_rank), 0, block_size), True, block_size, rec, (0, 0, 0), [], table))
+    probe = clog2.write(
+        clog2.Trace(
+            clog2.make_preamble(len(kinds_per_rank), 0, block_size),
+            True,
+            block_size,
+            rec,
+            (0, 0, 0),
+            [],
+            table,
+        )
+    )
     fptr = len(probe) - len(table)
-    return clog2.write(clog2.Trace(clog2.make_preamble(len(kinds_per_rank), fptr, block_size), True, block_size, rec, (0, 0, 0), [], table))
+    return clog2.write(
+        clog2.Trace(
+            clog2.make_preamble(len(kinds_per_rank), fptr, block_size),
+            True,
+            block_size,
+            rec,
+            (0, 0, 0),
+            [],
+            table,
+        )
+    )
 
 
 def periodic_kinds(rank: int, periods: int) -> list[tuple[int, int, int, int]]:
-    step = [(5, 20, 0, 0), (7, -101, 1 - rank, 800), (5, 21, 0, 0), (5, 32, 0, 0), (7, -102, 1 - rank, 800), (5, 33, 0, 0)]
+    step = [
+        (5, 20, 0, 0),
+        (7, -101, 1 - rank, 800),
+        (5, 21, 0, 0),
+        (5, 32, 0, 0),
+        (7, -102, 1 - rank, 800),
+        (5, 33, 0, 0),
+    ]
     step += [(5, 66, 0, 0), (8, 66, 0, 8), (5, 67, 0, 0)]
     return [(5, 2, 0, 0)] + step * periods + [(5, 4, 0, 0), (5, 5, 0, 0)]
 
@@ -113,7 +142,10 @@ def _rewrite_header(meta: bytes, change) -> bytes:
         (lambda m: _rewrite_header(m, lambda h: h.update(sha256="0" * 64)), "SHA-256 differs"),
         (lambda m: _rewrite_header(m, lambda h: h.update(size=1 << 40)), "out of bounds"),
         (lambda m: _rewrite_header(m, lambda h: h["streams"][0].update(n=10**9)), "out of bounds"),
-        (lambda m: _rewrite_header(m, lambda h: h["streams"][0].update(period=3)), "SHA-256 differs|out of range"),
+        (
+            lambda m: _rewrite_header(m, lambda h: h["streams"][0].update(period=3)),
+            "SHA-256 differs|out of range",
+        ),
         (lambda m: m[:-40] + bytes(40), "decompress"),
     ],
 )

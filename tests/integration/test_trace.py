@@ -1,0 +1,186 @@
+"""`paramedic trace` on real MPI programs with real mpiexec ranks: LAMMPS (Debian's, Open MPI) and
+examples/trace/random_comm.c (Open MPI and the mpich wheel's MPICH), checked record by record, and the
+trace's metadata regenerating the file byte for byte."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paramedic.trace import clog2, codec
+from tests.conftest import BIN, paramedic
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+RANDOM_COMM = ROOT / "examples/trace/random_comm.c"
+MELT = Path("/usr/share/lammps/examples/melt/in.melt")
+OMPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+}
+STATES = {  # clogtrace_states.h
+    "Finalize": 2,
+    "Isend": 14,
+    "Irecv": 17,
+    "Sendrecv": 18,
+    "Waitall": 21,
+    "Bcast": 31,
+    "Allreduce": 33,
+}
+
+
+def need(*tools: str) -> None:
+    missing = [t for t in tools if shutil.which(t) is None and not Path(t).exists()]
+    if missing:
+        message = f"missing {', '.join(missing)} (make mpi-trace installs them)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+class Lcg:
+    """random_comm.c's generator."""
+
+    def __init__(self, seed: int) -> None:
+        self.state = seed
+
+    def next(self) -> int:
+        self.state = (self.state * 6364136223846793005 + 1442695040888963407) % 2**64
+        return self.state >> 33
+
+
+def expected_states(steps: int, seed: int, size: int) -> Counter[int]:
+    """How many times each rank calls each traced MPI function in random_comm (the same on every rank)."""
+    rng, calls = Lcg(seed), Counter[int]()
+    for _ in range(steps):
+        rng.next(), rng.next(), rng.next()
+        kind = rng.next() % 10
+        if kind == 0:
+            calls[STATES["Allreduce"]] += 1
+        elif kind == 1:
+            rng.next()
+            calls[STATES["Bcast"]] += 1
+        elif kind < 5:
+            calls[STATES["Sendrecv"]] += 1
+        else:
+            calls[STATES["Irecv"]] += 1
+            calls[STATES["Isend"]] += 1
+            calls[STATES["Waitall"]] += 1
+        i = 0
+        while i < rng.next() % 2000:
+            i += 1
+    calls[STATES["Finalize"]] += 1
+    return calls
+
+
+def check_structure(trace: clog2.Trace, size: int) -> None:
+    """Every rank's states open and close in order; sends and receives pair up; times grow per rank."""
+    rec = trace.records
+    assert set(np.unique(rec.head[:, 1]).tolist()) == set(range(size))
+    sends, recvs = Counter(), Counter()
+    for rank in range(size):
+        mine = rec.take(np.flatnonzero(rec.head[:, 1] == rank))
+        assert np.all(np.diff(mine.seconds()) >= 0)
+        open_state = None
+        for rectype, body in zip(mine.head[:, 3].tolist(), mine.body[:, :5].tolist(), strict=True):
+            if rectype == 5:
+                etype = body[0]
+                if etype % 2 == 0:
+                    assert open_state is None, "a state starts inside another"
+                    open_state = etype // 2
+                else:
+                    assert open_state == etype // 2, "a state ends that did not start"
+                    open_state = None
+            elif rectype == 7:
+                assert open_state is not None
+                key = (rank, body[2], body[3]) if body[0] == -101 else (body[2], rank, body[3])
+                (sends if body[0] == -101 else recvs)[key] += 1
+        assert open_state is None
+    assert sends == recvs
+
+
+def trace_and_check(tmp_path: Path, command: list[str], size: int, env: dict[str, str]) -> clog2.Trace:
+    out = tmp_path / "run.clog2"
+    proc = paramedic("trace", "-out", str(out), "--", *command, env=env)
+    assert "trace written" in proc.stderr
+    data = out.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # rank logs removed
+    trace = clog2.read(data)
+    assert trace.big_endian and trace.block_size == 65536
+    assert clog2.write(trace) == data
+    check_structure(trace, size)
+    encoded = codec.encode(data)
+    assert codec.decode(encoded.data) == data
+    return trace
+
+
+def state_counts(trace: clog2.Trace, rank: int) -> Counter[int]:
+    rec = trace.records
+    starts = (rec.head[:, 1] == rank) & (rec.head[:, 3] == 5) & (rec.body[:, 0] % 2 == 0)
+    return Counter((rec.body[starts, 0] // 2).tolist())
+
+
+@pytest.mark.parametrize("flavour", ["openmpi", "mpich"])
+def test_random_comm_records_match_the_calls(tmp_path: Path, flavour: str) -> None:
+    mpicc, mpiexec = (
+        ("mpicc.openmpi", "mpiexec.openmpi")
+        if flavour == "openmpi"
+        else (str(BIN / "mpicc"), str(BIN / "mpiexec"))
+    )
+    need(mpicc, mpiexec)
+    program = tmp_path / "random_comm"
+    subprocess.run([mpicc, "-O2", "-o", str(program), str(RANDOM_COMM)], check=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    steps, seed, size = 300, 11, 3
+    trace = trace_and_check(
+        run, [mpiexec, "-n", str(size), str(program), str(steps), str(seed)], size, OMPI_ENV
+    )
+    expected = expected_states(steps, seed, size)
+    for rank in range(size):
+        assert state_counts(trace, rank) == expected
+    rec = trace.records
+    assert int(np.sum((rec.head[:, 3] == 2) & (rec.head[:, 1] == 0))) == 26  # the state definitions
+    assert int(np.sum(rec.head[:, 3] == 11)) == 2 * size  # clock offsets at init and finalize
+
+
+def test_lammps_melt(tmp_path: Path) -> None:
+    need("lmp", "mpiexec.openmpi", str(MELT))
+    (tmp_path / "in.melt").write_text(MELT.read_text().replace("run\t\t250", "run\t\t100"))
+    run = tmp_path / "run"
+    run.mkdir()
+    command = [
+        "mpiexec.openmpi",
+        "-n",
+        "2",
+        "lmp",
+        "-in",
+        str(tmp_path / "in.melt"),
+        "-log",
+        "none",
+        "-screen",
+        "none",
+    ]
+    trace = trace_and_check(run, command, 2, OMPI_ENV)
+    assert len(trace.records) > 2000
+    encoded = codec.encode((run / "run.clog2").read_bytes())
+    assert encoded.mode == "periodic" and all(encoded.periods.values())
+    assert len(encoded.data) * 10 < len((run / "run.clog2").read_bytes())
+
+
+def test_failing_program_leaves_no_trace(tmp_path: Path) -> None:
+    need("mpiexec.openmpi")
+    out = tmp_path / "bad.clog2"
+    proc = paramedic(
+        "trace", "-out", str(out), "--", "mpiexec.openmpi", "-n", "2", "false", check=False, env=OMPI_ENV
+    )
+    assert proc.returncode == 7 and "paramedic: error:" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
