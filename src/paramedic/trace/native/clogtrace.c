@@ -134,17 +134,25 @@ static int world_of(MPI_Comm comm, int rank) {
 /* Requests of MPI_Irecv, to log their messages when they complete. */
 #define NREQ 4096
 static struct { MPI_Request req; MPI_Comm comm; int used; } reqs[NREQ];
+static int req_top; /* slots at or above req_top are free: a scan stops there */
 
 static void remember(MPI_Request req, MPI_Comm comm) {
     for (int i = 0; i < NREQ; i++)
-        if (!reqs[i].used) { reqs[i].req = req; reqs[i].comm = comm; reqs[i].used = 1; return; }
+        if (!reqs[i].used) {
+            reqs[i].req = req;
+            reqs[i].comm = comm;
+            reqs[i].used = 1;
+            if (i >= req_top) req_top = i + 1;
+            return;
+        }
     n_dropped++;
 }
 
 static void completed(MPI_Request req, MPI_Status *st) {
-    for (int i = 0; i < NREQ; i++)
+    for (int i = 0; i < req_top; i++)
         if (reqs[i].used && reqs[i].req == req) {
             reqs[i].used = 0;
+            while (req_top > 0 && !reqs[req_top - 1].used) req_top--;
             int cnt = 0;
             PMPI_Get_count(st, MPI_BYTE, &cnt);
             if (st->MPI_SOURCE >= 0) msg(EVT_RECV, world_of(reqs[i].comm, st->MPI_SOURCE), st->MPI_TAG, cnt);
