@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from paramedic import __version__
-from paramedic.errors import ParamedicError, UsageError
+from paramedic.errors import InputError, ParamedicError, UsageError
 
 USAGE = """\
 paramedic: parallel NCBI BLAST+ on MPI, with ParaMEDIC's metadata shipping to a storage site.
@@ -31,6 +31,8 @@ commands:
                --partition-size 128
   trace    run an unmodified MPI program traced (PMPI); write one merged CLOG2 file (MPE2's format)
              paramedic trace -out run.clog2 -- mpiexec -n 4 lmp -in in.melt
+  ship     ship a finished trace to a storage site (its metadata by default; the site regenerates it)
+             paramedic ship run.clog2 -out traces/run.clog2 --site tls://storage:7700 --keys keys/compute-a
 
 exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output,
 7 the parallel job failed on some rank (or a rank was killed), 8 storage site, 130 interrupted."""
@@ -105,7 +107,66 @@ def _dispatch(argv: list[str]) -> int:
         return _simulate(rest)
     if command == "trace":
         return _trace(rest)
-    raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve, simulate, trace)")
+    if command == "ship":
+        return _ship(rest)
+    raise UsageError(
+        f"unknown command {command!r} (commands: format, search, keys, serve, simulate, trace, ship)"
+    )
+
+
+def _ship_options(parser: argparse.ArgumentParser, required: bool) -> None:
+    """--site, --keys, --ship, --streams, --ship-timeout, --record: shipping a finished file."""
+    parser.add_argument(
+        "--site", required=required, help="the storage site: tls://HOST:PORT or file:///inbox"
+    )
+    parser.add_argument("--keys", type=Path, help="this compute site's keys (from `paramedic keys`)")
+    parser.add_argument("--ship", default="metadata", help="metadata (default), compressed, direct or auto")
+    parser.add_argument("--streams", type=int, default=4, help="parallel TLS streams (default 4)")
+    parser.add_argument("--ship-timeout", type=float, default=300.0, help="seconds to retry a lost site")
+    parser.add_argument("--record", type=Path, help="write the run record (its `ship` section) here")
+
+
+def _ship_file(args: argparse.Namespace, path: Path, out: str) -> None:
+    import json
+
+    from paramedic.durable import write_durably
+    from paramedic.ship.apps import app_for_file
+    from paramedic.ship.destination import ShipSettings
+    from paramedic.ship.file_ship import ship_file
+
+    settings = ShipSettings.build(args.site, args.keys, args.ship, out, args.streams, args.ship_timeout)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: {exc.strerror}") from exc
+    app = app_for_file(data[:1024])
+    if app is None:
+        raise InputError(f"{path}: not the output of an application paramedic ships (a CLOG2 trace?)")
+    report = ship_file(settings, app, data)
+    record = {
+        "kind": "paramedic-ship",
+        "version": 1,
+        "application": app.name,
+        "file": str(path),
+        "ship": report,
+    }
+    if args.record is not None:
+        write_durably(args.record, json.dumps(record, indent=1).encode() + b"\n")
+    print(
+        f"paramedic: {path} shipped to {settings.site} as {out} ({report['mode']}: "
+        f"{report['shipped_payload_bytes']} bytes for {report['output_bytes']}; the site's copy is identical)",
+        file=sys.stderr,
+    )
+
+
+def _ship(argv: list[str]) -> int:
+    parser = _parser("ship", "Ship a finished output file (a CLOG2 trace) to a storage site.")
+    parser.add_argument("file", type=Path, help="the file (a CLOG2 trace, from paramedic trace or MPE2)")
+    parser.add_argument("-out", required=True, help="its path under the storage site's root")
+    _ship_options(parser, required=True)
+    args = parser.parse_args(argv)
+    _ship_file(args, args.file, args.out)
+    return 0
 
 
 def _trace(argv: list[str]) -> int:
@@ -117,15 +178,27 @@ def _trace(argv: list[str]) -> int:
         )
     split = argv.index("--")
     parser = _parser("trace", "Run an unmodified MPI program traced; write one merged CLOG2 file.")
-    parser.add_argument("-out", required=True, type=Path, help="the merged CLOG2 file")
+    parser.add_argument(
+        "-out",
+        required=True,
+        type=Path,
+        help="the merged CLOG2 file (with --site, also its name at the site)",
+    )
     parser.add_argument(
         "--buffer", type=int, default=8 << 20, help="bytes each rank buffers before writing (default 8 MiB)"
     )
+    _ship_options(parser, required=False)
     args = parser.parse_args(argv[:split])
     if args.buffer < 4096 or args.buffer > 1 << 30:
         raise UsageError("--buffer must be between 4096 and 2^30 bytes")
+    if args.site is not None:  # the site settings are checked before the program runs
+        from paramedic.ship.destination import ShipSettings
+
+        ShipSettings.build(args.site, args.keys, args.ship, str(args.out), args.streams, args.ship_timeout)
     summary = trace(argv[split + 1 :], args.out, args.buffer)
     print(f"paramedic: trace written to {args.out}: {summary_line(summary)}", file=sys.stderr)
+    if args.site is not None:
+        _ship_file(args, args.out, str(args.out))
     return 0
 
 
@@ -158,7 +231,10 @@ def _serve(argv: list[str]) -> int:
 
     parser = _parser("serve", "Storage site: receive output or metadata over TLS and write the output.")
     parser.add_argument(
-        "--replica", required=True, type=Path, help="the site's copy of the formatted database"
+        "--replica",
+        type=Path,
+        help="the site's copy of the formatted database (needed for BLAST metadata; a site without one "
+        "serves traces and plain output)",
     )
     parser.add_argument("--root", required=True, type=Path, help="directory that receives the output files")
     parser.add_argument("--listen", default="0.0.0.0:7700", help="HOST:PORT (default 0.0.0.0:7700)")

@@ -4,6 +4,7 @@ trace's metadata regenerating the file byte for byte."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -184,3 +185,110 @@ def test_failing_program_leaves_no_trace(tmp_path: Path) -> None:
     )
     assert proc.returncode == 7 and "paramedic: error:" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("trace-keys")
+    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
+    return base / "keys"
+
+
+@pytest.fixture(scope="module")
+def random_comm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    need("mpicc.openmpi", "mpiexec.openmpi")
+    program = tmp_path_factory.mktemp("random-comm") / "random_comm"
+    subprocess.run(["mpicc.openmpi", "-O2", "-o", str(program), str(RANDOM_COMM)], check=True)
+    return program
+
+
+def test_trace_ships_to_a_site_without_replica(tmp_path: Path, keys: Path, random_comm: Path) -> None:
+    """`trace --site`: the metadata crosses real TLS to a `paramedic serve` with no database replica, which
+    regenerates the trace; the site's file equals the local one byte for byte. Then `paramedic ship` of the
+    same file compressed, and of a file that is no trace (refused before anything is sent)."""
+    from tests.integration.site import StorageSite
+
+    root = tmp_path / "root"
+    root.mkdir()
+    site = StorageSite(None, root, keys / "server", tmp_path / "serve.log")
+    site.start()
+    try:
+        local = tmp_path / "run.clog2"
+        record = tmp_path / "ship.json"
+        proc = paramedic(
+            "trace", "-out", "run.clog2", "--site", site.url, "--keys", str(keys / "compute-a"),
+            "--ship", "metadata", "--record", str(record), "--",
+            "mpiexec.openmpi", "-n", "3", str(random_comm), "400", "3",
+            cwd=tmp_path, env=OMPI_ENV,
+        )  # fmt: skip
+        assert "identical" in proc.stderr
+        assert (root / "run.clog2").read_bytes() == local.read_bytes()
+        ship = json.loads(record.read_text())["ship"]
+        assert ship["mode"] == "metadata" and ship["codec"] == "trace-metadata"
+        assert ship["shipped_payload_bytes"] * 5 < local.stat().st_size
+
+        paramedic(
+            "ship", str(local), "-out", "again/run.clog2", "--site", site.url,
+            "--keys", str(keys / "compute-a"), "--ship", "compressed",
+        )  # fmt: skip
+        assert (root / "again/run.clog2").read_bytes() == local.read_bytes()
+
+        bad = tmp_path / "not-a-trace"
+        bad.write_bytes(b"hello\n" * 100)
+        proc = paramedic(
+            "ship",
+            str(bad),
+            "-out",
+            "bad",
+            "--site",
+            site.url,
+            "--keys",
+            str(keys / "compute-a"),
+            check=False,
+        )
+        assert proc.returncode == 3 and proc.stderr.startswith("paramedic: error:")
+        assert not (root / "bad").exists()
+    finally:
+        site.stop()
+
+
+def test_site_refuses_corrupt_trace_metadata(tmp_path: Path, keys: Path, random_comm: Path) -> None:
+    """Metadata damaged on the way (a digest that the regenerated file does not match): the site fails the
+    job with a clear error and writes no file; the compute site exits 8 with one line."""
+    from paramedic.ship.client import SiteAddress, TlsShipper
+    from paramedic.ship.transport import SiteError
+    from tests.integration.site import StorageSite
+
+    trace_path = tmp_path / "t.clog2"
+    paramedic(
+        "trace",
+        "-out",
+        str(trace_path),
+        "--",
+        "mpiexec.openmpi",
+        "-n",
+        "2",
+        str(random_comm),
+        "200",
+        "5",
+        env=OMPI_ENV,
+    )
+    data = trace_path.read_bytes()
+    meta = bytearray(codec.encode(data).data)
+    meta[meta.index(b'"sha256":"') + 10] ^= 1  # the recorded digest, one hex digit changed
+    root = tmp_path / "root"
+    root.mkdir()
+    site = StorageSite(None, root, keys / "server", tmp_path / "serve.log")
+    site.start()
+    try:
+        shipper = TlsShipper(SiteAddress.parse(site.url), keys / "compute-a", "trace-metadata",
+                             {"out": "t.clog2"}, b"", streams=1, timeout=20)  # fmt: skip
+        shipper.start()
+        shipper.send({"offset": 0, "size": len(data)}, bytes(meta))
+        with pytest.raises(SiteError, match="SHA-256"):
+            shipper.finish({"size": len(data), "sha256": "0" * 64})
+        shipper.close()
+        assert not (root / "t.clog2").exists()
+        assert [p.name for p in root.iterdir()] == [".paramedic-state"]
+    finally:
+        site.stop()

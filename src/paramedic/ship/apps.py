@@ -44,6 +44,11 @@ def app_named(name: str) -> Application:
     return APPS[name]
 
 
+def codec_needs_replica(codec_name: str) -> bool:
+    """Whether the storage site needs a database replica to decode this codec's payloads."""
+    return any(a.needs_replica and a.metadata_codec == codec_name for a in APPS.values())
+
+
 def app_for_file(head: bytes) -> Application | None:
     """The application whose output a file is, from its first bytes (None: not one we know)."""
     for app in APPS.values():
