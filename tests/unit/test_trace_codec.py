@@ -192,3 +192,18 @@ def test_registry_and_ship_codec():
     assert b"".join(s.data for s in ship.decode(header, payload, None)) == data
     with pytest.raises(ProtocolError):
         ship.decode(dict(header, size=len(data) + 1), payload, None)
+
+
+def test_a_site_without_replica_refuses_blast_metadata_and_takes_traces(tmp_path):
+    from paramedic.site.store import JobStore
+
+    root = tmp_path / "root"
+    root.mkdir()
+    store = JobStore(root, tmp_path / "state", None, io_workers=1, log=lambda _: None)
+    with pytest.raises(ProtocolError, match="no database replica"):
+        store.open(
+            "compute-a", {"job": "a" * 32, "codec": "blast-metadata", "setup": {"out": "r.txt"}}, b"setup"
+        )
+    assert store.open(
+        "compute-a", {"job": "b" * 32, "codec": "trace-metadata", "setup": {"out": "t.clog2"}}, b""
+    )
