@@ -57,6 +57,66 @@ def cases(work: Path, ranks: int) -> list[tuple[str, list[str]]]:
     ]
 
 
+def otf2_size(data: bytes, directory: Path) -> int | None:
+    """Bytes of the same events written as OTF2 with the `otf2` wheel (extra `bench`), the outside reference:
+    states as Enter/Leave of a region per state, messages as MpiSend/MpiRecv, collectives as
+    MpiCollectiveEnd; None without the wheel."""
+    try:
+        import otf2
+        from otf2.enums import CollectiveOp, GroupFlag, GroupType, Paradigm
+    except ImportError:
+        return None
+    rec = clog2.read(data).records
+    ranks = sorted(set(rec.head[:, 1].tolist()))
+    path = directory / "otf2"
+    shutil.rmtree(path, ignore_errors=True)
+    ns = (rec.seconds() * 1e9).round().astype("int64")
+    ns -= ns.min()
+    with otf2.writer.open(str(path), timer_resolution=1_000_000_000) as trace:
+        node = trace.definitions.system_tree_node("node")
+        writers = {
+            k: trace.event_writer(
+                f"rank {k}", group=trace.definitions.location_group(f"rank {k}", system_tree_parent=node)
+            )
+            for k in ranks
+        }
+        locations = [writers[k]._location for k in ranks]
+        trace.definitions.group(
+            "world",
+            group_type=GroupType.COMM_LOCATIONS,
+            paradigm=Paradigm.MPI,
+            group_flags=GroupFlag.NONE,
+            members=locations,
+        )
+        group = trace.definitions.group(
+            "world ranks",
+            group_type=GroupType.COMM_GROUP,
+            paradigm=Paradigm.MPI,
+            group_flags=GroupFlag.NONE,
+            members=list(range(len(ranks))),
+        )
+        comm = trace.definitions.comm("MPI_COMM_WORLD", group=group, parent=None)
+        regions: dict[int, object] = {}
+        for rank, rectype, body, t in zip(
+            rec.head[:, 1].tolist(),
+            rec.head[:, 3].tolist(),
+            rec.body[:, :5].tolist(),
+            ns.tolist(),
+            strict=True,
+        ):
+            w = writers[rank]
+            if rectype == 5:
+                state = body[0] // 2
+                if state not in regions:
+                    regions[state] = trace.definitions.region(f"state {state}")
+                (w.enter if body[0] % 2 == 0 else w.leave)(t, regions[state])
+            elif rectype == 7:
+                (w.mpi_send if body[0] == -101 else w.mpi_recv)(t, body[2], comm, body[3], body[4])
+            elif rectype == 8:
+                w.mpi_collective_end(t, CollectiveOp.ALLREDUCE, comm, body[1], body[2], body[2])
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def best_time(command: list[str], repeat: int, cwd: Path) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -95,6 +155,7 @@ def measure(name: str, command: list[str], work: Path, repeat: int) -> dict[str,
     decode_s = time.monotonic() - start
     zstd = len(zstandard.ZstdCompressor(level=19).compress(data))
     xz = len(lzma.compress(data, preset=9))
+    otf2 = otf2_size(data, work)
     return {
         "name": name,
         "command": " ".join(command),
@@ -103,6 +164,7 @@ def measure(name: str, command: list[str], work: Path, repeat: int) -> dict[str,
         "metadata": len(encoded.data),
         "zstd19": zstd,
         "xz9": xz,
+        "otf2": otf2,
         "mode": encoded.mode,
         "reason": encoded.reason,
         "periods": encoded.periods,
@@ -120,17 +182,19 @@ def table(rows: list[dict[str, object]], ranks: int, argv: list[str]) -> str:
         f"## Trace sizes (issue 22): CLOG2 vs trace metadata vs zstd -19 / xz -9, {ranks} ranks ({stamp})",
         "",
         f"`.venv/bin/python bench/traces.py {' '.join(argv)}` (Open MPI 4.1, Debian's LAMMPS; times best of runs, 2 shared cores).",
-        "Bytes per event (CLOG2 records, ENDBLOCK/ENDLOG excluded); ratios are raw CLOG2 / that column.",
+        "Bytes per event (CLOG2 records, ENDBLOCK/ENDLOG excluded); raw/meta is raw CLOG2 / metadata, xz/meta is xz -9 / metadata.",
+        "OTF2: the same events written with the `otf2` wheel (extra `bench`; states as Enter/Leave, messages as MpiSend/MpiRecv).",
         "",
-        "| program | events | raw B/ev | metadata B/ev | zstd -19 B/ev | xz -9 B/ev | raw/meta | xz/meta | codec | periods | untraced s | traced s | encode s | decode s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| program | events | raw B/ev | metadata B/ev | zstd -19 B/ev | xz -9 B/ev | OTF2 B/ev | raw/meta | xz/meta | codec | periods | untraced s | traced s | encode s | decode s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ev = int(r["events"])  # type: ignore[call-overload]
         per = {k: int(r[k]) / ev for k in ("raw", "metadata", "zstd19", "xz9")}  # type: ignore[call-overload]
+        otf2 = f"{int(r['otf2']) / ev:.2f}" if r["otf2"] is not None else "-"  # type: ignore[call-overload]
         periods = ", ".join(f"{v}" for v in r["periods"].values()) if r["periods"] else "-"  # type: ignore[attr-defined]
         lines.append(
-            f"| {r['name']} | {ev:,} | {per['raw']:.1f} | {per['metadata']:.2f} | {per['zstd19']:.2f} | {per['xz9']:.2f} "
+            f"| {r['name']} | {ev:,} | {per['raw']:.1f} | {per['metadata']:.2f} | {per['zstd19']:.2f} | {per['xz9']:.2f} | {otf2} "
             f"| {per['raw'] / per['metadata']:.1f}x | {per['xz9'] / per['metadata']:.1f}x | {r['mode']} | {periods} "
             f"| {r['untraced_s']} | {r['traced_s']} | {r['encode_s']} | {r['decode_s']} |"
         )
