@@ -173,7 +173,7 @@ def test_lammps_melt(tmp_path: Path) -> None:
     trace = trace_and_check(run, command, 2, OMPI_ENV)
     assert len(trace.records) > 2000
     encoded = codec.encode((run / "run.clog2").read_bytes())
-    assert encoded.mode == "periodic" and all(encoded.periods.values())
+    assert all(encoded.periods.values())  # a period found on every rank (used only where it pays)
     assert len(encoded.data) * 10 < len((run / "run.clog2").read_bytes())
 
 

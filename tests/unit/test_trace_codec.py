@@ -16,13 +16,22 @@ from paramedic.trace import clog2, codec
 
 
 def make_trace(
-    kinds_per_rank: list[list[tuple[int, int, int, int]]], seed: int = 1, block_size: int = 4096
+    kinds_per_rank: list[list[tuple[int, int, int, int]]],
+    seed: int = 1,
+    block_size: int = 4096,
+    period: int = 0,
 ) -> bytes:
-    """A CLOG2 file from per-rank (rectype, etype, peer, size) sequences, times in integer ns with noise."""
+    """A CLOG2 file from per-rank (rectype, etype, peer, size) sequences, times in integer ns: random gaps,
+    or with `period`, a gap per position in the period plus a jitter of a few ns (a regular code)."""
     rng = np.random.default_rng(seed)
     times, heads, bodies = [], [], []
+    base = rng.integers(200, 50000, max(period, 1))
     for rank, kinds in enumerate(kinds_per_rank):
-        t = np.cumsum(rng.integers(200, 5000, len(kinds))).astype(np.int64)
+        if period:
+            gaps = base[np.arange(len(kinds)) % period] + rng.integers(0, 4, len(kinds))
+        else:
+            gaps = rng.integers(200, 5000, len(kinds))
+        t = np.cumsum(gaps).astype(np.int64)
         for i, (rectype, etype, peer, size) in enumerate(kinds):
             body = [0] * clog2.BODY_WORDS
             body[0] = etype
@@ -97,10 +106,19 @@ def test_clog2_write_read_round_trip():
 
 
 def test_periodic_trace_is_small_and_exact():
-    data = make_trace([periodic_kinds(0, 400), periodic_kinds(1, 400)])
+    data = make_trace([periodic_kinds(0, 400), periodic_kinds(1, 400)], period=9)
     encoded = codec.encode(data)
     assert encoded.mode == "periodic"
     assert encoded.periods == {0: 9, 1: 9}
+    assert codec.decode(encoded.data) == data
+    assert len(encoded.data) * 20 < len(data)
+
+
+def test_periodic_kinds_with_random_times_keep_the_columns_and_say_why():
+    data = make_trace([periodic_kinds(0, 400), periodic_kinds(1, 400)])
+    encoded = codec.encode(data)
+    assert encoded.periods == {0: 9, 1: 9}
+    assert encoded.mode == "columns" and "columns alone are smaller" in encoded.reason
     assert codec.decode(encoded.data) == data
     assert len(encoded.data) * 10 < len(data)
 
@@ -150,7 +168,7 @@ def _rewrite_header(meta: bytes, change) -> bytes:
     ],
 )
 def test_corrupt_metadata_is_a_clear_error(corrupt, message):
-    data = make_trace([periodic_kinds(0, 200), periodic_kinds(1, 200)])
+    data = make_trace([periodic_kinds(0, 200), periodic_kinds(1, 200)], period=9)
     meta = codec.encode(data).data
     with pytest.raises(codec.MetadataError, match=message):
         codec.decode(corrupt(meta), max_size=1 << 30)
