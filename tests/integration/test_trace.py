@@ -233,6 +233,19 @@ def test_trace_ships_to_a_site_without_replica(tmp_path: Path, keys: Path, rando
         )  # fmt: skip
         assert (root / "again/run.clog2").read_bytes() == local.read_bytes()
 
+        auto = tmp_path / "auto.json"
+        paramedic(
+            "ship", str(local), "-out", "auto/run.clog2", "--site", site.url,
+            "--keys", str(keys / "compute-a"), "--ship", "auto", "--record", str(auto),
+        )  # fmt: skip
+        assert (root / "auto/run.clog2").read_bytes() == local.read_bytes()
+        decision = json.loads(auto.read_text())["ship"]["auto_decision"]
+        assert (
+            decision["mode"] in ("metadata", "compressed")
+            and decision["link"]["bandwidth_bytes_per_second"] > 0
+        )
+        assert json.loads(auto.read_text())["ship"]["mode"] == decision["mode"]
+
         bad = tmp_path / "not-a-trace"
         bad.write_bytes(b"hello\n" * 100)
         proc = paramedic(
