@@ -188,38 +188,42 @@ def read(data: bytes, max_records: int = 1 << 28) -> Trace:
     end_head: tuple[int, int, int] | None = None
     ended = False
     hdr_view = np.frombuffer(data, dtype=np.uint8)
+    # records start on 8-byte slots (block sizes and record sizes are multiples of 8): every slot's would-be
+    # record type at once, then a walk from slot to slot
+    slots = nblocks * pre.block_size // 8
+    rectypes = np.frombuffer(data, dtype=f"{bo}i4", count=slots * 2, offset=PREAMBLE_SIZE)[5::2].tolist()
+    slot_sizes = [(HEADER_SIZE + b) // 8 for b in BODY_SIZE]
+    per_block = pre.block_size // 8
     for b in range(nblocks):
         if ended:
             raise TraceFormatError(f"CLOG2 block {b} follows the ENDLOG record")
-        start = PREAMBLE_SIZE + b * pre.block_size
-        end = start + pre.block_size
-        pos = start
+        j = b * per_block
+        end = j + per_block
         while True:
-            if pos + HEADER_SIZE > end:
+            if j + HEADER_SIZE // 8 > end:
                 raise TraceFormatError(f"CLOG2 block {b} has no ENDBLOCK record")
-            rectype = int.from_bytes(
-                data[pos + 20 : pos + 24], "big" if pre.big_endian else "little", signed=True
-            )
+            rectype = rectypes[j]
+            pos = PREAMBLE_SIZE + 8 * j
             if not 0 <= rectype < len(BODY_SIZE):
                 raise TraceFormatError(f"CLOG2 record at byte {pos}: unknown record type {rectype}")
-            if rectype in (REC_ENDBLOCK, REC_ENDLOG):
+            if rectype <= REC_ENDBLOCK:
                 head = np.frombuffer(data, dtype=f"{bo}i4", count=3, offset=pos + 8)
                 this = (int(head[0]), int(head[1]), int(head[2]))
                 if end_head is not None and this != end_head:
                     end_head = (-(1 << 31), 0, 0)  # not one constant: the writer cannot remake it
                 elif end_head is None:
                     end_head = this
-                tail = data[pos + HEADER_SIZE : end]
+                tail = data[pos + HEADER_SIZE : PREAMBLE_SIZE + 8 * end]
                 tails.append(tail if tail.strip(b"\0") else b"")
                 ended = rectype == REC_ENDLOG
                 break
-            size = HEADER_SIZE + BODY_SIZE[rectype]
-            if pos + size > end:
+            size = slot_sizes[rectype]
+            if j + size > end:
                 raise TraceFormatError(f"CLOG2 record at byte {pos} crosses its block's end")
             offsets.append(pos)
-            if len(offsets) > max_records:
-                raise TraceFormatError(f"CLOG2 file has more than {max_records} records")
-            pos += size
+            j += size
+        if len(offsets) > max_records:
+            raise TraceFormatError(f"CLOG2 file has more than {max_records} records")
     if not ended:
         raise TraceFormatError("CLOG2 file has no ENDLOG record")
     table = data[pre.commtable_fptr :]
@@ -280,35 +284,45 @@ def write(trace: Trace, max_size: int | None = None) -> bytes:
         full[:, 0:8] = rec.time.astype(f"{bo}u8").view(np.uint8).reshape(n, 8)
         full[:, 8:24] = rec.head.astype(f"{bo}i4").view(np.uint8).reshape(n, 16)
         full[:, 24:] = rec.body.astype(f"{bo}i4").view(np.uint8).reshape(n, BODY_WORDS * 4)
-    out = bytearray(trace.preamble)
     bs = trace.block_size
     end_icomm, end_rank, end_thread = trace.end_head
-    block = bytearray()
-    nblock = 0
-    size_list = sizes.tolist()
-
-    def close(rectype: int, time_bits: bytes) -> None:
-        nonlocal block, nblock
-        block += time_bits + np.asarray([end_icomm, end_rank, end_thread, rectype], f"{bo}i4").tobytes()
-        tail = trace.tails[nblock] if nblock < len(trace.tails) else b""
-        room = bs - len(block)
-        if tail and len(tail) != room:
-            raise TraceFormatError("CLOG2 block tail does not fit its block")
-        block += tail if tail else bytes(room)
-        out.extend(block)
-        block = bytearray()
-        nblock += 1
-        if max_size is not None and len(out) > max_size:
-            raise TraceFormatError("CLOG2 file would exceed its recorded size")
-
-    for i in range(n):
-        size = size_list[i]
-        if len(block) + size + HEADER_SIZE >= bs:
-            close(REC_ENDBLOCK, full[i, 0:8].tobytes())
-        block += full[i, :size].tobytes()
-    close(REC_ENDLOG, np.asarray([MAX_TIME], f"{bo}f8").tobytes())
-    out.extend(trace.commtable)
-    return bytes(out)
+    # where each record goes: a new block when it would leave less than an ENDBLOCK's room
+    starts: list[int] = []  # file offset of each record
+    closes: list[tuple[int, int]] = []  # (offset of the ENDBLOCK, index of the record after it)
+    base, used = PREAMBLE_SIZE, 0
+    for i, size in enumerate(sizes.tolist()):
+        if used + size + HEADER_SIZE >= bs:
+            closes.append((base + used, i))
+            base, used = base + bs, 0
+        starts.append(base + used)
+        used += size
+    nblocks = len(closes) + 1
+    total = PREAMBLE_SIZE + nblocks * bs
+    if max_size is not None and total + len(trace.commtable) > max_size:
+        raise TraceFormatError("CLOG2 file would exceed its recorded size")
+    if trace.tails and len(trace.tails) != nblocks:
+        raise TraceFormatError("CLOG2 block tails do not match the blocks")
+    out = np.zeros(total, np.uint8)
+    out[:PREAMBLE_SIZE] = np.frombuffer(trace.preamble, np.uint8)
+    at = np.asarray(starts, np.int64)
+    for size in np.unique(sizes).tolist():
+        rows_of_size = np.flatnonzero(sizes == size)
+        for s in range(0, len(rows_of_size), 1 << 15):  # in slices: the index arrays stay small
+            rows = rows_of_size[s : s + (1 << 15)]
+            out[at[rows, None] + np.arange(size)] = full[rows, :size]
+    end_ints = np.asarray([end_icomm, end_rank, end_thread], f"{bo}i4")
+    ends = [(offset, full[i, 0:8].tobytes(), REC_ENDBLOCK) for offset, i in closes]
+    ends.append((base + used, np.asarray([MAX_TIME], f"{bo}f8").tobytes(), REC_ENDLOG))
+    for block, (offset, time_bits, rectype) in enumerate(ends):
+        record = time_bits + end_ints.tobytes() + np.asarray([rectype], f"{bo}i4").tobytes()
+        out[offset : offset + HEADER_SIZE] = np.frombuffer(record, np.uint8)
+        tail = trace.tails[block] if trace.tails else b""
+        if tail:
+            room = PREAMBLE_SIZE + (block + 1) * bs - (offset + HEADER_SIZE)
+            if len(tail) != room:
+                raise TraceFormatError("CLOG2 block tail does not fit its block")
+            out[offset + HEADER_SIZE : offset + HEADER_SIZE + room] = np.frombuffer(tail, np.uint8)
+    return out.tobytes() + trace.commtable
 
 
 def world_comm_table(big_endian: bool = True) -> bytes:

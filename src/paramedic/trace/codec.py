@@ -5,7 +5,7 @@ so the trace is cut into periods, found with an FFT, and only the first period i
 differences for the others. Here, per process (the records of one header rank, in file order):
 
 * the period: the autocorrelation of the record-kind sequence (record type and event type), computed by
-  FFT for the most frequent kinds; the smallest lag whose match rate is within 5% of the best (at least
+  one FFT (kinds as random-phase unit complex numbers); the smallest lag whose match rate is within 5% of the best (at least
   50%) is the period;
 * every record as 31 int32 words (icomm, thread, rectype, then the body), minus the words of the record
   one period earlier when that is smaller (records that repeat their counterpart: state, peer, tag,
@@ -64,18 +64,21 @@ class Encoded:
 # -- period -------------------------------------------------------------------------------------------------
 
 
-def find_period(kinds: np.ndarray, max_period: int = MAX_PERIOD, top: int = 12) -> int:
-    """The first-level period of a sequence of record kinds (0: none), from an FFT autocorrelation."""
+def find_period(kinds: np.ndarray, max_period: int = MAX_PERIOD) -> int:
+    """The first-level period of a sequence of record kinds (0: none), from an FFT autocorrelation.
+
+    Each kind becomes a unit complex number of random phase; the real part of the sequence's
+    autocorrelation at lag p is then the number of positions whose kind repeats p later, plus the sum of
+    random-phase terms of the others (about zero): one FFT pair whatever the number of kinds."""
     n = len(kinds)
     if n < 8:
         return 0
-    values, inverse, counts = np.unique(kinds, return_inverse=True, return_counts=True)
+    _, inverse = np.unique(kinds, return_inverse=True)
+    phases = np.random.default_rng(0).uniform(0, 2 * np.pi, int(inverse.max()) + 1)
+    z = np.exp(1j * phases[inverse.reshape(-1)])
     size = 1 << (2 * n - 1).bit_length()
-    matches = np.zeros(n)
-    for k in np.argsort(counts)[::-1][:top]:
-        x = (inverse == k).astype(np.float64)
-        f = np.fft.rfft(x, size)
-        matches += np.fft.irfft(f * np.conj(f), size)[:n]
+    f = np.fft.fft(z, size)
+    matches = np.fft.ifft(f * np.conj(f))[:n].real
     limit = min(max_period, n // 2)
     if limit < 1:
         return 0
