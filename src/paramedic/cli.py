@@ -33,6 +33,8 @@ commands:
              paramedic trace -out run.clog2 -- mpiexec -n 4 lmp -in in.melt
   ship     ship a finished trace to a storage site (its metadata by default; the site regenerates it)
              paramedic ship run.clog2 -out traces/run.clog2 --site tls://storage:7700 --keys keys/compute-a
+  report   draw a CLOG2 trace as a timeline (ranks as rows, calls as bars, messages as arrows) in HTML
+             paramedic report run.clog2 -out run.html
 
 exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output,
 7 the parallel job failed on some rank (or a rank was killed), 8 storage site, 130 interrupted."""
@@ -109,8 +111,10 @@ def _dispatch(argv: list[str]) -> int:
         return _trace(rest)
     if command == "ship":
         return _ship(rest)
+    if command == "report":
+        return _report(rest)
     raise UsageError(
-        f"unknown command {command!r} (commands: format, search, keys, serve, simulate, trace, ship)"
+        f"unknown command {command!r} (commands: format, search, keys, serve, simulate, trace, ship, report)"
     )
 
 
@@ -166,6 +170,34 @@ def _ship(argv: list[str]) -> int:
     _ship_options(parser, required=True)
     args = parser.parse_args(argv)
     _ship_file(args, args.file, args.out)
+    return 0
+
+
+def _report(argv: list[str]) -> int:
+    from paramedic.durable import write_durably
+    from paramedic.trace.timeline import render
+
+    parser = _parser(
+        "report", "Draw a CLOG2 trace as a timeline (ranks as rows) in a self-contained HTML page."
+    )
+    parser.add_argument("file", type=Path, help="the CLOG2 trace")
+    parser.add_argument("-out", required=True, type=Path, help="the HTML page")
+    parser.add_argument("--max-records", type=int, default=20000, help="records drawn (the first in time)")
+    args = parser.parse_args(argv)
+    if not 1 <= args.max_records <= 10**6:
+        raise UsageError("--max-records must be between 1 and 1,000,000")
+    try:
+        data = args.file.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{args.file}: {exc.strerror}") from exc
+    page = render(data, args.max_records, args.file.name)
+    try:
+        write_durably(args.out, page.encode())
+    except OSError as exc:
+        from paramedic.errors import OutputError
+
+        raise OutputError(f"{args.out}: {exc.strerror}") from exc
+    print(f"paramedic: timeline of {args.file} written to {args.out}", file=sys.stderr)
     return 0
 
 

@@ -175,6 +175,9 @@ def test_lammps_melt(tmp_path: Path) -> None:
     encoded = codec.encode((run / "run.clog2").read_bytes())
     assert all(encoded.periods.values())  # a period found on every rank (used only where it pays)
     assert len(encoded.data) * 10 < len((run / "run.clog2").read_bytes())
+    paramedic("report", str(run / "run.clog2"), "-out", str(run / "run.html"), "--max-records", "3000")
+    page = (run / "run.html").read_text()
+    assert page.count("<rect") > 500 and page.count("<line") > 100 and "MPI_Sendrecv" in page
 
 
 def test_failing_program_leaves_no_trace(tmp_path: Path) -> None:
