@@ -56,6 +56,10 @@ def mpicc_for(mpiexec: str, kind: str) -> str:
 
 def library(mpiexec: str) -> tuple[Path, str]:
     """The tracer library for this launcher's MPI, and the flavour."""
+    if not Path(mpiexec).name.startswith(("mpiexec", "mpirun", "orterun")):
+        raise UsageError(
+            f"{mpiexec}: the command after -- must start with Open MPI's or MPICH's launcher (mpiexec, mpirun)"
+        )
     resolved = shutil.which(mpiexec)
     if resolved is None:
         raise UsageError(f"{mpiexec}: no such launcher")

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from paramedic.durable import write_durably
-from paramedic.errors import JobError, UsageError
+from paramedic.errors import JobError, OutputError, UsageError
 from paramedic.trace import merge, native
 
 
@@ -34,8 +34,11 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
     if not command:
         raise UsageError("paramedic trace: no command after --")
     lib, kind = native.library(command[0])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    logs = Path(tempfile.mkdtemp(prefix=f".{out.name}.ranks-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        logs = Path(tempfile.mkdtemp(prefix=f".{out.name}.ranks-", dir=out.parent))
+    except OSError as exc:
+        raise OutputError(f"-out {out}: cannot write beside it ({exc.strerror})") from exc
     try:
         env = {
             "LD_PRELOAD": str(lib),
@@ -55,7 +58,10 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
         if ranks != list(range(len(ranks))):
             raise JobError(f"trace logs missing for some ranks (have {ranks})")
         data, summary = merge.merge(logs, len(ranks))
-        write_durably(out, data)
+        try:
+            write_durably(out, data)
+        except OSError as exc:
+            raise OutputError(f"-out {out}: {exc.strerror}") from exc
     finally:
         shutil.rmtree(logs, ignore_errors=True)
     summary.update({"mpi": kind, "library": str(lib), "seconds": round(elapsed, 3), "bytes": len(data)})
