@@ -41,7 +41,8 @@ def mpicc_for(mpiexec: str, kind: str) -> str:
     """The MPI C compiler wrapper that matches the launcher."""
     path = Path(mpiexec)
     name = path.name
-    suffix = name[len("mpiexec") :] if name.startswith("mpiexec") else ""
+    prefix = next((p for p in ("mpiexec", "mpirun", "orterun") if name.startswith(p)), "")
+    suffix = name[len(prefix) :]  # mpiexec.openmpi -> .openmpi
     candidate = path.with_name("mpicc" + suffix)
     if os.access(candidate, os.X_OK):
         return str(candidate)
