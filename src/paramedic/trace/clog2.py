@@ -289,15 +289,22 @@ def write(trace: Trace, max_size: int | None = None) -> bytes:
     bs = trace.block_size
     end_icomm, end_rank, end_thread = trace.end_head
     # where each record goes: a new block when it would leave less than an ENDBLOCK's room
-    starts: list[int] = []  # file offset of each record
+    if n and int(sizes.max()) + HEADER_SIZE >= bs:
+        raise TraceFormatError(f"CLOG2 block size {bs} is too small for its records")
+    cum = np.cumsum(sizes)  # bytes up to and including each record
+    before = cum - sizes
+    at = np.zeros(n, np.int64)  # file offset of each record
     closes: list[tuple[int, int]] = []  # (offset of the ENDBLOCK, index of the record after it)
-    base, used = PREAMBLE_SIZE, 0
-    for i, size in enumerate(sizes.tolist()):
-        if used + size + HEADER_SIZE >= bs:
-            closes.append((base + used, i))
-            base, used = base + bs, 0
-        starts.append(base + used)
-        used += size
+    i, base, base_cum = 0, PREAMBLE_SIZE, 0
+    while i < n:
+        # the first record that would leave less than an ENDBLOCK's room in this block
+        k = int(np.searchsorted(cum, base_cum + bs - HEADER_SIZE, side="left"))
+        at[i:k] = base + before[i:k] - base_cum
+        if k >= n:
+            break
+        closes.append((base + int(before[k]) - base_cum, k))
+        i, base, base_cum = k, base + bs, int(before[k])
+    used = int(cum[-1]) - base_cum if n else 0
     nblocks = len(closes) + 1
     total = PREAMBLE_SIZE + nblocks * bs
     if max_size is not None and total + len(trace.commtable) > max_size:
@@ -306,7 +313,6 @@ def write(trace: Trace, max_size: int | None = None) -> bytes:
         raise TraceFormatError("CLOG2 block tails do not match the blocks")
     out = np.zeros(total, np.uint8)
     out[:PREAMBLE_SIZE] = np.frombuffer(trace.preamble, np.uint8)
-    at = np.asarray(starts, np.int64)
     for size in np.unique(sizes).tolist():
         rows_of_size = np.flatnonzero(sizes == size)
         for s in range(0, len(rows_of_size), 1 << 15):  # in slices: the index arrays stay small

@@ -7,9 +7,10 @@ differences for the others. Here, per process (the records of one header rank, i
 * the period: the autocorrelation of the record-kind sequence (record type and event type), computed by
   one FFT (kinds as random-phase unit complex numbers); the smallest lag whose match rate is within 5% of the best (at least
   50%) is the period;
-* every record as 31 int32 words (icomm, thread, rectype, then the body), minus the words of the record
-  one period earlier when that is smaller (records that repeat their counterpart: state, peer, tag,
-  size, cost zero words);
+* every record as 31 int32 words (icomm, thread, rectype, then the body): the first 9 (all a bare,
+  message, collective or time-shift record has) as columns, minus the words of the record one period
+  earlier when that is smaller (records that repeat their counterpart: state, peer, tag, size, cost zero
+  words), the rest only for the few records with longer bodies (state definitions, communicators);
 * times: integer nanoseconds when every time is one (`ns / 1e9`, as paramedic's tracer writes them; else
   the float64 bit patterns), as gaps to the previous record, minus the gap one period earlier when that is
   smaller, grouped by record kind (gaps of one kind are alike: 10-17% smaller on real traces);
@@ -171,16 +172,25 @@ def _time_bits(mode: str, values: np.ndarray) -> np.ndarray:
     return values.view(np.uint64)
 
 
+COMMON = 3 + 6  # the words every frequent record has: icomm, thread, rectype and a body of up to 24 bytes
+RARE_TYPES = np.asarray([size > 24 for size in clog2.BODY_SIZE])  # definitions, cargo, communicators, ...
+
+
 def _encode_stream(rec: clog2.Records, times: np.ndarray, period: int) -> tuple[dict[str, Any], list[bytes]]:
-    """A process's records: the words and the time gaps, each with or without the period's differences,
-    whichever is smaller; the gaps grouped by record kind (gaps of one kind of record are alike)."""
+    """A process's records: the first COMMON words of every record, the other words of the few records
+    with long bodies (definitions), and the time gaps; the words and the gaps each with or without the
+    period's differences, whichever is smaller; the gaps grouped by record kind (gaps of one kind of
+    record are alike)."""
     words = np.concatenate([rec.head[:, [0, 2, 3]], rec.body], axis=1).T.astype(np.int32)
-    word_blob = _pack(words)
+    rare = RARE_TYPES[rec.head[:, 3]]
+    common = np.ascontiguousarray(words[:COMMON])
+    word_blob = _pack(common)
     word_period = False
     if period:
-        diffed = _pack(_period_diff(words, period))
+        diffed = _pack(_period_diff(common, period))
         if len(diffed) < len(word_blob):
             word_blob, word_period = diffed, True
+    rare_blob = _pack(np.ascontiguousarray(words[COMMON:, rare]))
     by_kind = np.argsort(record_kinds(rec), kind="stable")
     gaps = np.diff(times, prepend=np.int64(0))[None, :]
     time_blob = _pack(gaps[:, by_kind])
@@ -190,24 +200,27 @@ def _encode_stream(rec: clog2.Records, times: np.ndarray, period: int) -> tuple[
         if len(diffed) < len(time_blob):
             time_blob, time_period = diffed, True
     info = {"n": len(rec), "period": period, "word_period": word_period, "time_period": time_period}
-    return info, [word_blob, time_blob]
+    return info, [word_blob, rare_blob, time_blob]
 
 
 def _decode_stream(info: dict[str, Any], key: int, blobs: list[bytes], time_mode: str) -> clog2.Records:
     n, period = info["n"], info["period"]
-    words = _unpack(blobs[0], (WORDS, n), np.int32)
+    common = _unpack(blobs[0], (COMMON, n), np.int32)
     if info["word_period"]:
-        words = _period_undiff(words, period)
+        common = _period_undiff(common, period)
     head = np.zeros((n, 4), np.int32)
-    head[:, 0] = words[0]
+    head[:, 0] = common[0]
     head[:, 1] = key
-    head[:, 2] = words[1]
-    head[:, 3] = words[2]
+    head[:, 2] = common[1]
+    head[:, 3] = common[2]
     if n and (head[:, 3].min() < 2 or head[:, 3].max() >= len(clog2.BODY_SIZE)):
         raise MetadataError("trace metadata: a record type out of range")
-    body = np.ascontiguousarray(words[3:].T)
+    rare = RARE_TYPES[head[:, 3]]
+    body = np.zeros((n, clog2.BODY_WORDS), np.int32)
+    body[:, : COMMON - 3] = common[3:].T
+    body[rare, COMMON - 3 :] = _unpack(blobs[1], (WORDS - COMMON, int(rare.sum())), np.int32).T
     kinds = head[:, 3].astype(np.int64) * (1 << 32) + body[:, 0].astype(np.int64)
-    grouped = _unpack(blobs[1], (1, n), np.int64)
+    grouped = _unpack(blobs[2], (1, n), np.int64)
     gaps = np.empty_like(grouped)
     gaps[:, np.argsort(kinds, kind="stable")] = grouped
     if info["time_period"]:
@@ -385,7 +398,7 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
         or len({i["key"] for i in infos}) != len(infos)
     ):
         raise MetadataError("trace metadata: header out of bounds")
-    expected = (1 if order == "explicit" else 0) + 2 * len(infos) + 1 + (1 if tails else 0)
+    expected = (1 if order == "explicit" else 0) + 3 * len(infos) + 1 + (1 if tails else 0)
     if len(blobs) != expected:
         raise MetadataError("trace metadata: wrong number of blobs")
     pos = 0
@@ -395,8 +408,8 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
         if total and (stream_of.min() < 0 or stream_of.max() >= len(infos)):
             raise MetadataError("trace metadata: bad record order")
         pos = 1
-    jobs = [(info, blobs[pos + 2 * i : pos + 2 * i + 2]) for i, info in enumerate(infos)]
-    pos += 2 * len(infos)
+    jobs = [(info, blobs[pos + 3 * i : pos + 3 * i + 3]) for i, info in enumerate(infos)]
+    pos += 3 * len(infos)
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
         parts = list(pool.map(lambda job: _decode_stream(job[0], job[0]["key"], job[1], time_mode), jobs))
     try:

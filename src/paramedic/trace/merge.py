@@ -137,33 +137,16 @@ def merge(directory: Path, world_size: int) -> tuple[bytes, dict[str, object]]:
     order = np.argsort(np.concatenate(times), kind="stable")
     records = records.take(order)
     table = clog2.world_comm_table()
-    nblocks = _count_blocks(records, clog2.DEFAULT_BLOCK_SIZE)
-    fptr = clog2.PREAMBLE_SIZE + nblocks * clog2.DEFAULT_BLOCK_SIZE
     trace = clog2.Trace(
-        clog2.make_preamble(world_size, fptr),
-        True,
-        clog2.DEFAULT_BLOCK_SIZE,
-        records,
-        (0, 0, 0),
-        [],
-        table,
+        clog2.make_preamble(world_size, 0), True, clog2.DEFAULT_BLOCK_SIZE, records, (0, 0, 0), [], table
     )
+    data = clog2.write(trace)
+    # the preamble holds the communicator table's offset, known once the blocks are packed
+    data = clog2.make_preamble(world_size, len(data) - len(table)) + data[clog2.PREAMBLE_SIZE :]
     summary = {
         "ranks": world_size,
         "records": {str(log.rank): int(len(log.ns)) for log in logs},
         "dropped_message_events": {str(log.rank): log.dropped for log in logs if log.dropped},
         "clock_offset_ns": {str(log.rank): [log.off_init, log.off_fini] for log in logs},
     }
-    return clog2.write(trace), summary
-
-
-def _count_blocks(records: clog2.Records, block_size: int) -> int:
-    """How many blocks `clog2.write` packs the records into (the preamble needs the table's offset first)."""
-    sizes = (clog2.HEADER_SIZE + np.asarray(clog2.BODY_SIZE, np.int64)[records.head[:, 3]]).tolist()
-    used, blocks = 0, 1
-    for size in sizes:
-        if used + size + clog2.HEADER_SIZE >= block_size:
-            blocks += 1
-            used = 0
-        used += size
-    return blocks
+    return data, summary
