@@ -6,7 +6,7 @@ DATA     ?= $(or $(PARAMEDIC_DATA),$(HOME)/.cache/paramedic/data)
 DEMO     ?= demo-run
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup blast slurm chromium data demo test test-unit test-integration coverage lint bench conformance faults fuzz clean
+.PHONY: setup blast slurm chromium mpi-trace data demo test test-unit test-integration coverage lint bench conformance faults fuzz clean
 
 setup: $(VENV)/.installed blast
 
@@ -33,6 +33,15 @@ chromium:
 	  apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 	@chromium --version
 
+# Open MPI (headers and mpiexec), LAMMPS and its examples from Debian when missing: `paramedic trace` builds
+# its PMPI library against Open MPI (and MPICH, from the mpich wheel), and the trace tests and
+# bench/traces.py trace LAMMPS, a real MPI program nobody here wrote (idempotent).
+mpi-trace:
+	@command -v mpicc.openmpi >/dev/null && command -v mpiexec.openmpi >/dev/null && command -v lmp >/dev/null && \
+	  [ -d /usr/share/lammps/examples ] || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends libopenmpi-dev openmpi-bin lammps lammps-examples >/dev/null; }
+	@mpiexec.openmpi --version | head -1
+
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
@@ -48,7 +57,7 @@ data:
 demo: setup data
 	$(PY) scripts/demo.py --data $(DATA)/mmseqs2 --out $(DEMO)
 
-test: setup slurm chromium data
+test: setup slurm chromium mpi-trace data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q
 
 # Pure logic, no BLAST+ runs, no MPI: seconds.
@@ -56,7 +65,7 @@ test-unit: setup
 	$(VENV)/bin/pytest -q tests/unit
 
 # Real BLAST+, real mpiexec ranks, real TLS sockets and files, a real Slurm (most of `make test`'s time).
-test-integration: setup slurm chromium data
+test-integration: setup slurm chromium mpi-trace data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q tests/integration
 
 # Line and branch coverage of src/paramedic over the whole suite (or TESTS=tests/unit ...), every Python

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from paramedic import __version__
-from paramedic.errors import ParamedicError, UsageError
+from paramedic.errors import InputError, ParamedicError, UsageError
 
 USAGE = """\
 paramedic: parallel NCBI BLAST+ on MPI, with ParaMEDIC's metadata shipping to a storage site.
@@ -29,7 +29,11 @@ commands:
   simulate predict a search's wall time and efficiency at any scale from a pilot run's record
              paramedic simulate --record pilot/hits.txt.run.json --queries 250000 \\
                  --workers 32768 --partition-size 128
-  report   draw a run record as one self-contained HTML page (charts; opens from a file)
+  trace    run an unmodified MPI program traced (PMPI); write one merged CLOG2 file (MPE2's format)
+             paramedic trace -out run.clog2 -- mpiexec -n 4 lmp -in in.melt
+  ship     ship a finished trace to a storage site (its metadata by default; the site regenerates it)
+             paramedic ship run.clog2 -out traces/run.clog2 --site tls://storage:7700 --keys keys/compute-a
+  report   draw a run record, or a CLOG2 trace as a timeline, as one self-contained HTML page
              paramedic report hits.txt.run.json -o hits.html
 
 exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output,
@@ -105,9 +109,120 @@ def _dispatch(argv: list[str]) -> int:
         return _serve(rest)
     if command == "simulate":
         return _simulate(rest)
+    if command == "trace":
+        return _trace(rest)
+    if command == "ship":
+        return _ship(rest)
     if command == "report":
         return _report(rest)
-    raise UsageError(f"unknown command {command!r} (commands: format, search, keys, serve, simulate, report)")
+    raise UsageError(
+        f"unknown command {command!r} (commands: format, search, keys, serve, simulate, trace, ship, report)"
+    )
+
+
+def _ship_options(parser: argparse.ArgumentParser, required: bool) -> None:
+    """--site, --keys, --ship, --streams, --ship-timeout, --record: shipping a finished file."""
+    parser.add_argument(
+        "--site", required=required, help="the storage site: tls://HOST:PORT or file:///inbox"
+    )
+    parser.add_argument("--keys", type=Path, help="this compute site's keys (from `paramedic keys`)")
+    parser.add_argument("--ship", default="metadata", help="metadata (default), compressed, direct or auto")
+    parser.add_argument("--streams", type=int, default=4, help="parallel TLS streams (default 4)")
+    parser.add_argument("--ship-timeout", type=float, default=300.0, help="seconds to retry a lost site")
+    parser.add_argument("--record", type=Path, help="write the run record (its `ship` section) here")
+
+
+def _ship_file(args: argparse.Namespace, path: Path, out: str) -> None:
+    import json
+
+    from paramedic.durable import write_durably
+    from paramedic.ship.apps import app_for_file
+    from paramedic.ship.destination import ShipSettings
+    from paramedic.ship.file_ship import ship_file
+
+    settings = ShipSettings.build(args.site, args.keys, args.ship, out, args.streams, args.ship_timeout)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: {exc.strerror}") from exc
+    app = app_for_file(data[:1024])
+    if app is None:
+        raise InputError(f"{path}: not the output of an application paramedic ships (a CLOG2 trace?)")
+    report = ship_file(settings, app, data)
+    record = {
+        "kind": "paramedic-ship",
+        "version": 1,
+        "application": app.name,
+        "file": str(path),
+        "ship": report,
+    }
+    if args.record is not None:
+        write_durably(args.record, json.dumps(record, indent=1).encode() + b"\n")
+    print(
+        f"paramedic: {path} shipped to {settings.site} as {out} ({report['mode']}: "
+        f"{report['shipped_payload_bytes']} bytes for {report['output_bytes']}; the site's copy is identical)",
+        file=sys.stderr,
+    )
+
+
+def _ship(argv: list[str]) -> int:
+    parser = _parser("ship", "Ship a finished output file (a CLOG2 trace) to a storage site.")
+    parser.add_argument("file", type=Path, help="the file (a CLOG2 trace, from paramedic trace or MPE2)")
+    parser.add_argument("-out", required=True, help="its path under the storage site's root")
+    _ship_options(parser, required=True)
+    args = parser.parse_args(argv)
+    _ship_file(args, args.file, args.out)
+    return 0
+
+
+def _trace_report(data: bytes, source: Path, out: Path, max_records: int) -> int:
+    """A CLOG2 trace as a Jumpshot-like timeline (ranks as rows, calls as bars, messages as arrows)."""
+    from paramedic.durable import write_durably
+    from paramedic.errors import OutputError
+    from paramedic.trace.timeline import render
+
+    if not 1 <= max_records <= 10**6:
+        raise UsageError("--max-records must be between 1 and 1,000,000")
+    page = render(data, max_records, source.name)
+    try:
+        write_durably(out, page.encode())
+    except OSError as exc:
+        raise OutputError(f"{out}: {exc.strerror}") from exc
+    print(f"paramedic: timeline of {source} written to {out}", file=sys.stderr)
+    return 0
+
+
+def _trace(argv: list[str]) -> int:
+    from paramedic.trace.run import summary_line, trace
+
+    if "--" not in argv:
+        raise UsageError(
+            "paramedic trace: give the MPI command after --: trace -out FILE.clog2 -- mpiexec ..."
+        )
+    split = argv.index("--")
+    parser = _parser("trace", "Run an unmodified MPI program traced; write one merged CLOG2 file.")
+    parser.add_argument(
+        "-out",
+        required=True,
+        type=Path,
+        help="the merged CLOG2 file (with --site, also its name at the site)",
+    )
+    parser.add_argument(
+        "--buffer", type=int, default=8 << 20, help="bytes each rank buffers before writing (default 8 MiB)"
+    )
+    _ship_options(parser, required=False)
+    args = parser.parse_args(argv[:split])
+    if args.buffer < 4096 or args.buffer > 1 << 30:
+        raise UsageError("--buffer must be between 4096 and 2^30 bytes")
+    if args.site is not None:  # the site settings are checked before the program runs
+        from paramedic.ship.destination import ShipSettings
+
+        ShipSettings.build(args.site, args.keys, args.ship, str(args.out), args.streams, args.ship_timeout)
+    summary = trace(argv[split + 1 :], args.out, args.buffer)
+    print(f"paramedic: trace written to {args.out}: {summary_line(summary)}", file=sys.stderr)
+    if args.site is not None:
+        _ship_file(args, args.out, str(args.out))
+    return 0
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -139,7 +254,10 @@ def _serve(argv: list[str]) -> int:
 
     parser = _parser("serve", "Storage site: receive output or metadata over TLS and write the output.")
     parser.add_argument(
-        "--replica", required=True, type=Path, help="the site's copy of the formatted database"
+        "--replica",
+        type=Path,
+        help="the site's copy of the formatted database (needed for BLAST metadata; a site without one "
+        "serves traces and plain output)",
     )
     parser.add_argument("--root", required=True, type=Path, help="directory that receives the output files")
     parser.add_argument("--listen", default="0.0.0.0:7700", help="HOST:PORT (default 0.0.0.0:7700)")
@@ -284,18 +402,39 @@ def _report(argv: list[str]) -> int:
         "report",
         "Draw a run record (a search's <out>.run.json) as one self-contained HTML page: timeline of the "
         "tasks per rank, phase split, load balance, bytes moved and saved, the ParaMEDIC data-or-metadata "
-        "chart, staging, and a `paramedic simulate --json` prediction beside the run.",
+        "chart, staging, and a `paramedic simulate --json` prediction beside the run. Given a CLOG2 trace "
+        "(paramedic trace), draw it as a timeline: ranks as rows, calls as bars, messages as arrows.",
     )
-    parser.add_argument("record", type=Path, help="the run record (e.g. hits.txt.run.json)")
-    parser.add_argument("-o", "--out", type=Path, help="the page to write (default: RECORD with .html)")
+    parser.add_argument("record", type=Path, help="the run record (e.g. hits.txt.run.json) or a CLOG2 trace")
+    parser.add_argument(
+        "-o", "-out", "--out", dest="out", type=Path, help="the page to write (default: the file with .html)"
+    )
     parser.add_argument(
         "--prediction", type=Path, help="`paramedic simulate --json` output to show beside the run"
     )
+    parser.add_argument(
+        "--max-records", type=int, default=20000, help="a trace's records drawn (the first in time)"
+    )
     args = parser.parse_args(argv)
     out = args.out or args.record.with_suffix(".html")
+    try:
+        with open(args.record, "rb") as fh:
+            head = fh.read(len(CLOG2_MAGIC))
+    except OSError as exc:
+        raise InputError(f"{args.record}: {exc.strerror}") from exc
+    if head == CLOG2_MAGIC:
+        try:
+            data = args.record.read_bytes()
+        except OSError as exc:
+            raise InputError(f"{args.record}: {exc.strerror}") from exc
+        return _trace_report(data, args.record, out, args.max_records)
     size = write_report(args.record, out, args.prediction)
     print(f"paramedic: report page {out} ({size / 1e6:.1f} MB, opens with no network)", file=sys.stderr)
     return 0
+
+
+# A CLOG2 file's preamble starts with its version string (MPE2's clog_preamble.h): "CLOG-02.xx".
+CLOG2_MAGIC = b"CLOG-02"
 
 
 _SIZE = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}

@@ -35,7 +35,7 @@ class StorageSite:
 
     def __init__(
         self,
-        replica: Path,
+        replica: Path | None,  # None: a site without a replica (traces and plain output only)
         root: Path,
         keys: Path,
         log: Path,
@@ -63,7 +63,7 @@ class StorageSite:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         argv = [
-            str(BIN / "paramedic"), "serve", "--replica", str(self.replica), "--root", str(self.root),
+            str(BIN / "paramedic"), "serve", *(["--replica", str(self.replica)] if self.replica else []), "--root", str(self.root),
             "--listen", f"127.0.0.1:{self.port}", "--keys", str(self.keys), "--io-workers", str(self.io_workers),
             *self.extra,
         ]  # fmt: skip

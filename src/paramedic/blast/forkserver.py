@@ -36,18 +36,28 @@ def shim_path() -> Path | None:
     return compiled(SOURCE)
 
 
-def compiled(source: Path) -> Path | None:
-    """A preload library built from `source` once per source version into the user's cache; None
-    without a C compiler (or when it fails)."""
+def compiled(
+    source: Path,
+    compiler: str | None = None,
+    flags: tuple[str, ...] = ("-ldl",),
+    depends: tuple[Path, ...] = (),
+    variant: str = "",
+) -> Path | None:
+    """A preload library built from `source` (and the headers in `depends`) once per source version and
+    `variant` into the user's cache, with `compiler` (the system C compiler by default) and `flags`; None
+    without the compiler (or when it fails)."""
     try:
-        text = source.read_bytes()
+        text = source.read_bytes() + b"".join(d.read_bytes() for d in depends)
     except OSError:
         return None
     cache = cache_dir("native")
-    target = cache / f"{source.stem}-{hashlib.sha256(text).hexdigest()[:16]}.so"
+    key = hashlib.sha256(text + variant.encode() + " ".join(flags).encode()).hexdigest()[:16]
+    target = cache / f"{source.stem}{'-' + variant if variant else ''}-{key}.so"
+    if variant == "" and flags == ("-ldl",):
+        target = cache / f"{source.stem}-{hashlib.sha256(text).hexdigest()[:16]}.so"
     if target.is_file():
         return target
-    compiler = shutil.which("cc") or shutil.which("gcc")
+    compiler = compiler or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
     try:
@@ -55,7 +65,7 @@ def compiled(source: Path) -> Path | None:
         fd, tmp = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".so", dir=cache)
         os.close(fd)
         proc = subprocess.run(
-            [compiler, "-shared", "-fPIC", "-O2", "-o", tmp, str(source), "-ldl"], capture_output=True
+            [compiler, "-shared", "-fPIC", "-O2", "-o", tmp, str(source), *flags], capture_output=True
         )
         if proc.returncode != 0:
             os.unlink(tmp)

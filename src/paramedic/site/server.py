@@ -78,7 +78,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class ServeSettings:
-    replica: Path
+    replica: Path | None  # None: no BLAST metadata; traces and plain output only
     root: Path
     listen: str  # host:port
     keys: Path | None  # None: only the --inbox transport, no TLS listener
@@ -118,14 +118,17 @@ class SiteServer:
         root = settings.root.resolve()
         if not root.is_dir():
             raise UsageError(f"--root {root}: not a directory")
-        database, manifest = resolve_database(str(settings.replica), Path.cwd())
         workdir = (settings.state or root / STATE_DIR_NAME) / "work"
         workdir.mkdir(parents=True, exist_ok=True)
         # what a killed server was regenerating: nothing in a run's scratch outlives the run
         for stale in workdir.glob("regen-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        self.replica = Replica(database, manifest.checksum(), workdir)
-        self.reads = ReplicaReads(database.directory, manifest) if settings.replica_reads else None
+        self.replica: Replica | None = None
+        self.reads: ReplicaReads | None = None
+        if settings.replica is not None:
+            database, manifest = resolve_database(str(settings.replica), Path.cwd())
+            self.replica = Replica(database, manifest.checksum(), workdir)
+            self.reads = ReplicaReads(database.directory, manifest) if settings.replica_reads else None
         self.context = server_context(settings.keys) if settings.keys is not None else None
         self.store = JobStore(
             root,
@@ -341,7 +344,7 @@ class SiteServer:
             return {
                 "op": "hello",
                 "version": PROTOCOL_VERSION,
-                "manifest_sha256": self.replica.manifest_sha256,
+                "manifest_sha256": self.replica.manifest_sha256 if self.replica is not None else None,
                 "max_payload": MAX_PAYLOAD_BYTES,
             }
         if op == "ping":  # link measurement: the payload only tests the bandwidth
@@ -398,7 +401,9 @@ def serve(settings: ServeSettings) -> int:
         inbox = InboxWatcher(settings.inbox, server.store, log, settings.keys, settings.open_idle_seconds)
         inbox.start()
         signed = "signed jobs only" if settings.keys is not None else "unsigned: trusts whoever can write it"
-        log(f"watching inbox {settings.inbox} ({signed}), replica {settings.replica}")
+        log(
+            f"watching inbox {settings.inbox} ({signed}), replica {settings.replica or 'none (traces and plain output only)'}"
+        )
     try:
         if settings.keys is not None:
             host, port = server.bind()
@@ -406,7 +411,7 @@ def serve(settings: ServeSettings) -> int:
                 "serving its fragment volumes read-only" if server.reads is not None else "no replica reads"
             )
             log(
-                f"listening on {host}:{port} (TLS 1.3, client certificates), replica {settings.replica} "
+                f"listening on {host}:{port} (TLS 1.3, client certificates), replica {settings.replica or 'none (traces and plain output only)'} "
                 f"({reads})"
             )
             server.serve_forever()

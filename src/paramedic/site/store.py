@@ -51,6 +51,7 @@ from typing import Any
 from paramedic.blast.run import Database
 from paramedic.durable import fsync_dir, write_durably
 from paramedic.errors import ParamedicError
+from paramedic.ship.apps import codec_needs_replica
 from paramedic.ship.codecs import Codec
 from paramedic.ship.paths import output_path_problem
 from paramedic.ship.registry import make_codec
@@ -174,11 +175,21 @@ class SiteJob:
 
 
 class JobStore:
+    def _prepare(self, codec: Codec, setup: dict[str, Any], payload: bytes) -> Any:
+        """The codec's job context; a site without a replica refuses the applications that need one
+        (`ship.apps`: BLAST's metadata), and serves the others (traces, plain output)."""
+        if self.replica is None and codec_needs_replica(codec.name):
+            raise ProtocolError(
+                f"this storage site holds no database replica: it cannot regenerate {codec.name} output "
+                "(ship compressed or direct, or serve with --replica)"
+            )
+        return codec.prepare(setup, payload, self.replica)
+
     def __init__(
         self,
         root: Path,
         state: Path,
-        replica: Replica,
+        replica: Replica | None,
         io_workers: int,
         log=print,
         expire_seconds: float = DEFAULT_EXPIRE_SECONDS,
@@ -252,7 +263,7 @@ class JobStore:
                 return None
             payload = setup_payload or b""
             self._check_free_space(len(payload))
-            context = codec.prepare(setup, payload, self.replica)
+            context = self._prepare(codec, setup, payload)
             directory = self.state / job_id
             tmp = self.state / f".{job_id}.tmp"
             try:
@@ -631,7 +642,7 @@ class JobStore:
             if job.done() is not None:
                 continue
             try:
-                job.context = codec.prepare(setup, (directory / "setup.bin").read_bytes(), self.replica)
+                job.context = self._prepare(codec, setup, (directory / "setup.bin").read_bytes())
             except (ProtocolError, ParamedicError, OSError, ValueError, MemoryError) as exc:
                 self._fail(job, f"cannot resume after a restart: {_describe(exc)}")
                 continue

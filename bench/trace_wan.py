@@ -1,0 +1,164 @@
+"""Shipping MPI traces over an emulated link: metadata against compressed, and what `auto` picks (issue 22).
+
+Traces LAMMPS (melt and flow.pois, 2 ranks) with `paramedic trace`, starts a `paramedic serve` with no
+replica, and ships each trace with `paramedic ship --ship metadata|compressed|auto` through bench/wan's
+SharedLink relay (one bottleneck of the given rate each way, in user space; no added latency: Toxiproxy,
+which bench/wan.py uses for the delay, is not needed here) at 100, 10 and 1 Mbit/s. Every file the site
+writes is compared with the local trace by SHA-256. Wall time is the whole `paramedic ship` command
+(encoding, transfer, the site's regeneration and its check). Appends a section to bench/RESULTS.md
+(`--no-append`: print only). Needs `make mpi-trace`.
+
+    .venv/bin/python bench/trace_wan.py [--rates 100,10,1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wan import SharedLink  # noqa: E402  (bench/wan.py's shared-bottleneck relay)
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+EXAMPLES = Path("/usr/share/lammps/examples")
+ENV = {
+    **os.environ,
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+}
+LISTENING = re.compile(r"listening on [^ ]*:(\d+) ")
+
+
+def paramedic(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(BIN / "paramedic"), *args], env=ENV, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"paramedic {' '.join(args)}: {proc.stderr.strip()}")
+    return proc
+
+
+def traces(work: Path) -> dict[str, Path]:
+    melt = work / "in.melt"
+    melt.write_text((EXAMPLES / "melt/in.melt").read_text().replace("run\t\t250", "run\t\t500"))
+    pois = work / "in.flow.pois"
+    pois.write_text((EXAMPLES / "flow/in.flow.pois").read_text())
+    out = {}
+    for name, script in (("melt", melt), ("flow.pois", pois)):
+        path = work / f"{name}.clog2"
+        paramedic(
+            "trace",
+            "-out",
+            str(path),
+            "--",
+            "mpiexec.openmpi",
+            "-n",
+            "2",
+            "lmp",
+            "-log",
+            "none",
+            "-screen",
+            "none",
+            "-in",
+            str(script),
+        )
+        out[name] = path
+    return out
+
+
+def serve(stack: contextlib.ExitStack, work: Path, keys: Path) -> tuple[Path, int]:
+    root = work / "site"
+    root.mkdir()
+    log = open(work / "serve.log", "w")  # noqa: SIM115 (closed by the stack)
+    stack.callback(log.close)
+    proc = subprocess.Popen(
+        [str(BIN / "paramedic"), "serve", "--root", str(root), "--listen", "127.0.0.1:0", "--keys", str(keys / "server")],
+        stderr=log, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    stack.callback(proc.wait, 10)
+    stack.callback(proc.terminate)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        match = LISTENING.search((work / "serve.log").read_text())
+        if match:
+            return root, int(match.group(1))
+        time.sleep(0.1)
+    raise SystemExit("paramedic serve did not start: " + (work / "serve.log").read_text())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="100,10,1", help="link rates in Mbit/s")
+    parser.add_argument("--no-append", action="store_true")
+    args = parser.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="trace-wan-") as tmp, contextlib.ExitStack() as stack:
+        work = Path(tmp)
+        files = traces(work)
+        paramedic("keys", "--out", str(work / "keys"), "--server", "localhost", "--client", "compute")
+        root, port = serve(stack, work, work / "keys")
+        link = SharedLink(stack)
+        relay = link.relay(port)
+        for name, path in files.items():
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            for rate in rates:
+                link.set_rate(rate)
+                row: dict[str, object] = {"trace": name, "bytes": path.stat().st_size, "rate_mbit": rate}
+                for mode in ("metadata", "compressed", "auto"):
+                    out = f"{name}-{rate:g}-{mode}.clog2"
+                    record = work / f"{out}.json"
+                    start = time.monotonic()
+                    paramedic(
+                        "ship", str(path), "-out", out, "--site", f"tls://localhost:{relay}",
+                        "--keys", str(work / "keys/compute"), "--ship", mode, "--record", str(record),
+                    )  # fmt: skip
+                    seconds = time.monotonic() - start
+                    assert hashlib.sha256((root / out).read_bytes()).hexdigest() == digest, (
+                        "site file differs"
+                    )
+                    ship = json.loads(record.read_text())["ship"]
+                    row[mode] = round(seconds, 2)
+                    row[f"{mode}_payload"] = ship["shipped_payload_bytes"]
+                    if mode == "auto":
+                        row["auto_mode"] = ship["mode"]
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"## Trace shipping over an emulated link (issue 22, {stamp})",
+        "",
+        f"`.venv/bin/python bench/trace_wan.py {' '.join(sys.argv[1:])}`: `paramedic ship` of LAMMPS traces (2 ranks) to a",
+        "`paramedic serve` without replica, through bench/wan's SharedLink relay (rate only, no added delay).",
+        "Seconds are the whole command (encode, transfer, the site's regeneration and check); every site file",
+        "was identical to the local trace.",
+        "",
+        "| trace | CLOG2 bytes | Mbit/s | metadata s | payload | compressed s | payload | compressed/metadata | auto picks | auto s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['trace']} | {r['bytes']:,} | {r['rate_mbit']:g} | {r['metadata']} | {r['metadata_payload']:,} "
+            f"| {r['compressed']} | {r['compressed_payload']:,} | {float(r['compressed']) / float(r['metadata']):.1f}x "  # type: ignore[arg-type]
+            f"| {r['auto_mode']} | {r['auto']} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_append:
+        with open(ROOT / "bench/RESULTS.md", "a") as fh:
+            fh.write("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

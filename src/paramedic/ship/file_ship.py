@@ -1,0 +1,117 @@
+"""Shipping a finished file of an application (a trace) to a storage site: `paramedic ship`, `trace --site`.
+
+The same link as a search's (ship.destination): the same transports (TLS streams, the inbox), the same
+final check (the site's file has this file's size and SHA-256) and the same run record section. The
+modes:
+
+    --ship metadata    the application's metadata (a trace: its first period and differences); the storage
+                       site regenerates the file and checks it before writing
+    --ship compressed  the file zstd-compressed, in ranges
+    --ship direct      the file as it is, in ranges
+    --ship auto        measure the link, then the ParaMEDIC rule (ship.auto.ship_metadata) on this file's
+                       real sizes and times: metadata when D - x > B * (f + g), g estimated by decoding here
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import zstandard
+
+from paramedic.errors import UsageError
+from paramedic.report.record import ShipReport
+from paramedic.ship.apps import Application
+from paramedic.ship.auto import COMPRESSED, METADATA, measure_link, ship_metadata
+from paramedic.ship.destination import Shipping, ShipSettings
+from paramedic.ship.registry import codec_for_mode, make_codec
+from paramedic.ship.transport import Opening, open_transport
+from paramedic.ship.wire import MAX_PAYLOAD_BYTES
+
+Metadata = tuple[dict[str, Any], bytes]
+
+
+def _encode(app: Application, data: bytes) -> tuple[Metadata, float]:
+    start = time.perf_counter()
+    made = make_codec(app.metadata_codec).encode((0, data))
+    return made, time.perf_counter() - start
+
+
+def _auto(
+    settings: ShipSettings, app: Application, data: bytes
+) -> tuple[str, dict[str, Any], Metadata, float]:
+    """The mode `auto` picks for this file, the record of why, and the metadata made on the way."""
+    link, _ = measure_link(settings.site, settings.keys)
+    made, f = _encode(app, data)
+    meta = made[1]
+    start = time.perf_counter()
+    make_codec(app.metadata_codec).decode(made[0], meta, None)
+    g = time.perf_counter() - start
+    compressed = len(zstandard.ZstdCompressor(level=3).compress(data))
+    decision: dict[str, Any] = {
+        "D_output_bytes": len(data),
+        "D_compressed_bytes": compressed,
+        "x_metadata_bytes": len(meta),
+        "f_seconds": round(f, 4),
+        "g_seconds": round(g, 4),
+    }
+    if link is None:
+        mode, reason = (
+            METADATA,
+            "shared-directory transport: no link to measure; metadata is the least to write",
+        )
+    else:
+        bandwidth = link.bandwidth_bytes_per_second
+        mode = METADATA if ship_metadata(compressed, len(meta), bandwidth, f, g) else COMPRESSED
+        decision["link"] = {"rtt_seconds": link.rtt_seconds, "bandwidth_bytes_per_second": bandwidth}
+        reason = f"D-x = {compressed - len(meta)} bytes vs B*(f+g) = {bandwidth * (f + g):.0f} bytes"
+    decision.update({"mode": mode, "reason": reason})
+    return mode, decision, made, f
+
+
+def ship_file(settings: ShipSettings, app: Application, data: bytes) -> ShipReport:
+    """Send `data` (a whole output file of `app`) to the storage site as `settings.out`; the site's file is
+    checked against it (size and SHA-256) before this returns."""
+    if settings.mode not in app.ship_modes + ("auto",):
+        raise UsageError(f"--ship {settings.mode}: {app.name} ships {', '.join(app.ship_modes)} or auto")
+    mode, decision = settings.mode, None
+    made: Metadata | None = None
+    encode_seconds = 0.0
+    if mode == "auto":
+        mode, decision, made, encode_seconds = _auto(settings, app, data)
+    codec = make_codec(app.metadata_codec) if mode == METADATA else codec_for_mode(mode)
+    if mode == METADATA:
+        if made is None:
+            made, encode_seconds = _encode(app, data)
+        if len(made[1]) > MAX_PAYLOAD_BYTES:
+            raise UsageError(
+                f"the {app.name} metadata is {len(made[1])} bytes, over the link's {MAX_PAYLOAD_BYTES}-byte "
+                "payload limit: ship it compressed"
+            )
+    transport = open_transport(
+        Opening(
+            settings.site,
+            settings.keys,
+            codec.name,
+            {"out": settings.out},
+            b"",
+            settings.streams,
+            settings.timeout,
+        )
+    )
+    transport.start()
+    shipping = Shipping(settings, mode, codec, transport, 0)
+    shipping.decision = decision
+    try:
+        if made is not None and mode == METADATA:
+            shipping.encode_seconds = encode_seconds
+            transport.send(*made)
+            shipping.output_bytes = len(data)
+            shipping.digest.update(data)
+        else:
+            shipping.write(data)
+        shipping.commit()
+    except BaseException:
+        shipping.abort()
+        raise
+    return shipping.report()

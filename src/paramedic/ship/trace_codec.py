@@ -1,0 +1,49 @@
+"""The trace codec: ship a CLOG2 trace as its period metadata (trace.codec), regenerate it at the storage site.
+
+A unit is a whole trace (offset 0, the file's bytes); the payload is its metadata, whose SHA-256 of the
+regenerated file the storage site checks before it writes anything. The file comes back as ranges of at
+most RANGE_CHUNK_BYTES, so the site writes it as it writes any "ranges" codec's output. Payloads larger than
+the wire's MAX_PAYLOAD_BYTES (32 MiB of metadata: traces of hundreds of millions of events) are not
+supported yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paramedic.errors import ParamedicError
+from paramedic.ship.codecs import RANGE_CHUNK_BYTES, Codec, Segment, register_codec
+from paramedic.ship.wire import ProtocolError
+from paramedic.trace import codec as trace_codec
+
+# The largest trace a storage site regenerates from one metadata payload.
+MAX_TRACE_BYTES = 1 << 34
+
+
+@register_codec
+class TraceMetadataCodec(Codec):
+    """The MPE plugin of the framework paper: first period in full, differences for the others."""
+
+    name = "trace-metadata"
+    layout = "ranges"
+    ship_mode = None  # not a `search --ship` choice: `paramedic trace` / `paramedic ship` choose it
+
+    def encode(self, unit: tuple[int, bytes]) -> tuple[dict[str, Any], bytes]:
+        offset, data = unit
+        encoded = trace_codec.encode(data)
+        return {"offset": offset, "size": len(data), "mode": encoded.mode}, encoded.data
+
+    def decode(self, header: dict[str, Any], payload: bytes, context: Any) -> list[Segment]:
+        size = header.get("size")
+        offset = header.get("offset")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_TRACE_BYTES:
+            raise ProtocolError("trace chunk: bad size")
+        if offset != 0:
+            raise ProtocolError("trace chunk: a trace ships whole, at offset 0")
+        try:
+            data = trace_codec.decode(payload, max_size=size)
+        except ParamedicError as exc:
+            raise ProtocolError(f"trace chunk: {exc}") from exc
+        if len(data) != size:
+            raise ProtocolError("trace chunk: regenerated size differs from the header")
+        return [Segment(s, data[s : s + RANGE_CHUNK_BYTES]) for s in range(0, size, RANGE_CHUNK_BYTES)]

@@ -1,0 +1,72 @@
+"""`paramedic trace`: run an unmodified MPI program under the tracer and write one merged CLOG2 file.
+
+The launcher's own options carry the library to every rank (Open MPI: `-x NAME=value`, MPICH's Hydra:
+`-genv NAME value`), so mpiexec itself runs untraced. The ranks' logs go to a private directory next to
+the output (it must be reachable from every rank: a shared file system on several nodes) and are merged
+after the run (trace/merge.py); the output appears whole or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from paramedic.durable import write_durably
+from paramedic.errors import JobError, OutputError, UsageError
+from paramedic.trace import merge, native
+
+
+def inject(command: list[str], kind: str, env: dict[str, str]) -> list[str]:
+    """The command with `env` passed to the ranks through the launcher's options."""
+    opts: list[str] = []
+    for name, value in env.items():
+        opts += ["-x", f"{name}={value}"] if kind == "openmpi" else ["-genv", name, value]
+    return [command[0], *opts, *command[1:]]
+
+
+def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[str, object]:
+    """Run `command` (mpiexec ... PROGRAM ARGS) traced; write the merged CLOG2 file to `out`; a summary."""
+    if not command:
+        raise UsageError("paramedic trace: no command after --")
+    lib, kind = native.library(command[0])
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        logs = Path(tempfile.mkdtemp(prefix=f".{out.name}.ranks-", dir=out.parent))
+    except OSError as exc:
+        raise OutputError(f"-out {out}: cannot write beside it ({exc.strerror})") from exc
+    try:
+        env = {
+            "LD_PRELOAD": str(lib),
+            "PARAMEDIC_TRACE_DIR": str(logs),
+            "PARAMEDIC_TRACE_BUFFER": str(buffer_bytes),
+        }
+        started = time.monotonic()
+        proc = subprocess.run(inject(command, kind, env))
+        elapsed = time.monotonic() - started
+        if proc.returncode != 0:
+            raise JobError(f"the traced program exited with status {proc.returncode}; no trace written")
+        ranks = sorted(
+            int(m.group(1)) for p in logs.iterdir() if (m := re.fullmatch(r"rank-(\d+)\.raw", p.name))
+        )
+        if not ranks:
+            raise JobError("the traced program logged nothing: did it call MPI_Init?")
+        if ranks != list(range(len(ranks))):
+            raise JobError(f"trace logs missing for some ranks (have {ranks})")
+        data, summary = merge.merge(logs, len(ranks))
+        try:
+            write_durably(out, data)
+        except OSError as exc:
+            raise OutputError(f"-out {out}: {exc.strerror}") from exc
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+    summary.update({"mpi": kind, "library": str(lib), "seconds": round(elapsed, 3), "bytes": len(data)})
+    return summary
+
+
+def summary_line(summary: dict[str, object]) -> str:
+    return json.dumps(summary, sort_keys=True)

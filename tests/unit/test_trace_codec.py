@@ -1,0 +1,227 @@
+"""The trace metadata codec on synthetic CLOG2 files: lossless, periodic and not, and corrupt input refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from paramedic.ship.apps import app_for_file, app_named
+from paramedic.ship.registry import make_codec
+from paramedic.ship.wire import ProtocolError
+from paramedic.trace import clog2, codec
+
+
+def make_trace(
+    kinds_per_rank: list[list[tuple[int, int, int, int]]],
+    seed: int = 1,
+    block_size: int = 4096,
+    period: int = 0,
+) -> bytes:
+    """A CLOG2 file from per-rank (rectype, etype, peer, size) sequences, times in integer ns: random gaps,
+    or with `period`, a gap per position in the period plus a jitter of a few ns (a regular code)."""
+    rng = np.random.default_rng(seed)
+    times, heads, bodies = [], [], []
+    base = rng.integers(200, 50000, max(period, 1))
+    for rank, kinds in enumerate(kinds_per_rank):
+        if period:
+            gaps = base[np.arange(len(kinds)) % period] + rng.integers(0, 4, len(kinds))
+        else:
+            gaps = rng.integers(200, 5000, len(kinds))
+        t = np.cumsum(gaps).astype(np.int64)
+        for i, (rectype, etype, peer, size) in enumerate(kinds):
+            body = [0] * clog2.BODY_WORDS
+            body[0] = etype
+            if rectype == 7:
+                body[2], body[3], body[4] = peer, 5, size
+            elif rectype == 8:
+                body[1], body[2] = -1, size
+            times.append(t[i])
+            heads.append([0, rank, 0, rectype])
+            bodies.append(body)
+    ns = np.asarray(times, np.int64)
+    order = np.argsort(np.concatenate([ns]), kind="stable")
+    rec = clog2.Records((ns / 1e9).view(np.uint64), np.asarray(heads, np.int32), np.asarray(bodies, np.int32))
+    rec = rec.take(order)
+    table = clog2.world_comm_table()
+    # find the table's offset by writing once
+    probe = clog2.write(
+        clog2.Trace(
+            clog2.make_preamble(len(kinds_per_rank), 0, block_size),
+            True,
+            block_size,
+            rec,
+            (0, 0, 0),
+            [],
+            table,
+        )
+    )
+    fptr = len(probe) - len(table)
+    return clog2.write(
+        clog2.Trace(
+            clog2.make_preamble(len(kinds_per_rank), fptr, block_size),
+            True,
+            block_size,
+            rec,
+            (0, 0, 0),
+            [],
+            table,
+        )
+    )
+
+
+def periodic_kinds(rank: int, periods: int) -> list[tuple[int, int, int, int]]:
+    step = [
+        (5, 20, 0, 0),
+        (7, -101, 1 - rank, 800),
+        (5, 21, 0, 0),
+        (5, 32, 0, 0),
+        (7, -102, 1 - rank, 800),
+        (5, 33, 0, 0),
+    ]
+    step += [(5, 66, 0, 0), (8, 66, 0, 8), (5, 67, 0, 0)]
+    return [(5, 2, 0, 0)] + step * periods + [(5, 4, 0, 0), (5, 5, 0, 0)]
+
+
+def random_kinds(rank: int, n: int, seed: int) -> list[tuple[int, int, int, int]]:
+    rng = np.random.default_rng(seed + rank)
+    choices = [(5, e, 0, 0) for e in range(20, 80, 2)] + [(7, -101, 0, 0), (7, -102, 0, 0), (8, 62, 0, 0)]
+    out = []
+    for _ in range(n):
+        rectype, etype, _, _ = choices[rng.integers(len(choices))]
+        out.append((rectype, etype, int(rng.integers(0, 4)), int(rng.integers(1, 1 << 20))))
+    return out
+
+
+def test_clog2_write_read_round_trip():
+    data = make_trace([periodic_kinds(0, 50), periodic_kinds(1, 50)])
+    trace = clog2.read(data)
+    assert len(trace.records) == 2 * (1 + 9 * 50 + 2)
+    assert clog2.write(trace) == data
+    assert len(data) > 2 * 4096  # several blocks
+    assert (len(data) - clog2.PREAMBLE_SIZE - len(trace.commtable)) % 4096 == 0
+
+
+def test_periodic_trace_is_small_and_exact():
+    data = make_trace([periodic_kinds(0, 400), periodic_kinds(1, 400)], period=9)
+    encoded = codec.encode(data)
+    assert encoded.mode == "periodic"
+    assert encoded.periods == {0: 9, 1: 9}
+    assert codec.decode(encoded.data) == data
+    assert len(encoded.data) * 20 < len(data)
+
+
+def test_periodic_kinds_with_random_times_keep_the_columns_and_say_why():
+    data = make_trace([periodic_kinds(0, 400), periodic_kinds(1, 400)])
+    encoded = codec.encode(data)
+    assert encoded.periods == {0: 9, 1: 9}
+    assert encoded.mode == "columns" and "columns alone are smaller" in encoded.reason
+    assert codec.decode(encoded.data) == data
+    assert len(encoded.data) * 10 < len(data)
+
+
+def test_find_period_on_kinds():
+    kinds = np.tile(np.array([1, 2, 3, 2, 1, 5, 7]), 100)
+    assert codec.find_period(kinds) == 7
+    assert codec.find_period(np.random.default_rng(3).integers(0, 50, 700)) == 0
+
+
+def test_aperiodic_trace_falls_back_and_says_so():
+    data = make_trace([random_kinds(0, 3000, 5), random_kinds(1, 3000, 5)])
+    encoded = codec.encode(data)
+    assert encoded.mode in ("columns", "general")
+    assert "aperiodic" in encoded.reason
+    assert codec.decode(encoded.data) == data
+
+
+def test_unmodelled_layout_goes_general():
+    data = bytearray(make_trace([periodic_kinds(0, 100), periodic_kinds(1, 100)]))
+    data[clog2.PREAMBLE_SIZE + 4096 - 1] = 7  # a stray byte in the first block's tail: kept, exactly
+    encoded = codec.encode(bytes(data))
+    assert codec.decode(encoded.data) == bytes(data)
+
+
+def _rewrite_header(meta: bytes, change) -> bytes:
+    (length,) = struct.unpack_from("<I", meta, 8)
+    header = json.loads(meta[12 : 12 + length])
+    change(header)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    return meta[:8] + struct.pack("<I", len(text)) + text + meta[12 + length :]
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (lambda m: m[:-10], "do not add up"),
+        (lambda m: b"XXXX" + m[4:], "bad magic"),
+        (lambda m: _rewrite_header(m, lambda h: h.update(sha256="0" * 64)), "SHA-256 differs"),
+        (lambda m: _rewrite_header(m, lambda h: h.update(size=1 << 40)), "out of bounds"),
+        (lambda m: _rewrite_header(m, lambda h: h["streams"][0].update(n=10**9)), "out of bounds"),
+        (
+            lambda m: _rewrite_header(m, lambda h: h["streams"][0].update(period=3)),
+            "SHA-256 differs|out of range",
+        ),
+        (lambda m: m[:-40] + bytes(40), "decompress"),
+    ],
+)
+def test_corrupt_metadata_is_a_clear_error(corrupt, message):
+    data = make_trace([periodic_kinds(0, 200), periodic_kinds(1, 200)], period=9)
+    meta = codec.encode(data).data
+    with pytest.raises(codec.MetadataError, match=message):
+        codec.decode(corrupt(meta), max_size=1 << 30)
+
+
+def test_every_flipped_byte_is_refused_or_exact():
+    data = make_trace([periodic_kinds(0, 30), periodic_kinds(1, 30)])
+    meta = codec.encode(data).data
+    for i in range(0, len(meta), max(1, len(meta) // 300)):
+        bad = bytearray(meta)
+        bad[i] ^= 0x41
+        try:
+            out = codec.decode(bytes(bad), max_size=len(data))
+        except clog2.TraceFormatError:
+            continue
+        assert hashlib.sha256(out).digest() == hashlib.sha256(data).digest()
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: b"NOTCLOG" + d[7:], "not a CLOG2 file"),
+        (lambda d: d[:2000], "does not fit|communicator table"),
+        (lambda d: d[:1044] + struct.pack(">i", 99) + d[1048:], "unknown record type"),
+    ],
+)
+def test_damaged_clog2_is_a_clear_error(damage, message):
+    data = make_trace([periodic_kinds(0, 20), periodic_kinds(1, 20)])
+    with pytest.raises(clog2.TraceFormatError, match=message):
+        codec.encode(damage(data))
+
+
+def test_registry_and_ship_codec():
+    data = make_trace([periodic_kinds(0, 50), periodic_kinds(1, 50)])
+    assert app_for_file(data[:1024]) is app_named("trace")
+    assert app_named("blast").needs_replica and not app_named("trace").needs_replica
+    ship = make_codec(app_named("trace").metadata_codec)
+    header, payload = ship.encode((0, data))
+    assert b"".join(s.data for s in ship.decode(header, payload, None)) == data
+    with pytest.raises(ProtocolError):
+        ship.decode(dict(header, size=len(data) + 1), payload, None)
+
+
+def test_a_site_without_replica_refuses_blast_metadata_and_takes_traces(tmp_path):
+    from paramedic.site.store import JobStore
+
+    root = tmp_path / "root"
+    root.mkdir()
+    store = JobStore(root, tmp_path / "state", None, io_workers=1, log=lambda _: None)
+    with pytest.raises(ProtocolError, match="no database replica"):
+        store.open(
+            "compute-a", {"job": "a" * 32, "codec": "blast-metadata", "setup": {"out": "r.txt"}}, b"setup"
+        )
+    assert store.open(
+        "compute-a", {"job": "b" * 32, "codec": "trace-metadata", "setup": {"out": "t.clog2"}}, b""
+    )
