@@ -54,7 +54,7 @@ data:
 # What paramedic is, on real data in about two minutes: the fragments engine checked byte for byte against
 # BLAST+, ParaMEDIC across two sites on 127.0.0.1 (metadata over TLS), the report page (scripts/demo.py).
 # Writes only under $(DEMO)/ and leaves nothing running.
-demo: setup data
+demo: setup mpi-trace data
 	$(PY) scripts/demo.py --data $(DATA)/mmseqs2 --out $(DEMO)
 
 test: setup slurm chromium mpi-trace data

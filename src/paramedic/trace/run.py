@@ -69,4 +69,21 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
 
 
 def summary_line(summary: dict[str, object]) -> str:
-    return json.dumps(summary, sort_keys=True)
+    """What a person reads after a trace: ranks, records, bytes, the MPI, the clocks' spread."""
+    records = summary.get("records")
+    offsets = summary.get("clock_offset_ns")
+    dropped = summary.get("dropped_message_events")
+    total = sum(int(v) for v in records.values()) if isinstance(records, dict) else 0
+    spread = (
+        max((abs(int(x)) for pair in offsets.values() for x in pair), default=0)
+        if isinstance(offsets, dict)
+        else 0
+    )
+    text = (
+        f"{summary.get('ranks')} ranks ({summary.get('mpi')}), {total:,} records, "
+        f"{int(summary.get('bytes', 0)):,} bytes (CLOG2), clock offsets up to {spread:,} ns corrected, "  # type: ignore[call-overload]
+        f"the program ran {float(summary.get('seconds', 0.0)):.1f} s traced"  # type: ignore[arg-type]
+    )
+    if isinstance(dropped, dict) and any(dropped.values()):
+        text += f"; message events dropped: {json.dumps(dropped, sort_keys=True)}"
+    return text
