@@ -20,7 +20,6 @@ from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
 from paramedic.blast.prelim import (
     DUMP_NAME,
     batch_residues,
-    composition_adjusted,
     environment,
     expected_limit,
     read_dump,
@@ -130,11 +129,8 @@ def regenerate(
     queries: Sequence[tuple[str, str]],
     subjects: Sequence[Sequence[int]] | None,
     workdir: Path,
-    threads: int = 1,
 ) -> tuple[bytes, RunStats]:
     """The user's report for a query group, written by BLAST+ itself against the merged subjects only.
-    `threads`: BLAST+'s -num_threads for this run, when the caller knows they leave the report as it is
-    (`threads_exact`) and the user gave none.
 
     The database is restricted with an OIDLIST alias over the whole database that carries the whole
     database's NSEQ, LENGTH and TITLE, placed so that the user's own -db string names it: titles, size
@@ -159,8 +155,6 @@ def regenerate(
         "-out",
         str(out_file),
     ]
-    if threads > 1 and not options.has("num_threads"):
-        argv += ["-num_threads", str(threads)]
     start = time.perf_counter()
     run_tool(argv, cwd=run_dir)
     data = as_user_db(out_file.read_bytes(), db, db_name)
@@ -169,19 +163,6 @@ def regenerate(
     stats = RunStats(time.perf_counter() - start, len(data))
     shutil.rmtree(run_dir)
     return data, stats
-
-
-def threads_exact(program: str, options: BlastOptions, offered: int) -> int:
-    """How many of the `offered` threads a regeneration may use with its report unchanged (else 1).
-
-    BLAST+'s threads over the database (-mt_mode 0) change the report where the traceback adjusts for
-    composition: a search against a mask of 4,984 subjects kept 258 lines for a query with 2 threads
-    and 207 with one, the 207 of one BLAST+ run over the whole database (measured; docs/DESIGN.md,
-    "Traceback once"). tblastx's answers depend on more than each subject. Only the other programs'
-    regenerations take the cores of idle workers."""
-    if offered <= 1 or program == "tblastx" or options.has("num_threads"):
-        return 1
-    return 1 if composition_adjusted(options, program) else offered
 
 
 def user_db_name(db: Database) -> str:

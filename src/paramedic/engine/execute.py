@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from paramedic.blast.render import Unrenderable, render
-from paramedic.blast.run import Database, regenerate, search_fragment, threads_exact
+from paramedic.blast.run import Database, regenerate, search_fragment
 from paramedic.db.manifest import fragment_members
 from paramedic.db.seqids import seqid_table
 from paramedic.engine.job import Job
@@ -84,9 +84,7 @@ def execute(
         except (Unrenderable, RecordError):
             stats.tasks["render_fallbacks"] += 1
     if data is None:
-        threads = threads_exact(job.program, job.options, task.threads) if task.subjects else 1
-        data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir, threads)
-        stats.threads_used = max(stats.threads_used, threads)
+        data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir)
     phase = "search" if task.subjects is None else "regenerate"  # query segmentation searches and writes
     stats.add(phase, run.seconds)
     stats.tasks[phase] += 1

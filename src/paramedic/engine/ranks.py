@@ -22,7 +22,7 @@ from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
 from paramedic.engine.master import Master, PieceHeld, PieceResult
 from paramedic.engine.mpiio import Holder, OutputFile
-from paramedic.engine.scheduler import PieceTask, Plan, Task
+from paramedic.engine.scheduler import Plan, Task
 from paramedic.engine.sinks import WorkerSink
 from paramedic.engine.store import Store
 from paramedic.errors import JobError, ParamedicError
@@ -74,7 +74,7 @@ def run_worker(
     if output_strategy(job.output_strategy).workers_write and job.out is not None:
         return run_writing_worker(job, plan, comm, workdir, store, world or comm)
     stats = RankStats(rank=(world or comm).Get_rank(), role="worker")
-    comm.send(MPI.Get_processor_name(), dest=0, tag=TAG_READY)  # its node: see `_tail_threads`
+    comm.send(None, dest=0, tag=TAG_READY)
     while True:
         task, _, tag, _ = patient_recv(comm, source=0)
         if tag == TAG_STOP:
@@ -99,20 +99,6 @@ def _next_for_idle(master: Master, idle: deque[int]) -> tuple[int, Task] | None:
             idle.remove(worker)
             return worker, task
     return None
-
-
-def _tail_threads(
-    task: Task, worker: int, idle: deque[int], nodes: dict[int, str], master: Master, flat: bool
-) -> Task:
-    """A regeneration handed out when nothing else is left to hand out, while other workers of the same
-    node sit idle: BLAST+ may use their cores too (the piece offers them; the worker takes them only
-    where they leave the report unchanged, paramedic.blast.run.threads_exact). Without this the job's
-    last pieces run on one core of a node whose other cores wait (a few queries: the whole traceback).
-    Not under a partition master, to which more work may come from above."""
-    if not flat or not isinstance(task, PieceTask) or master.scheduler.open_tasks or worker not in nodes:
-        return task
-    spare = sum(1 for w in idle if nodes.get(w) == nodes[worker])
-    return dataclasses.replace(task, threads=1 + spare) if spare else task
 
 
 def send_failure(comm: MPI.Comm, exc: Exception) -> None:
@@ -361,7 +347,6 @@ def run_tasks(
     master.start()
     idle: deque[int] = deque()
     busy: dict[int, Task] = {}
-    nodes: dict[int, str] = {}  # worker -> its node's name, as it said when first ready
     round_shares: dict[int, Round] | None = None  # the round under way
     joined: set[int] = set()
 
@@ -396,7 +381,6 @@ def run_tasks(
             if handed is None:
                 break
             worker, task = handed
-            task = _tail_threads(task, worker, idle, nodes, master, upstream is None)
             busy[worker] = task
             comm.send(task, dest=worker, tag=TAG_TASK)
         stalled = not busy and round_shares is None and len(idle) == size - 1 and not conductor.ended
@@ -413,8 +397,6 @@ def run_tasks(
         if tag == TAG_RESULT:
             busy.pop(source, None)
             master.accept(message)
-        if tag == TAG_READY and isinstance(message, str):
-            nodes[source] = message
         if tag == TAG_JOINED:
             joined.add(source)
         elif round_shares is None:  # in a round a worker says it is ready once the round is over

@@ -55,10 +55,6 @@ class PieceTask:
     # (paramedic.engine.store): per query, the merged hits' subject ids, in merged order (`subjects` may
     # be the whole preliminary list); the worker writing the piece reads their alignments there.
     stored: tuple[tuple[int, ...], ...] | None = None
-    # BLAST+ threads the runner offers the piece: more than one when workers of the same node would
-    # otherwise idle (the job's last pieces); the worker uses them only where they cannot change the
-    # report (paramedic.blast.run.threads_exact)
-    threads: int = 1
 
     @property
     def renderable(self) -> bool:

@@ -188,14 +188,14 @@ def decide(
             "metadata is asked (--metadata, --from-metadata or --ship), which "
             "only the fragments strategy makes",
         )
-    if balance is not None and balance.ratio > QUERIES_BALANCE_LIMIT:
-        return choice("fragments", balance.describe())
     if memory.per_worker is None:
         return choice("fragments", "the memory available per worker could not be read")
     budget = QUERIES_MEMORY_SHARE * memory.per_worker
     whole = f"the whole database ({_mib(database_bytes)})"
     share = f"{QUERIES_MEMORY_SHARE:.0%} of the memory available per worker ({memory.describe()})"
     if database_bytes <= budget:
+        if balance is not None and balance.ratio > QUERIES_BALANCE_LIMIT:
+            return choice("fragments", f"{whole} fits in {share}, but {balance.describe()}")
         return choice("queries", f"{whole} fits in {share}: each worker searches it whole")
     if largest <= budget:
         return choice(

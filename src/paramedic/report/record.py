@@ -117,9 +117,6 @@ class RankStats:
     # copies, bytes, seconds copying and waiting, evictions, volumes searched in place, each replica's
     # bytes, seconds and why it was dropped. None: no staging, or no fragment searched
     stage: dict[str, Any] | None = None
-    # The most BLAST+ threads one of this rank's regenerations used: more than one when the job's last
-    # pieces ran while the other workers of its node had nothing left to do (paramedic.engine.ranks)
-    threads_used: int = 1
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
