@@ -1,0 +1,85 @@
+"""Issue 23: nothing unverified reaches an output (real BLAST+, real mpiexec ranks, real files).
+
+Bytes are changed the way a careless copy or an attacker changes them: rewritten in place, so the size and
+the inode stay, and with the modification time put back. Each run must either write BLAST+'s bytes or
+refuse with a clear one-line error.
+
+800 of the mmseqs2 proteins in 3 fragments, 12 queries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import paramedic, take_fasta
+from tests.integration.equality import Site
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
+    root = tmp_path_factory.mktemp("trust")
+    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "queries.fasta", 12)
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 800)
+    site = Site(root, "blastp", "uniprot", "prot", "mmseqs2 part", {})
+    site.build(root / "db.fasta", fragment_counts=(3,))
+    return site
+
+
+def flip_keeping_times(path: Path, every: int = 97) -> None:
+    """Rewrite `path` in place (same inode, same size) with bytes changed, and put its times back."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 2, len(data), every):
+        data[i] ^= 0x5A
+    with open(path, "r+b") as fh:
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def search(site: Site, name: str, *flags: str, db_dir: str = "p3", check: bool = True):
+    out = site.root / f"{name}.out"
+    proc = paramedic(
+        "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-outfmt", "0",
+        "-out", str(out), "--np", "2", "--batch", "6", "--quiet", *flags, cwd=site.root / db_dir, check=check,
+    )  # fmt: skip
+    if check:
+        site.assert_matches(out, None, "0")
+    return proc, out
+
+
+def copy_db(site: Site, name: str) -> None:
+    import shutil
+
+    shutil.copytree(site.root / "p3", site.root / name, symlinks=True)
+
+
+def test_a_volume_changed_with_its_times_kept_is_refused(site: Site) -> None:
+    """Item 1: a database volume rewritten in place after a search verified it."""
+    copy_db(site, "changed")
+    search(site, "before", db_dir="changed")  # verified once (and, before issue 23, remembered)
+    flip_keeping_times(site.root / "changed" / "uniprot" / "f001.psq")
+    proc, out = search(site, "after", db_dir="changed", check=False)
+    assert proc.returncode == 4, proc.stderr
+    assert "corrupt database" in proc.stderr and "f001" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and not out.exists()
+
+
+def test_a_staged_copy_changed_with_its_times_kept_is_copied_again(site: Site, tmp_path: Path) -> None:
+    """Item 1: a copy in the stage cache rewritten in place after it was sealed: never searched."""
+    cache = tmp_path / "cache"
+    search(site, "cold", "--stage", str(cache))
+    copies = sorted(cache.glob("*/f00*/f00*.psq"))
+    assert len(copies) == 3
+    for copy in copies:
+        flip_keeping_times(copy)
+    proc, out = search(site, "warm", "--stage", str(cache))  # BLAST+'s bytes: the copies were not used
+    record = json.loads(out.with_name(out.name + ".run.json").read_text())
+    assert record["stage"]["discarded"] == 3 and record["stage"]["copies"] == 3
