@@ -124,7 +124,7 @@ class SiteServer:
         # what a killed server was regenerating: nothing in a run's scratch outlives the run
         for stale in workdir.glob("regen-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        self.replica = Replica(database, manifest.checksum(), workdir)
+        self.replica = Replica(database, manifest.checksum(), workdir, manifest)
         self.reads = ReplicaReads(database.directory, manifest) if settings.replica_reads else None
         self.context = server_context(settings.keys) if settings.keys is not None else None
         self.store = JobStore(

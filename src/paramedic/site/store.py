@@ -49,8 +49,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from paramedic.blast.run import Database
+from paramedic.db.manifest import Manifest, verify_volumes
 from paramedic.durable import fsync_dir, write_durably
-from paramedic.errors import ParamedicError
+from paramedic.errors import DatabaseError, ParamedicError
 from paramedic.ship.codecs import Codec
 from paramedic.ship.paths import output_path_problem
 from paramedic.ship.registry import make_codec
@@ -91,6 +92,17 @@ class Replica:
     database: Database
     manifest_sha256: str
     workdir: Path  # scratch space for regeneration runs
+    manifest: Manifest | None = None  # what the replica's bytes are checked against, once per job
+
+    def verify(self) -> None:
+        """Digest the replica's volumes before a job regenerates from them: the replica may change while
+        `serve` runs (sizes and times kept or not). ProtocolError (the job is refused) when they differ."""
+        if self.manifest is None:
+            return
+        try:
+            verify_volumes(self.database.directory, self.manifest)
+        except DatabaseError as exc:
+            raise ProtocolError(f"storage site's replica is damaged: {exc}") from None
 
 
 def safe_output_path(root: Path, relative: str) -> Path:
@@ -211,6 +223,8 @@ class JobStore:
         job_id = field_str(header, "job", 32)
         if not JOB_ID.match(job_id):
             raise ProtocolError("bad job id")
+        if job_id not in self.jobs and make_codec(field_str(header, "codec", 64)).layout == "pieces":
+            self.replica.verify()  # a new job that regenerates: its replica's bytes, digested (not locked)
         with self.lock:
             self._expire_idle_jobs()
             job = self.jobs.get(job_id)
