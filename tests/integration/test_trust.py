@@ -83,3 +83,36 @@ def test_a_staged_copy_changed_with_its_times_kept_is_copied_again(site: Site, t
     proc, out = search(site, "warm", "--stage", str(cache))  # BLAST+'s bytes: the copies were not used
     record = json.loads(out.with_name(out.name + ".run.json").read_text())
     assert record["stage"]["discarded"] == 3 and record["stage"]["copies"] == 3
+
+
+def test_a_killed_search_with_damaged_journal_records_redoes_them(data_dir: Path, tmp_path: Path) -> None:
+    """Items 1 and 10: after a kill, a journal piece with one byte flipped (times kept), a truncated one, a
+    garbage one and a garbage search record are dropped and their work done again: BLAST+'s bytes."""
+    from tests.integration import test_resume as resume
+
+    data = resume.data.__wrapped__(data_dir, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
+    out = tmp_path / "hits.txt"
+    journal = tmp_path / ".hits.txt.journal"
+    command = ["search", "blastp", *resume.blast_args(data.queries, data.db, out), *resume.ENGINE]
+    resume.kill_every_rank_when(command, tmp_path, journal, resume.pieces_done(3))
+    pieces = sorted(journal.glob("piece/[0-9]*"), key=lambda p: int(p.name))
+    flip_keeping_times(pieces[0], every=1 << 30)
+    pieces[1].write_bytes(pieces[1].read_bytes()[:30])
+    pieces[2].write_bytes(b"garbage")
+    next(journal.glob("search/[0-9]*-[0-9]*")).write_bytes(b"\x00garbage")
+    proc = resume.paramedic(*command, "--np", "1", cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == data.reference
+    assert "dropped" in proc.stderr and "Traceback" not in proc.stderr
+
+
+class _Factory:
+    """The one method of pytest's TempPathFactory the resume fixture uses."""
+
+    def __init__(self, base: Path):
+        self.base = base
+
+    def mktemp(self, name: str) -> Path:
+        path = self.base / name
+        path.mkdir(parents=True)
+        return path
