@@ -116,3 +116,27 @@ class _Factory:
         path = self.base / name
         path.mkdir(parents=True)
         return path
+
+
+def test_a_metadata_file_with_a_subject_removed_is_refused(site: Site) -> None:
+    """Item 2: a metadata file edited after it was written (one subject id removed, one read as `true`,
+    JSON nested thousands deep) regenerates nothing: one line, exit 3."""
+    metadata = site.root / "meta.json"
+    search(site, "with-metadata", "--metadata", str(metadata))
+    data = json.loads(metadata.read_text())
+    query = next(i for i, s in enumerate(data["subjects"]) if len(s) > 1)
+    removed = {**data, "subjects": [s[:-1] if i == query else s for i, s in enumerate(data["subjects"])]}
+    as_true = json.loads(metadata.read_text().replace(f"[{data['subjects'][query][0]},", "[true,", 1))
+    assert as_true != data
+    for name, text in [
+        ("removed", json.dumps(removed)),
+        ("as-true", json.dumps(as_true)),
+        ("nested", "[" * 100_000 + "]" * 100_000),
+    ]:
+        edited = site.root / f"meta-{name}.json"
+        edited.write_text(text)
+        proc, out = search(site, f"from-{name}", "--from-metadata", str(edited), check=False)
+        assert proc.returncode == 3, (name, proc.stderr)
+        assert proc.stderr.startswith("paramedic: error: --from-metadata") and proc.stderr.count("\n") == 1
+        assert not out.exists()
+    search(site, "from-metadata", "--from-metadata", str(metadata))  # the file as written: BLAST+'s bytes
