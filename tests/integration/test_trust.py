@@ -140,3 +140,53 @@ def test_a_metadata_file_with_a_subject_removed_is_refused(site: Site) -> None:
         assert proc.stderr.startswith("paramedic: error: --from-metadata") and proc.stderr.count("\n") == 1
         assert not out.exists()
     search(site, "from-metadata", "--from-metadata", str(metadata))  # the file as written: BLAST+'s bytes
+
+
+def test_a_stage_cache_others_can_write_or_own_is_refused(site: Site, tmp_path: Path) -> None:
+    """Item 3: as ssh treats ~/.ssh. Item 11: a regular file where the cache should be."""
+    fresh = tmp_path / "fresh" / "cache"
+    search(site, "fresh", "--stage", str(fresh))
+    assert fresh.stat().st_mode & 0o777 == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)  # as /tmp
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 65534, 65534)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a cache\n")
+    for cache, says in [
+        (shared, "others can write it"),
+        (foreign, "owned by another user"),
+        (a_file, "not a directory"),
+    ]:
+        proc, out = search(site, f"refused-{cache.name}", "--stage", str(cache), check=False)
+        assert proc.returncode == 6, proc.stderr
+        assert says in proc.stderr and proc.stderr.count("\n") == 1 and not out.exists()
+        assert cache == a_file or os.listdir(cache) == []  # nothing made in it
+
+
+def test_links_and_files_planted_in_the_cache_are_never_followed(site: Site, tmp_path: Path) -> None:
+    """Items 3 and 11: links at the lock names (pointing outside the cache) and a regular file where a
+    fragment's copy belongs: no file is made outside the cache, the output is BLAST+'s."""
+    cache = tmp_path / "cache"
+    search(site, "cold", "--stage", str(cache))
+    (entry,) = [p for p in cache.iterdir() if p.is_dir()]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil_rmtree(entry / "f000")
+    (entry / "f000").write_text("a file where a copy's directory belongs\n")
+    for name in ("f001.lock", "f002.lock"):
+        (entry / name).unlink()
+        (entry / name).symlink_to(outside / name)
+    (cache / ".lock").unlink()
+    (cache / ".lock").symlink_to(outside / "cache.lock")
+    search(site, "planted", "--stage", str(cache))
+    assert os.listdir(outside) == []
+    assert (entry / "f000").is_dir() and not (entry / "f001.lock").is_symlink()
+
+
+def shutil_rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
