@@ -75,3 +75,46 @@ def test_a_replica_changed_while_serve_runs_regenerates_nothing(sites: Sites) ->
     assert proc.returncode == 8, proc.stderr
     assert "replica is damaged" in proc.stderr and proc.stderr.count("\n") == 1
     assert not (sites.server.root / "second.out").exists()
+
+
+def test_a_journal_site_job_naming_another_finished_job_is_not_believed(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """Item 4: a killed --site search's journal whose `site-job` record is changed to name another job
+    that finished (another output): the run again must not say "the storage site already holds" and exit 0
+    with nothing stored. The record is not this journal's (its tag): the killed run's job, which still
+    holds the output path, cannot be named, so the run is refused, clearly, until that job expires."""
+    from tests.integration import test_resume as resume
+    from tests.integration.test_trust import _Factory
+
+    data = resume.data.__wrapped__(data_dir, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
+    (tmp_path / "root").mkdir()
+    subprocess.run(["cp", "-r", str(data.db.parent), str(tmp_path / "replica")], check=True)
+    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    server = StorageSite(
+        tmp_path / "replica" / "uni", tmp_path / "root", tmp_path / "keys" / "server", tmp_path / "serve.log"
+    )
+    server.start()
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+
+        def command(out: str) -> list[str]:
+            return [
+                "search", "blastp", *resume.blast_args(data.queries, data.db, out), *resume.ENGINE,
+                "--site", server.url, "--keys", str(tmp_path / "keys" / "compute-a"), "--ship", "metadata",
+            ]  # fmt: skip
+
+        paramedic(*command("a.out"), "--np", "2", cwd=work)
+        (finished,) = [p.name for p in server.state.iterdir() if (p / "done.json").exists()]
+        journal = work / ".b.out.journal"
+        resume.kill_every_rank_when(command("b.out"), work, journal, resume.searches_done(3))
+        assert (journal / "site-job").exists()
+        (journal / "site-job").write_text(finished)
+        proc = paramedic(*[a for a in command("b.out") if a != "--quiet"], "--np", "2", cwd=work, check=False)
+        assert "already holds" not in proc.stderr
+        assert proc.returncode == 8, proc.stderr
+        assert "journal record site-job dropped" in proc.stderr and "another job is writing it" in proc.stderr
+        assert not (server.root / "b.out").exists()
+    finally:
+        server.stop()

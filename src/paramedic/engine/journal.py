@@ -249,14 +249,26 @@ class Journal:
         self._write(self.path / "piece" / str(index), PIECE_MAGIC + self._piece_tag(index, data) + data)
 
     def earlier_site_job(self) -> str | None:
-        """The storage-site job an earlier run of this search opened (to be cancelled), if any."""
+        """The storage-site job an earlier run of this search opened (to be cancelled, or asked whether
+        it published the output), if any: only a record this journal wrote (its tag checked), so that a
+        record naming another job never makes a run say the site holds its output."""
         try:
-            return (self.path / "site-job").read_text().strip() or None
-        except OSError:
+            text = (self.path / "site-job").read_text()
+        except (OSError, ValueError):
             return None
+        job_id, _, tag = text.strip().partition(" ")
+        if job_id and hmac.compare_digest(tag.encode(), self._site_job_tag(job_id).encode()):
+            return job_id
+        _warn("journal record site-job dropped (not a job this search opened)")
+        (self.path / "site-job").unlink(missing_ok=True)
+        return None
 
     def note_site_job(self, job_id: str) -> None:
-        self._write(self.path / "site-job", job_id.encode())
+        self._write(self.path / "site-job", f"{job_id} {self._site_job_tag(job_id)}".encode())
+
+    def _site_job_tag(self, job_id: str) -> str:
+        assert self.key is not None
+        return hmac.new(self.key, f"site-job\0{job_id}".encode(), hashlib.sha256).hexdigest()
 
     @property
     def partial_output(self) -> Path:

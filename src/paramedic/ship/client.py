@@ -370,9 +370,10 @@ class TlsShipper:
                 thread.join(timeout=2)
 
 
-def finished_job(address: SiteAddress, keys: Path, job_id: str) -> dict[str, Any] | None:
-    """The site's `done` answer (final size and digest) for a job this compute site opened earlier, or
-    None when it is not done, unknown, or the site cannot say now (best effort, a few seconds at most)."""
+def finished_job(address: SiteAddress, keys: Path, job_id: str, out: str) -> dict[str, Any] | None:
+    """The site's `done` answer (final size and digest) for a job this compute site opened earlier to
+    write `out`, or None when it is not done, unknown, wrote another path, or the site cannot say now
+    (best effort, a few seconds at most)."""
     try:
         raw = socket.create_connection((address.host, address.port), timeout=CANCEL_SECONDS)
         with client_context(keys).wrap_socket(raw, server_hostname=address.host) as tls:
@@ -381,7 +382,9 @@ def finished_job(address: SiteAddress, keys: Path, job_id: str) -> dict[str, Any
             reply, _ = recv_frame(tls)
     except (OSError, ProtocolError):
         return None
-    return reply if reply.get("op") == "done" and isinstance(reply.get("sha256"), str) else None
+    if reply.get("op") != "done" or not isinstance(reply.get("sha256"), str) or reply.get("out") != out:
+        return None
+    return reply
 
 
 @register_transport("tls")

@@ -368,8 +368,8 @@ class SiteServer:
             return {"op": "cancelled"}
         if op == "status":  # a search run again after a kill: did its earlier job finish?
             done = job.settled()
-            if done is not None:
-                return {"op": "done", **done}
+            if done is not None:  # the output it published: the asking run checks it is its own
+                return {"op": "done", **done, "out": job.setup_header.get("out")}
             return {"op": "status", "state": "failed" if job.failure is not None else "open"}
         if op == "finish":
             done = self.store.finish(job, header)
