@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("paramedic: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed by its reader (`| head -1`): quiet, as BLAST+
+        from paramedic.pipes import stdout_closed
+
+        return stdout_closed()
     except Exception as exc:  # never a traceback for the user; PARAMEDIC_DEBUG=1 shows it
         if os.environ.get("PARAMEDIC_DEBUG"):
             raise

@@ -190,3 +190,42 @@ def shutil_rmtree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path)
+
+
+def with_stdout_closed(argv: list[str], cwd: Path) -> tuple[int, str]:
+    """`argv | head -0`: a real pipe whose reader is gone before anything is written (deterministic: the
+    first write fails, however small the output)."""
+    import subprocess
+
+    from tests.conftest import BIN
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.Popen(
+            [str(BIN / "paramedic"), *argv], cwd=cwd, stdout=write, stderr=subprocess.PIPE
+        )
+    finally:
+        os.close(write)
+    try:
+        _, err = proc.communicate(timeout=60)  # BLAST+ ends at once; this search takes seconds
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("still running 60 s after its stdout was closed")
+    return proc.returncode, err.decode()
+
+
+def test_a_closed_stdout_ends_search_and_simulate_quietly(site: Site, tmp_path: Path) -> None:
+    """Item 9: `paramedic search ... | head -1` and `paramedic simulate ... | head -1` end as BLAST+ does
+    (141, killed by SIGPIPE), with nothing on stderr: no traceback, no hang, nothing left behind."""
+    query = site.root / "queries.fasta"
+    code, err = with_stdout_closed(
+        ["search", "blastp", "-query", str(query), "-db", "uniprot", "--np", "2", "--quiet"], site.root / "p3"
+    )
+    assert (code, err) == (141, "")
+    _, out = search(site, "for-simulate")
+    record = out.with_name(out.name + ".run.json")
+    simulate = ["simulate", "--record", str(record), "--workers", "4", "--queries", "100"]
+    code, err = with_stdout_closed(simulate, tmp_path)
+    assert (code, err) == (141, "")
