@@ -229,3 +229,28 @@ def test_a_closed_stdout_ends_search_and_simulate_quietly(site: Site, tmp_path: 
     simulate = ["simulate", "--record", str(record), "--workers", "4", "--queries", "100"]
     code, err = with_stdout_closed(simulate, tmp_path)
     assert (code, err) == (141, "")
+
+
+def test_format_accepts_a_protein_made_of_nucleotide_letters(site: Site, tmp_path: Path) -> None:
+    """Item 16: A, C, G and T are amino acids; makeblastdb -dbtype prot accepts such a protein, so
+    `paramedic format --dbtype prot` does too (a warning at most), and the search equals BLAST+'s."""
+    import subprocess
+
+    fasta = tmp_path / "db.fasta"
+    fasta.write_text(
+        (site.root / "db.fasta").read_text()
+        + ">acgt_protein only the letters A C G T\n"
+        + "GATTACA" * 9
+        + "\n"
+    )
+    made = subprocess.run(
+        ["makeblastdb", "-in", str(fasta), "-dbtype", "prot", "-out", str(tmp_path / "ref" / "db")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    proc = paramedic("format", "--in", str(fasta), "--dbtype", "prot", "--fragments", "2", "--out",
+                     str(tmp_path / "p" / "db"), "--quiet", check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("paramedic: warning: ") and "acgt_protein" in proc.stderr
+    manifest = json.loads((tmp_path / "p" / "db" / "manifest.json").read_text())
+    assert manifest["nseq"] == 801
