@@ -146,7 +146,7 @@ class Journal:
             stored = data["identity"]
             journaled = _plan_from_json(data["plan"])
             key = data.get("key")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise UsageError(
                 f"the journal {self.path} is unreadable ({exc}); add --restart to discard it and start afresh"
             ) from exc

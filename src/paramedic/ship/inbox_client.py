@@ -173,7 +173,7 @@ class InboxShipper:
         deadline = time.monotonic() + self.timeout
         while self.unacked:
             self._collect_acks()
-            self._wait(deadline, "acknowledgements")
+            self._wait(deadline, "acknowledgement")
         write_durably(
             self.directory / "finish.json", self._signed("finish", {"chunks": self.next_index, **final})
         )
@@ -185,7 +185,7 @@ class InboxShipper:
             if seen is not None and (seen != progress or seen.get("running")):
                 progress = seen
                 deadline = time.monotonic() + self.timeout  # the site is making the file: wait on
-            self._wait(deadline, "the final file")
+            self._wait(deadline, "final file")
         self._remove()
         return done
 

@@ -498,6 +498,7 @@ class JobStore:
         with job.io_lock:
             if job.location is not None:
                 job.location.drop_partial()
+                job.location.remove_empty_directories()
         _drop_job_data(job.directory)
         job.stored_bytes = 0
         self._release_target(job)
@@ -706,12 +707,14 @@ def _describe(exc: BaseException) -> str:
     """One line for the log and the client: an OSError's reason without the state paths."""
     if isinstance(exc, OSError) and not isinstance(exc, ProtocolError) and exc.strerror:
         return exc.strerror if exc.errno != errno.ENOSPC else "no space left on device"
-    return str(exc)
+    return str(exc) or type(exc).__name__  # (a MemoryError, or a ValueError without a message)
 
 
 def _drop_job_data(directory: Path) -> None:
-    """What an ended job no longer needs: chunks, pieces and setup (its record and result stay)."""
+    """What an ended job no longer needs: chunks, decoded markers, pieces and setup (its record and result
+    stay)."""
     shutil.rmtree(directory / "chunks", ignore_errors=True)
+    shutil.rmtree(directory / "decoded", ignore_errors=True)
     shutil.rmtree(directory / "pieces", ignore_errors=True)
     (directory / "setup.bin").unlink(missing_ok=True)
 
