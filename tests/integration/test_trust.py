@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,67 @@ def test_format_accepts_a_protein_made_of_nucleotide_letters(site: Site, tmp_pat
     assert proc.stderr.startswith("paramedic: warning: ") and "acgt_protein" in proc.stderr
     manifest = json.loads((tmp_path / "p" / "db" / "manifest.json").read_text())
     assert manifest["nseq"] == 801
+
+
+def run_bounded(argv: list[str], cwd: Path, seconds: float = 120) -> subprocess.CompletedProcess[str]:
+    """The CLI with a bound on its time: a hang is a failure, not a stuck test (the launcher is told to
+    stop its job, as a terminal's Ctrl-C would)."""
+    import signal
+
+    from tests.conftest import BIN
+
+    proc = subprocess.Popen(
+        [str(BIN / "paramedic"), *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the launcher stops its MPI job (a session of its own)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        pytest.fail(f"paramedic {' '.join(argv[:2])} still running after {seconds:.0f} s")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real file system that fills: a tmpfs of 300 KiB (mounting needs root; elsewhere the test is
+    skipped, with the reason)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=300k,mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_stage_disk_that_fills_during_a_copy_searches_in_place(site: Site, small_disk: Path) -> None:
+    """Item 5: the stage cache's disk fills while a volume is copied (the stripes' writers fail with
+    ENOSPC): no hang, no traceback; the volumes that do not fit are searched where they lie."""
+    sizes = [
+        sum(p.stat().st_size for p in (site.root / "p3" / "uniprot").glob(f"f{i:03d}.*")) for i in range(3)
+    ]
+    assert max(sizes) < 300 << 10 < sum(sizes)  # one fits, not all
+    out = site.root / "disk-full.out"
+    proc = run_bounded(
+        ["search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-outfmt", "0",
+         "-out", str(out), "--np", "2", "--batch", "6", "--quiet", "--stage", str(small_disk / "cache")],
+        site.root / "p3",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    site.assert_matches(out, None, "0")
+    stage = json.loads(out.with_name(out.name + ".run.json").read_text())["stage"]
+    assert stage["in_place"] and stage["write_failures"]
+    assert not list(small_disk.glob("cache/*/.fill-*"))

@@ -104,6 +104,7 @@ class StageStats:
     discarded: int = 0  # published copies that no longer matched their seal: removed, copied again
     cleaned: int = 0  # leftovers of dead copies removed
     in_place: list[str] = field(default_factory=list)  # volumes searched where they lie: did not fit
+    write_failures: list[str] = field(default_factory=list)  # copies the cache's disk could not hold
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -117,6 +118,7 @@ class StageStats:
             "discarded": self.discarded,
             "cleaned": self.cleaned,
             "in_place": list(self.in_place),
+            "write_failures": list(self.write_failures),
         }
 
 
@@ -220,6 +222,11 @@ class StageCache:
                 os.rename(fill, place)
                 fsync_dir(entry)
                 self.verified.add(place)  # fetch_volume digested its bytes
+            except OSError as exc:  # the cache's own disk (full, over quota, failing): never the search's end
+                shutil.rmtree(fill, ignore_errors=True)
+                self.stats.write_failures.append(f"{info.volume}: {exc.strerror or exc}")
+                fcntl.flock(fd, fcntl.LOCK_SH)  # searched in place, like any reader
+                return None
             except BaseException:
                 shutil.rmtree(fill, ignore_errors=True)
                 raise

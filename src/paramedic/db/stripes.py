@@ -142,6 +142,7 @@ class _Fetch:
             self.pending.clear()
         self.written = 0
         self.closed = False
+        self.error: OSError | None = None  # writing into `dest` failed (a full disk): the fetch ends
         self.write_lock = threading.Lock()
         self.fds: list[int] = []
 
@@ -284,11 +285,17 @@ class ReplicaSet:
         for thread in threads:
             thread.start()
         with self.cond:
-            while not fetch.complete() and any(self.uses[r].dropped is None for r in fetch.servers):
+            while (
+                not fetch.complete()
+                and fetch.error is None
+                and any(self.uses[r].dropped is None for r in fetch.servers)
+            ):
                 self.cond.wait(0.5)
             ok = fetch.complete()
             fetch.closed = True
             self.cond.notify_all()
+        if fetch.error is not None:  # our own disk, not a replica: the caller decides (e.g. search in place)
+            raise fetch.error
         if ok:
             for fd in fetch.fds:
                 os.fsync(fd)
@@ -326,7 +333,14 @@ class ReplicaSet:
                 with fetch.write_lock:  # never into a closed (or reused) descriptor
                     if fetch.closed:
                         return
-                    os.pwrite(fetch.fds[stripe.file], data, stripe.offset)
+                    try:
+                        os.pwrite(fetch.fds[stripe.file], data, stripe.offset)
+                    except OSError as exc:  # a full disk: every reader stops, the fetch ends
+                        with self.cond:
+                            fetch.error = fetch.error or exc
+                            fetch.closed = True
+                            self.cond.notify_all()
+                        return
                 with self.cond:
                     stripe.written = True
                     fetch.written += 1

@@ -155,4 +155,5 @@ def summary(stage: StageSettings | None, per_rank: Sequence[dict[str, Any] | Non
         **total,
         **seconds,
         "in_place": sorted({v for r in ranks for v in r["in_place"]}),
+        "write_failures": sorted({w for r in ranks for w in r.get("write_failures", [])}),
     }
