@@ -45,7 +45,9 @@ def flip_keeping_times(path: Path, every: int = 97) -> None:
     assert (after.st_ino, after.st_size, after.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def search(site: Site, name: str, *flags: str, db_dir: str = "p3", check: bool = True):
+def search(
+    site: Site, name: str, *flags: str, db_dir: str = "p3", check: bool = True, quiet_ok: bool = False
+):
     out = site.root / f"{name}.out"
     proc = paramedic(
         "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-outfmt", "0",
@@ -53,6 +55,7 @@ def search(site: Site, name: str, *flags: str, db_dir: str = "p3", check: bool =
     )  # fmt: skip
     if check:
         site.assert_matches(out, None, "0")
+        assert quiet_ok or proc.stderr == "", proc.stderr
     return proc, out
 
 
@@ -319,3 +322,62 @@ def test_a_stage_disk_that_fills_during_a_copy_searches_in_place(site: Site, sma
     stage = json.loads(out.with_name(out.name + ".run.json").read_text())["stage"]
     assert stage["in_place"] and stage["write_failures"]
     assert not list(small_disk.glob("cache/*/.fill-*"))
+
+
+def test_mirrors_down_or_serving_no_reads_are_extra_sources_lost(site: Site, tmp_path: Path) -> None:
+    """Item 12: a mirror that is down (nothing listens), one whose site serves no replica reads, and a
+    directory mirror that is not there: the -db is complete, so the search is BLAST+'s, each mirror said
+    once and listed as dropped in the record."""
+    import socket
+
+    from tests.integration.site import StorageSite
+
+    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    (tmp_path / "root").mkdir()
+    no_reads = StorageSite(site.root / "p3" / "uniprot", tmp_path / "root", tmp_path / "keys/server",
+                           tmp_path / "serve.log", extra=("--no-replica-reads",))  # fmt: skip
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]  # closed again: connections are refused
+    no_reads.start()
+    try:
+        proc, out = search(
+            site, "mirrors-down", "--stage", str(tmp_path / "cache"), "--keys", str(tmp_path / "keys/compute-a"),
+            "--mirror", f"tls://localhost:{dead}/uniprot", "--mirror", f"{no_reads.url}/uniprot",
+            "--mirror", str(tmp_path / "not-mounted" / "uniprot"), quiet_ok=True,
+        )  # fmt: skip
+    finally:
+        no_reads.stop()
+    warnings = proc.stderr.splitlines()
+    assert len(warnings) == 3 and all(w.startswith("paramedic: warning: --mirror ") for w in warnings)
+    record = json.loads(out.with_name(out.name + ".run.json").read_text())
+    replicas = [r for rank in record["ranks_stats"] if rank["stage"] for r in rank["stage"]["replicas"]]
+    mirrors = {r["replica"] for r in replicas if r["dropped"]}
+    assert f"tls://localhost:{dead}/uniprot" in mirrors and f"{no_reads.url}/uniprot" in mirrors
+    assert record["stage"]["copies"] == 3
+
+
+def test_a_trickling_mirror_and_a_damaged_volume_end_in_bounded_time(site: Site, tmp_path: Path) -> None:
+    """Item 6: a mirror that trickles (200 bytes/s) while the -db's own volume is damaged (times kept):
+    a one-line refusal in seconds (was: a hang until killed)."""
+    from tests.integration.site import CuttingProxy, StorageSite
+
+    copy_db(site, "damaged-for-trickle")
+    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    (tmp_path / "root").mkdir()
+    remote = StorageSite(site.root / "p3" / "uniprot", tmp_path / "root", tmp_path / "keys/server",
+                         tmp_path / "serve.log")  # fmt: skip
+    flip_keeping_times(site.root / "damaged-for-trickle" / "uniprot" / "f002.psq")
+    remote.start()
+    try:
+        with CuttingProxy(remote.port, down_rate=200) as slow:
+            proc = run_bounded(
+                ["search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-out",
+                 str(tmp_path / "x.out"), "--np", "2", "--quiet", "--stage", str(tmp_path / "cache"), "--keys",
+                 str(tmp_path / "keys/compute-a"), "--mirror", f"tls://localhost:{slow.port}/uniprot"],
+                site.root / "damaged-for-trickle", seconds=60,
+            )  # fmt: skip
+    finally:
+        remote.stop()
+    assert proc.returncode == 4, proc.stderr
+    assert "corrupt database" in proc.stderr and proc.stderr.count("\n") == 1

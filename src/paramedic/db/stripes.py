@@ -183,22 +183,38 @@ class ReplicaSet:
         urls: Sequence[str],
         manifest: Manifest,
         keys: Path | None = None,
+        required: int | None = None,
         **options: object,
     ) -> ReplicaSet:
         """The replicas at `urls`, each checked to hold the database of `manifest` (refused if not).
-        `options`: the dataclass's tuning fields (stripe_bytes, policy, skip_ratio, ...)."""
+        `options`: the dataclass's tuning fields (stripe_bytes, policy, skip_ratio, ...).
+
+        `required`: how many of the first URLs must be reachable (the -db directory); a later one that
+        cannot be reached or serves no reads is an extra source lost, not the run's end: it is listed as
+        dropped, with why (a replica of another database is still refused: a mistake to say at once)."""
         replicas: list[Replica] = []
+        absent: dict[int, str] = {}
         try:
-            for url in urls:
-                replica = open_replica(url, keys)
+            for position, url in enumerate(urls):
+                try:
+                    replica = open_replica(url, keys)
+                    theirs = replica.manifest().checksum()
+                except ReplicaError as exc:
+                    if required is None or position < required:
+                        raise
+                    replicas.append(_Absent(url))
+                    absent[position] = str(exc)
+                    continue
                 replicas.append(replica)
-                theirs = replica.manifest().checksum()
                 if theirs != manifest.checksum():
                     raise DatabaseError(
                         f"replica {replica.label} holds a different database (manifest checksum "
                         f"{theirs[:12]}, expected {manifest.checksum()[:12]}): refused"
                     )
-            return cls(replicas, **options)  # type: ignore[arg-type]
+            made = cls(replicas, **options)  # type: ignore[arg-type]
+            for position, why in absent.items():
+                made.uses[position].dropped = why
+            return made
         except BaseException:
             for replica in replicas:
                 replica.close()
@@ -594,6 +610,27 @@ class ReplicaSet:
     def close(self) -> None:
         for replica in self.replicas:
             replica.close()
+
+
+class _Absent:
+    """A mirror that could not be opened: listed (dropped) in the record, never read."""
+
+    parallelism = 1
+
+    def __init__(self, url: str):
+        self.label = url.split("?", 1)[0]
+
+    def manifest(self) -> Manifest:
+        raise ReplicaError(f"replica {self.label}: not reachable")
+
+    def volume_files(self, volume: str) -> list[VolumeFile]:
+        raise ReplicaError(f"replica {self.label}: not reachable")
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        raise ReplicaError(f"replica {self.label}: not reachable")
+
+    def close(self) -> None:
+        pass
 
 
 def _check_listing(volume: str, files: list[VolumeFile]) -> None:
