@@ -367,6 +367,9 @@ def test_a_trickling_mirror_and_a_damaged_volume_end_in_bounded_time(site: Site,
     (tmp_path / "root").mkdir()
     remote = StorageSite(site.root / "p3" / "uniprot", tmp_path / "root", tmp_path / "keys/server",
                          tmp_path / "serve.log")  # fmt: skip
+    search(
+        site, "before-trickle", db_dir="damaged-for-trickle"
+    )  # verified once (before issue 23: remembered)
     flip_keeping_times(site.root / "damaged-for-trickle" / "uniprot" / "f002.psq")
     remote.start()
     try:
