@@ -196,7 +196,7 @@ def test_finish_gives_up_on_a_site_that_stays_pending(make_site, monkeypatch: py
 
         shipper.send(*DirectCodec().encode((0, b"x")))
         start = time.monotonic()
-        with pytest.raises(SiteError, match=r"made no progress on the output for 2 s \(--ship-timeout\)"):
+        with pytest.raises(SiteError, match=r"did not finish the output within 2 s \(--ship-timeout\)"):
             shipper.finish({"size": 1, "sha256": "0" * 64})
         assert time.monotonic() - start < 5
     finally:

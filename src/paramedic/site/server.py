@@ -52,6 +52,7 @@ from paramedic.site.replica_reads import READ_OPS, ReplicaReads
 from paramedic.site.store import (
     DEFAULT_EXPIRE_SECONDS,
     DEFAULT_OPEN_IDLE_SECONDS,
+    DEFAULT_REGEN_SECONDS,
     STATE_DIR_NAME,
     JobFailed,
     JobStore,
@@ -90,6 +91,7 @@ class ServeSettings:
     quota: Quota = field(default_factory=Quota)
     open_idle_seconds: float = DEFAULT_OPEN_IDLE_SECONDS  # an open job with no request this long expires
     replica_reads: bool = True  # serve the replica's fragment volumes to compute sites (--mirror tls://)
+    regen_seconds: float = DEFAULT_REGEN_SECONDS  # one chunk's regeneration at most (--regen-timeout)
 
     def __post_init__(self) -> None:
         if self.io_workers < 1:
@@ -98,6 +100,8 @@ class ServeSettings:
             raise UsageError("--expire-after must be a positive number of hours")
         if not self.open_idle_seconds > 0:
             raise UsageError("--open-idle must be a positive number of hours")
+        if not self.regen_seconds > 0:
+            raise UsageError("--regen-timeout must be a positive number of hours")
         parse_listen(self.listen)
 
 
@@ -122,7 +126,7 @@ class SiteServer:
         workdir = (settings.state or root / STATE_DIR_NAME) / "work"
         workdir.mkdir(parents=True, exist_ok=True)
         # what a killed server was regenerating: nothing in a run's scratch outlives the run
-        for stale in workdir.glob("regen-*"):
+        for stale in workdir.iterdir():  # (regen-*, and since issue 23 one directory per job)
             shutil.rmtree(stale, ignore_errors=True)
         self.replica = Replica(database, manifest.checksum(), workdir, manifest)
         self.reads = ReplicaReads(database.directory, manifest) if settings.replica_reads else None
@@ -136,6 +140,7 @@ class SiteServer:
             settings.expire_hours * 3600,
             settings.open_idle_seconds,
             settings.quota,
+            settings.regen_seconds,
         )
         self.limits = settings.limits
         self.count_lock = threading.Lock()

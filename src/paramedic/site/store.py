@@ -35,12 +35,14 @@ computed from the bytes on disk, so what is reported is what was stored.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +67,9 @@ MAX_CHUNKS = 1_000_000
 MAX_QUEUED_DECODES = 256
 DEFAULT_EXPIRE_SECONDS = 7 * 24 * 3600.0
 DEFAULT_OPEN_IDLE_SECONDS = 3600.0
+# The most one chunk's decoding (a metadata chunk: BLAST+ regenerating its pieces) may take; a BLAST+ that
+# never returns fails its job, and is killed, after this (serve --regen-timeout)
+DEFAULT_REGEN_SECONDS = 3600.0
 KEEPALIVE_SECONDS = 30.0  # how often a live compute site touches its job (ship.client)
 STALE_SECONDS = 4 * KEEPALIVE_SECONDS  # a job this silent is no longer fed by a live compute site
 HOUSEKEEPING_SECONDS = 60.0
@@ -156,6 +161,7 @@ class SiteJob:
     unpacked: int = 0  # ordered codecs: chunks 0 .. unpacked-1 are unpacked
     stored_bytes: int = 0  # chunks, pieces and output ranges held for the job (Quota)
     running: int = 0  # decodes running now (reported to a client waiting in finish)
+    decoding: dict[int, float] = field(default_factory=dict)  # chunk -> when its decode began (monotonic)
     # The last request for this job; wall-clock time, so that it survives restarts (file mtimes).
     touched: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -196,6 +202,7 @@ class JobStore:
         expire_seconds: float = DEFAULT_EXPIRE_SECONDS,
         open_idle_seconds: float = DEFAULT_OPEN_IDLE_SECONDS,
         quota: Quota | None = None,
+        regen_seconds: float = DEFAULT_REGEN_SECONDS,
     ):
         self.root = root.resolve()
         self.root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -203,6 +210,7 @@ class JobStore:
         self.replica = replica
         self.expire_seconds = expire_seconds
         self.open_idle_seconds = min(open_idle_seconds, expire_seconds)
+        self.regen_seconds = regen_seconds
         self.quota = quota or Quota()
         self.log = log
         self.jobs: dict[str, SiteJob] = {}
@@ -266,7 +274,7 @@ class JobStore:
                 return None
             payload = setup_payload or b""
             self._check_free_space(len(payload))
-            context = codec.prepare(setup, payload, self.replica)
+            context = codec.prepare(setup, payload, self._job_replica(job_id))
             directory = self.state / job_id
             tmp = self.state / f".{job_id}.tmp"
             try:
@@ -296,6 +304,13 @@ class JobStore:
             self.log(f"job {job_id}: opened by {peer}, {codec.name}, output {relative}")
             return job
 
+    def _job_replica(self, job_id: str) -> Replica:
+        """The replica with a scratch directory of the job's own: its BLAST+ runs are found (by their
+        working directory) and ended when its regeneration runs past --regen-timeout."""
+        workdir = self.replica.workdir / job_id
+        workdir.mkdir(parents=True, exist_ok=True)
+        return dataclasses.replace(self.replica, workdir=workdir)
+
     def get(self, peer: str, job_id: str) -> SiteJob:
         with self.lock:
             job = self.jobs.get(job_id)
@@ -310,9 +325,19 @@ class JobStore:
             self._fail(job, "cancelled by the compute site")
 
     def _expire_idle_jobs(self) -> None:
-        """Move on every idle job (called with self.lock held)."""
+        """Move on every idle job, and fail every job whose decoding runs past --regen-timeout (called
+        with self.lock held)."""
         now = time.time()
         for job in list(self.jobs.values()):
+            with job.lock:
+                stuck = [i for i, t in job.decoding.items() if time.monotonic() - t > self.regen_seconds]
+            if stuck and job.failure is None:
+                self._fail(
+                    job,
+                    f"chunk {stuck[0]}: regenerating took longer than {_duration(self.regen_seconds)} "
+                    "(serve --regen-timeout); stopped",
+                )
+                _end_processes_in(self.replica.workdir / job.job_id)
             if job.active:
                 if now - job.touched >= self.open_idle_seconds:
                     self._fail(job, f"expired: no request for {_duration(self.open_idle_seconds)}")
@@ -326,7 +351,7 @@ class JobStore:
 
     def _housekeeping(self) -> None:
         """Idle jobs expire (and free their disk space) even when no new job opens."""
-        period = min(HOUSEKEEPING_SECONDS, max(self.open_idle_seconds / 4, 0.05))
+        period = min(HOUSEKEEPING_SECONDS, max(min(self.open_idle_seconds, self.regen_seconds) / 4, 0.05))
         while not self.stopping.wait(period):
             try:
                 with self.lock:
@@ -441,6 +466,7 @@ class JobStore:
             return
         with job.lock:
             job.running += 1
+            job.decoding[index] = time.monotonic()
         start = time.perf_counter()
         try:
             if not unpacked:
@@ -476,6 +502,7 @@ class JobStore:
         finally:
             with job.lock:
                 job.running -= 1
+                job.decoding.pop(index, None)
 
     def _fail(self, job: SiteJob, message: str) -> None:
         """A failed job is final: recorded on disk (a restart does not retry it), its partial data removed
@@ -500,6 +527,7 @@ class JobStore:
                 job.location.drop_partial()
                 job.location.remove_empty_directories()
         _drop_job_data(job.directory)
+        shutil.rmtree(self.replica.workdir / job.job_id, ignore_errors=True)
         job.stored_bytes = 0
         self._release_target(job)
         try:
@@ -608,6 +636,7 @@ class JobStore:
         write_durably(job.directory / "done.json", json.dumps(done).encode())
         job.location.drop_partial()
         _drop_job_data(job.directory)
+        shutil.rmtree(self.replica.workdir / job.job_id, ignore_errors=True)
         job.stored_bytes = 0
         self._release_target(job)
         self.log(
@@ -646,7 +675,9 @@ class JobStore:
             if job.done() is not None:
                 continue
             try:
-                job.context = codec.prepare(setup, (directory / "setup.bin").read_bytes(), self.replica)
+                job.context = codec.prepare(
+                    setup, (directory / "setup.bin").read_bytes(), self._job_replica(job.job_id)
+                )
             except (ProtocolError, ParamedicError, OSError, ValueError, MemoryError) as exc:
                 self._fail(job, f"cannot resume after a restart: {_describe(exc)}")
                 continue
@@ -708,6 +739,25 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and not isinstance(exc, ProtocolError) and exc.strerror:
         return exc.strerror if exc.errno != errno.ENOSPC else "no space left on device"
     return str(exc) or type(exc).__name__  # (a MemoryError, or a ValueError without a message)
+
+
+def _end_processes_in(directory: Path) -> None:
+    """Kill the processes (this site's BLAST+ runs) whose working directory is inside `directory`."""
+    inside = str(directory.resolve()) + os.sep
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if os.stat(entry).st_uid != os.geteuid():
+                continue
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if (cwd + os.sep).startswith(inside):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def _drop_job_data(directory: Path) -> None:
