@@ -180,7 +180,7 @@ class InboxShipper:
         deadline = time.monotonic() + self.timeout
         while self.unacked:
             self._collect_acks()
-            self._wait(deadline, "acknowledgement")
+            self._wait(deadline, "acknowledgements")
         write_durably(
             self.directory / "finish.json", self._signed("finish", {"chunks": self.next_index, **final})
         )
