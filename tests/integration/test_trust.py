@@ -260,7 +260,9 @@ def test_format_accepts_a_protein_made_of_nucleotide_letters(site: Site, tmp_pat
     assert manifest["nseq"] == 801
 
 
-def run_bounded(argv: list[str], cwd: Path, seconds: float = 120) -> subprocess.CompletedProcess[str]:
+def run_bounded(
+    argv: list[str], cwd: Path, seconds: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The CLI with a bound on its time: a hang is a failure, not a stuck test (the launcher is told to
     stop its job, as a terminal's Ctrl-C would)."""
     import signal
@@ -269,7 +271,7 @@ def run_bounded(argv: list[str], cwd: Path, seconds: float = 120) -> subprocess.
 
     proc = subprocess.Popen(
         [str(BIN / "paramedic"), *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        start_new_session=True, env=env,
     )  # fmt: skip
     try:
         out, err = proc.communicate(timeout=seconds)
@@ -384,3 +386,58 @@ def test_a_trickling_mirror_and_a_damaged_volume_end_in_bounded_time(site: Site,
         remote.stop()
     assert proc.returncode == 4, proc.stderr
     assert "corrupt database" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_what_a_launcher_killed_outright_left_is_removed_by_the_next_run(site: Site, tmp_path: Path) -> None:
+    """Item 17: a launcher SIGKILLed (as a batch system does after its grace period), with its mpiexec
+    and ranks, leaves its paramedic-job-* directory (and MPICH's shared memory): the next run removes them,
+    and leaves a directory whose launcher is alive alone."""
+    import signal
+    import time
+
+    from tests.conftest import BIN
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db",
+            "uniprot", "-out", str(tmp_path / "killed.out"), "--np", "2", "--quiet"]  # fmt: skip
+    launcher = subprocess.Popen(argv, cwd=site.root / "p3", env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    ranks: list[int] = []
+    while len(ranks) < 3:
+        assert launcher.poll() is None and time.monotonic() < deadline, "the search ended before the kill"
+        ranks = [int(p.name) for p in tmp.glob("paramedic-job-*/ranks/*") if p.name.isdigit()]
+        time.sleep(0.02)
+    (job_dir,) = list(tmp.glob("paramedic-job-*"))
+    shm = [p.name.removeprefix("shm.") for p in (job_dir / "ranks").glob("shm.*")]
+    mpiexec = {_parent(_parent(pid)) for pid in ranks} - {None}
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    for pid in [*mpiexec, *ranks]:
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)  # type: ignore[arg-type]
+        except OSError:
+            pass
+    for pid in ranks:
+        while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            time.sleep(0.05)
+    assert job_dir.exists()
+    alive = tmp / "paramedic-job-alive"  # a running launcher's (ours): kept
+    alive.mkdir()
+    from paramedic.engine.leftovers import note_launcher
+
+    note_launcher(alive)
+    proc = run_bounded([*argv[1:5], "-db", "uniprot", "-out", str(tmp_path / "next.out"), "--np", "2",
+                        "--quiet"], site.root / "p3", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp.iterdir()) == ["paramedic-job-alive"]
+    assert not any(Path("/dev/shm", name).exists() for name in shm)
+
+
+def _parent(pid: int | None) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None

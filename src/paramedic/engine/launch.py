@@ -82,9 +82,13 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
     if mpiexec is None:
         raise JobError("mpiexec not found: run `make setup` (installs MPICH in .venv) or install an MPI")
     ranks = (workers or local_cores()) + 1
-    job_dir = Path(tempfile.mkdtemp(prefix="paramedic-job-"))
+    from paramedic.engine.leftovers import JOB_PREFIX, note_launcher, remove_leftovers
+
+    remove_leftovers(Path(tempfile.gettempdir()))  # what launchers killed outright left
+    job_dir = Path(tempfile.mkdtemp(prefix=JOB_PREFIX))
     job_id = uuid.uuid4().hex[:12]
     try:
+        note_launcher(job_dir)
         (job_dir / "tmp").mkdir()
         (job_dir / "ranks").mkdir()
         env = dict(
