@@ -210,3 +210,45 @@ def inbox_world(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
               "--out", str(base / "db" / "uni"), "--quiet")  # fmt: skip
     paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
     return {"replica": base / "db" / "uni", "keys": base / "keys"}
+
+
+# -- item 15: without --site-quota, one compute site cannot fill the disk for every other -------------------
+
+
+def test_one_compute_site_cannot_take_all_the_space_without_a_site_quota(make_site, tmp_path: Path) -> None:  # noqa: F811
+    import subprocess
+    import time
+    import uuid
+
+    from paramedic.ship.wire import recv_frame, send_frame
+    from tests.integration.site import sha256
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        site = make_site(root=disk, quota=Quota(reserve_bytes=64 * 1024))
+        job = uuid.uuid4().hex  # compute site b: a job that goes on sending and never finishes
+        with site.tls("compute-b") as tls:
+            send_frame(tls, {"op": "open", "job": job, "codec": "direct", "setup": {"out": "b/held.bin"}})
+            assert recv_frame(tls)[0]["op"] == "opened"
+            block = b"z" * 330_000
+            replies = []
+            for index in range(5):  # stored twice (the chunk, its range): 3.3 MB of the 4 MB disk
+                header = {"op": "chunk", "job": job, "index": index, "offset": index * len(block),
+                          "length": len(block), "sha256": sha256(block)}  # fmt: skip
+                send_frame(tls, header, block)
+                reply = recv_frame(tls)[0]
+                replies.append(reply.get("op"))
+                if reply.get("op") == "error":
+                    break
+        deadline = time.monotonic() + 10
+        while site.server.store.jobs[job].active and time.monotonic() < deadline:
+            time.sleep(0.05)
+        failure = site.server.store.jobs[job].failure or ""
+        assert "default share" in failure, (replies, failure)
+        assert _ship_ranges(site, "a/x.bin", [500_000])["bytes"] == 500_000  # compute site a still writes
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])

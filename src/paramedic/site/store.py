@@ -70,6 +70,8 @@ DEFAULT_OPEN_IDLE_SECONDS = 3600.0
 # The most one chunk's decoding (a metadata chunk: BLAST+ regenerating its pieces) may take; a BLAST+ that
 # never returns fails its job, and is killed, after this (serve --regen-timeout)
 DEFAULT_REGEN_SECONDS = 3600.0
+# Without --site-quota, the part of the space jobs may use that one compute site's jobs may hold
+DEFAULT_PEER_SHARE = 0.5
 KEEPALIVE_SECONDS = 30.0  # how often a live compute site touches its job (ship.client)
 STALE_SECONDS = 4 * KEEPALIVE_SECONDS  # a job this silent is no longer fed by a live compute site
 HOUSEKEEPING_SECONDS = 60.0
@@ -372,6 +374,22 @@ class JobStore:
                     f"storage site nearly full ({free} bytes free, {self.quota.reserve_bytes} kept in reserve)"
                 )
 
+    def _default_share(self, active: list[SiteJob], more: int) -> int:
+        """Without --site-quota, one compute site's jobs may hold half of what jobs may use (the free
+        space above the reserve, plus what all jobs hold now): never all of it, so that one site cannot
+        make every other site's jobs fail."""
+        free = []
+        for path in (self.state, self.root):
+            try:
+                info = os.statvfs(path)
+            except OSError:
+                continue
+            free.append(info.f_bavail * info.f_frsize)
+        if not free:
+            return 2**62
+        usable = min(free) - self.quota.reserve_bytes + sum(j.stored_bytes for j in active) - more
+        return max(int(usable * DEFAULT_PEER_SHARE), 0)
+
     def _reserve(self, job: SiteJob, more: int) -> None:
         """Count `more` bytes against the job, or fail the job (JobFailed) if they would pass a quota or eat
         into the free-space reserve. Counted at once, so concurrent decodes cannot both pass a bound."""
@@ -384,12 +402,18 @@ class JobStore:
                 )
             else:
                 job.stored_bytes += more
-        if problem is None and quota.peer_bytes is not None:
+        if problem is None:
             with self.lock:
-                held = sum(j.stored_bytes for j in self.jobs.values() if j.peer == job.peer and j.active)
-            if held > quota.peer_bytes:
+                active = [j for j in self.jobs.values() if j.active]
+            held = sum(j.stored_bytes for j in active if j.peer == job.peer)
+            if quota.peer_bytes is not None and held > quota.peer_bytes:
                 problem = (
                     f"this compute site's jobs would hold more than its quota ({quota.peer_bytes} bytes)"
+                )
+            elif quota.peer_bytes is None and held > (share := self._default_share(active, more)):
+                problem = (
+                    f"this compute site's jobs would hold more than its default share of the storage "
+                    f"site's space ({share} bytes, half of what jobs may use; serve --site-quota sets it)"
                 )
         if problem is None:
             try:
