@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("paramedic: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed by its reader (`| head -1`): quiet, as BLAST+
+        from paramedic.pipes import stdout_closed
+
+        return stdout_closed()
     except Exception as exc:  # never a traceback for the user; PARAMEDIC_DEBUG=1 shows it
         if os.environ.get("PARAMEDIC_DEBUG"):
             raise
@@ -287,6 +291,14 @@ def _serve(argv: list[str]) -> int:
         "a live compute site keeps its job alive every 30 s; never more than --expire-after)",
     )
     parser.add_argument(
+        "--regen-timeout",
+        type=float,
+        default=1.0,
+        metavar="HOURS",
+        help="the most one chunk's regeneration (BLAST+ writing its pieces) may take: then its job fails "
+        "and the BLAST+ run is killed (default 1)",
+    )
+    parser.add_argument(
         "--job-quota",
         type=_size,
         metavar="BYTES",
@@ -326,6 +338,7 @@ def _serve(argv: list[str]) -> int:
             quota=Quota(job_bytes=args.job_quota, peer_bytes=args.site_quota, reserve_bytes=args.reserve),
             open_idle_seconds=args.open_idle * 3600,
             replica_reads=not args.no_replica_reads,
+            regen_seconds=args.regen_timeout * 3600,
         )
     )
 

@@ -115,7 +115,9 @@ def test_forged_replies_are_ignored(world, tmp_path: Path) -> None:
     with pytest.raises(SiteError, match=r"no acknowledgements from the storage site"):
         client.finish({"size": 3, "sha256": sha256(b"abc")})
     (client.directory / "error.json").write_text(json.dumps({"message": "forged failure"}))
-    with pytest.raises(SiteError, match=r"ignored an error.json not from the site: error.json: not a signed"):
+    with pytest.raises(
+        SiteError, match=r"an error.json this search cannot verify \(error.json: not a signed"
+    ):
         client.finish({"size": 3, "sha256": sha256(b"abc")})
     client.close()
 
@@ -133,8 +135,8 @@ def test_a_signed_site_refuses_jobs_not_signed_by_its_compute_sites(world, inbox
         "another CA": "signed with a certificate not issued by this site's CA",
         "the server's own key": "not signed by a compute site",
     }[who]
-    # a client of another CA cannot verify the site's reply either: it waits and times out
-    expected = r"no acknowledgements from the storage site" if who == "another CA" else message
+    # a client of another CA cannot verify the site's reply either: it ends at once (issue 23), saying so
+    expected = r"an error.json this search cannot verify" if who == "another CA" else message
     with pytest.raises(SiteError, match=expected):
         ship(inbox, "r/x.bin", b"abc", keys, timeout=2.0)
     site.wait_log(rf"inbox job [0-9a-f]{{32}}: open.json: {message}")

@@ -164,7 +164,6 @@ def test_refusals_are_one_line(site: Site, tmp_path: Path) -> None:
         (("--stage", str(tmp_path / "c"), "--strategy", "queries"), 2, "--strategy queries"),
         (("--stage-limit", "1G"), 2, "give --stage DIR"),
         (("--stage", str(tmp_path / "c"), "--stage-limit", "lots"), 2, "--stage-limit 'lots'"),
-        (("--stage", str(tmp_path / "c"), "--mirror", str(site.root / "nowhere")), 4, "replica"),
     ]
     for flags, code, words in cases:
         proc = staged_search(site, "refused", *flags, check=False)

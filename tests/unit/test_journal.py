@@ -97,3 +97,49 @@ def test_a_piece_done_otherwise_leaves_the_queue() -> None:
     assert scheduler.next_task(1) is None
     scheduler.piece_done(task)
     assert scheduler.finished
+
+
+def _flip_keeping_times(path: Path, at: int) -> None:
+    import os
+
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[at] ^= 1
+    with open(path, "r+b") as fh:
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_a_piece_changed_in_one_byte_or_taken_from_another_journal_is_dropped(tmp_path: Path) -> None:
+    """Issue 23 items 1 and 10: a journal piece is bound to its journal by a keyed digest; one byte
+    flipped (times kept), a truncated or garbage piece, or a piece copied from another search's journal is
+    dropped (written again), never used."""
+    path = tmp_path / ".out.journal"
+    journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
+    journal.piece_done(0, b"piece zero of this search\n" * 10)
+    journal.piece_done(1, b"piece one of this search\n" * 10)
+    assert journal.close(complete=False)
+    other = tmp_path / ".other.journal"  # the same search's command with another -evalue
+    journal, _, _ = Journal.open(other, {**IDENTITY, "evalue": "1e-3"}, PLAN, restart=False)
+    journal.piece_done(1, b"piece one of ANOTHER search\n" * 10)
+    assert journal.close(complete=False)
+
+    journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False)
+    assert replay.pieces == (0, 1) and journal.load_piece(0) == b"piece zero of this search\n" * 10
+    journal.close(complete=False)
+
+    _flip_keeping_times(path / "piece" / "0", at=-5)
+    (path / "piece" / "1").write_bytes((other / "piece" / "1").read_bytes())
+    journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False)
+    assert replay.pieces == ()
+    assert not (path / "piece" / "0").exists() and not (path / "piece" / "1").exists()
+    journal.close(complete=False)
+
+    for bad in (b"", b"garbage", (other / "piece" / "1").read_bytes()[:20]):
+        journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
+        journal.piece_done(0, b"kept")
+        journal.close(complete=False)
+        (path / "piece" / "0").write_bytes(bad)
+        journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False)
+        assert replay.pieces == ()
+        journal.close(complete=False)

@@ -199,5 +199,5 @@ def test_done_jobs_keep_no_setup_or_chunks(tmp_path: Path) -> None:
     job = store.open("compute-a", {"job": JOB_A, "codec": "direct", "setup": {"out": "x.bin"}}, b"setup")
     put(store, job, 0, b"abc")
     finish(store, job, 1, size=3)
-    assert sorted(p.name for p in job.directory.iterdir()) == ["decoded", "done.json", "job.json"]
+    assert sorted(p.name for p in job.directory.iterdir()) == ["done.json", "job.json"]
     store.close()

@@ -24,11 +24,18 @@ def write_alias(
     oidlist: str | None = None,
 ) -> None:
     """Write an alias file (path ends in .pal or .nal); written whole, then renamed into place."""
+    write_durably(path, alias_bytes(dblist, title=title, nseq=nseq, length=length, oidlist=oidlist))
+
+
+def alias_bytes(
+    dblist: Iterable[str], *, title: str, nseq: int, length: int, oidlist: str | None = None
+) -> bytes:
+    """An alias file's bytes (what `write_alias` writes: a copy's alias can be compared with them)."""
     lines = [f"TITLE {title}", "DBLIST " + " ".join(_quote(d) for d in dblist)]
     if oidlist is not None:
         lines.append(f"OIDLIST {_quote(oidlist)}")
     lines += [f"NSEQ {nseq}", f"LENGTH {length}"]
-    write_durably(path, ("\n".join(lines) + "\n").encode())
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _quote(entry: str) -> str:

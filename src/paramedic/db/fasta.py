@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gzip
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,15 +48,26 @@ def open_text(path: Path) -> io.TextIOBase:
         raise InputError(f"{path}: permission denied") from exc
 
 
-def read_fasta(path: Path, moltype: MolType) -> Iterator[Record]:
-    """Yield validated records; raise InputError on the first problem, naming the record."""
+def read_fasta(path: Path, moltype: MolType, warn: Callable[[str], None] | None = None) -> Iterator[Record]:
+    """Yield validated records; raise InputError on the first problem, naming the record.
+
+    `warn`: a guess (a protein made of nucleotide letters) is said once through it instead of refusing:
+    `format` must accept what makeblastdb accepts for the same -dbtype, and A, C, G and T are amino
+    acids too."""
     count = 0
+    warned = warn is None
     try:
         with open_text(path) as handle:
             for header, sequence in _parse(handle, path):
                 count += 1
                 record = Record(header, sequence)
-                _check(record, count, path, moltype)
+                guess = _check(record, count, path, moltype)
+                if guess is not None:
+                    if warn is None:
+                        raise InputError(guess)
+                    if not warned:
+                        warned = True
+                        warn(f"{guess} (accepted, as makeblastdb accepts it; later ones are not listed)")
                 yield record
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not a text FASTA file (non-ASCII byte at offset {exc.start})") from exc
@@ -85,7 +96,8 @@ def _parse(handle: io.TextIOBase, path: Path) -> Iterator[tuple[str, str]]:
         yield header, "".join(parts)
 
 
-def _check(record: Record, number: int, path: Path, moltype: MolType) -> None:
+def _check(record: Record, number: int, path: Path, moltype: MolType) -> str | None:
+    """InputError for what BLAST+ refuses too; the text of a guess (not refused here) or None."""
     where = f"{path}: record {number}"
     if not record.seq_id:
         raise InputError(f"{where}: empty sequence id after '>'")
@@ -102,4 +114,5 @@ def _check(record: Record, number: int, path: Path, moltype: MolType) -> None:
     if moltype == "prot" and len(record.sequence) >= 20:
         strict = sum(1 for c in record.sequence if c in STRICT_NUCLEOTIDE)
         if strict >= 0.9 * len(record.sequence):
-            raise InputError(f"{where}: looks like nucleotide, expected protein")
+            return f"{where}: looks like nucleotide, expected protein"
+    return None

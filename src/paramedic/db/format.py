@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -87,7 +88,7 @@ def _build(settings: FormatSettings, build: Path, progress: Callable[[str], None
     digest = hashlib.sha256()
     whole_fasta = build / "whole.fasta"
     with open(whole_fasta, "w") as whole:
-        for record in read_fasta(settings.input, settings.dbtype):
+        for record in read_fasta(settings.input, settings.dbtype, warn=_warn):
             if record.seq_id in seen:
                 raise InputError(
                     f"{settings.input}: duplicate sequence id {record.seq_id!r} "
@@ -162,6 +163,10 @@ def _build(settings: FormatSettings, build: Path, progress: Callable[[str], None
     )
     (build / MANIFEST_NAME).write_text(manifest.to_json())
     return manifest
+
+
+def _warn(text: str) -> None:
+    print(f"paramedic: warning: {text}", file=sys.stderr, flush=True)
 
 
 def _default_title(path: Path) -> str:

@@ -20,8 +20,10 @@ def _resolve(cwd: Path, path: str) -> Path:
     return p if p.is_absolute() else cwd / p
 
 
-def resolve_database(arg: str, cwd: Path) -> tuple[Database, Manifest]:
-    """Find the database as BLAST+ does (current directory, then $BLASTDB) and check it is complete."""
+def resolve_database(arg: str, cwd: Path, digest: bool = True) -> tuple[Database, Manifest]:
+    """Find the database as BLAST+ does (current directory, then $BLASTDB) and check it is complete;
+    `digest`: and its bytes against the manifest (the job that searches it does; a check before the job
+    starts need not read it twice)."""
     candidates = [_resolve(cwd, arg)]
     if not Path(arg).is_absolute():
         candidates += [Path(d) / arg for d in os.environ.get("BLASTDB", "").split(":") if d]
@@ -32,7 +34,8 @@ def resolve_database(arg: str, cwd: Path) -> tuple[Database, Manifest]:
         raise DatabaseError(f"database {arg!r} not found (looked in {', '.join(str(c) for c in candidates)})")
     directory = directory.resolve()
     manifest = load_manifest(directory)
-    verify_volumes(directory, manifest)  # sizes on every search, digests once per database (cached)
+    if digest:
+        verify_volumes(directory, manifest)  # every job: sizes and times are not a digest
     missing = [
         name
         for name in [manifest.whole, *(f.name for f in manifest.fragments)]

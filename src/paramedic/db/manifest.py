@@ -12,7 +12,6 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from paramedic.cache import read_cached, write_cached
 from paramedic.errors import DatabaseError
 
 MANIFEST_NAME = "manifest.json"
@@ -94,27 +93,14 @@ def volume_sha256(db_dir: Path, volume: str) -> str:
 
 
 def verify_volumes(db_dir: Path, manifest: Manifest) -> None:
-    """Check the volumes' files against the manifest's SHA-256s, cheaply on every search.
+    """Digest the volumes' files and compare them with the manifest's SHA-256s, in every job.
 
-    Digests are computed once per database: the result is cached (in ~/.cache/paramedic/db-verified)
-    with every volume file's size, modification time and inode, which are compared on every search; a
-    file that changed in any of them (a truncated .pin, a copy) is digested again. Without a writable
-    cache the digests are computed every time."""
+    Sizes, times and inodes are not a digest: a file rewritten in place with its times restored keeps
+    all three, so nothing is remembered between jobs. The cost is one read of the database per job (the
+    page cache usually holds it for the search that follows): under 1% of a search, bench/RESULTS.md."""
     volumes = [(manifest.whole, manifest.whole_sha256)]
     if manifest.tools.get("digests") == FRAGMENT_DIGESTS:
         volumes += [(f.volume, f.sha256) for f in manifest.fragments]
-    try:
-        identity = {
-            p.name: [st.st_size, st.st_mtime_ns, st.st_ino]
-            for p in sorted(db_dir.iterdir())
-            if any(p.name.startswith(v + ".") for v, _ in volumes) and (st := p.stat())
-        }
-    except OSError as exc:
-        raise DatabaseError(f"{db_dir}: unreadable ({exc.strerror})") from exc
-    state = json.dumps(identity, sort_keys=True).encode()
-    key = hashlib.sha256(f"{db_dir.resolve()}\0{manifest.checksum()}".encode()).hexdigest()[:32]
-    if read_cached("db-verified", key) == state:
-        return
     for volume, expected in volumes:
         try:
             actual = volume_sha256(db_dir, volume)
@@ -125,7 +111,6 @@ def verify_volumes(db_dir: Path, manifest: Manifest) -> None:
                 f"{db_dir}: corrupt database: volume {volume} does not match the manifest's checksum "
                 "(changed or damaged since `paramedic format`; format it again)"
             )
-    write_cached("db-verified", key, state)
 
 
 @functools.cache

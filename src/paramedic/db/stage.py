@@ -24,13 +24,19 @@ Why it is safe:
   and only those it can lock exclusively: never a copy a search on this node is reading. A volume that
   does not fit even then is searched where it lies (`use` gives None), never a failure.
 - Checked: bytes are verified against the manifest when copied; on every use the files' sizes, times
-  and inodes are compared with the seal written at publication (as `verify_volumes` checks a database:
-  cheap on every search); a copy that changed is discarded and copied again, never used.
+  and inodes are compared with the seal written at publication, and the first time a process uses a copy
+  its bytes are digested again (sizes and times are not a digest); a copy that changed is discarded and
+  copied again, never used.
+- Private, as ssh treats ~/.ssh: the directory is created 0700 and refused when another user owns it or
+  others can write it (another user could plant a copy, or links at the lock names); locks are opened
+  without following links; anything that is not what the layout says (a file where a copy's directory
+  belongs, a link) is removed, never followed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import json
@@ -38,15 +44,16 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from paramedic.blast.alias import write_alias
+from paramedic.blast.alias import alias_bytes, write_alias
 from paramedic.blast.programs import alias_suffix
-from paramedic.db.manifest import FRAGMENT_DIGESTS, Manifest
+from paramedic.db.manifest import FRAGMENT_DIGESTS, Fragment, Manifest, volume_sha256
 from paramedic.durable import fsync_dir, write_durably
 from paramedic.errors import DatabaseError, OutputError, UsageError
 
@@ -97,6 +104,7 @@ class StageStats:
     discarded: int = 0  # published copies that no longer matched their seal: removed, copied again
     cleaned: int = 0  # leftovers of dead copies removed
     in_place: list[str] = field(default_factory=list)  # volumes searched where they lie: did not fit
+    write_failures: list[str] = field(default_factory=list)  # copies the cache's disk could not hold
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -110,6 +118,7 @@ class StageStats:
             "discarded": self.discarded,
             "cleaned": self.cleaned,
             "in_place": list(self.in_place),
+            "write_failures": list(self.write_failures),
         }
 
 
@@ -122,9 +131,13 @@ class StageCache:
         self.root = root
         self.limit = limit
         self.stats = StageStats()
+        self.verified: set[Path] = set()  # copies this process digested (once per job per worker)
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            (root / LOCK_NAME).touch(exist_ok=True)
+            root.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                root.mkdir(mode=0o700)
+            _check_private(root)
+            os.close(_open_lock(root / LOCK_NAME))
         except OSError as exc:
             raise OutputError(f"--stage {root}: cannot use it ({exc.strerror})") from exc
         if not os.access(root, os.W_OK | os.X_OK):
@@ -149,8 +162,11 @@ class StageCache:
         the first copy only. DatabaseError when no replica serves the volume verified."""
         info = manifest.fragments[fragment]
         entry = self.entry(manifest)
-        entry.mkdir(exist_ok=True)
-        fd = os.open(entry / f"{info.volume}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self._make_entry(entry)
+            fd = _open_lock(entry / f"{info.volume}.lock")
+        except OSError as exc:
+            raise OutputError(f"--stage {self.root}: cannot use it ({exc.strerror})") from exc
         try:
             place = self._acquire(fd, manifest, fragment, source, replicas)
             if place is None:
@@ -169,14 +185,17 @@ class StageCache:
         copied = False
         while True:
             self._lock(fd, fcntl.LOCK_SH)  # waits while another process copies it
-            if place.is_dir() and _sealed(place):
+            if place.is_dir() and self._trusted(place, manifest, info):
                 os.utime(place)  # last use, for LRU
                 if not copied:
                     self.stats.hits += 1
                 return place
             self._lock(fd, fcntl.LOCK_EX)  # not atomic: re-checked below
+            if place.is_symlink() or (place.exists() and not place.is_dir()):
+                place.unlink()  # not a copy (damage, or a link): never followed
+                self.stats.discarded += 1
             if place.is_dir():
-                if _sealed(place):
+                if self._trusted(place, manifest, info):
                     continue  # another process published it meanwhile: use it shared
                 self._remove(place)  # changed since it was published: never used
                 self.stats.discarded += 1
@@ -202,6 +221,12 @@ class StageCache:
                 fsync_dir(fill)
                 os.rename(fill, place)
                 fsync_dir(entry)
+                self.verified.add(place)  # fetch_volume digested its bytes
+            except OSError as exc:  # the cache's own disk (full, over quota, failing): never the search's end
+                shutil.rmtree(fill, ignore_errors=True)
+                self.stats.write_failures.append(f"{info.volume}: {exc.strerror or exc}")
+                fcntl.flock(fd, fcntl.LOCK_SH)  # searched in place, like any reader
+                return None
             except BaseException:
                 shutil.rmtree(fill, ignore_errors=True)
                 raise
@@ -209,6 +234,26 @@ class StageCache:
             self.stats.copied_bytes += _dir_bytes(place)
             self.stats.copy_seconds += time.monotonic() - started
             copied = True
+
+    def _trusted(self, place: Path, manifest: Manifest, info: Fragment) -> bool:
+        """The copy is sealed and, the first time this process uses it, its bytes are the manifest's (a
+        seal records sizes, times and inodes, which a file rewritten in place keeps): digested once per
+        job per worker, as `verify_volumes` digests the database once per job."""
+        if not _sealed(place):
+            return False
+        if place in self.verified:
+            return True
+        alias = place / (info.name + alias_suffix(manifest.dbtype))
+        expected = alias_bytes(
+            [info.volume], title=manifest.title, nseq=manifest.nseq, length=manifest.length
+        )
+        try:
+            good = alias.read_bytes() == expected and volume_sha256(place, info.volume) == info.sha256
+        except (OSError, DatabaseError):
+            good = False
+        if good:
+            self.verified.add(place)
+        return good
 
     def trim(self) -> None:
         """Bring the cache within the limit now (a run with a smaller limit than the one that filled it),
@@ -228,9 +273,21 @@ class StageCache:
             fill.mkdir()
             return fill
 
+    def _make_entry(self, entry: Path) -> None:
+        """The database's directory in the cache; a file or a link in its place is removed (under the
+        cache's lock: nobody uses what is not a directory)."""
+        if entry.is_dir() and not entry.is_symlink():
+            return
+        with self._cache_lock():
+            if entry.is_symlink() or (entry.exists() and not entry.is_dir()):
+                entry.unlink()
+                self.stats.discarded += 1
+            with contextlib.suppress(FileExistsError):
+                entry.mkdir(mode=0o700)
+
     @contextlib.contextmanager
     def _cache_lock(self) -> Iterator[None]:
-        lock = os.open(self.root / LOCK_NAME, os.O_RDWR)
+        lock = _open_lock(self.root / LOCK_NAME)
         try:
             self._lock(lock, fcntl.LOCK_EX)
             yield
@@ -282,7 +339,7 @@ class StageCache:
 
     def _try_lock(self, lock_path: Path, then: Callable[[], None]) -> bool:
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_lock(lock_path)
         except OSError:
             return False
         try:
@@ -317,6 +374,35 @@ class StageCache:
         started = time.monotonic()
         fcntl.flock(fd, how)
         self.stats.wait_seconds += time.monotonic() - started
+
+
+def _open_lock(path: Path) -> int:
+    """A lock file opened without following a link; a link in its place is removed and the file made."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    path.unlink()
+    return os.open(path, flags | os.O_EXCL, 0o600)
+
+
+def _check_private(root: Path) -> None:
+    """Refuse a cache directory that another user owns or that others can write (as ssh refuses such a
+    ~/.ssh): anyone who can write it can plant copies, or links at the lock names."""
+    st = os.stat(root)  # (a link to a directory of one's own is fine, as ssh allows)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"--stage {root}: not a directory")
+    if st.st_uid != os.geteuid():
+        raise OutputError(
+            f"--stage {root}: owned by another user (uid {st.st_uid}); use a directory of your own"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise OutputError(
+            f"--stage {root}: others can write it (mode {stat.S_IMODE(st.st_mode):o}); "
+            f"run `chmod go-w {root}` or use a directory of your own"
+        )
 
 
 def _volume_files(directory: Path, volume: str) -> list[Path]:

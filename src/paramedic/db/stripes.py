@@ -142,6 +142,7 @@ class _Fetch:
             self.pending.clear()
         self.written = 0
         self.closed = False
+        self.error: OSError | None = None  # writing into `dest` failed (a full disk): the fetch ends
         self.write_lock = threading.Lock()
         self.fds: list[int] = []
 
@@ -182,22 +183,38 @@ class ReplicaSet:
         urls: Sequence[str],
         manifest: Manifest,
         keys: Path | None = None,
+        required: int | None = None,
         **options: object,
     ) -> ReplicaSet:
         """The replicas at `urls`, each checked to hold the database of `manifest` (refused if not).
-        `options`: the dataclass's tuning fields (stripe_bytes, policy, skip_ratio, ...)."""
+        `options`: the dataclass's tuning fields (stripe_bytes, policy, skip_ratio, ...).
+
+        `required`: how many of the first URLs must be reachable (the -db directory); a later one that
+        cannot be reached or serves no reads is an extra source lost, not the run's end: it is listed as
+        dropped, with why (a replica of another database is still refused: a mistake to say at once)."""
         replicas: list[Replica] = []
+        absent: dict[int, str] = {}
         try:
-            for url in urls:
-                replica = open_replica(url, keys)
+            for position, url in enumerate(urls):
+                try:
+                    replica = open_replica(url, keys)
+                    theirs = replica.manifest().checksum()
+                except ReplicaError as exc:
+                    if required is None or position < required:
+                        raise
+                    replicas.append(_Absent(url))
+                    absent[position] = str(exc)
+                    continue
                 replicas.append(replica)
-                theirs = replica.manifest().checksum()
                 if theirs != manifest.checksum():
                     raise DatabaseError(
                         f"replica {replica.label} holds a different database (manifest checksum "
                         f"{theirs[:12]}, expected {manifest.checksum()[:12]}): refused"
                     )
-            return cls(replicas, **options)  # type: ignore[arg-type]
+            made = cls(replicas, **options)  # type: ignore[arg-type]
+            for position, why in absent.items():
+                made.uses[position].dropped = why
+            return made
         except BaseException:
             for replica in replicas:
                 replica.close()
@@ -284,11 +301,17 @@ class ReplicaSet:
         for thread in threads:
             thread.start()
         with self.cond:
-            while not fetch.complete() and any(self.uses[r].dropped is None for r in fetch.servers):
+            while (
+                not fetch.complete()
+                and fetch.error is None
+                and any(self.uses[r].dropped is None for r in fetch.servers)
+            ):
                 self.cond.wait(0.5)
             ok = fetch.complete()
             fetch.closed = True
             self.cond.notify_all()
+        if fetch.error is not None:  # our own disk, not a replica: the caller decides (e.g. search in place)
+            raise fetch.error
         if ok:
             for fd in fetch.fds:
                 os.fsync(fd)
@@ -326,7 +349,14 @@ class ReplicaSet:
                 with fetch.write_lock:  # never into a closed (or reused) descriptor
                     if fetch.closed:
                         return
-                    os.pwrite(fetch.fds[stripe.file], data, stripe.offset)
+                    try:
+                        os.pwrite(fetch.fds[stripe.file], data, stripe.offset)
+                    except OSError as exc:  # a full disk: every reader stops, the fetch ends
+                        with self.cond:
+                            fetch.error = fetch.error or exc
+                            fetch.closed = True
+                            self.cond.notify_all()
+                        return
                 with self.cond:
                     stripe.written = True
                     fetch.written += 1
@@ -580,6 +610,27 @@ class ReplicaSet:
     def close(self) -> None:
         for replica in self.replicas:
             replica.close()
+
+
+class _Absent:
+    """A mirror that could not be opened: listed (dropped) in the record, never read."""
+
+    parallelism = 1
+
+    def __init__(self, url: str):
+        self.label = url.split("?", 1)[0]
+
+    def manifest(self) -> Manifest:
+        raise ReplicaError(f"replica {self.label}: not reachable")
+
+    def volume_files(self, volume: str) -> list[VolumeFile]:
+        raise ReplicaError(f"replica {self.label}: not reachable")
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        raise ReplicaError(f"replica {self.label}: not reachable")
+
+    def close(self) -> None:
+        pass
 
 
 def _check_listing(volume: str, files: list[VolumeFile]) -> None:

@@ -302,8 +302,13 @@ def check_stage(stage: StageSettings, manifest: Manifest, where: str) -> None:
     holds this very database (manifest checksum), or one line and a refusal now."""
     check_stageable(manifest, where)
     StageCache(stage.directory, stage.limit)
-    if stage.mirrors:
-        open_replicas(stage.mirrors, manifest, stage.keys).close()
+    if stage.mirrors:  # one down is an extra source lost (said once), another database a mistake
+        replicas = open_replicas(stage.mirrors, manifest, stage.keys, required=0)
+        for use in replicas.uses:
+            if use.dropped is not None:
+                print(f"paramedic: warning: --mirror {use.label}: {use.dropped}; searching without it",
+                      file=sys.stderr, flush=True)  # fmt: skip
+        replicas.close()
 
 
 def _resolve(cwd: Path, path: str) -> Path:

@@ -15,7 +15,10 @@ Layout of `.<out>.journal/` (beside the output; with --site, beside the run reco
     lock                held (flock) by the run that owns the journal: two runs never share one
     search/B-F          fragment F's result for search batch B (a paramedic.engine.store record, written
                         by the worker that searched when every rank sees the journal, else by rank 0)
-    piece/N             report piece N, BLAST+'s bytes (not kept when pieces ship as metadata)
+    piece/N             report piece N: a tag, then BLAST+'s bytes (not kept when pieces ship as metadata);
+                        the tag is an HMAC-SHA256, keyed by job.json's random `key`, of N and the bytes:
+                        a piece changed in any byte, or copied from another search's journal, is dropped
+                        and written again (sizes and times are not a digest)
     site-job            with --site: the storage-site job this run opened (a resumed run cancels it
                         and opens a new one, sending what the journal holds again)
     output.partial      the report being written; renamed to the output when complete
@@ -29,8 +32,11 @@ is dropped and its task run again.
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import shutil
 import sys
 from collections.abc import Iterator
@@ -45,6 +51,7 @@ from paramedic.engine.store import RecordError, Store
 from paramedic.errors import OutputError, UsageError
 
 KIND = "paramedic-journal"
+PIECE_MAGIC = b"paramedic-piece1"  # then the 32-byte tag, then the piece's bytes
 VERSION = 2  # 2: search records in the store's layout (keys first, alignments per query)
 
 
@@ -78,6 +85,7 @@ class Journal:
         self.kept_searches = 0
         self.kept_pieces = 0
         self._closed = False
+        self.key: bytes | None = None  # job.json's: binds each piece to this journal
 
     # -- opening ------------------------------------------------------------------------------------
     @classmethod
@@ -116,12 +124,20 @@ class Journal:
         """The journal's plan if it was made by this same search; a new journal otherwise."""
         job_file = self.path / "job.json"
         if not job_file.exists():
+            key = secrets.token_bytes(32)
             self._write(
                 job_file,
                 json.dumps(
-                    {"kind": KIND, "version": VERSION, "identity": identity, "plan": _plan_json(plan)}
+                    {
+                        "kind": KIND,
+                        "version": VERSION,
+                        "identity": identity,
+                        "plan": _plan_json(plan),
+                        "key": key.hex(),
+                    }
                 ).encode(),
             )
+            self.key = key
             return plan
         try:
             data = json.loads(job_file.read_text())
@@ -129,7 +145,8 @@ class Journal:
                 raise ValueError(f"not a version {VERSION} journal")
             stored = data["identity"]
             journaled = _plan_from_json(data["plan"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            key = data.get("key")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise UsageError(
                 f"the journal {self.path} is unreadable ({exc}); add --restart to discard it and start afresh"
             ) from exc
@@ -143,6 +160,11 @@ class Journal:
             raise UsageError(
                 f"the journal {self.path} does not fit this search; add --restart to start afresh"
             )
+        if isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key):
+            self.key = bytes.fromhex(key)
+        else:  # an older paramedic's journal: a key from now on, its untagged pieces are written again
+            self.key = secrets.token_bytes(32)
+            self._write(job_file, json.dumps({**data, "key": self.key.hex()}).encode())
         return journaled
 
     def _replay(self, plan: Plan) -> Replay:
@@ -155,10 +177,14 @@ class Journal:
                 searches.append(task)
         pieces = []
         for name in sorted(os.listdir(self.path / "piece")):
+            path = self.path / "piece" / name
             if name.isdigit() and int(name) < len(plan.pieces) and str(int(name)) == name:
-                pieces.append(int(name))
-            else:
-                (self.path / "piece" / name).unlink(missing_ok=True)
+                problem = self._piece_problem(int(name))
+                if problem is None:
+                    pieces.append(int(name))
+                    continue
+                _warn(f"journal piece {name} dropped ({problem}): writing it again")
+            path.unlink(missing_ok=True)
         searches.sort(key=lambda t: (t.batch, t.fragment))
         return Replay(tuple(searches), tuple(sorted(pieces)))
 
@@ -177,12 +203,42 @@ class Journal:
         return result
 
     def load_piece(self, index: int) -> bytes | None:
+        """A piece the replay found good, its tag checked again (it is read once more here)."""
         try:
-            data = (self.path / "piece" / str(index)).read_bytes()
-        except OSError:
-            return None
+            data = self._read_piece(index)
+        except (OSError, ValueError) as exc:
+            raise OutputError(
+                f"the journal {self.path} changed while this search ran (piece {index}: {exc}); run the "
+                "same command again"
+            ) from None
         self.kept_pieces += 1
         return data
+
+    def _piece_tag(self, index: int, data: bytes) -> bytes:
+        assert self.key is not None
+        mac = hmac.new(self.key, f"piece/{index}\0".encode(), hashlib.sha256)
+        mac.update(data)
+        return mac.digest()
+
+    def _read_piece(self, index: int) -> bytes:
+        """The piece's bytes, or ValueError when its tag does not match them (OSError: unreadable)."""
+        raw = (self.path / "piece" / str(index)).read_bytes()
+        head = len(PIECE_MAGIC) + 32
+        if len(raw) < head or not raw.startswith(PIECE_MAGIC):
+            raise ValueError("not a journal piece")
+        data = raw[head:]
+        if not hmac.compare_digest(raw[len(PIECE_MAGIC) : head], self._piece_tag(index, data)):
+            raise ValueError("its bytes are not those this search wrote")
+        return data
+
+    def _piece_problem(self, index: int) -> str | None:
+        try:
+            self._read_piece(index)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     # -- recording ----------------------------------------------------------------------------------
     def search_done(self, task: SearchTask, result: FragmentSearch) -> None:
@@ -190,17 +246,29 @@ class Journal:
         self.store.put(task.batch, task.fragment, result)
 
     def piece_done(self, index: int, data: bytes) -> None:
-        self._write(self.path / "piece" / str(index), data)
+        self._write(self.path / "piece" / str(index), PIECE_MAGIC + self._piece_tag(index, data) + data)
 
     def earlier_site_job(self) -> str | None:
-        """The storage-site job an earlier run of this search opened (to be cancelled), if any."""
+        """The storage-site job an earlier run of this search opened (to be cancelled, or asked whether
+        it published the output), if any: only a record this journal wrote (its tag checked), so that a
+        record naming another job never makes a run say the site holds its output."""
         try:
-            return (self.path / "site-job").read_text().strip() or None
-        except OSError:
+            text = (self.path / "site-job").read_text()
+        except (OSError, ValueError):
             return None
+        job_id, _, tag = text.strip().partition(" ")
+        if job_id and hmac.compare_digest(tag.encode(), self._site_job_tag(job_id).encode()):
+            return job_id
+        _warn("journal record site-job dropped (not a job this search opened)")
+        (self.path / "site-job").unlink(missing_ok=True)
+        return None
 
     def note_site_job(self, job_id: str) -> None:
-        self._write(self.path / "site-job", job_id.encode())
+        self._write(self.path / "site-job", f"{job_id} {self._site_job_tag(job_id)}".encode())
+
+    def _site_job_tag(self, job_id: str) -> str:
+        assert self.key is not None
+        return hmac.new(self.key, f"site-job\0{job_id}".encode(), hashlib.sha256).hexdigest()
 
     @property
     def partial_output(self) -> Path:

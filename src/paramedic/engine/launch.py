@@ -14,6 +14,8 @@ the hidden partial output is named after the job.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import re
 import shutil
@@ -81,9 +83,13 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
     if mpiexec is None:
         raise JobError("mpiexec not found: run `make setup` (installs MPICH in .venv) or install an MPI")
     ranks = (workers or local_cores()) + 1
-    job_dir = Path(tempfile.mkdtemp(prefix="paramedic-job-"))
+    from paramedic.engine.leftovers import JOB_PREFIX, note_launcher, remove_leftovers
+
+    remove_leftovers(Path(tempfile.gettempdir()))  # what launchers killed outright left
+    job_dir = Path(tempfile.mkdtemp(prefix=JOB_PREFIX))
     job_id = uuid.uuid4().hex[:12]
     try:
+        note_launcher(job_dir)
         (job_dir / "tmp").mkdir()
         (job_dir / "ranks").mkdir()
         env = dict(
@@ -156,7 +162,7 @@ def check_before_launch(settings: SearchSettings) -> None:
     check_outfmt(program.name, options)
     if not options.get("db"):
         return
-    db, _ = resolve_database(options.get("db") or "", settings.cwd)
+    db, _ = resolve_database(options.get("db") or "", settings.cwd, digest=False)  # rank 0 digests it
     if db.dbtype != program.db_type:
         return
     check_values(program.name, options, str(db.directory))
@@ -182,9 +188,11 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
     bar = _Bar(job_dir / "progress") if show_bar else None
     exit_string: list[bytes] = []
     said: list[bytes] = []  # paramedic's own error lines the ranks printed
+    closed: list[float] = []  # when our stdout's reader went away (`| head -1`)
+    stopping = _Either(interrupted, closed)  # the ranks' complaints while stopped are not shown
     relays = [
-        threading.Thread(target=_relay_stdout, args=(proc.stdout, exit_string), daemon=True),
-        threading.Thread(target=_relay_stderr, args=(proc.stderr, bar, said, interrupted), daemon=True),
+        threading.Thread(target=_relay_stdout, args=(proc.stdout, exit_string, closed), daemon=True),
+        threading.Thread(target=_relay_stderr, args=(proc.stderr, bar, said, stopping), daemon=True),
     ]
     for t in relays:
         t.start()
@@ -196,7 +204,12 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
             except subprocess.TimeoutExpired:
                 if bar is not None:
                     bar.update()
-                if interrupted and time.monotonic() - interrupted[0] > STOP_SECONDS:
+                if closed and len(closed) == 1:  # nobody reads the report any more: stop the job
+                    closed.append(time.monotonic())
+                    with contextlib.suppress(OSError):
+                        proc.send_signal(signal.SIGINT)
+                first = interrupted[0] if interrupted else closed[0] if closed else None
+                if first is not None and time.monotonic() - first > STOP_SECONDS:
                     os.killpg(proc.pid, signal.SIGKILL)  # mpiexec did not stop its ranks in time
         for t in relays:
             t.join(timeout=5)
@@ -207,6 +220,10 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
             signal.signal(s, handler)
         if bar is not None:
             bar.close(success=False)
+    if closed and not interrupted:  # as BLAST+ into a closed pipe: no message, 141
+        from paramedic.pipes import stdout_closed
+
+        return stdout_closed()
     if interrupted:
         print("paramedic: interrupted: the job was stopped and its temporary files removed", file=sys.stderr)
         return 130
@@ -274,8 +291,29 @@ def _alive(pid: int) -> bool:
             return False
 
 
-def _relay_stdout(stream: IO[bytes], exit_string: list[bytes]) -> None:
-    """The ranks' stdout (the report with `-out -`) passes through; hydra's banner stops it."""
+class _Either:
+    """True when either list holds something (read by the stderr relay: stop showing the ranks' lines)."""
+
+    def __init__(self, *lists: list[float]):
+        self.lists = lists
+
+    def __bool__(self) -> bool:
+        return any(self.lists)
+
+
+def _relay_stdout(stream: IO[bytes], exit_string: list[bytes], closed: list[float]) -> None:
+    """The ranks' stdout (the report with `-out -`) passes through; hydra's banner stops it. When our
+    own stdout is closed (`| head -1`) the rest is read and dropped, so that no rank blocks writing it,
+    and `closed` tells the supervisor to stop the job."""
+    try:
+        _pass_stdout(stream, exit_string)
+    except (BrokenPipeError, ValueError):
+        closed.append(time.monotonic())
+        for _ in iter(functools.partial(stream.read, 1 << 16), b""):
+            pass
+
+
+def _pass_stdout(stream: IO[bytes], exit_string: list[bytes]) -> None:
     out = sys.stdout.buffer
     held: list[bytes] = []  # an empty line or a rule that may start the banner
     in_banner = False
@@ -304,7 +342,7 @@ def _relay_stdout(stream: IO[bytes], exit_string: list[bytes]) -> None:
     out.flush()
 
 
-def _relay_stderr(stream: IO[bytes], bar: _Bar | None, said: list[bytes], interrupted: list[float]) -> None:
+def _relay_stderr(stream: IO[bytes], bar: _Bar | None, said: list[bytes], interrupted: _Either) -> None:
     for line in iter(stream.readline, b""):
         if _MPICH_STDERR.match(line) or interrupted:  # once interrupted, the launcher alone says so
             continue

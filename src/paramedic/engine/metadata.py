@@ -3,7 +3,9 @@
 With the metadata, any output format can be regenerated later without searching again (`paramedic
 search ... --from-metadata FILE`): the ParaMEDIC idea in its simplest, local form. The file records what
 the subjects depend on (database manifest, queries, search options) and loading refuses a mismatch, so a
-regeneration can never silently produce output for another search.
+regeneration can never silently produce output for another search. A SHA-256 of the rest of the file is
+sealed into it (`sha256`), checked before regenerating: a file edited or damaged since it was written (a
+subject id removed) is refused, never regenerated into another report.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from paramedic.durable import write_durably
 from paramedic.errors import InputError, UsageError
 
 KIND = "paramedic-metadata"
-VERSION = 1
+VERSION = 2  # 2: the file's own SHA-256 sealed in it
+DIGEST = "sha256"
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,15 @@ class SearchIdentity:
         return cls(program, shaping.argv(), options.hitlist_size(), manifest_sha256, digest.hexdigest())
 
 
+def _digest(data: dict[str, object]) -> str:
+    """SHA-256 of the file's fields but the digest itself, in one canonical JSON form."""
+    rest = {k: v for k, v in data.items() if k != DIGEST}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def save_metadata(path: Path, identity: SearchIdentity, subjects: list[list[int]]) -> None:
-    data = {"kind": KIND, "version": VERSION, **asdict(identity), "subjects": subjects}
+    data: dict[str, object] = {"kind": KIND, "version": VERSION, **asdict(identity), "subjects": subjects}
+    data[DIGEST] = _digest(data)
     write_durably(path, (json.dumps(data, separators=(",", ":")) + "\n").encode())
 
 
@@ -54,8 +64,20 @@ def load_metadata(path: Path, expected: SearchIdentity, n_queries: int, nseq: in
         raise InputError(f"--from-metadata {path}: no such file") from exc
     except (ValueError, OSError) as exc:
         raise InputError(f"--from-metadata {path}: not a metadata file ({exc})") from exc
-    if not isinstance(data, dict) or data.get("kind") != KIND or data.get("version") != VERSION:
-        raise InputError(f"--from-metadata {path}: not a version {VERSION} paramedic metadata file")
+    except RecursionError as exc:  # JSON nested thousands deep
+        raise InputError(f"--from-metadata {path}: not a metadata file (nested too deeply)") from exc
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise InputError(f"--from-metadata {path}: not a paramedic metadata file")
+    if data.get("version") != VERSION:
+        raise InputError(
+            f"--from-metadata {path}: not a version {VERSION} paramedic metadata file (files of earlier "
+            "versions carry no digest of their own: search again with --metadata)"
+        )
+    if data.get(DIGEST) != _digest(data):
+        raise InputError(
+            f"--from-metadata {path}: its contents do not match the SHA-256 sealed in it (changed or "
+            "damaged since it was written)"
+        )
     for name, value in asdict(expected).items():
         if data.get(name) != value:
             raise UsageError(f"--from-metadata {path}: made with a different {name.replace('_', ' ')}")
@@ -63,9 +85,7 @@ def load_metadata(path: Path, expected: SearchIdentity, n_queries: int, nseq: in
     if (
         not isinstance(subjects, list)
         or len(subjects) != n_queries
-        or not all(
-            isinstance(s, list) and all(isinstance(g, int) and 0 <= g < nseq for g in s) for s in subjects
-        )
+        or not all(isinstance(s, list) and all(type(g) is int and 0 <= g < nseq for g in s) for s in subjects)
     ):
         raise InputError(f"--from-metadata {path}: malformed subject lists")
     return subjects

@@ -293,7 +293,7 @@ def published_earlier(job: Job, journal: Journal | None) -> dict[str, Any] | Non
     earlier = journal.earlier_site_job()
     if earlier is None or job.ship.site.scheme != "tls":
         return None
-    return finished_job(job.ship.site, job.ship.keys, earlier)
+    return finished_job(job.ship.site, job.ship.keys, earlier, job.ship.out)
 
 
 class PublishedSink:

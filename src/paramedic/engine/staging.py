@@ -50,7 +50,7 @@ class Stager:
     def _replicas(self) -> ReplicaSet:
         if self.replicas is None:
             urls = [str(self.db.directory), *self.settings.mirrors]
-            self.replicas = open_replicas(urls, self.manifest, self.settings.keys)
+            self.replicas = open_replicas(urls, self.manifest, self.settings.keys, required=1)
             atexit.register(self.replicas.close)  # a storage site's streams end with the rank
         return self.replicas
 
@@ -97,16 +97,20 @@ class Stager:
 STRIPE_VARIABLE = "PARAMEDIC_STRIPE_BYTES"
 
 
-def open_replicas(urls: Sequence[str], manifest: Manifest, keys: Path | None) -> ReplicaSet:
-    """The replicas at `urls`, identity checked; `tls://` ones are storage sites (paramedic serve)."""
+def open_replicas(
+    urls: Sequence[str], manifest: Manifest, keys: Path | None, required: int | None = None
+) -> ReplicaSet:
+    """The replicas at `urls`, identity checked; `tls://` ones are storage sites (paramedic serve).
+    `required`: the first so many must be reachable (the -db directory); the mirrors after them are extra
+    sources, dropped (with why, in the record) when down or serving no reads."""
     import paramedic.ship.replica_client  # noqa: F401  (registers the tls:// replica transport)
 
     stripe = os.environ.get(STRIPE_VARIABLE)
     if not stripe:
-        return ReplicaSet.open(urls, manifest, keys)
+        return ReplicaSet.open(urls, manifest, keys, required=required)
     if not stripe.isdigit() or not 0 < int(stripe) <= MAX_READ_BYTES:
         raise UsageError(f"{STRIPE_VARIABLE}={stripe}: expected 1 to {MAX_READ_BYTES} bytes")
-    return ReplicaSet.open(urls, manifest, keys, stripe_bytes=int(stripe))
+    return ReplicaSet.open(urls, manifest, keys, required=required, stripe_bytes=int(stripe))
 
 
 _STAGERS: dict[tuple[Path, Path], Stager] = {}
@@ -155,4 +159,5 @@ def summary(stage: StageSettings | None, per_rank: Sequence[dict[str, Any] | Non
         **total,
         **seconds,
         "in_place": sorted({v for r in ranks for v in r["in_place"]}),
+        "write_failures": sorted({w for r in ranks for w in r.get("write_failures", [])}),
     }

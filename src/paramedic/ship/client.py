@@ -306,29 +306,23 @@ class TlsShipper:
             self.shared.closing = True
             self.shared.cond.notify_all()
         header = {"op": "finish", "job": self.job_id, "chunks": self.next_index, **final}
-        # --ship-timeout bounds the wait without progress: a site that decodes (metadata: regenerates the
-        # report) may take long, one that answers "pending" with nothing running is stuck.
+        # --ship-timeout bounds the whole wait for the file, whatever the site answers ("pending",
+        # "running", progress that never ends): a site stuck in a regeneration cannot hold the search.
         deadline = time.monotonic() + self.timeout
-        progress: Any = None
 
         def ask() -> dict[str, Any]:
-            nonlocal deadline, progress
             with self.connect() as tls:
                 self._open(tls)
                 while True:
+                    tls.settimeout(min(REPLY_SECONDS, max(deadline - time.monotonic(), 0.5)))
                     reply = self.request(tls, header)
                     if reply.get("op") == "done":
                         return reply
                     if reply.get("op") != "pending":
                         raise ProtocolError(f"unexpected reply {reply.get('op')!r}")
-                    running = reply.get("running")
-                    now = time.monotonic()
-                    if (isinstance(running, int) and running > 0) or reply.get("decoded") != progress:
-                        progress = reply.get("decoded")
-                        deadline = now + self.timeout
-                    elif now > deadline:
+                    if time.monotonic() > deadline:
                         raise SiteError(
-                            f"the storage site {self.address} made no progress on the output for "
+                            f"the storage site {self.address} did not finish the output within "
                             f"{self.timeout:.0f} s (--ship-timeout)"
                         )
                     time.sleep(0.2)
@@ -370,9 +364,10 @@ class TlsShipper:
                 thread.join(timeout=2)
 
 
-def finished_job(address: SiteAddress, keys: Path, job_id: str) -> dict[str, Any] | None:
-    """The site's `done` answer (final size and digest) for a job this compute site opened earlier, or
-    None when it is not done, unknown, or the site cannot say now (best effort, a few seconds at most)."""
+def finished_job(address: SiteAddress, keys: Path, job_id: str, out: str) -> dict[str, Any] | None:
+    """The site's `done` answer (final size and digest) for a job this compute site opened earlier to
+    write `out`, or None when it is not done, unknown, wrote another path, or the site cannot say now
+    (best effort, a few seconds at most)."""
     try:
         raw = socket.create_connection((address.host, address.port), timeout=CANCEL_SECONDS)
         with client_context(keys).wrap_socket(raw, server_hostname=address.host) as tls:
@@ -381,7 +376,9 @@ def finished_job(address: SiteAddress, keys: Path, job_id: str) -> dict[str, Any
             reply, _ = recv_frame(tls)
     except (OSError, ProtocolError):
         return None
-    return reply if reply.get("op") == "done" and isinstance(reply.get("sha256"), str) else None
+    if reply.get("op") != "done" or not isinstance(reply.get("sha256"), str) or reply.get("out") != out:
+        return None
+    return reply
 
 
 @register_transport("tls")

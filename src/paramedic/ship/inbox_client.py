@@ -168,6 +168,13 @@ class InboxShipper:
         if error is not None:
             self._remove()
             raise SiteError(f"storage site: {str(error.get('message', 'failed'))[:500]}")
+        if self.unverified is not None:  # never a success, so not worth waiting out --ship-timeout for
+            self._remove()
+            raise SiteError(
+                f"inbox {self.inbox}: an error.json this search cannot verify ({self.unverified[:200]}): the "
+                "storage site refused the job (are its keys and --keys from the same `paramedic keys`?), or "
+                "someone else wrote it"
+            )
 
     def finish(self, final: dict[str, Any]) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout
@@ -177,15 +184,11 @@ class InboxShipper:
         write_durably(
             self.directory / "finish.json", self._signed("finish", {"chunks": self.next_index, **final})
         )
+        # --ship-timeout bounds the whole wait, whatever progress.json says (it is never signed)
         deadline = time.monotonic() + self.timeout
-        progress = None
         while (done := self._reply("done.json", "done")) is None:
             self._check_error()
-            seen = self._progress()
-            if seen is not None and (seen != progress or seen.get("running")):
-                progress = seen
-                deadline = time.monotonic() + self.timeout  # the site is making the file: wait on
-            self._wait(deadline, "the final file")
+            self._wait(deadline, "final file")
         self._remove()
         return done
 

@@ -28,12 +28,15 @@ from paramedic.errors import UsageError
 from paramedic.ship.client import open_tls, tls_refusal
 from paramedic.ship.tls import client_context
 from paramedic.ship.transport import SiteAddress
-from paramedic.ship.wire import ProtocolError, loads_json, recv_frame, send_frame
+from paramedic.ship.wire import FrameDeadlines, ProtocolError, loads_json, recv_frame, send_frame
 
 DEFAULT_STREAMS = 4
 MAX_STREAMS = 64  # the site admits 80 connections per compute site
 MAX_LISTED_FILES = 64  # a makeblastdb volume has about a dozen files
 READ_SECONDS = 120.0  # without a byte of the reply, a stream counts as lost
+# A reply, once begun, is complete within 30 s plus one per 64 KiB: a mirror that trickles is dropped (and
+# its stripes read from the others), never waited on for ever
+REPLY_DEADLINES = FrameDeadlines(idle=READ_SECONDS, frame=30.0, min_rate=64 * 1024)
 
 
 class TlsReplica:
@@ -78,7 +81,7 @@ class TlsReplica:
                 try:
                     tls.settimeout(READ_SECONDS)
                     send_frame(tls, header)
-                    reply, payload = recv_frame(tls)
+                    reply, payload = recv_frame(tls, REPLY_DEADLINES)
                 except (OSError, ProtocolError) as exc:
                     tls.close()
                     refusal = tls_refusal(self.address, exc)

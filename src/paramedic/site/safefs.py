@@ -14,7 +14,7 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paramedic.ship.wire import ProtocolError
 
@@ -132,6 +132,16 @@ class OutputLocation:
                 os.fsync(d)
         except (OSError, UnsafePath):
             pass
+
+    def remove_empty_directories(self) -> None:
+        """After a failed job: the directories on the output's way that are empty now (made for it) go,
+        deepest first, never following a link; the first that is not empty stops it."""
+        for depth in range(len(self.parts), 0, -1):
+            try:
+                with replace(self, parts=self.parts[: depth - 1]).directory() as d:
+                    os.rmdir(self.parts[depth - 1], dir_fd=d)
+            except (OSError, UnsafePath):
+                return
 
     def read_target(self) -> Iterator[bytes]:
         """The published file's bytes, in blocks (to digest what is really on disk)."""

@@ -52,6 +52,7 @@ from paramedic.site.replica_reads import READ_OPS, ReplicaReads
 from paramedic.site.store import (
     DEFAULT_EXPIRE_SECONDS,
     DEFAULT_OPEN_IDLE_SECONDS,
+    DEFAULT_REGEN_SECONDS,
     STATE_DIR_NAME,
     JobFailed,
     JobStore,
@@ -90,6 +91,7 @@ class ServeSettings:
     quota: Quota = field(default_factory=Quota)
     open_idle_seconds: float = DEFAULT_OPEN_IDLE_SECONDS  # an open job with no request this long expires
     replica_reads: bool = True  # serve the replica's fragment volumes to compute sites (--mirror tls://)
+    regen_seconds: float = DEFAULT_REGEN_SECONDS  # one chunk's regeneration at most (--regen-timeout)
 
     def __post_init__(self) -> None:
         if self.io_workers < 1:
@@ -98,6 +100,8 @@ class ServeSettings:
             raise UsageError("--expire-after must be a positive number of hours")
         if not self.open_idle_seconds > 0:
             raise UsageError("--open-idle must be a positive number of hours")
+        if not self.regen_seconds > 0:
+            raise UsageError("--regen-timeout must be a positive number of hours")
         parse_listen(self.listen)
 
 
@@ -121,13 +125,13 @@ class SiteServer:
         workdir = (settings.state or root / STATE_DIR_NAME) / "work"
         workdir.mkdir(parents=True, exist_ok=True)
         # what a killed server was regenerating: nothing in a run's scratch outlives the run
-        for stale in workdir.glob("regen-*"):
+        for stale in workdir.iterdir():  # (regen-*, and since issue 23 one directory per job)
             shutil.rmtree(stale, ignore_errors=True)
         self.replica: Replica | None = None
         self.reads: ReplicaReads | None = None
         if settings.replica is not None:
             database, manifest = resolve_database(str(settings.replica), Path.cwd())
-            self.replica = Replica(database, manifest.checksum(), workdir)
+            self.replica = Replica(database, manifest.checksum(), workdir, manifest)
             self.reads = ReplicaReads(database.directory, manifest) if settings.replica_reads else None
         self.context = server_context(settings.keys) if settings.keys is not None else None
         self.store = JobStore(
@@ -139,6 +143,7 @@ class SiteServer:
             settings.expire_hours * 3600,
             settings.open_idle_seconds,
             settings.quota,
+            settings.regen_seconds,
         )
         self.limits = settings.limits
         self.count_lock = threading.Lock()
@@ -371,8 +376,8 @@ class SiteServer:
             return {"op": "cancelled"}
         if op == "status":  # a search run again after a kill: did its earlier job finish?
             done = job.settled()
-            if done is not None:
-                return {"op": "done", **done}
+            if done is not None:  # the output it published: the asking run checks it is its own
+                return {"op": "done", **done, "out": job.setup_header.get("out")}
             return {"op": "status", "state": "failed" if job.failure is not None else "open"}
         if op == "finish":
             done = self.store.finish(job, header)

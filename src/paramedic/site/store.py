@@ -35,12 +35,14 @@ computed from the bytes on disk, so what is reported is what was stored.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,8 +51,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from paramedic.blast.run import Database
+from paramedic.db.manifest import Manifest, verify_volumes
 from paramedic.durable import fsync_dir, write_durably
-from paramedic.errors import ParamedicError
+from paramedic.errors import DatabaseError, ParamedicError
 from paramedic.ship.apps import codec_needs_replica
 from paramedic.ship.codecs import Codec
 from paramedic.ship.paths import output_path_problem
@@ -65,6 +68,11 @@ MAX_CHUNKS = 1_000_000
 MAX_QUEUED_DECODES = 256
 DEFAULT_EXPIRE_SECONDS = 7 * 24 * 3600.0
 DEFAULT_OPEN_IDLE_SECONDS = 3600.0
+# The most one chunk's decoding (a metadata chunk: BLAST+ regenerating its pieces) may take; a BLAST+ that
+# never returns fails its job, and is killed, after this (serve --regen-timeout)
+DEFAULT_REGEN_SECONDS = 3600.0
+# Without --site-quota, the part of the space jobs may use that one compute site's jobs may hold
+DEFAULT_PEER_SHARE = 0.5
 KEEPALIVE_SECONDS = 30.0  # how often a live compute site touches its job (ship.client)
 STALE_SECONDS = 4 * KEEPALIVE_SECONDS  # a job this silent is no longer fed by a live compute site
 HOUSEKEEPING_SECONDS = 60.0
@@ -92,6 +100,17 @@ class Replica:
     database: Database
     manifest_sha256: str
     workdir: Path  # scratch space for regeneration runs
+    manifest: Manifest | None = None  # what the replica's bytes are checked against, once per job
+
+    def verify(self) -> None:
+        """Digest the replica's volumes before a job regenerates from them: the replica may change while
+        `serve` runs (sizes and times kept or not). ProtocolError (the job is refused) when they differ."""
+        if self.manifest is None:
+            return
+        try:
+            verify_volumes(self.database.directory, self.manifest)
+        except DatabaseError as exc:
+            raise ProtocolError(f"storage site's replica is damaged: {exc}") from None
 
 
 def safe_output_path(root: Path, relative: str) -> Path:
@@ -145,6 +164,7 @@ class SiteJob:
     unpacked: int = 0  # ordered codecs: chunks 0 .. unpacked-1 are unpacked
     stored_bytes: int = 0  # chunks, pieces and output ranges held for the job (Quota)
     running: int = 0  # decodes running now (reported to a client waiting in finish)
+    decoding: dict[int, float] = field(default_factory=dict)  # chunk -> when its decode began (monotonic)
     # The last request for this job; wall-clock time, so that it survives restarts (file mtimes).
     touched: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -175,15 +195,17 @@ class SiteJob:
 
 
 class JobStore:
-    def _prepare(self, codec: Codec, setup: dict[str, Any], payload: bytes) -> Any:
+    def _prepare(self, codec: Codec, setup: dict[str, Any], payload: bytes, job_id: str) -> Any:
         """The codec's job context; a site without a replica refuses the applications that need one
         (`ship.apps`: BLAST's metadata), and serves the others (traces, plain output)."""
-        if self.replica is None and codec_needs_replica(codec.name):
-            raise ProtocolError(
-                f"this storage site holds no database replica: it cannot regenerate {codec.name} output "
-                "(ship compressed or direct, or serve with --replica)"
-            )
-        return codec.prepare(setup, payload, self.replica)
+        if self.replica is None:
+            if codec_needs_replica(codec.name):
+                raise ProtocolError(
+                    f"this storage site holds no database replica: it cannot regenerate {codec.name} "
+                    "output (ship compressed or direct, or serve with --replica)"
+                )
+            return codec.prepare(setup, payload, None)
+        return codec.prepare(setup, payload, self._job_replica(job_id))
 
     def __init__(
         self,
@@ -195,6 +217,7 @@ class JobStore:
         expire_seconds: float = DEFAULT_EXPIRE_SECONDS,
         open_idle_seconds: float = DEFAULT_OPEN_IDLE_SECONDS,
         quota: Quota | None = None,
+        regen_seconds: float = DEFAULT_REGEN_SECONDS,
     ):
         self.root = root.resolve()
         self.root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -202,6 +225,7 @@ class JobStore:
         self.replica = replica
         self.expire_seconds = expire_seconds
         self.open_idle_seconds = min(open_idle_seconds, expire_seconds)
+        self.regen_seconds = regen_seconds
         self.quota = quota or Quota()
         self.log = log
         self.jobs: dict[str, SiteJob] = {}
@@ -222,6 +246,8 @@ class JobStore:
         job_id = field_str(header, "job", 32)
         if not JOB_ID.match(job_id):
             raise ProtocolError("bad job id")
+        if job_id not in self.jobs and make_codec(field_str(header, "codec", 64)).layout == "pieces":
+            self.replica.verify()  # a new job that regenerates: its replica's bytes, digested (not locked)
         with self.lock:
             self._expire_idle_jobs()
             job = self.jobs.get(job_id)
@@ -263,7 +289,7 @@ class JobStore:
                 return None
             payload = setup_payload or b""
             self._check_free_space(len(payload))
-            context = self._prepare(codec, setup, payload)
+            context = self._prepare(codec, setup, payload, job_id)
             directory = self.state / job_id
             tmp = self.state / f".{job_id}.tmp"
             try:
@@ -293,6 +319,14 @@ class JobStore:
             self.log(f"job {job_id}: opened by {peer}, {codec.name}, output {relative}")
             return job
 
+    def _job_replica(self, job_id: str) -> Replica:
+        """The replica with a scratch directory of the job's own: its BLAST+ runs are found (by their
+        working directory) and ended when its regeneration runs past --regen-timeout."""
+        assert self.replica is not None
+        workdir = self.replica.workdir / job_id
+        workdir.mkdir(parents=True, exist_ok=True)
+        return dataclasses.replace(self.replica, workdir=workdir)
+
     def get(self, peer: str, job_id: str) -> SiteJob:
         with self.lock:
             job = self.jobs.get(job_id)
@@ -307,9 +341,19 @@ class JobStore:
             self._fail(job, "cancelled by the compute site")
 
     def _expire_idle_jobs(self) -> None:
-        """Move on every idle job (called with self.lock held)."""
+        """Move on every idle job, and fail every job whose decoding runs past --regen-timeout (called
+        with self.lock held)."""
         now = time.time()
         for job in list(self.jobs.values()):
+            with job.lock:
+                stuck = [i for i, t in job.decoding.items() if time.monotonic() - t > self.regen_seconds]
+            if stuck and job.failure is None:
+                self._fail(
+                    job,
+                    f"chunk {stuck[0]}: regenerating took longer than {_duration(self.regen_seconds)} "
+                    "(serve --regen-timeout); stopped",
+                )
+                _end_processes_in(self.replica.workdir / job.job_id)
             if job.active:
                 if now - job.touched >= self.open_idle_seconds:
                     self._fail(job, f"expired: no request for {_duration(self.open_idle_seconds)}")
@@ -323,7 +367,7 @@ class JobStore:
 
     def _housekeeping(self) -> None:
         """Idle jobs expire (and free their disk space) even when no new job opens."""
-        period = min(HOUSEKEEPING_SECONDS, max(self.open_idle_seconds / 4, 0.05))
+        period = min(HOUSEKEEPING_SECONDS, max(min(self.open_idle_seconds, self.regen_seconds) / 4, 0.05))
         while not self.stopping.wait(period):
             try:
                 with self.lock:
@@ -344,6 +388,22 @@ class JobStore:
                     f"storage site nearly full ({free} bytes free, {self.quota.reserve_bytes} kept in reserve)"
                 )
 
+    def _default_share(self, active: list[SiteJob], more: int) -> int:
+        """Without --site-quota, one compute site's jobs may hold half of what jobs may use (the free
+        space above the reserve, plus what all jobs hold now): never all of it, so that one site cannot
+        make every other site's jobs fail."""
+        free = []
+        for path in (self.state, self.root):
+            try:
+                info = os.statvfs(path)
+            except OSError:
+                continue
+            free.append(info.f_bavail * info.f_frsize)
+        if not free:
+            return 2**62
+        usable = min(free) - self.quota.reserve_bytes + sum(j.stored_bytes for j in active) - more
+        return max(int(usable * DEFAULT_PEER_SHARE), 0)
+
     def _reserve(self, job: SiteJob, more: int) -> None:
         """Count `more` bytes against the job, or fail the job (JobFailed) if they would pass a quota or eat
         into the free-space reserve. Counted at once, so concurrent decodes cannot both pass a bound."""
@@ -356,12 +416,18 @@ class JobStore:
                 )
             else:
                 job.stored_bytes += more
-        if problem is None and quota.peer_bytes is not None:
+        if problem is None:
             with self.lock:
-                held = sum(j.stored_bytes for j in self.jobs.values() if j.peer == job.peer and j.active)
-            if held > quota.peer_bytes:
+                active = [j for j in self.jobs.values() if j.active]
+            held = sum(j.stored_bytes for j in active if j.peer == job.peer)
+            if quota.peer_bytes is not None and held > quota.peer_bytes:
                 problem = (
                     f"this compute site's jobs would hold more than its quota ({quota.peer_bytes} bytes)"
+                )
+            elif quota.peer_bytes is None and held > (share := self._default_share(active, more)):
+                problem = (
+                    f"this compute site's jobs would hold more than its default share of the storage "
+                    f"site's space ({share} bytes, half of what jobs may use; serve --site-quota sets it)"
                 )
         if problem is None:
             try:
@@ -438,6 +504,7 @@ class JobStore:
             return
         with job.lock:
             job.running += 1
+            job.decoding[index] = time.monotonic()
         start = time.perf_counter()
         try:
             if not unpacked:
@@ -473,6 +540,7 @@ class JobStore:
         finally:
             with job.lock:
                 job.running -= 1
+                job.decoding.pop(index, None)
 
     def _fail(self, job: SiteJob, message: str) -> None:
         """A failed job is final: recorded on disk (a restart does not retry it), its partial data removed
@@ -495,7 +563,9 @@ class JobStore:
         with job.io_lock:
             if job.location is not None:
                 job.location.drop_partial()
+                job.location.remove_empty_directories()
         _drop_job_data(job.directory)
+        shutil.rmtree(self.replica.workdir / job.job_id, ignore_errors=True)
         job.stored_bytes = 0
         self._release_target(job)
         try:
@@ -604,6 +674,7 @@ class JobStore:
         write_durably(job.directory / "done.json", json.dumps(done).encode())
         job.location.drop_partial()
         _drop_job_data(job.directory)
+        shutil.rmtree(self.replica.workdir / job.job_id, ignore_errors=True)
         job.stored_bytes = 0
         self._release_target(job)
         self.log(
@@ -642,7 +713,7 @@ class JobStore:
             if job.done() is not None:
                 continue
             try:
-                job.context = self._prepare(codec, setup, (directory / "setup.bin").read_bytes())
+                job.context = self._prepare(codec, setup, (directory / "setup.bin").read_bytes(), job.job_id)
             except (ProtocolError, ParamedicError, OSError, ValueError, MemoryError) as exc:
                 self._fail(job, f"cannot resume after a restart: {_describe(exc)}")
                 continue
@@ -703,12 +774,33 @@ def _describe(exc: BaseException) -> str:
     """One line for the log and the client: an OSError's reason without the state paths."""
     if isinstance(exc, OSError) and not isinstance(exc, ProtocolError) and exc.strerror:
         return exc.strerror if exc.errno != errno.ENOSPC else "no space left on device"
-    return str(exc)
+    return str(exc) or type(exc).__name__  # (a MemoryError, or a ValueError without a message)
+
+
+def _end_processes_in(directory: Path) -> None:
+    """Kill the processes (this site's BLAST+ runs) whose working directory is inside `directory`."""
+    inside = str(directory.resolve()) + os.sep
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if os.stat(entry).st_uid != os.geteuid():
+                continue
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if (cwd + os.sep).startswith(inside):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def _drop_job_data(directory: Path) -> None:
-    """What an ended job no longer needs: chunks, pieces and setup (its record and result stay)."""
+    """What an ended job no longer needs: chunks, decoded markers, pieces and setup (its record and result
+    stay)."""
     shutil.rmtree(directory / "chunks", ignore_errors=True)
+    shutil.rmtree(directory / "decoded", ignore_errors=True)
     shutil.rmtree(directory / "pieces", ignore_errors=True)
     (directory / "setup.bin").unlink(missing_ok=True)
 

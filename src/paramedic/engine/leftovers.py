@@ -1,0 +1,127 @@
+"""What launchers killed outright left behind, removed by the next run (issue 23 item 17).
+
+A launcher killed with SIGKILL (a batch system after its grace period) cannot clean up: its
+`paramedic-job-*` directory stays in the temporary directory, with MPICH's shared-memory segment in
+/dev/shm that its ranks noted there, and hydra's `hydra_hwloc_xmlfile_*` stays in /tmp. The next launcher
+removes them, and only them:
+
+- a job directory is removed when the launcher that made it is gone: its `launcher` file names the pid and
+  the pid's start time (a pid reused by another process does not count as alive); a directory of an older
+  paramedic (no such file) when none of the ranks it lists is alive and it is older than ten minutes;
+- a hydra topology file of this user, older than a minute, only while no mpiexec or hydra proxy of this
+  user runs (a proxy reads it only as it starts).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+JOB_PREFIX = "paramedic-job-"
+LAUNCHER_FILE = "launcher"
+HYDRA_TOPOLOGY = "hydra_hwloc_xmlfile_"
+_OLD_JOB_SECONDS = 600.0
+_OLD_HYDRA_SECONDS = 60.0
+_MPI_PROGRAMS = ("mpiexec", "mpiexec.hydra", "hydra_pmi_proxy", "mpirun")
+
+
+def note_launcher(job_dir: Path) -> None:
+    """Say who made `job_dir` (this process), so that a later run can tell it is gone."""
+    start = _start_time(os.getpid())
+    (job_dir / LAUNCHER_FILE).write_text(f"{os.getpid()} {start}\n")
+
+
+def remove_leftovers(tmp: Path, hydra_dir: Path = Path("/tmp")) -> int:
+    """Remove what dead launchers of this user left; how many job directories went."""
+    uid = os.getuid()
+    removed = 0
+    try:
+        candidates = [p for p in tmp.iterdir() if p.name.startswith(JOB_PREFIX)]
+    except OSError:
+        candidates = []
+    for job_dir in candidates:
+        try:
+            info = job_dir.lstat()
+        except OSError:
+            continue
+        if not job_dir.is_dir() or job_dir.is_symlink() or info.st_uid != uid or _in_use(job_dir, info):
+            continue
+        _remove_shared_memory(job_dir / "ranks")
+        shutil.rmtree(job_dir, ignore_errors=True)
+        removed += 1
+    if not _mpi_running(uid):
+        _remove_hydra_files(hydra_dir, uid)
+    return removed
+
+
+def _in_use(job_dir: Path, info: os.stat_result) -> bool:
+    try:
+        pid_text, _, start = (job_dir / LAUNCHER_FILE).read_text().strip().partition(" ")
+    except OSError:  # an older paramedic's, or one just made: its ranks and its age decide
+        return time.time() - info.st_mtime < _OLD_JOB_SECONDS or any(_ranks_alive(job_dir / "ranks"))
+    if not pid_text.isdigit():
+        return False
+    return _start_time(int(pid_text)) == start
+
+
+def _ranks_alive(ranks: Path) -> list[int]:
+    try:
+        pids = [int(p.name) for p in ranks.iterdir() if p.name.isdigit()]
+    except OSError:
+        return []
+    return [pid for pid in pids if _start_time(pid) is not None]
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _remove_shared_memory(ranks: Path) -> None:
+    try:
+        notes = [p.name.removeprefix("shm.") for p in ranks.glob("shm.*")]
+    except OSError:
+        return
+    for name in notes:
+        if name and "/" not in name and name not in (".", ".."):
+            try:
+                Path("/dev/shm", name).unlink(missing_ok=True)
+            except OSError:
+                pass
+
+
+def _mpi_running(uid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            name = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if name in _MPI_PROGRAMS:
+            return True
+    return False
+
+
+def _remove_hydra_files(hydra_dir: Path, uid: int) -> None:
+    now = time.time()
+    try:
+        paths = [p for p in hydra_dir.iterdir() if p.name.startswith(HYDRA_TOPOLOGY)]
+    except OSError:
+        return
+    for path in paths:
+        try:
+            info = path.lstat()
+            if info.st_uid == uid and path.is_file() and now - info.st_mtime > _OLD_HYDRA_SECONDS:
+                path.unlink()
+        except OSError:
+            pass

@@ -1,0 +1,443 @@
+"""Issue 23: nothing unverified reaches an output (real BLAST+, real mpiexec ranks, real files).
+
+Bytes are changed the way a careless copy or an attacker changes them: rewritten in place, so the size and
+the inode stay, and with the modification time put back. Each run must either write BLAST+'s bytes or
+refuse with a clear one-line error.
+
+800 of the mmseqs2 proteins in 3 fragments, 12 queries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import paramedic, take_fasta
+from tests.integration.equality import Site
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
+    root = tmp_path_factory.mktemp("trust")
+    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "queries.fasta", 12)
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 800)
+    site = Site(root, "blastp", "uniprot", "prot", "mmseqs2 part", {})
+    site.build(root / "db.fasta", fragment_counts=(3,))
+    return site
+
+
+def flip_keeping_times(path: Path, every: int = 97) -> None:
+    """Rewrite `path` in place (same inode, same size) with bytes changed, and put its times back."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 2, len(data), every):
+        data[i] ^= 0x5A
+    with open(path, "r+b") as fh:
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def search(
+    site: Site, name: str, *flags: str, db_dir: str = "p3", check: bool = True, quiet_ok: bool = False
+):
+    out = site.root / f"{name}.out"
+    proc = paramedic(
+        "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-outfmt", "0",
+        "-out", str(out), "--np", "2", "--batch", "6", "--quiet", *flags, cwd=site.root / db_dir, check=check,
+    )  # fmt: skip
+    if check:
+        site.assert_matches(out, None, "0")
+        assert quiet_ok or proc.stderr == "", proc.stderr
+    return proc, out
+
+
+def copy_db(site: Site, name: str) -> None:
+    import shutil
+
+    shutil.copytree(site.root / "p3", site.root / name, symlinks=True)
+
+
+def test_a_volume_changed_with_its_times_kept_is_refused(site: Site) -> None:
+    """Item 1: a database volume rewritten in place after a search verified it."""
+    copy_db(site, "changed")
+    search(site, "before", db_dir="changed")  # verified once (and, before issue 23, remembered)
+    flip_keeping_times(site.root / "changed" / "uniprot" / "f001.psq")
+    proc, out = search(site, "after", db_dir="changed", check=False)
+    assert proc.returncode == 4, proc.stderr
+    assert "corrupt database" in proc.stderr and "f001" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and not out.exists()
+
+
+def test_a_staged_copy_changed_with_its_times_kept_is_copied_again(site: Site, tmp_path: Path) -> None:
+    """Item 1: a copy in the stage cache rewritten in place after it was sealed: never searched."""
+    cache = tmp_path / "cache"
+    search(site, "cold", "--stage", str(cache))
+    copies = sorted(cache.glob("*/f00*/f00*.psq"))
+    assert len(copies) == 3
+    for copy in copies:
+        flip_keeping_times(copy)
+    proc, out = search(site, "warm", "--stage", str(cache))  # BLAST+'s bytes: the copies were not used
+    record = json.loads(out.with_name(out.name + ".run.json").read_text())
+    assert record["stage"]["discarded"] == 3 and record["stage"]["copies"] == 3
+
+
+def test_a_killed_search_with_damaged_journal_records_redoes_them(data_dir: Path, tmp_path: Path) -> None:
+    """Items 1 and 10: after a kill, a journal piece with one byte flipped (times kept), a truncated one, a
+    garbage one and a garbage search record are dropped and their work done again: BLAST+'s bytes."""
+    from tests.integration import test_resume as resume
+
+    data = resume.data.__wrapped__(data_dir, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
+    out = tmp_path / "hits.txt"
+    journal = tmp_path / ".hits.txt.journal"
+    command = ["search", "blastp", *resume.blast_args(data.queries, data.db, out), *resume.ENGINE]
+    resume.kill_every_rank_when(command, tmp_path, journal, resume.pieces_done(3))
+    pieces = sorted(journal.glob("piece/[0-9]*"), key=lambda p: int(p.name))
+    flip_keeping_times(pieces[0], every=1 << 30)
+    pieces[1].write_bytes(pieces[1].read_bytes()[:30])
+    pieces[2].write_bytes(b"garbage")
+    next(journal.glob("search/[0-9]*-[0-9]*")).write_bytes(b"\x00garbage")
+    proc = resume.paramedic(*command, "--np", "1", cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == data.reference
+    assert "dropped" in proc.stderr and "Traceback" not in proc.stderr
+
+
+class _Factory:
+    """The one method of pytest's TempPathFactory the resume fixture uses."""
+
+    def __init__(self, base: Path):
+        self.base = base
+
+    def mktemp(self, name: str) -> Path:
+        path = self.base / name
+        path.mkdir(parents=True)
+        return path
+
+
+def test_a_metadata_file_with_a_subject_removed_is_refused(site: Site) -> None:
+    """Item 2: a metadata file edited after it was written (one subject id removed, one read as `true`,
+    JSON nested thousands deep) regenerates nothing: one line, exit 3."""
+    metadata = site.root / "meta.json"
+    search(site, "with-metadata", "--metadata", str(metadata))
+    data = json.loads(metadata.read_text())
+    query = next(i for i, s in enumerate(data["subjects"]) if len(s) > 1)
+    removed = {**data, "subjects": [s[:-1] if i == query else s for i, s in enumerate(data["subjects"])]}
+    as_true = json.loads(metadata.read_text().replace(f"[{data['subjects'][query][0]},", "[true,", 1))
+    assert as_true != data
+    for name, text in [
+        ("removed", json.dumps(removed)),
+        ("as-true", json.dumps(as_true)),
+        ("nested", "[" * 100_000 + "]" * 100_000),
+    ]:
+        edited = site.root / f"meta-{name}.json"
+        edited.write_text(text)
+        proc, out = search(site, f"from-{name}", "--from-metadata", str(edited), check=False)
+        assert proc.returncode == 3, (name, proc.stderr)
+        assert proc.stderr.startswith("paramedic: error: --from-metadata") and proc.stderr.count("\n") == 1
+        assert not out.exists()
+    search(site, "from-metadata", "--from-metadata", str(metadata))  # the file as written: BLAST+'s bytes
+
+
+def test_a_stage_cache_others_can_write_or_own_is_refused(site: Site, tmp_path: Path) -> None:
+    """Item 3: as ssh treats ~/.ssh. Item 11: a regular file where the cache should be."""
+    fresh = tmp_path / "fresh" / "cache"
+    search(site, "fresh", "--stage", str(fresh))
+    assert fresh.stat().st_mode & 0o777 == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)  # as /tmp
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 65534, 65534)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a cache\n")
+    for cache, says in [
+        (shared, "others can write it"),
+        (foreign, "owned by another user"),
+        (a_file, "not a directory"),
+    ]:
+        proc, out = search(site, f"refused-{cache.name}", "--stage", str(cache), check=False)
+        assert proc.returncode == 6, proc.stderr
+        assert says in proc.stderr and proc.stderr.count("\n") == 1 and not out.exists()
+        assert cache == a_file or os.listdir(cache) == []  # nothing made in it
+
+
+def test_links_and_files_planted_in_the_cache_are_never_followed(site: Site, tmp_path: Path) -> None:
+    """Items 3 and 11: links at the lock names (pointing outside the cache) and a regular file where a
+    fragment's copy belongs: no file is made outside the cache, the output is BLAST+'s."""
+    cache = tmp_path / "cache"
+    search(site, "cold", "--stage", str(cache))
+    (entry,) = [p for p in cache.iterdir() if p.is_dir()]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil_rmtree(entry / "f000")
+    (entry / "f000").write_text("a file where a copy's directory belongs\n")
+    for name in ("f001.lock", "f002.lock"):
+        (entry / name).unlink()
+        (entry / name).symlink_to(outside / name)
+    (cache / ".lock").unlink()
+    (cache / ".lock").symlink_to(outside / "cache.lock")
+    search(site, "planted", "--stage", str(cache))
+    assert os.listdir(outside) == []
+    assert (entry / "f000").is_dir() and not (entry / "f001.lock").is_symlink()
+
+
+def shutil_rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
+
+
+def with_stdout_closed(argv: list[str], cwd: Path) -> tuple[int, str]:
+    """`argv | head -0`: a real pipe whose reader is gone before anything is written (deterministic: the
+    first write fails, however small the output)."""
+    import subprocess
+
+    from tests.conftest import BIN
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.Popen(
+            [str(BIN / "paramedic"), *argv], cwd=cwd, stdout=write, stderr=subprocess.PIPE
+        )
+    finally:
+        os.close(write)
+    try:
+        _, err = proc.communicate(timeout=60)  # BLAST+ ends at once; this search takes seconds
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("still running 60 s after its stdout was closed")
+    return proc.returncode, err.decode()
+
+
+def test_a_closed_stdout_ends_search_and_simulate_quietly(site: Site, tmp_path: Path) -> None:
+    """Item 9: `paramedic search ... | head -1` and `paramedic simulate ... | head -1` end as BLAST+ does
+    (141, killed by SIGPIPE), with nothing on stderr: no traceback, no hang, nothing left behind."""
+    query = site.root / "queries.fasta"
+    code, err = with_stdout_closed(
+        ["search", "blastp", "-query", str(query), "-db", "uniprot", "--np", "2", "--quiet"], site.root / "p3"
+    )
+    assert (code, err) == (141, "")
+    _, out = search(site, "for-simulate")
+    record = out.with_name(out.name + ".run.json")
+    simulate = ["simulate", "--record", str(record), "--workers", "4", "--queries", "100"]
+    code, err = with_stdout_closed(simulate, tmp_path)
+    assert (code, err) == (141, "")
+
+
+def test_format_accepts_a_protein_made_of_nucleotide_letters(site: Site, tmp_path: Path) -> None:
+    """Item 16: A, C, G and T are amino acids; makeblastdb -dbtype prot accepts such a protein, so
+    `paramedic format --dbtype prot` does too (a warning at most), and the search equals BLAST+'s."""
+    import subprocess
+
+    fasta = tmp_path / "db.fasta"
+    fasta.write_text(
+        (site.root / "db.fasta").read_text()
+        + ">acgt_protein only the letters A C G T\n"
+        + "GATTACA" * 9
+        + "\n"
+    )
+    made = subprocess.run(
+        ["makeblastdb", "-in", str(fasta), "-dbtype", "prot", "-out", str(tmp_path / "ref" / "db")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    proc = paramedic("format", "--in", str(fasta), "--dbtype", "prot", "--fragments", "2", "--out",
+                     str(tmp_path / "p" / "db"), "--quiet", check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("paramedic: warning: ") and "acgt_protein" in proc.stderr
+    manifest = json.loads((tmp_path / "p" / "db" / "manifest.json").read_text())
+    assert manifest["nseq"] == 801
+
+
+def run_bounded(
+    argv: list[str], cwd: Path, seconds: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The CLI with a bound on its time: a hang is a failure, not a stuck test (the launcher is told to
+    stop its job, as a terminal's Ctrl-C would)."""
+    import signal
+
+    from tests.conftest import BIN
+
+    proc = subprocess.Popen(
+        [str(BIN / "paramedic"), *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, env=env,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the launcher stops its MPI job (a session of its own)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        pytest.fail(f"paramedic {' '.join(argv[:2])} still running after {seconds:.0f} s")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real file system that fills: a tmpfs of 300 KiB (mounting needs root; elsewhere the test is
+    skipped, with the reason)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=300k,mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_stage_disk_that_fills_during_a_copy_searches_in_place(site: Site, small_disk: Path) -> None:
+    """Item 5: the stage cache's disk fills while a volume is copied (the stripes' writers fail with
+    ENOSPC): no hang, no traceback; the volumes that do not fit are searched where they lie."""
+    sizes = [
+        sum(p.stat().st_size for p in (site.root / "p3" / "uniprot").glob(f"f{i:03d}.*")) for i in range(3)
+    ]
+    assert max(sizes) < 300 << 10 < sum(sizes)  # one fits, not all
+    out = site.root / "disk-full.out"
+    proc = run_bounded(
+        ["search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-outfmt", "0",
+         "-out", str(out), "--np", "2", "--batch", "6", "--quiet", "--stage", str(small_disk / "cache")],
+        site.root / "p3",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    site.assert_matches(out, None, "0")
+    stage = json.loads(out.with_name(out.name + ".run.json").read_text())["stage"]
+    assert stage["in_place"] and stage["write_failures"]
+    assert not list(small_disk.glob("cache/*/.fill-*"))
+
+
+def test_mirrors_down_or_serving_no_reads_are_extra_sources_lost(site: Site, tmp_path: Path) -> None:
+    """Item 12: a mirror that is down (nothing listens), one whose site serves no replica reads, and a
+    directory mirror that is not there: the -db is complete, so the search is BLAST+'s, each mirror said
+    once and listed as dropped in the record."""
+    import socket
+
+    from tests.integration.site import StorageSite
+
+    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    (tmp_path / "root").mkdir()
+    no_reads = StorageSite(site.root / "p3" / "uniprot", tmp_path / "root", tmp_path / "keys/server",
+                           tmp_path / "serve.log", extra=("--no-replica-reads",))  # fmt: skip
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]  # closed again: connections are refused
+    no_reads.start()
+    try:
+        proc, out = search(
+            site, "mirrors-down", "--stage", str(tmp_path / "cache"), "--keys", str(tmp_path / "keys/compute-a"),
+            "--mirror", f"tls://localhost:{dead}/uniprot", "--mirror", f"{no_reads.url}/uniprot",
+            "--mirror", str(tmp_path / "not-mounted" / "uniprot"), quiet_ok=True,
+        )  # fmt: skip
+    finally:
+        no_reads.stop()
+    warnings = proc.stderr.splitlines()
+    assert len(warnings) == 3 and all(w.startswith("paramedic: warning: --mirror ") for w in warnings)
+    record = json.loads(out.with_name(out.name + ".run.json").read_text())
+    replicas = [r for rank in record["ranks_stats"] if rank["stage"] for r in rank["stage"]["replicas"]]
+    mirrors = {r["replica"] for r in replicas if r["dropped"]}
+    assert f"tls://localhost:{dead}/uniprot" in mirrors and f"{no_reads.url}/uniprot" in mirrors
+    assert record["stage"]["copies"] == 3
+
+
+def test_a_trickling_mirror_and_a_damaged_volume_end_in_bounded_time(site: Site, tmp_path: Path) -> None:
+    """Item 6: a mirror that trickles (200 bytes/s) while the -db's own volume is damaged (times kept):
+    a one-line refusal in seconds (was: a hang until killed)."""
+    from tests.integration.site import CuttingProxy, StorageSite
+
+    copy_db(site, "damaged-for-trickle")
+    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    (tmp_path / "root").mkdir()
+    remote = StorageSite(site.root / "p3" / "uniprot", tmp_path / "root", tmp_path / "keys/server",
+                         tmp_path / "serve.log")  # fmt: skip
+    search(
+        site, "before-trickle", db_dir="damaged-for-trickle"
+    )  # verified once (before issue 23: remembered)
+    flip_keeping_times(site.root / "damaged-for-trickle" / "uniprot" / "f002.psq")
+    remote.start()
+    try:
+        with CuttingProxy(remote.port, down_rate=200) as slow:
+            proc = run_bounded(
+                ["search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-out",
+                 str(tmp_path / "x.out"), "--np", "2", "--quiet", "--stage", str(tmp_path / "cache"), "--keys",
+                 str(tmp_path / "keys/compute-a"), "--mirror", f"tls://localhost:{slow.port}/uniprot"],
+                site.root / "damaged-for-trickle", seconds=60,
+            )  # fmt: skip
+    finally:
+        remote.stop()
+    assert proc.returncode == 4, proc.stderr
+    assert "corrupt database" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_what_a_launcher_killed_outright_left_is_removed_by_the_next_run(site: Site, tmp_path: Path) -> None:
+    """Item 17: a launcher SIGKILLed (as a batch system does after its grace period), with its mpiexec
+    and ranks, leaves its paramedic-job-* directory (and MPICH's shared memory): the next run removes them,
+    and leaves a directory whose launcher is alive alone."""
+    import signal
+    import time
+
+    from tests.conftest import BIN
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db",
+            "uniprot", "-out", str(tmp_path / "killed.out"), "--np", "2", "--quiet"]  # fmt: skip
+    launcher = subprocess.Popen(argv, cwd=site.root / "p3", env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    ranks: list[int] = []
+    while len(ranks) < 3:
+        assert launcher.poll() is None and time.monotonic() < deadline, "the search ended before the kill"
+        ranks = [int(p.name) for p in tmp.glob("paramedic-job-*/ranks/*") if p.name.isdigit()]
+        time.sleep(0.02)
+    (job_dir,) = list(tmp.glob("paramedic-job-*"))
+    shm = [p.name.removeprefix("shm.") for p in (job_dir / "ranks").glob("shm.*")]
+    mpiexec = {_parent(_parent(pid)) for pid in ranks} - {None}
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    for pid in [*mpiexec, *ranks]:
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)  # type: ignore[arg-type]
+        except OSError:
+            pass
+    for pid in ranks:
+        while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            time.sleep(0.05)
+    assert job_dir.exists()
+    alive = tmp / "paramedic-job-alive"  # a running launcher's (ours): kept
+    alive.mkdir()
+    from paramedic.engine.leftovers import note_launcher
+
+    note_launcher(alive)
+    proc = run_bounded([*argv[1:5], "-db", "uniprot", "-out", str(tmp_path / "next.out"), "--np", "2",
+                        "--quiet"], site.root / "p3", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp.iterdir()) == ["paramedic-job-alive"]
+    assert not any(Path("/dev/shm", name).exists() for name in shm)
+
+
+def _parent(pid: int | None) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None

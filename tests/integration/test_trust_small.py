@@ -1,0 +1,254 @@
+"""Issue 23, item 18 (the small ones) at the storage site: a real in-process `SiteServer`, real TLS, real
+files (the fixtures of test_site_faults)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paramedic.ship.client import SiteError
+from paramedic.site.store import Quota
+from tests.integration.test_site_faults import _ship_ranges, make_site, world  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.integration
+
+
+def test_an_ended_job_leaves_no_decoded_markers_and_a_failed_one_no_empty_directories(make_site) -> None:  # noqa: F811
+    site = make_site(quota=Quota(job_bytes=10_000))
+    assert _ship_ranges(site, "kept/ok.bin", [1000, 1000])["bytes"] == 2000
+    with pytest.raises(SiteError, match=r"per-job quota"):
+        _ship_ranges(site, "made/for/it/big.bin", [3000, 3000])
+    assert sorted(p.name for p in site.root.iterdir() if not p.name.startswith(".")) == ["kept"]
+    state = site.root / ".paramedic-state"
+    left = sorted(
+        str(p.relative_to(state)) for p in state.rglob("*") if p.parent.name in ("decoded", "chunks")
+    )
+    assert left == []
+    for job in site.server.store.jobs.values():
+        assert not (job.directory / "decoded").exists()
+
+
+def test_a_restart_failure_names_its_reason() -> None:
+    from paramedic.site.store import _describe
+
+    assert _describe(MemoryError()) == "MemoryError" and _describe(ValueError()) == "ValueError"
+    assert _describe(ValueError("bad setup")) == "bad setup"
+
+
+# -- items 7 and 8: every wait of the compute side is bounded by --ship-timeout ---------------------------------
+
+
+def raised_within(call, seconds: float) -> BaseException | None:
+    """What `call()` raised (None: it returned), failing the test if it is still waiting after `seconds`
+    (a daemon thread: a hang is a failure, never a stuck test run)."""
+    import threading
+
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"still waiting after {seconds:g} s")
+    return outcome[0]
+
+
+def test_a_site_that_answers_running_for_ever_is_given_up_in_time(make_site, monkeypatch) -> None:  # noqa: F811
+    """Item 7: "pending, running" used to restart the client's clock on every answer."""
+    import time
+
+    from paramedic.ship.codecs import DirectCodec
+
+    site = make_site()
+
+    def stuck(job, header):
+        job.running = 1  # as a BLAST+ that never returns
+        return None
+
+    monkeypatch.setattr(site.server.store, "finish", stuck)
+    shipper = site.shipper("direct", {"out": "stuck/running.bin"}, timeout=1.5)
+    try:
+        shipper.start()
+        shipper.send(*DirectCodec().encode((0, b"x")))
+        start = time.monotonic()
+        error = raised_within(lambda: shipper.finish({"size": 1, "sha256": "0" * 64}), 10)
+        assert isinstance(
+            error, SiteError
+        ) and "did not finish the output within 2 s (--ship-timeout)" in str(error)
+        assert time.monotonic() - start < 5
+    finally:
+        shipper.close()
+
+
+def test_a_regeneration_that_never_returns_fails_its_job_and_is_killed(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 7: the site bounds a regeneration in time (--regen-timeout): its BLAST+ (here a real process
+    that never ends, in the regeneration's own directory) is killed and the search told, in seconds."""
+    import os
+    import subprocess
+    import time
+
+    from paramedic.ship import blast_codec
+    from paramedic.site.server import ServeSettings
+    from tests.conftest import paramedic, take_fasta
+    from tests.integration.site import start_site
+    from tests.integration.test_trust import run_bounded
+
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", tmp_path / "db.fasta", 40)
+    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", tmp_path / "q.fasta", 3)
+    paramedic("format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "2", "--out", "db/uni", "--quiet",
+              cwd=tmp_path)  # fmt: skip
+    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    started: list[int] = []
+
+    def never_returns(program, options, db, queries, subjects, workdir):
+        run_dir = workdir / "regen-stuck"
+        run_dir.mkdir(exist_ok=True)
+        proc = subprocess.Popen(["sleep", "600"], cwd=run_dir)
+        started.append(proc.pid)
+        proc.wait()
+        raise blast_codec.ParamedicError(f"blastp failed (exit {proc.returncode})")
+
+    monkeypatch.setattr(blast_codec, "regenerate", never_returns)
+    (tmp_path / "root").mkdir()
+    settings = ServeSettings(
+        tmp_path / "db" / "uni", tmp_path / "root", "127.0.0.1:0", None, regen_seconds=1.0
+    )
+    site = start_site(settings, tmp_path / "keys", monkeypatch)
+    try:
+        begun = time.monotonic()
+        proc = run_bounded(
+            ["search", "blastp", "-query", "q.fasta", "-db", "db/uni", "-out", "x.out", "--site",
+             f"tls://localhost:{site.port}", "--keys", str(tmp_path / "keys/compute-a"), "--ship", "metadata",
+             "--strategy", "fragments", "--quiet", "--ship-timeout", "120", "--np", "1"],
+            tmp_path, seconds=60,
+        )  # fmt: skip
+        took = time.monotonic() - begun
+    finally:
+        for pid in started:  # (before the fix nothing ended it)
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        site.stop()
+    assert proc.returncode == 8, proc.stderr
+    assert "regenerating took longer than 1 s (serve --regen-timeout)" in proc.stderr
+    assert took < 60
+    assert started and not os.path.exists(f"/proc/{started[0]}/cwd")  # killed (and reaped)
+    assert not (site.root / "x.out").exists()
+
+
+def test_an_inbox_client_waits_no_longer_than_its_timeout_whatever_progress_says(
+    inbox_world, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 8: a forged progress.json ("running") used to restart the inbox client's clock for ever."""
+    import json
+    import threading
+    import time
+
+    from paramedic.ship.codecs import DirectCodec
+    from paramedic.ship.inbox_client import InboxShipper
+    from paramedic.ship.transport import SiteAddress
+    from paramedic.site.inbox import InboxWatcher
+    from paramedic.site.server import ServeSettings
+    from tests.integration.site import start_site
+
+    (tmp_path / "root").mkdir()
+    settings = ServeSettings(inbox_world["replica"], tmp_path / "root", "127.0.0.1:0", None, io_workers=1)
+    site = start_site(settings, inbox_world["keys"], monkeypatch)
+    monkeypatch.setattr(site.server.store, "finish", lambda job, header: None)
+    inbox = tmp_path / "inbox"
+    watcher = InboxWatcher(
+        inbox, site.server.store, site.lines.append, inbox_world["keys"] / "server", 3600.0
+    )
+    watcher.start()
+    stop = threading.Event()
+    client = InboxShipper(SiteAddress("file", path=inbox), "direct", {"out": "p/x.bin"}, b"", 1.5,
+                          inbox_world["keys"] / "compute-a")  # fmt: skip
+
+    def forge() -> None:
+        n = 0
+        while not stop.wait(0.1):
+            n += 1
+            try:
+                (client.directory / "progress.json").write_text(json.dumps({"running": 1, "decoded": n}))
+            except OSError:
+                pass
+
+    forger = threading.Thread(target=forge, daemon=True)
+    try:
+        client.start()
+        client.send(*DirectCodec().encode((0, b"abc")))
+        forger.start()
+        begun = time.monotonic()
+        error = raised_within(lambda: client.finish({"size": 3, "sha256": "0" * 64}), 10)
+        assert isinstance(error, SiteError) and "no final file from the storage site in 2 s" in str(error)
+        assert time.monotonic() - begun < 6
+    finally:
+        stop.set()
+        client.close()
+        watcher.stop()
+        site.stop()
+
+
+@pytest.fixture(scope="module")
+def inbox_world(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from tests.conftest import paramedic, take_fasta
+
+    base = tmp_path_factory.mktemp("inbox-trust")
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 40)
+    paramedic("format", "--in", str(base / "db.fasta"), "--dbtype", "prot", "--fragments", "2",
+              "--out", str(base / "db" / "uni"), "--quiet")  # fmt: skip
+    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
+    return {"replica": base / "db" / "uni", "keys": base / "keys"}
+
+
+# -- item 15: without --site-quota, one compute site cannot fill the disk for every other -------------------
+
+
+def test_one_compute_site_cannot_take_all_the_space_without_a_site_quota(make_site, tmp_path: Path) -> None:  # noqa: F811
+    import subprocess
+    import time
+    import uuid
+
+    from paramedic.ship.wire import recv_frame, send_frame
+    from tests.integration.site import sha256
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        site = make_site(root=disk, quota=Quota(reserve_bytes=64 * 1024))
+        job = uuid.uuid4().hex  # compute site b: a job that goes on sending and never finishes
+        with site.tls("compute-b") as tls:
+            send_frame(tls, {"op": "open", "job": job, "codec": "direct", "setup": {"out": "b/held.bin"}})
+            assert recv_frame(tls)[0]["op"] == "opened"
+            block = b"z" * 330_000
+            replies = []
+            for index in range(5):  # stored twice (the chunk, its range): 3.3 MB of the 4 MB disk
+                header = {"op": "chunk", "job": job, "index": index, "offset": index * len(block),
+                          "length": len(block), "sha256": sha256(block)}  # fmt: skip
+                send_frame(tls, header, block)
+                reply = recv_frame(tls)[0]
+                replies.append(reply.get("op"))
+                if reply.get("op") == "error":
+                    break
+        deadline = time.monotonic() + 10
+        while site.server.store.jobs[job].active and time.monotonic() < deadline:
+            time.sleep(0.05)
+        failure = site.server.store.jobs[job].failure or ""
+        assert "default share" in failure, (replies, failure)
+        assert _ship_ranges(site, "a/x.bin", [500_000])["bytes"] == 500_000  # compute site a still writes
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
