@@ -246,7 +246,8 @@ class JobStore:
         job_id = field_str(header, "job", 32)
         if not JOB_ID.match(job_id):
             raise ProtocolError("bad job id")
-        if job_id not in self.jobs and make_codec(field_str(header, "codec", 64)).layout == "pieces":
+        codec_name = field_str(header, "codec", 64)
+        if self.replica is not None and job_id not in self.jobs and make_codec(codec_name).layout == "pieces":
             self.replica.verify()  # a new job that regenerates: its replica's bytes, digested (not locked)
         with self.lock:
             self._expire_idle_jobs()
@@ -319,6 +320,11 @@ class JobStore:
             self.log(f"job {job_id}: opened by {peer}, {codec.name}, output {relative}")
             return job
 
+    def _drop_scratch(self, job: SiteJob) -> None:
+        """The job's regeneration scratch directory (none at a site without a replica)."""
+        if self.replica is not None:
+            shutil.rmtree(self.replica.workdir / job.job_id, ignore_errors=True)
+
     def _job_replica(self, job_id: str) -> Replica:
         """The replica with a scratch directory of the job's own: its BLAST+ runs are found (by their
         working directory) and ended when its regeneration runs past --regen-timeout."""
@@ -353,7 +359,8 @@ class JobStore:
                     f"chunk {stuck[0]}: regenerating took longer than {_duration(self.regen_seconds)} "
                     "(serve --regen-timeout); stopped",
                 )
-                _end_processes_in(self.replica.workdir / job.job_id)
+                if self.replica is not None:
+                    _end_processes_in(self.replica.workdir / job.job_id)
             if job.active:
                 if now - job.touched >= self.open_idle_seconds:
                     self._fail(job, f"expired: no request for {_duration(self.open_idle_seconds)}")
@@ -565,7 +572,7 @@ class JobStore:
                 job.location.drop_partial()
                 job.location.remove_empty_directories()
         _drop_job_data(job.directory)
-        shutil.rmtree(self.replica.workdir / job.job_id, ignore_errors=True)
+        self._drop_scratch(job)
         job.stored_bytes = 0
         self._release_target(job)
         try:
@@ -674,7 +681,7 @@ class JobStore:
         write_durably(job.directory / "done.json", json.dumps(done).encode())
         job.location.drop_partial()
         _drop_job_data(job.directory)
-        shutil.rmtree(self.replica.workdir / job.job_id, ignore_errors=True)
+        self._drop_scratch(job)
         job.stored_bytes = 0
         self._release_target(job)
         self.log(
