@@ -185,10 +185,14 @@ def test_a_replica_serving_bad_bytes_is_dropped_and_the_copy_comes_from_another(
     mirror.mkdir()
     for p in (tmp_path / "db").iterdir():
         (mirror / p.name).write_bytes(p.read_bytes())
-    data = bytearray((mirror / "f001.psq").read_bytes())
-    data[100] ^= 0xFF
-    (mirror / "f001.psq").write_bytes(bytes(data))
-    chosen = ReplicaSet.open([str(mirror), str(tmp_path / "db")], manifest)
+    for ext in ("pin", "phr", "psq"):  # a byte flipped in every 64: any stripe the mirror serves is bad
+        data = bytearray((mirror / f"f001.{ext}").read_bytes())
+        for i in range(0, len(data), 64):
+            data[i] ^= 0xFF
+        (mirror / f"f001.{ext}").write_bytes(bytes(data))
+    # plain striping: stripe i from replica i mod 2, so the mirror serves stripe 0 whatever the timing
+    # (steered by rate, the good replica could take every stripe and nothing would be blamed)
+    chosen = ReplicaSet.open([str(mirror), str(tmp_path / "db")], manifest, policy="round-robin")
     cache = StageCache(tmp_path / "cache")
     with cache.use(manifest, 1, tmp_path / "db", lambda: chosen) as place:
         assert place is not None
