@@ -163,43 +163,13 @@ def run_shape(work: Path, program: str, n: int, rounds: int, cores: int, fragmen
     DATABASES[program][2](n, queries)
     whole = db / "whole"
     blast_common: list[str | Path] = [program, "-query", queries, "-outfmt", "6", "-num_threads", str(cores)]
+    paramedic: list[str | Path] = [BIN / "paramedic", "search", program, "-query", queries, "-db", db,
+                                   "-outfmt", "6", "--np", str(cores), "--quiet"]  # fmt: skip
     runs: dict[str, Callable[[Path], list[str | Path]]] = {
         "blast mt_mode 0": lambda out: [*blast_common, "-db", whole, "-out", out],
         "blast mt_mode 1": lambda out: [*blast_common, "-db", whole, "-mt_mode", "1", "-out", out],
-        "paramedic (default)": lambda out: [
-            BIN / "paramedic",
-            "search",
-            program,
-            "-query",
-            queries,
-            "-db",
-            db,
-            "-outfmt",
-            "6",
-            "-out",
-            out,
-            "--np",
-            str(cores),
-            "--quiet",
-        ],  # fmt: skip
-        "paramedic --strategy fragments": lambda out: [
-            BIN / "paramedic",
-            "search",
-            program,
-            "-query",
-            queries,
-            "-db",
-            db,
-            "-outfmt",
-            "6",
-            "-out",
-            out,
-            "--np",
-            str(cores),
-            "--strategy",
-            "fragments",
-            "--quiet",
-        ],  # fmt: skip
+        "paramedic (default)": lambda out: [*paramedic, "-out", out],
+        "paramedic --strategy fragments": lambda out: [*paramedic, "-out", out, "--strategy", "fragments"],
     }
     names = list(runs)
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
