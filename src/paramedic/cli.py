@@ -48,6 +48,7 @@ ENGINE_OPTIONS_WITH_VALUE = {
     "--from-metadata",
     "--strategy",
     "--traceback",
+    "--runner",
     "--site",
     "--keys",
     "--ship",
@@ -515,6 +516,7 @@ def _search(argv: list[str]) -> int:
 
 
 def _search_parser() -> argparse.ArgumentParser:
+    from paramedic.engine.settings import RUNNER_CHOICES, TRACEBACK_CHOICES
     from paramedic.output.strategies import MASTER, OUTPUT_STRATEGIES, output_strategy_names
     from paramedic.ship.destination import SHIP_MODES  # the codecs' choices (paramedic.ship.registry)
 
@@ -541,12 +543,21 @@ def _search_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--traceback",
-        choices=["auto", "once", "per-fragment"],
+        choices=list(TRACEBACK_CHOICES),
         default="auto",
         help="fragments strategy: once: fragment searches stop after BLAST+'s preliminary stage and each "
         "query is aligned once, against the whole database's list; per-fragment: every fragment search "
         "aligns its own hits; auto (default): once when the lists are a small share of the database "
         "(large databases) and no metadata is asked",
+    )
+    parser.add_argument(
+        "--runner",
+        choices=list(RUNNER_CHOICES),
+        default="auto",
+        help="without an MPI launcher: local: the workers are threads of this process, each running "
+        "BLAST+ (no MPI start-up); mpi: start mpiexec with one rank per worker; auto (default): local "
+        "unless --partition-size, a worker --output-strategy or --stage needs MPI ranks. Under mpiexec "
+        "or srun the ranks given are used",
     )
     parser.add_argument(
         "--partition-size",
@@ -712,6 +723,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         output_strategy=args.output_strategy,
         stage=stage,
         report=_report_page(args.report),
+        runner=args.runner,
     )
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
 

@@ -31,7 +31,6 @@ from typing import IO, Any
 
 from paramedic.engine.settings import SearchSettings
 from paramedic.errors import InternalError, JobError, ParamedicError, UsageError
-from paramedic.report.record import RunRecord
 
 # Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
 MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
@@ -78,11 +77,14 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
         return run_under_mpi(settings, argv, np_ignored=workers is not None)
     if "SLURM_STEP_ID" in os.environ and "SLURM_STEP_NUM_TASKS" in os.environ:
         return refuse_srun_without_pmi()
+    workers = workers or local_cores()
+    if settings.runner == "local" or (settings.runner == "auto" and settings.needs_mpi is None):
+        return run_local(settings, workers, argv)
     check_before_launch(settings)
     mpiexec = find_mpiexec()
     if mpiexec is None:
         raise JobError("mpiexec not found: run `make setup` (installs MPICH in .venv) or install an MPI")
-    ranks = (workers or local_cores()) + 1
+    ranks = workers + 1
     from paramedic.engine.leftovers import JOB_PREFIX, note_launcher, remove_leftovers
 
     remove_leftovers(Path(tempfile.gettempdir()))  # what launchers killed outright left
@@ -114,6 +116,27 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
     if code != 0:
         say_journal_kept(settings)
     return code
+
+
+def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
+    """The job as threads of this process (paramedic.engine.local): no MPI, no other interpreter."""
+    from paramedic.engine.job import prepare_job
+    from paramedic.engine.local import job_directory, run_local_job
+    from paramedic.engine.shell import conclude
+    from paramedic.engine.strategy import LOCAL_WORKERS_VARIABLE
+
+    os.environ[LOCAL_WORKERS_VARIABLE] = str(workers)
+    try:
+        with job_directory(JOB_ID_VARIABLE):
+            job = prepare_job(settings, workers=workers)
+            record = run_local_job(job, workers, ["paramedic", *argv])
+            conclude(record, job, settings.report)
+    except BaseException:
+        say_journal_kept(settings)
+        raise
+    finally:
+        os.environ.pop(LOCAL_WORKERS_VARIABLE, None)
+    return 0
 
 
 def refuse_srun_without_pmi() -> int:
@@ -525,6 +548,7 @@ def _run_rank(settings: SearchSettings, argv: list[str], comm: Any, np_ignored: 
     from paramedic.blast.tools import warm_up
     from paramedic.engine.job import prepare_job
     from paramedic.engine.roles import run_job
+    from paramedic.engine.shell import conclude
 
     rank = comm.Get_rank()
     job = failure = None
@@ -555,24 +579,5 @@ def _run_rank(settings: SearchSettings, argv: list[str], comm: Any, np_ignored: 
         return failure.exit_code
     record = run_job(job, comm, ["paramedic", *argv])
     if record is not None:
-        if job.record is not None:
-            record.write(job.record)
-        if not job.quiet:
-            print(record.summary(), file=sys.stderr)
-        if settings.report is not None:
-            _write_page(record, settings.report, job.record, job.quiet)
+        conclude(record, job, settings.report)
     return 0
-
-
-def _write_page(record: RunRecord, page: Path, source: Path | None, quiet: bool) -> None:
-    """--report: the page is drawn once the output is complete; a page that cannot be written is said,
-    and the search (whose output is whole) still succeeds."""
-    from paramedic.report.html import write_page
-
-    try:
-        size = write_page(record, page, str(source or ""))
-    except ParamedicError as exc:
-        print(f"paramedic: warning: no report page: {exc}", file=sys.stderr)
-        return
-    if not quiet:
-        print(f"  report page: {page} ({size / 1e6:.1f} MB, opens in a browser)", file=sys.stderr)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -232,3 +233,14 @@ def run_serial(master: Master, execute: Callable[[Task], Result]) -> None:
         if task is None:
             raise InternalError("internal: the scheduler stalled with no task for the only rank")
         master.accept(execute(task))
+
+
+def next_for_idle(master: Master, idle: deque[int]) -> tuple[int, Task] | None:
+    """The first idle worker the master has a task for, taken off `idle`. Only the first is asked unless
+    the answer depends on the worker (--stage: paramedic.engine.scheduler `per_worker`)."""
+    for worker in list(idle) if master.scheduler.per_worker else [idle[0]]:
+        task = master.next_task(worker)
+        if task is not None:
+            idle.remove(worker)
+            return worker, task
+    return None

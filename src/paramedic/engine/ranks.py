@@ -20,7 +20,7 @@ from mpi4py import MPI
 from paramedic.blast.forkserver import close_fork_servers
 from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
-from paramedic.engine.master import Master, PieceHeld, PieceResult
+from paramedic.engine.master import Master, PieceHeld, PieceResult, next_for_idle
 from paramedic.engine.mpiio import Holder, OutputFile
 from paramedic.engine.scheduler import Plan, Task
 from paramedic.engine.sinks import WorkerSink
@@ -88,17 +88,6 @@ def run_worker(
     close_fork_servers()  # their BLAST+ runs then count in this rank's peak memory
     stats.measure_memory()
     comm.send(stats, dest=0, tag=TAG_STATS)
-
-
-def _next_for_idle(master: Master, idle: deque[int]) -> tuple[int, Task] | None:
-    """The first idle worker the master has a task for, taken off `idle`. Only the first is asked unless
-    the answer depends on the worker (--stage: paramedic.engine.scheduler `per_worker`)."""
-    for worker in list(idle) if master.scheduler.per_worker else [idle[0]]:
-        task = master.next_task(worker)
-        if task is not None:
-            idle.remove(worker)
-            return worker, task
-    return None
 
 
 def send_failure(comm: MPI.Comm, exc: Exception) -> None:
@@ -377,7 +366,7 @@ def run_tasks(
             round_shares = None
             continue
         while idle and round_shares is None:
-            handed = _next_for_idle(master, idle)
+            handed = next_for_idle(master, idle)
             if handed is None:
                 break
             worker, task = handed

@@ -1,9 +1,8 @@
 """The job on MPI ranks: rank 0 drives the master (paramedic.engine.master), every other rank is a worker.
 
-Rank 0 runs the master's loop over MPI (paramedic.engine.ranks.run_workers): idle workers get tasks,
-results go to the master. With a single rank the master's own rank does the tasks
-(paramedic.engine.master.run_serial). Rank 0 also opens the output, keeps the journal, finds the search
-store every rank sees, and writes the run record.
+Rank 0 runs the job shell (paramedic.engine.shell) with the MPI runner (paramedic.engine.ranks.run_workers):
+idle workers get tasks, results go to the master. With a single rank the master's own rank does the tasks.
+Rank 0 also keeps the journal and finds the search store every rank sees.
 """
 
 from __future__ import annotations
@@ -12,37 +11,21 @@ import dataclasses
 import os
 import secrets
 import shutil
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 from mpi4py import MPI
 
-from paramedic.blast.forkserver import close_fork_servers
 from paramedic.durable import write_durably
-from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
-from paramedic.engine.journal import NOTHING, Journal, Replay
-from paramedic.engine.master import Master, Sink, run_serial
-from paramedic.engine.metadata import save_metadata
-from paramedic.engine.outcome import run_record
+from paramedic.engine.journal import NOTHING, Journal
 from paramedic.engine.partitions import check_partitioning, run_partitioned
 from paramedic.engine.ranks import run_worker, run_workers
-from paramedic.engine.scheduler import Plan, Scheduler
-from paramedic.engine.sinks import (
-    MetadataSink,
-    PublishedSink,
-    WriterSink,
-    auto_chooser,
-    measure_site,
-    open_sink,
-    published_earlier,
-)
-from paramedic.engine.staging import scheduling, stager
+from paramedic.engine.scheduler import Plan
+from paramedic.engine.shell import Runner, run_master, serial_runner
+from paramedic.engine.staging import stager
 from paramedic.engine.store import Store
-from paramedic.report.progress import Progress
-from paramedic.report.record import RankStats, RunRecord
+from paramedic.report.record import RunRecord
 
 VISIBLE_NAME = ".visible"  # rank 0's token in the search store, read back by every worker
 # "tasks": the searches' results travel through rank 0 even when every rank sees the search store, as
@@ -74,7 +57,13 @@ def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
                 job, plan, comm, workdir, command, journal, replay, store, job.partition_size
             )
         if comm.Get_rank() == 0:
-            return _master(job, plan, comm, workdir, command, journal, replay, store)
+            size = comm.Get_size()
+            runner: Runner = (
+                serial_runner(job, plan, workdir, store)
+                if size == 1
+                else lambda master, stats: run_workers(master, comm, stats)
+            )
+            return run_master(job, plan, size, runner, command, journal, replay, store)
         run_worker(job, plan, comm, workdir, store)
         return None
     finally:
@@ -117,98 +106,3 @@ def _reads(path: Path) -> bytes | None:
         return path.read_bytes()
     except OSError:
         return None
-
-
-def _master(
-    job: Job,
-    plan: Plan,
-    comm: MPI.Comm,
-    workdir: Path,
-    command: list[str],
-    journal: Journal | None,
-    replay: Replay,
-    store: Store | None,
-) -> RunRecord:
-    start = time.perf_counter()
-    size = comm.Get_size()
-    stats = RankStats(rank=0, role="master" if size > 1 else "master+worker")
-    progress = Progress(
-        len(job.queries),
-        quiet=job.quiet,
-        searches=0
-        if plan.query_segmentation or job.preloaded is not None
-        else len(plan.batches) * plan.n_fragments,
-        pieces=len(plan.pieces),
-    )
-    published = published_earlier(job, journal)
-    auto = job.ship is not None and job.ship.mode == "auto" and published is None
-    link = measure_site(job) if auto else None
-    master: Master | None = None
-    try:
-        sink: Sink | None = None
-        if published is not None:
-            sink = PublishedSink(job, published)
-        elif not auto:
-            sink = open_sink(job, plan, job.ship.mode if job.ship else None, journal)
-        master = Master(
-            Scheduler(
-                plan,
-                keep_alignments=job.keep_alignments,
-                alignments_stored=store is not None,
-                replica_group=job.replica_group_size,
-                **scheduling(job.stage, job.stage_nodes, range(size)),
-            ),
-            sink,
-            progress,
-            stats,
-            journal,
-            replay,
-            auto_chooser(job, plan, link, journal) if auto else None,
-        )
-        if published is not None:  # an earlier run's job finished at the site: nothing is left to do
-            for piece in range(len(plan.pieces)):
-                master.scheduler.mark_piece_done(piece)
-            if not job.quiet:
-                print(
-                    f"paramedic: the storage site already holds {job.ship.out if job.ship else ''} from an "
-                    "earlier run of this search, stopped before it heard so: nothing left to do",
-                    file=sys.stderr,
-                )
-        if job.preloaded is not None:
-            master.scheduler.preload(job.preloaded)
-        if size == 1:
-            run_serial(master, lambda task: execute(task, job, plan, workdir, stats, store))
-            worker_stats: list[RankStats] = []
-        else:
-            worker_stats = run_workers(master, comm, stats)
-        master.commit()
-        progress.finish()
-        merged = [master.scheduler.metadata(q) or [] for q in range(len(job.queries))]
-        if job.save_metadata is not None:
-            save_metadata(job.save_metadata, job.identity, merged)
-    except BaseException:
-        if master is not None:
-            master.abort()
-        raise
-    finally:
-        progress.close()
-    if journal is not None:
-        journal.close(complete=True)  # the output is complete: the journal goes
-    close_fork_servers()  # their BLAST+ runs then count in this rank's peak memory
-    stats.measure_memory()
-    sink = master.sink
-    assert isinstance(sink, (WriterSink, MetadataSink, PublishedSink))
-    return run_record(
-        job,
-        plan,
-        command,
-        wall_seconds=time.perf_counter() - start,
-        ranks=size,
-        workers=max(1, size - 1),
-        sink=sink,
-        merged=merged,
-        searched_again=master.scheduler.searched_again,
-        journal=journal,
-        store=store,
-        ranks_stats=[stats, *worker_stats],
-    )

@@ -39,6 +39,10 @@ class StageSettings:
 
 
 TRACEBACK_CHOICES = ("auto", "once", "per-fragment")
+# How a search started without an MPI launcher runs (paramedic.engine.local): "local" runs the workers
+# as threads of this process, each driving BLAST+; "mpi" starts mpiexec with one rank per worker; "auto"
+# is local unless an option needs MPI ranks (what `needs_mpi` names).
+RUNNER_CHOICES = ("auto", "local", "mpi")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class SearchSettings:
     cwd: Path = field(default_factory=Path.cwd)
     # the report page (paramedic.report.html) rank 0 writes from the run record at the end (--report)
     report: Path | None = None
+    runner: str = "auto"  # --runner: see RUNNER_CHOICES
 
     def __post_init__(self) -> None:
         """The settings check themselves: whoever builds them (the CLI, a test, a library user) gets the
@@ -110,6 +115,23 @@ class SearchSettings:
                 raise UsageError("--from-metadata searches nothing, so there is nothing to --stage: drop it")
         if self.restart and not self.journal:
             raise UsageError("--restart discards a journal and --no-journal keeps none: choose one")
+        if self.runner not in RUNNER_CHOICES:
+            raise UsageError(f"--runner {self.runner}: choose {', '.join(RUNNER_CHOICES)}")
+        if self.runner == "local" and self.needs_mpi:
+            raise UsageError(
+                f"--runner local runs one process's threads, and {self.needs_mpi} needs MPI ranks"
+            )
+
+    @property
+    def needs_mpi(self) -> str | None:
+        """The option that needs MPI ranks (a worker's own MPI-IO, node identities, partitions), or None."""
+        if self.partition_size is not None:
+            return "--partition-size"
+        if self.output_strategy != MASTER:
+            return f"--output-strategy {self.output_strategy}"
+        if self.stage is not None:
+            return "--stage"
+        return None
 
     def _check_output_strategy(self) -> None:
         names = output_strategy_names()

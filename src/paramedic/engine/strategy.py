@@ -46,6 +46,9 @@ LOCAL_RANKS_VARIABLES = (
     "MV2_COMM_WORLD_LOCAL_SIZE",
 )
 MiB = 1 << 20
+# Set by the local runner (paramedic.engine.local): the job's workers are this many threads of one
+# process, which share its node and its memory cgroup.
+LOCAL_WORKERS_VARIABLE = "PARAMEDIC_LOCAL_WORKERS"
 
 
 @dataclass(frozen=True)
@@ -274,7 +277,8 @@ def worker_memory(root: Path = Path("/"), environ: dict[str, str] | None = None)
     if limit is not None:
         cgroup_bytes, directory = limit
         cgroup_path = str(Path("/") / directory.relative_to(root))
-        ranks = ranks_in(directory, root)
+        threads = env.get(LOCAL_WORKERS_VARIABLE, "")
+        ranks = int(threads) + 1 if threads.isdigit() else ranks_in(directory, root)
         by_cgroup = cgroup_bytes // max(1, ranks - 1)
         per_worker = by_cgroup if per_worker is None else min(per_worker, by_cgroup)
     return WorkerMemory(per_worker, physical, workers, source, cgroup_bytes, cgroup_path, ranks)
@@ -283,6 +287,9 @@ def worker_memory(root: Path = Path("/"), environ: dict[str, str] | None = None)
 def local_workers(env: os._Environ[str] | dict[str, str]) -> tuple[int, str]:
     """Workers on this node: the launcher's count of local ranks less the master, else one per core
     (what `paramedic search` starts without a launcher)."""
+    threads = env.get(LOCAL_WORKERS_VARIABLE, "").strip()
+    if threads.isdigit() and int(threads) > 0:
+        return int(threads), f"{threads} worker thread{'s' if threads != '1' else ''} of one process"
     for name in LOCAL_RANKS_VARIABLES:
         value = env.get(name, "").strip()
         if value.isdigit() and int(value) > 0:

@@ -209,6 +209,9 @@ class RunRecord:
     # query was aligned once, against the whole database's list) or "per-fragment"; None: queries
     traceback: str | None = None
     traceback_reason: str | None = None  # why, in numbers (paramedic.engine.job.choose_traceback)
+    # How the workers ran: "mpi" (ranks of an MPI job) or "local" (threads of one process started
+    # without an MPI launcher, paramedic.engine.local)
+    runner: str = "mpi"
     version: int = VERSION
 
     @classmethod

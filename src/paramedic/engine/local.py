@@ -1,0 +1,240 @@
+"""The job on one machine without MPI: the master in this process, each worker a thread driving BLAST+.
+
+Why: started by paramedic itself on one machine, a job of MPI ranks pays a fixed cost before its first
+search and after its last: mpiexec and its proxy, one Python interpreter per rank importing the engine
+and initialising MPI, the job broadcast to every rank, and the teardown (measured on 2 cores: about 1 s
+of wall and 1.2 s of CPU, most of a one-query search against 325 Mbp, docs/DESIGN.md "The local
+runner"). Here a worker is a thread: it hands its task to BLAST+ (a child process, through the thread's
+own fork server) and waits, so the threads do not contend for the interpreter while BLAST+ works. The
+master, the scheduler, the sink and the journal are the same objects the MPI runner drives
+(paramedic.engine.shell); only the transport between the master and its workers differs.
+
+What needs MPI ranks (--partition-size, worker output strategies, --stage's nodes) runs over MPI
+(paramedic.engine.settings `needs_mpi`), as does `--runner mpi`.
+
+A failure in any worker ends the job with that worker's error; an interrupt (Ctrl-C, SIGTERM, SIGHUP)
+stops every BLAST+ run this process started before the error is raised, and the job's temporary
+directory goes with them.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import resource
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from paramedic.engine.execute import execute
+from paramedic.engine.job import Job
+from paramedic.engine.journal import NOTHING, Journal, Replay
+from paramedic.engine.master import Master, Result, next_for_idle
+from paramedic.engine.scheduler import Plan, Task
+from paramedic.engine.shell import Runner, run_master, serial_runner
+from paramedic.engine.store import Store
+from paramedic.errors import InternalError
+from paramedic.report.record import RankStats, RunRecord
+
+# How often the master looks up from waiting for a result (an interrupt is raised between looks).
+WAIT_SECONDS = 0.5
+
+
+def run_local_job(job: Job, workers: int, command: list[str]) -> RunRecord:
+    """Run `job` with `workers` worker threads in this process; the run record."""
+    plan = job.plan(workers)
+    journal: Journal | None = None
+    replay: Replay = NOTHING
+    if job.journal is not None:  # resuming: the journal's plan, whatever the workers are this time
+        journal, plan, replay = Journal.open(job.journal, job.journal_identity(), plan, job.restart)
+    workdir = Path(tempfile.mkdtemp(prefix="paramedic-local-"))
+    try:
+        store = _store(job, plan, workdir, journal)
+        runner = (
+            serial_runner(job, plan, workdir, store)
+            if workers == 1
+            else thread_runner(job, plan, workdir, store, workers)
+        )
+        # ranks as an MPI job of the same workers counts them: the master and one per worker
+        record = run_master(job, plan, workers + 1, runner, command, journal, replay, store)
+        record.runner = "local"
+        return record
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if journal is not None:
+            journal.close(complete=False)  # kept for the next run if it holds finished work
+
+
+def _store(job: Job, plan: Plan, workdir: Path, journal: Journal | None) -> Store | None:
+    """The search store: every worker thread sees the master's files (paramedic.engine.roles)."""
+    if plan.query_segmentation:
+        return None
+    if journal is not None:
+        return journal.store
+    if job.keep_alignments:
+        store = Store(workdir / "store", durable=False)
+        store.path.mkdir()
+        return store
+    return None
+
+
+def thread_runner(job: Job, plan: Plan, workdir: Path, store: Store | None, workers: int) -> Runner:
+    """The runner of worker threads 1..`workers`: each runs one task at a time, as a worker rank does."""
+
+    def run(master: Master, stats: RankStats) -> list[RankStats]:
+        results: queue.SimpleQueue[tuple[int, Result | BaseException]] = queue.SimpleQueue()
+        inboxes: dict[int, queue.SimpleQueue[Task | None]] = {
+            w: queue.SimpleQueue() for w in range(1, workers + 1)
+        }
+        figures = {w: RankStats(rank=w, role="worker") for w in inboxes}
+        threads = [
+            threading.Thread(
+                target=_work,
+                args=(w, inboxes[w], results, job, plan, workdir / f"worker{w}", store, figures[w]),
+                name=f"paramedic-worker-{w}",
+                daemon=True,
+            )
+            for w in inboxes
+        ]
+        for t in threads:
+            t.start()
+        try:
+            _drive(master, inboxes, results)
+        except BaseException:
+            stop_children()  # the workers' BLAST+ runs, so no thread outlives the job by much
+            raise
+        finally:
+            for inbox in inboxes.values():
+                inbox.put(None)
+        for t in threads:
+            t.join()
+        return [figures[w] for w in sorted(figures)]
+
+    return run
+
+
+def _drive(
+    master: Master,
+    inboxes: dict[int, queue.SimpleQueue[Task | None]],
+    results: queue.SimpleQueue[tuple[int, Result | BaseException]],
+) -> None:
+    """The master's loop: idle workers get tasks, results go to the master, until the job is done."""
+    master.start()
+    idle: deque[int] = deque(sorted(inboxes))
+    busy = 0
+    while not master.finished:
+        while idle:
+            handed = next_for_idle(master, idle)
+            if handed is None:
+                break
+            worker, task = handed
+            inboxes[worker].put(task)
+            busy += 1
+        if not busy:
+            raise InternalError("internal: the scheduler stalled with every worker idle")
+        while True:
+            try:
+                worker, outcome = results.get(timeout=WAIT_SECONDS)
+                break
+            except queue.Empty:
+                continue
+        busy -= 1
+        idle.append(worker)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        master.accept(outcome)
+
+
+def _work(
+    worker: int,
+    inbox: queue.SimpleQueue[Task | None],
+    results: queue.SimpleQueue[tuple[int, Result | BaseException]],
+    job: Job,
+    plan: Plan,
+    workdir: Path,
+    store: Store | None,
+    stats: RankStats,
+) -> None:
+    """A worker thread: tasks from its inbox until None; a failure goes to the master, which raises it."""
+    workdir.mkdir()
+    while (task := inbox.get()) is not None:
+        try:
+            results.put((worker, execute(task, job, plan, workdir, stats, store)))
+        except BaseException as exc:  # the master ends the job with it
+            results.put((worker, exc))
+            break
+    stats.python_cpu_seconds = round(time.thread_time(), 3)  # this thread's own
+    stats.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's
+    stats.peak_blast_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def stop_children() -> None:
+    """Kill every process this one started, and theirs (BLAST+ runs and their fork servers)."""
+    for pid in _descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as fh:
+                    children = [int(c) for c in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(children)
+            stack.extend(children)
+    return found
+
+
+@contextmanager
+def job_directory(job_id_variable: str) -> Iterator[Path]:
+    """A temporary directory of the job's own, made TMPDIR for this process and every BLAST+ run, named
+    as the MPI launcher names its (so a later run removes what a killed one left); SIGTERM and SIGHUP
+    become interrupts while it is in use."""
+    from paramedic.engine.leftovers import JOB_PREFIX, note_launcher, remove_leftovers
+
+    remove_leftovers(Path(tempfile.gettempdir()))  # what launchers killed outright left
+    job_dir = Path(tempfile.mkdtemp(prefix=JOB_PREFIX))
+    saved = {name: os.environ.get(name) for name in ("TMPDIR", job_id_variable)}
+    previous: dict[int, Any] = {}
+    try:
+        note_launcher(job_dir)
+        (job_dir / "tmp").mkdir()
+        os.environ["TMPDIR"] = str(job_dir / "tmp")
+        os.environ[job_id_variable] = uuid.uuid4().hex[:12]
+        tempfile.tempdir = None  # read TMPDIR again
+        previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+        yield job_dir
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        tempfile.tempdir = None
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,167 @@
+"""Rank 0's job shell: the master with its sink, journal and progress around whichever runner drives it.
+
+The runner is what differs between ways of running a job: MPI ranks (paramedic.engine.ranks), threads
+of one process (paramedic.engine.local), or the master's own rank doing every task. The shell opens the
+output, builds the Master, lets the runner drive it to the end, commits the output and returns the run
+record, the same for every runner.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from paramedic.blast.forkserver import close_fork_servers
+from paramedic.engine.job import Job
+from paramedic.engine.journal import Journal, Replay
+from paramedic.engine.master import Master, Sink
+from paramedic.engine.metadata import save_metadata
+from paramedic.engine.outcome import run_record
+from paramedic.engine.scheduler import Plan, Scheduler
+from paramedic.engine.sinks import (
+    MetadataSink,
+    PublishedSink,
+    WriterSink,
+    auto_chooser,
+    measure_site,
+    open_sink,
+    published_earlier,
+)
+from paramedic.engine.staging import scheduling
+from paramedic.engine.store import Store
+from paramedic.errors import ParamedicError
+from paramedic.report.progress import Progress
+from paramedic.report.record import RankStats, RunRecord
+
+# Drives the master to the end with its workers; returns the workers' figures. Gets the master and the
+# master's own figures (the runner counts the bytes of the results there).
+Runner = Callable[[Master, RankStats], list[RankStats]]
+
+
+def run_master(
+    job: Job,
+    plan: Plan,
+    ranks: int,
+    runner: Runner,
+    command: list[str],
+    journal: Journal | None,
+    replay: Replay,
+    store: Store | None,
+) -> RunRecord:
+    """The master's side of a job of `ranks` ranks (the master's included), driven by `runner`."""
+    start = time.perf_counter()
+    stats = RankStats(rank=0, role="master" if ranks > 1 else "master+worker")
+    progress = Progress(
+        len(job.queries),
+        quiet=job.quiet,
+        searches=0
+        if plan.query_segmentation or job.preloaded is not None
+        else len(plan.batches) * plan.n_fragments,
+        pieces=len(plan.pieces),
+    )
+    published = published_earlier(job, journal)
+    auto = job.ship is not None and job.ship.mode == "auto" and published is None
+    link = measure_site(job) if auto else None
+    master: Master | None = None
+    try:
+        sink: Sink | None = None
+        if published is not None:
+            sink = PublishedSink(job, published)
+        elif not auto:
+            sink = open_sink(job, plan, job.ship.mode if job.ship else None, journal)
+        master = Master(
+            Scheduler(
+                plan,
+                keep_alignments=job.keep_alignments,
+                alignments_stored=store is not None,
+                replica_group=job.replica_group_size,
+                **scheduling(job.stage, job.stage_nodes, range(ranks)),
+            ),
+            sink,
+            progress,
+            stats,
+            journal,
+            replay,
+            auto_chooser(job, plan, link, journal) if auto else None,
+        )
+        if published is not None:  # an earlier run's job finished at the site: nothing is left to do
+            for piece in range(len(plan.pieces)):
+                master.scheduler.mark_piece_done(piece)
+            if not job.quiet:
+                print(
+                    f"paramedic: the storage site already holds {job.ship.out if job.ship else ''} from an "
+                    "earlier run of this search, stopped before it heard so: nothing left to do",
+                    file=sys.stderr,
+                )
+        if job.preloaded is not None:
+            master.scheduler.preload(job.preloaded)
+        worker_stats = runner(master, stats)
+        master.commit()
+        progress.finish()
+        merged = [master.scheduler.metadata(q) or [] for q in range(len(job.queries))]
+        if job.save_metadata is not None:
+            save_metadata(job.save_metadata, job.identity, merged)
+    except BaseException:
+        if master is not None:
+            master.abort()
+        raise
+    finally:
+        progress.close()
+    if journal is not None:
+        journal.close(complete=True)  # the output is complete: the journal goes
+    close_fork_servers()  # their BLAST+ runs then count in this rank's peak memory
+    stats.measure_memory()
+    sink = master.sink
+    assert isinstance(sink, (WriterSink, MetadataSink, PublishedSink))
+    return run_record(
+        job,
+        plan,
+        command,
+        wall_seconds=time.perf_counter() - start,
+        ranks=ranks,
+        workers=max(1, ranks - 1),
+        sink=sink,
+        merged=merged,
+        searched_again=master.scheduler.searched_again,
+        journal=journal,
+        store=store,
+        ranks_stats=[stats, *worker_stats],
+    )
+
+
+def conclude(record: RunRecord, job: Job, report: Path | None) -> None:
+    """After the output is complete: the run record, the summary, and the page (--report)."""
+    if job.record is not None:
+        record.write(job.record)
+    if not job.quiet:
+        print(record.summary(), file=sys.stderr)
+    if report is not None:
+        _write_page(record, report, job.record, job.quiet)
+
+
+def _write_page(record: RunRecord, page: Path, source: Path | None, quiet: bool) -> None:
+    """--report: the page is drawn once the output is complete; a page that cannot be written is said,
+    and the search (whose output is whole) still succeeds."""
+    from paramedic.report.html import write_page
+
+    try:
+        size = write_page(record, page, str(source or ""))
+    except ParamedicError as exc:
+        print(f"paramedic: warning: no report page: {exc}", file=sys.stderr)
+        return
+    if not quiet:
+        print(f"  report page: {page} ({size / 1e6:.1f} MB, opens in a browser)", file=sys.stderr)
+
+
+def serial_runner(job: Job, plan: Plan, workdir: Path, store: Store | None) -> Runner:
+    """The runner of a job of one rank: the master's own rank does every task."""
+    from paramedic.engine.execute import execute
+    from paramedic.engine.master import run_serial
+
+    def run(master: Master, stats: RankStats) -> list[RankStats]:
+        run_serial(master, lambda task: execute(task, job, plan, workdir, stats, store))
+        return []
+
+    return run
