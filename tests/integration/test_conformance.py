@@ -26,7 +26,7 @@ def judge(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Judge:
 @pytest.mark.parametrize(
     "cell",
     SLICE,
-    ids=lambda c: f"{c.program}-{c.label()}-{c.outfmt}-x{c.fragments}-{c.strategy}-{c.traceback}",
+    ids=lambda c: f"{c.program}-{c.label()}-{c.outfmt}-x{c.fragments}-{c.strategy}-{c.traceback}-{c.runner}",
 )
 def test_cell(judge: Judge, cell: Cell) -> None:
     verdict = judge.judge(cell)

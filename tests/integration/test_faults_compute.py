@@ -65,12 +65,12 @@ def alive(pid: int) -> bool:
         return False
 
 
-def start_long_search(site: Path, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+def start_long_search(site: Path, tmp_path: Path, runner: str = "mpi") -> tuple[subprocess.Popen, Path]:
     """A search that runs for several seconds; returns once its partial output exists."""
     out = tmp_path / "o.txt"
     proc = subprocess.Popen(
         [str(BIN / "paramedic"), "search", "blastp", "-query", str(site / "q100.fasta"), "-db",
-         str(site / "dbs/db"), "-out", str(out), "--np", "2", "--strategy", "fragments"],
+         str(site / "dbs/db"), "-out", str(out), "--np", "2", "--strategy", "fragments", "--runner", runner],
         cwd=tmp_path, env=env_with_tmp(tmp_path / "tmp"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     deadline = time.monotonic() + 60
@@ -259,7 +259,7 @@ def test_terminated_launcher_exits_130_with_one_line(site: Path, tmp_path: Path,
     tmp = tmp_path / "tmp"
     proc = subprocess.Popen(
         [str(BIN / "paramedic"), "search", "blastp", "-query", str(site / "q100.fasta"), "-db",
-         str(site / "dbs/db"), "-out", "o.txt", "--np", "2", "--quiet"],
+         str(site / "dbs/db"), "-out", "o.txt", "--np", "2", "--quiet", "--runner", "mpi"],
         cwd=tmp_path, env=env_with_tmp(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     deadline = time.monotonic() + 60

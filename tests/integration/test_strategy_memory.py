@@ -94,7 +94,10 @@ def reason(work: Path) -> dict:
     return json.loads((work / "out.txt.run.json").read_text())["strategy_reason"]
 
 
-def test_record_says_why_auto_chose(small_db: Path) -> None:
+@pytest.mark.parametrize(
+    ("runner", "counted_from"), [("local", "2 worker threads of one process"), ("mpi", "MPI_LOCALNRANKS=3")]
+)
+def test_record_says_why_auto_chose(small_db: Path, runner: str, counted_from: str) -> None:
     run_paramedic(
         "search",
         "blastp",
@@ -107,6 +110,8 @@ def test_record_says_why_auto_chose(small_db: Path) -> None:
         "--np",
         "2",
         "--quiet",
+        "--runner",
+        runner,
         cwd=small_db,
     )
     why = reason(small_db)
@@ -116,7 +121,7 @@ def test_record_says_why_auto_chose(small_db: Path) -> None:
     assert "query segmentation would make 1 task for 2 workers" in why["reason"]
     assert why["database_bytes"] == whole
     assert why["fragments"] == 4 and 0 < why["largest_fragment_bytes"] < whole
-    assert why["workers_on_node"] == 2 and why["workers_on_node_from"] == "MPI_LOCALNRANKS=3"
+    assert why["workers_on_node"] == 2 and why["workers_on_node_from"] == counted_from
     assert why["memory_per_worker_bytes"] <= why["physical_bytes"] // 2
     assert "fits in 50% of the memory available per worker" in why["reason"]
 

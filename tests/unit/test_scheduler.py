@@ -64,11 +64,27 @@ def test_a_filled_hit_list_sends_the_query_to_be_searched_again_against_its_prel
 
 
 def test_regeneration_preferred_once_a_batch_is_merged():
-    p = plan(n_queries=4, batch=2, fragments=1, group=2)
+    p = plan(n_queries=6, batch=2, fragments=1, group=2)
     s = Scheduler(p)
     first = s.next_task(0)
     s.search_done(first, searched(fake_hits(first, p)))
+    assert len(p.batches) == 3  # batches 1 and 2 still have searches: not the tail
     assert isinstance(s.next_task(0), PieceTask)
+
+
+def test_in_the_tail_the_last_batchs_searches_go_before_ready_pieces():
+    """Two batches on two workers (issue 21's 20 queries): when batch 0 is merged while batch 1 still
+    has searches to hand out, those go first; the pieces of both batches then run side by side."""
+    p = plan(n_queries=4, batch=2, fragments=3, group=2)
+    s = Scheduler(p)
+    batch0 = [s.next_task(w) for w in (1, 2, 3)]  # one fragment each (a worker prefers its own)
+    assert all(isinstance(t, SearchTask) and t.batch == 0 for t in batch0)
+    for t in batch0:
+        s.search_done(t, searched(fake_hits(t, p)))
+    tail = [s.next_task(w) for w in (1, 2, 3)]
+    assert [t.batch for t in tail if isinstance(t, SearchTask)] == [1, 1, 1]
+    piece = s.next_task(4)  # no search left to hand out: the ready piece
+    assert isinstance(piece, PieceTask) and piece.piece == 0
 
 
 def test_affinity_prefers_cached_fragment():

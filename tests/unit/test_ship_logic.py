@@ -48,7 +48,9 @@ def test_held_pieces_become_regeneration_tasks_when_holding_stops_except_one_don
     scheduler.search_done(scheduler.next_task(1), _hits(4))
     scheduler.stop_holding()
     scheduler.mark_piece_done(0)  # the --ship auto probe's output is written
-    task = scheduler.next_task(1)
+    tail = scheduler.next_task(1)  # the last batch's search goes first (the tail)
+    assert isinstance(tail, SearchTask) and tail.batch == 1
+    task = scheduler.next_task(2)
     assert isinstance(task, PieceTask) and task.piece == 1
     assert not scheduler.finished
 

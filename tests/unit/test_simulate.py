@@ -192,14 +192,16 @@ class ScanningScheduler(Scheduler):
     cache on every call (what the engine did before it kept its open batches and holders counted)."""
 
     def next_task(self, worker: int) -> Task | None:
-        if self._ready:
-            return self._ready.popleft()
-        open_batches = [
+        pending = [
             b for b in range(len(self.plan.batches))
             if self._pending[b] and (self.assigned is None or b in self.assigned)
-        ][: self.window]  # fmt: skip
+        ]  # fmt: skip
+        tail = pending == [len(self.plan.batches) - 1] and self.assigned is None and self.stage_copies is None
+        if self._ready and not tail:
+            return self._ready.popleft()
+        open_batches = pending[: self.window]
         if not open_batches:
-            return None
+            return self._ready.popleft() if self._ready else None
         held = self.cache.setdefault(worker, set())
         others = set().union(*(f for w, f in self.cache.items() if w != worker))
         home = self.home(worker)

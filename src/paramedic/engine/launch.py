@@ -119,7 +119,9 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
 
 
 def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
-    """The job as threads of this process (paramedic.engine.local): no MPI, no other interpreter."""
+    """The job as threads of this process (paramedic.engine.local): no MPI, no other interpreter. Ends
+    as the MPI launcher's job does: one line for an error or an interrupt, then whether finished work is
+    kept in the journal."""
     from paramedic.engine.job import prepare_job
     from paramedic.engine.local import job_directory, run_local_job
     from paramedic.engine.shell import conclude
@@ -131,12 +133,28 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
             job = prepare_job(settings, workers=workers)
             record = run_local_job(job, workers, ["paramedic", *argv])
             conclude(record, job, settings.report)
-    except BaseException:
-        say_journal_kept(settings)
-        raise
+        return 0
+    except KeyboardInterrupt:
+        print("paramedic: interrupted: the job was stopped and its temporary files removed", file=sys.stderr)
+        code = 130
+    except BrokenPipeError:
+        raise  # stdout's reader went away: quiet, exit 141 (paramedic.cli)
+    except ParamedicError as exc:
+        print(f"paramedic: error: {exc}", file=sys.stderr)
+        code = exc.exit_code
+    except Exception as exc:  # a bug: one line, as on a rank (PARAMEDIC_DEBUG=1 shows the traceback)
+        if os.environ.get("PARAMEDIC_DEBUG"):
+            raise
+        print(
+            f"paramedic: error: internal error: {type(exc).__name__}: {exc} (PARAMEDIC_DEBUG=1 shows more)",
+            file=sys.stderr,
+        )
+        code = InternalError.exit_code
     finally:
         os.environ.pop(LOCAL_WORKERS_VARIABLE, None)
-    return 0
+    sys.stderr.flush()
+    say_journal_kept(settings)
+    return code
 
 
 def refuse_srun_without_pmi() -> int:

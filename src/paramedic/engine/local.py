@@ -224,6 +224,9 @@ def job_directory(job_id_variable: str) -> Iterator[Path]:
         tempfile.tempdir = None  # read TMPDIR again
         previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
         yield job_dir
+    except BaseException:
+        stop_children()  # whatever BLAST+ runs are left, before their directory goes
+        raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
