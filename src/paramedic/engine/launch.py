@@ -1,8 +1,9 @@
-"""Starting the job: under a given mpiexec/srun, or by starting ourselves under the embedded mpiexec.
+"""Starting the job: under a given mpiexec/srun, as threads of this process, or under the embedded mpiexec.
 
-Without an MPI launcher, `paramedic search` runs on all local cores: it starts `mpiexec -n <cores + 1>`
-(one master, one worker per core) from the project's own MPI (the `mpich` wheel in the virtual
-environment), falling back to an mpiexec on PATH. Under a launcher it uses the ranks it is given (a
+Without an MPI launcher, `paramedic search` runs on all local cores: as worker threads of this process
+(paramedic.engine.local, `--runner local`, the default unless an option needs ranks), or by starting
+`mpiexec -n <cores + 1>` (one master, one worker per core; `--runner mpi`) from the project's own MPI
+(the `mpich` wheel in the virtual environment), falling back to an mpiexec on PATH. Under a launcher it uses the ranks it is given (a
 process with PMI variables is a rank); a task of `srun` without them (no `--mpi=pmi2`) is refused.
 
 The launching process owns the terminal and the clean-up: it draws the progress bar (rank 0 writes its
