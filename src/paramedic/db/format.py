@@ -41,6 +41,7 @@ from paramedic.db.manifest import (
     WHOLE_NAME,
     Fragment,
     Manifest,
+    volume_blake3,
     volume_sha256,
 )
 from paramedic.db.segment import assign_fragments
@@ -160,6 +161,7 @@ def _build(settings: FormatSettings, build: Path, progress: Callable[[str], None
         # "digests": the fragments' digests cover their files as stored (databases formatted before
         # this also counted a FASTA file removed afterwards, so their fragments cannot be verified)
         tools={"blast": blast_version(), "paramedic": __version__, "digests": FRAGMENT_DIGESTS},
+        volume_blake3={v: volume_blake3(build, v) for v in [WHOLE_NAME, *volumes]},
     )
     (build / MANIFEST_NAME).write_text(manifest.to_json())
     return manifest

@@ -1,0 +1,80 @@
+"""Every job digests its database's volumes against the manifest: with BLAKE3 where the manifest has it
+(databases formatted now), with SHA-256 where it has not (formatted before). Either way a byte changed
+with the file's size and times kept is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from pathlib import Path
+
+import blake3
+import pytest
+
+from paramedic.db.manifest import (
+    FRAGMENT_DIGESTS,
+    Fragment,
+    Manifest,
+    verify_volumes,
+    volume_blake3,
+    volume_sha256,
+)
+from paramedic.errors import DatabaseError
+
+
+def database(root: Path) -> Manifest:
+    for volume in ("whole", "f000", "f001"):
+        for ext in ("psq", "phr", "pin"):
+            (root / f"{volume}.{ext}").write_bytes(os.urandom(3000) + volume.encode())
+    fragments = [
+        Fragment(f"frag{i:03d}", f"f{i:03d}", 1, 1, volume_sha256(root, f"f{i:03d}")) for i in range(2)
+    ]
+    return Manifest(
+        format_version=1,
+        dbtype="prot",
+        title="t",
+        nseq=2,
+        length=2,
+        whole="whole",
+        whole_sha256=volume_sha256(root, "whole"),
+        fragments=fragments,
+        input_path="in.fasta",
+        content_sha256="0" * 64,
+        tools={"digests": FRAGMENT_DIGESTS},
+        volume_blake3={v: volume_blake3(root, v) for v in ("whole", "f000", "f001")},
+    )
+
+
+def flip_keeping_times(path: Path) -> None:
+    info = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def test_blake3_digest_is_of_the_same_bytes_as_sha256(tmp_path: Path) -> None:
+    database(tmp_path)
+    stream = b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in sorted(tmp_path.glob("f000.*")))
+    assert volume_blake3(tmp_path, "f000") == blake3.blake3(stream).hexdigest()
+    assert volume_sha256(tmp_path, "f000") == hashlib.sha256(stream).hexdigest()
+
+
+@pytest.mark.parametrize("with_blake3", [True, False])
+@pytest.mark.parametrize("changed", ["whole.psq", "f001.phr"])
+def test_a_changed_volume_is_refused(tmp_path: Path, with_blake3: bool, changed: str) -> None:
+    manifest = database(tmp_path)
+    if not with_blake3:  # a database formatted before: SHA-256 only
+        manifest = dataclasses.replace(manifest, volume_blake3={})
+    verify_volumes(tmp_path, manifest)
+    flip_keeping_times(tmp_path / changed)
+    with pytest.raises(DatabaseError, match=f"volume {changed.split('.')[0]} does not match"):
+        verify_volumes(tmp_path, manifest)
+
+
+def test_a_manifest_missing_a_volumes_blake3_is_refused(tmp_path: Path) -> None:
+    manifest = database(tmp_path)
+    partial = dataclasses.replace(manifest, volume_blake3={"whole": manifest.volume_blake3["whole"]})
+    with pytest.raises(DatabaseError, match="does not match"):
+        verify_volumes(tmp_path, partial)
