@@ -98,6 +98,19 @@ def main() -> None:
              "-out", str(work / "paramedic-q.out"), "--np", "2", "--strategy", "queries", "--quiet"],
             work / "pm",
         ),
+        # the default runner above is worker threads of one process; these are the same jobs on MPI ranks
+        "paramedic search --strategy fragments --runner mpi": (
+            [str(BIN / "paramedic"), "search", "blastp", "-query", q, "-db", "uniprot", "-outfmt", "0",
+             "-out", str(work / "paramedic-m.out"), "--np", "2", "--strategy", "fragments", "--quiet",
+             "--runner", "mpi"],
+            work / "pm",
+        ),
+        "paramedic search --strategy queries --runner mpi": (
+            [str(BIN / "paramedic"), "search", "blastp", "-query", q, "-db", "uniprot", "-outfmt", "0",
+             "-out", str(work / "paramedic-qm.out"), "--np", "2", "--strategy", "queries", "--quiet",
+             "--runner", "mpi"],
+            work / "pm",
+        ),
         "blastp -num_threads 2": (
             ["blastp", "-query", q, "-db", "uniprot", "-outfmt", "0", "-num_threads", "2",
              "-out", str(work / "mt0.out")],
@@ -126,7 +139,7 @@ def main() -> None:
     reference = POSTED.sub(b"", (work / "st.out").read_bytes())
     same = all(
         POSTED.sub(b"", (work / out).read_bytes()) == reference
-        for out in ("paramedic.out", "paramedic-t.out", "paramedic-q.out")
+        for out in ("paramedic.out", "paramedic-t.out", "paramedic-q.out", "paramedic-m.out", "paramedic-qm.out")
     )
     blast_version = subprocess.run(["blastp", "-version"], capture_output=True, text=True).stdout.split()[1]
     best_name = min((n for n in runs if n.startswith("blastp")), key=lambda n: min(w for w, _ in results[n]))

@@ -40,7 +40,7 @@ from paramedic.engine.journal import NOTHING, Journal, Replay
 from paramedic.engine.master import Master, Result, next_for_idle
 from paramedic.engine.scheduler import Plan, Task
 from paramedic.engine.shell import Runner, run_master, serial_runner
-from paramedic.engine.store import Store
+from paramedic.engine.store import ALIGNMENTS_VARIABLE, Store
 from paramedic.errors import InternalError
 from paramedic.report.record import RankStats, RunRecord
 
@@ -75,7 +75,7 @@ def run_local_job(job: Job, workers: int, command: list[str]) -> RunRecord:
 
 def _store(job: Job, plan: Plan, workdir: Path, journal: Journal | None) -> Store | None:
     """The search store: every worker thread sees the master's files (paramedic.engine.roles)."""
-    if plan.query_segmentation:
+    if plan.query_segmentation or os.environ.get(ALIGNMENTS_VARIABLE) == "tasks":
         return None
     if journal is not None:
         return journal.store

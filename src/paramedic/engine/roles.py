@@ -24,13 +24,10 @@ from paramedic.engine.ranks import run_worker, run_workers
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.shell import Runner, run_master, serial_runner
 from paramedic.engine.staging import stager
-from paramedic.engine.store import Store
+from paramedic.engine.store import ALIGNMENTS_VARIABLE, Store
 from paramedic.report.record import RunRecord
 
 VISIBLE_NAME = ".visible"  # rank 0's token in the search store, read back by every worker
-# "tasks": the searches' results travel through rank 0 even when every rank sees the search store, as
-# they must when one does not (for measuring the two side by side, and for a store on a slow filesystem)
-ALIGNMENTS_VARIABLE = "PARAMEDIC_ALIGNMENTS"
 
 
 def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:

@@ -41,6 +41,10 @@ from paramedic.blast.hits import Candidate, FragmentSearch, Hit, PrelimList
 from paramedic.durable import write_durably
 from paramedic.errors import OutputError
 
+# "tasks": the searches' results travel through rank 0 even when every rank sees the search store, as
+# they must when one does not (for measuring the two side by side, and for a store on a slow filesystem)
+ALIGNMENTS_VARIABLE = "PARAMEDIC_ALIGNMENTS"
+
 MAGIC = b"paramedic-search 2\n"
 _LENGTH = struct.Struct(">Q")
 # A record's keys section is read whole; a larger one is not a record this code wrote.
