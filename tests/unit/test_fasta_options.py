@@ -86,3 +86,19 @@ def test_blast_help_is_cached_per_executable_and_a_bad_cache_entry_is_replaced(t
     entry.write_text("garbage")  # not a help text: -help runs again and the entry is replaced
     assert known_options.__wrapped__("blastp") == fresh
     assert b" -evalue <Real>" in entry.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("argv", "checked"),
+    [
+        (["-query", "q", "-db", "d", "-out", "o", "-outfmt", "6"], False),
+        (["-query", "q", "-db", "d"], False),
+        (["-query", "q", "-db", "d", "-outfmt", "6 qseqid sseqid bogus"], True),  # fields: BLAST+ checks them
+        (["-query", "q", "-db", "d", "-evalue", "abc"], True),
+        (["-query", "q", "-db", "d", "-ungapped"], True),
+    ],
+)
+def test_blast_checks_the_values_only_when_there_are_some(argv, checked):
+    from paramedic.blast.options import _values_to_check
+
+    assert _values_to_check(BlastOptions.parse("blastp", argv)) is checked
