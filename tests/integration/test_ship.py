@@ -553,6 +553,10 @@ def test_inbox_transport_delivers_the_same_file(sites: Sites, tmp_path: Path, mo
     with open(log, "wb") as fh:
         server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fh, start_new_session=True)
     try:
+        deadline = time.monotonic() + 60  # the site makes its inbox as it starts
+        while not inbox.is_dir():
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.02)
         out = f"inbox/{mode}.txt"
         record = tmp_path / "record.json"
         paramedic(

@@ -401,7 +401,7 @@ def test_what_a_launcher_killed_outright_left_is_removed_by_the_next_run(site: S
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp)}
     argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db",
-            "uniprot", "-out", str(tmp_path / "killed.out"), "--np", "2", "--quiet"]  # fmt: skip
+            "uniprot", "-out", str(tmp_path / "killed.out"), "--np", "2", "--quiet", "--runner", "mpi"]  # fmt: skip
     launcher = subprocess.Popen(argv, cwd=site.root / "p3", env=env, start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 60

@@ -86,6 +86,10 @@ class LocalFile:
     def write(self, data: bytes) -> None:
         try:
             self.fh.write(data)
+        except BrokenPipeError:
+            if self.out is None:  # the reader of standard output went away (`| head -1`): 141, quietly
+                raise
+            raise OutputError(f"cannot write {self.out}: broken pipe") from None
         except OSError as exc:
             raise OutputError(f"cannot write {self.out or 'standard output'}: {exc.strerror}") from exc
 
