@@ -53,6 +53,7 @@ from paramedic.site.handshakes import HandshakeLoop
 from paramedic.site.replica_reads import READ_OPS, ReplicaReads
 from paramedic.site.store import (
     DEFAULT_EXPIRE_SECONDS,
+    DEFAULT_MAX_SETUP_BYTES,
     DEFAULT_OPEN_IDLE_SECONDS,
     DEFAULT_REGEN_SECONDS,
     STATE_DIR_NAME,
@@ -97,6 +98,7 @@ class ServeSettings:
     open_idle_seconds: float = DEFAULT_OPEN_IDLE_SECONDS  # an open job with no request this long expires
     replica_reads: bool = True  # serve the replica's fragment volumes to compute sites (--mirror tls://)
     regen_seconds: float = DEFAULT_REGEN_SECONDS  # one chunk's regeneration at most (--regen-timeout)
+    max_setup_bytes: int = DEFAULT_MAX_SETUP_BYTES  # a job's setup (its queries) inflated (--max-setup)
 
     def __post_init__(self) -> None:
         if self.io_workers < 1:
@@ -105,6 +107,8 @@ class ServeSettings:
             raise UsageError("--expire-after must be a positive number of hours")
         if not self.open_idle_seconds > 0:
             raise UsageError("--open-idle must be a positive number of hours")
+        if self.max_setup_bytes < 2**20:
+            raise UsageError("--max-setup must be at least 1M")
         if not self.regen_seconds > 0:
             raise UsageError("--regen-timeout must be a positive number of hours")
         parse_listen(self.listen)
@@ -136,7 +140,7 @@ class SiteServer:
         self.reads: ReplicaReads | None = None
         if settings.replica is not None:
             database, manifest = resolve_database(str(settings.replica), Path.cwd())
-            self.replica = Replica(database, manifest.checksum(), workdir, manifest)
+            self.replica = Replica(database, manifest.checksum(), workdir, manifest, settings.max_setup_bytes)
             self.reads = ReplicaReads(database.directory, manifest) if settings.replica_reads else None
         self.context = server_context(settings.keys) if settings.keys is not None else None
         self.store = JobStore(
@@ -265,11 +269,18 @@ class SiteServer:
                 return
             answer = self._answer(peer, header, payload)
             reply, data = answer if isinstance(answer, tuple) else (answer, b"")
+            holds_read_slot = reply["op"] == "data" and self.reads is not None  # (ReplicaReads.sent)
             try:
                 tls.settimeout(self.limits.frames.frame)  # recv_frame left the frame's remaining time
-                send_frame(tls, reply, data)
+                frames = self.limits.frames
+                end = time.monotonic() + frames.frame + len(data) / frames.min_rate if data else None
+                send_frame(tls, reply, data, end)
             except OSError:
                 return
+            finally:
+                if holds_read_slot:
+                    assert self.reads is not None
+                    self.reads.sent()
             if reply["op"] == "error":
                 return
 
@@ -366,11 +377,24 @@ def _more_descriptors() -> None:
             pass
 
 
+def _return_freed_memory_promptly() -> None:
+    """Ask glibc to give freed heap back to the system past 1 MiB, in every thread's arena: by default it
+    keeps a parsed setup's peak for the job's life (a job is parsed on a connection's thread, whose arena
+    `malloc_trim` does not shrink)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(-1, 2**20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def serve(settings: ServeSettings) -> int:
     if settings.keys is None and settings.inbox is None:
         raise UsageError("paramedic serve needs --keys (TLS listener) or --inbox (shared directory), or both")
     server = SiteServer(settings)
     _more_descriptors()
+    _return_freed_memory_promptly()
     inbox = None
     if settings.inbox is not None:
         from paramedic.site.inbox import InboxWatcher
