@@ -110,6 +110,35 @@ def test_a_killed_search_with_damaged_journal_records_redoes_them(data_dir: Path
     assert "dropped" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_journal_search_records_from_another_search_are_redone(data_dir: Path, tmp_path: Path) -> None:
+    """Search records are bound to their journal, like pieces: records copied in from a killed search
+    with another -evalue (valid records, other hits) are dropped and searched again: BLAST+'s bytes."""
+    from tests.integration import test_resume as resume
+
+    data = resume.data.__wrapped__(data_dir, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
+    journals = []
+    for name, evalue in (("ours", "1e-5"), ("theirs", "10")):
+        work = tmp_path / name
+        work.mkdir()
+        out = work / "hits.txt"
+        args = [*resume.blast_args(data.queries, data.db, out)[:-1], evalue]
+        command = ["search", "blastp", *args, *resume.ENGINE]
+        resume.kill_every_rank_when(command, work, work / ".hits.txt.journal", resume.searches_done(4))
+        journals.append((work, command))
+    (ours, command), (theirs, _) = journals
+    copied = 0
+    for record in (theirs / ".hits.txt.journal" / "search").glob("[0-9]*-[0-9]*"):
+        target = ours / ".hits.txt.journal" / "search" / record.name
+        if target.exists():
+            target.write_bytes(record.read_bytes())
+            copied += 1
+    assert copied > 0
+    proc = resume.paramedic(*command, "--np", "1", cwd=ours, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (ours / "hits.txt").read_bytes() == data.reference
+    assert "dropped" in proc.stderr and "Traceback" not in proc.stderr
+
+
 class _Factory:
     """The one method of pytest's TempPathFactory the resume fixture uses."""
 
