@@ -139,6 +139,26 @@ def test_journal_search_records_from_another_search_are_redone(data_dir: Path, t
     assert "dropped" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_blast_warnings_are_passed_on_not_swallowed(site: Site, tmp_path: Path) -> None:
+    """Item 18: BLAST+ warns about an all-X query and exits 0; the user sees its warning (once per worker
+    rank, not once per fragment and batch), and the search still ends in its report. (With -outfmt 6, which
+    lists no query without hits, paramedic runs no BLAST+ that warns about it: nothing is said, yet.)"""
+    queries = tmp_path / "with-all-x.fasta"
+    queries.write_text(
+        (site.root / "queries.fasta").read_text() + ">allx nothing to align\n" + "X" * 60 + "\n"
+    )
+    out = tmp_path / "hits.txt"
+    proc = paramedic(
+        "search", "blastp", "-query", str(queries), "-db", "uniprot", "-outfmt", "0", "-out", str(out),
+        "--np", "2", "--batch", "6", "--quiet", cwd=site.root / "p3", check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warned = [ln for ln in proc.stderr.splitlines() if "Karlin-Altschul" in ln]
+    assert 1 <= len(warned) <= 2, proc.stderr  # one per worker rank at most
+    assert all(ln.startswith("paramedic: warning: blastp: ") and "allx" in ln for ln in warned), warned
+    assert "Query_" not in proc.stderr and out.stat().st_size > 0
+
+
 class _Factory:
     """The one method of pytest's TempPathFactory the resume fixture uses."""
 

@@ -25,6 +25,7 @@ from paramedic.blast.prelim import (
     read_dump,
 )
 from paramedic.blast.programs import alias_suffix
+from paramedic.blast.messages import pass_on
 from paramedic.blast.tools import run_tool
 from paramedic.errors import BlastError
 
@@ -95,7 +96,7 @@ def search_fragment(
         str(archive_file),
     ]
     start = time.perf_counter()
-    run_tool(argv, cwd=workdir, extra_env=environment(prelim_only))
+    pass_on(program, run_tool(argv, cwd=workdir, extra_env=environment(prelim_only)).stderr)
     data = archive_file.read_bytes()
     archive_file.unlink()
     try:
@@ -156,7 +157,7 @@ def regenerate(
         str(out_file),
     ]
     start = time.perf_counter()
-    run_tool(argv, cwd=run_dir)
+    pass_on(program, run_tool(argv, cwd=run_dir).stderr)
     data = as_user_db(out_file.read_bytes(), db, db_name)
     if options.outfmt_number() == 17:
         data = sam_command_line(data, program, options)

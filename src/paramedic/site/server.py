@@ -328,6 +328,8 @@ class SiteServer:
             job = self.store.open(owner, header, payload if has_setup else None)
             if job is None:
                 return {"op": "need_setup"}
+            if job.failure is not None:  # a stream reconnecting to a job that failed: it ends, with why
+                raise JobFailed(job.failure)
             with job.lock:
                 acked = sorted(job.acked)
             return {"op": "opened", "acked": acked}
@@ -339,6 +341,8 @@ class SiteServer:
             log(f"job {job.job_id}: chunk {index} failed its SHA-256 check; asking again")
             return {"op": "nack", "index": index, "reason": "sha256 mismatch"}
         if op == "keepalive":  # a live compute site between chunks (the job does not expire)
+            if job.failure is not None:  # said now, not at finish: the search stops at once
+                raise JobFailed(job.failure)
             return {"op": "alive"}
         if op == "cancel":
             self.store.cancel(job)
