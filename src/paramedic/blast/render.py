@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from paramedic.blast.archive import fill_archive
+from paramedic.blast.messages import pass_on
 from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
 from paramedic.blast.run import Database, RunStats, as_user_db, place_database, user_db_name, write_queries
 from paramedic.blast.stats import ARCHIVE_FORMATS, has_stats, splice_stats
-from paramedic.blast.messages import pass_on
 from paramedic.blast.tools import run_tool
 
 # Options blast_formatter takes as blastp does (can_render refuses -html and -parse_deflines).

@@ -16,6 +16,7 @@ from pathlib import Path
 from paramedic.blast.alias import oid_mask, write_alias
 from paramedic.blast.archive import parse_fragment_archive
 from paramedic.blast.hits import FragmentSearch
+from paramedic.blast.messages import pass_on
 from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
 from paramedic.blast.prelim import (
     DUMP_NAME,
@@ -25,7 +26,6 @@ from paramedic.blast.prelim import (
     read_dump,
 )
 from paramedic.blast.programs import alias_suffix
-from paramedic.blast.messages import pass_on
 from paramedic.blast.tools import run_tool
 from paramedic.errors import BlastError
 
