@@ -14,7 +14,10 @@ there is its own. Meanwhile a chaos thread, at random times:
   - cuts the link: the proxy disabled (connections closed, new ones refused) for a moment or for longer
     than --ship-timeout, TCP resets, a stall (bytes held), a connection cut after a few kilobytes;
   - fills the disk: the site's --root is a small ext4 image (loop mount; else a size-limited tmpfs), and a
-    filler file grows until the free space is below the site's --reserve, or nothing at all, then goes.
+    filler file grows until the free space is below the site's --reserve, or nothing at all, then goes;
+  - floods the site with 200 to 3,000 unauthenticated connections, from 8 addresses or from the compute
+    sites' own, half with a ClientHello begun (a real hello must get through: else a violation);
+  - changes a volume of the site's replica in place, size and times kept, then puts it back (issue 23).
 
 Checks (each failure is a violation; any violation makes the exit status 1):
   - a job that exited 0 has its output at the site byte-identical (sha256) to a local `paramedic search`
@@ -49,6 +52,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -722,6 +726,8 @@ class Soak:
             "site": now + self.rng.uniform(*a.site_kill_every),
             "link": now + self.rng.uniform(*a.link_fault_every),
             "disk": now + self.rng.uniform(*a.disk_fill_every) if self.disk.can_fill else float("inf"),
+            "flood": now + self.rng.uniform(*a.flood_every),
+            "flip": now + self.rng.uniform(*a.flip_every),
         }
         busy: dict[str, threading.Thread] = {}
         while not self.stop_chaos.is_set():
@@ -730,11 +736,12 @@ class Soak:
                 if now < when or (what in busy and busy[what].is_alive()):
                     continue
                 action = {"client": self.kill_client, "site": self.kill_site, "link": self.link_fault,
-                          "disk": self.fill_disk}[what]  # fmt: skip
+                          "disk": self.fill_disk, "flood": self.flood, "flip": self.flip_replica}[what]  # fmt: skip
                 busy[what] = threading.Thread(target=self.guarded, args=(action,), daemon=True)
                 busy[what].start()
                 every = {"client": a.client_kill_every, "site": a.site_kill_every,
-                         "link": a.link_fault_every, "disk": a.disk_fill_every}[what]  # fmt: skip
+                         "link": a.link_fault_every, "disk": a.disk_fill_every,
+                         "flood": a.flood_every, "flip": a.flip_every}[what]  # fmt: skip
                 due[what] = now + self.rng.uniform(*every)
             self.stop_chaos.wait(0.2)
         for thread in busy.values():
@@ -817,6 +824,79 @@ class Soak:
         log(f"disk filled: {self.disk.free():,} bytes free (asked {leave:,}) for {seconds:.1f} s")
         self.stop_chaos.wait(seconds)
         self.disk.release()
+
+    def flood(self) -> None:
+        """Issue 23, item 13: hundreds or thousands of unauthenticated connections held at the site, from
+        8 other addresses or from the compute sites' own (127.0.0.1), some with a ClientHello begun; a
+        real client's hello must still get through within 5 s."""
+        count = self.rng.choice([200, 1000, 3000])
+        own = self.rng.random() < 0.5
+        seconds = self.rng.uniform(5.0, 20.0)
+        held: list[socket.socket] = []
+        port = self.site.port
+        try:
+            for i in range(count):
+                source = "127.0.0.1" if own else f"127.0.0.{2 + i % 8}"
+                with contextlib.suppress(OSError):
+                    sock = socket.create_connection(
+                        ("127.0.0.1", port), timeout=2, source_address=(source, 0)
+                    )
+                    held.append(sock)
+                    if i % 2:
+                        with contextlib.suppress(OSError):
+                            sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+            self.event("handshake flood", connections=len(held), own_address=own, seconds=round(seconds, 1))
+            log(f"handshake flood: {len(held)} connections from {'127.0.0.1' if own else '8 addresses'}")
+            if not self.site_down.is_set():
+                started = time.monotonic()
+                try:
+                    self.hello(port)
+                except (OSError, ssl.SSLError) as exc:
+                    if not self.site_down.is_set():
+                        self.violation("a real hello crowded out by a handshake flood", error=str(exc)[:200])
+                else:
+                    self.event("hello through a flood", seconds=round(time.monotonic() - started, 2))
+            self.stop_chaos.wait(seconds)
+        finally:
+            for sock in held:
+                sock.close()
+
+    def hello(self, port: int) -> None:
+        keys = self.work / "keys" / "compute-0"
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(cafile=str(keys / "ca.pem"))
+        ctx.load_cert_chain(keys / "cert.pem", keys / "key.pem")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+                head = json.dumps({"op": "hello"}).encode()
+                tls.sendall(len(head).to_bytes(4, "big") + (0).to_bytes(4, "big") + head)
+                if not tls.recv(8):
+                    raise OSError("no reply to hello")
+
+    def flip_replica(self) -> None:
+        """Issue 23, item 1: a volume of the site's replica rewritten in place (size, inode and times kept)
+        for a while, then put back: no job may publish output regenerated from the changed bytes."""
+        volumes = sorted((self.work / "site" / "replica" / "uni").glob("f*.psq"))
+        if not volumes:
+            return
+        path = self.rng.choice(volumes)
+        seconds = self.rng.uniform(5.0, 15.0)
+        st = path.stat()
+        original = path.read_bytes()
+        changed = bytearray(original)
+        for i in range(len(changed) // 2, len(changed), 97):
+            changed[i] ^= 0x5A
+        with open(path, "r+b") as fh:
+            fh.write(changed)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        self.event("replica bit flip", volume=path.name, seconds=round(seconds, 1))
+        log(f"replica {path.name} changed in place (times kept) for {seconds:.1f} s")
+        try:
+            self.stop_chaos.wait(seconds)
+        finally:
+            with open(path, "r+b") as fh:
+                fh.write(original)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
     # -- memory -----------------------------------------------------------------------------------------
     def sample_memory(self) -> None:
@@ -1154,6 +1234,8 @@ def main(argv: list[str] | None = None) -> int:
     args.link_fault_every = (6.0, 18.0)
     args.disk_fill_every = (30.0, 70.0)
     args.disk_full_for = (4.0, 15.0)
+    args.flood_every = (25.0, 60.0)
+    args.flip_every = (45.0, 100.0)
     if not (DATA / "mmseqs2" / "DB.fasta").exists():
         raise SystemExit(f"faults: {DATA}/mmseqs2 is missing: run `make data`")
 
