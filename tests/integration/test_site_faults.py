@@ -735,6 +735,33 @@ def test_a_metadata_search_resumes_after_the_site_failed_it(
     assert (site.root / "re" / "x.out").read_bytes() == local.read_bytes()
 
 
+def test_a_real_search_ships_through_a_handshake_flood(
+    world: dict[str, Path], make_site, tmp_path: Path
+) -> None:
+    """Issue 23, item 13: 200 silent connections from the compute site's own address, and 40 from each of 8
+    others, held while a real `paramedic search --site` (real ranks, BLAST+) ships: it used to fail
+    (exit 8); now its output is BLAST+'s, through the site's default limits."""
+    site = make_site()
+    held = [
+        socket.create_connection(("127.0.0.1", site.port), timeout=5, source_address=(source, 0))
+        for source in ["127.0.0.1"] * 200 + [f"127.0.0.{2 + i % 8}" for i in range(320)]
+    ]
+    try:
+        local = tmp_path / "local.out"
+        paramedic("search", "blastp", "-query", str(world["queries"]), "-db", str(world["replica"]),
+                  "-out", str(local), "--np", "1", "--quiet")  # fmt: skip
+        proc = paramedic(
+            "search", "blastp", "-query", str(world["queries"]), "-db", str(world["replica"]),
+            "-out", "flood/x.out", "--np", "1", "--site", f"tls://localhost:{site.port}", "--keys",
+            str(world["keys"] / "compute-a"), "--ship", "metadata", "--quiet", cwd=tmp_path, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert (site.root / "flood" / "x.out").read_bytes() == local.read_bytes()
+    finally:
+        for sock in held:
+            sock.close()
+
+
 # -- found by bench/fuzz.py (`make fuzz`) -----------------------------------------------------------------------
 
 
