@@ -44,10 +44,50 @@ def queries(mib: int) -> tuple[int, bytes]:
     return n, pack_json([[f"q{i}", "".join(rng.choices(AMINO, k=600)) * 33] for i in range(n)])
 
 
+def client_hello() -> bytes:
+    """The bytes of a real TLS 1.3 ClientHello (the server then holds a TLS state for the connection)."""
+    import ssl
+
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="localhost")
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return outgoing.read()
+
+
+def flood(site: StorageSite, count: int, idle: dict[str, int]) -> None:
+    """Hold `count` silent connections from 8 addresses, then as many that sent a real ClientHello."""
+    import socket
+    import time
+
+    assert site.proc is not None
+    hello = client_hello()
+    for label, first in (("silent", b""), ("ClientHello sent", hello)):
+        held = []
+        for i in range(count):
+            sock = socket.create_connection(
+                ("127.0.0.1", site.port), source_address=(f"127.0.0.{2 + i % 8}", 0)
+            )
+            if first:
+                sock.sendall(first)
+            held.append(sock)
+        time.sleep(1.0)
+        threads = len(list(Path(f"/proc/{site.proc.pid}/task").iterdir()))
+        print(
+            f"{count} pending handshakes ({label}): {status(site.proc.pid)} (idle {idle}), {threads} threads"
+        )
+        for sock in held:
+            sock.close()
+        time.sleep(0.5)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mib", type=int, default=500)
     parser.add_argument("--restart", action="store_true")
+    parser.add_argument("--flood", type=int, default=0, help="instead: hold this many pending handshakes")
     args = parser.parse_args()
     data = Path.home() / ".cache" / "paramedic" / "data"
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,6 +102,9 @@ def main() -> int:
         try:
             assert site.proc is not None
             idle = status(site.proc.pid)
+            if args.flood:
+                flood(site, args.flood, idle)
+                return 0
             n, payload = queries(args.mib)
             checksum = load_manifest(base / "db" / "uni").checksum()
             setup = {
