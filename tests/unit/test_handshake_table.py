@@ -40,3 +40,11 @@ def test_ipv6_sources_count_per_64() -> None:
     assert address_key("2001:db8:1:2::5") == address_key("2001:db8:1:2:ffff::1") == "2001:db8:1:2::/64"
     assert address_key("::ffff:10.1.2.3") == "10.1.2.3"
     assert address_key("10.1.2.3") == "10.1.2.3"
+
+
+def test_when_every_address_holds_one_the_oldest_goes() -> None:
+    table: HandshakeTable[str] = HandshakeTable(max_total=3, max_per_key=10)
+    for n in range(3):
+        table.add(f"c{n}", f"10.0.0.{n}", float(n))
+    _, evicted = table.add("newest", "10.0.0.9", 3.0)
+    assert [e.item for e in evicted] == ["c0"]

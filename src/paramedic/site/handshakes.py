@@ -87,6 +87,8 @@ class HandshakeTable(Generic[T]):
         """Remove and return the oldest entry of an address holding the most (None when empty)."""
         if not self.entries:
             return None
+        if self.heaviest == 1:  # every address holds one: the oldest of all
+            return self._remove(next(iter(self.entries.values())))
         key = next(iter(self.buckets[self.heaviest]))
         return self._remove(next(iter(self.by_key[key].values())))
 
