@@ -1106,6 +1106,9 @@ class Soak:
                 "site_restarts": self.counts["site restart"],
                 "link": {k.split(" ", 1)[1]: v for k, v in self.counts.items() if k.startswith("link ")},
                 "disk_full_episodes": self.counts["disk full"],
+                "handshake_floods": self.counts["handshake flood"],
+                "hellos_through_floods": self.counts["hello through a flood"],
+                "replica_bit_flips": self.counts["replica bit flip"],
             },
             "bytes": {
                 "output_verified": self.counts["output bytes verified"],
@@ -1197,7 +1200,8 @@ def summary(result: dict[str, Any]) -> str:
         f"runs: {r['started']} started, {r['exit_0']} exit 0 ({r['resumed_from_a_journal_and_exit_0']} resumed "
         f"from a journal), failed by exit code {r['failed_by_exit_code']}, {r['killed_every_process']} killed outright",
         f"faults: client kills {f['client_kills']}, site kill -9 {f['site_kills']} / restarts {f['site_restarts']}, "
-        f"link {f['link']}, disk full {f['disk_full_episodes']}",
+        f"link {f['link']}, disk full {f['disk_full_episodes']}, handshake floods {f['handshake_floods']} "
+        f"(a real hello through {f['hellos_through_floods']}), replica bit flips {f['replica_bit_flips']}",
         f"bytes: {b['output_verified']:,} output verified, {b['shipped_payload']:,} payload shipped, "
         f"{b['wire']:,} on the wire",
         f"site: {s['jobs_done']} jobs done, {s['jobs_failed']} failed; RSS peak {s['rss_peak_bytes'] / mib:.1f} MiB "
