@@ -17,7 +17,8 @@ there is its own. Meanwhile a chaos thread, at random times:
     filler file grows until the free space is below the site's --reserve, or nothing at all, then goes;
   - floods the site with 200 to 3,000 unauthenticated connections, from 8 addresses or from the compute
     sites' own, half with a ClientHello begun (a real hello must get through: else a violation);
-  - changes a volume of the site's replica in place, size and times kept, then puts it back (issue 23).
+  - changes a volume file of the site's replica or of the compute database in place, size and times kept,
+    then puts it back (issue 23).
 
 Checks (each failure is a violation; any violation makes the exit status 1):
   - a job that exited 0 has its output at the site byte-identical (sha256) to a local `paramedic search`
@@ -874,9 +875,16 @@ class Soak:
                     raise OSError("no reply to hello")
 
     def flip_replica(self) -> None:
-        """Issue 23, item 1: a volume of the site's replica rewritten in place (size, inode and times kept)
-        for a while, then put back: no job may publish output regenerated from the changed bytes."""
-        volumes = sorted((self.work / "site" / "replica" / "uni").glob("f*.psq"))
+        """Issue 23, item 1: a volume file of the site's replica or of the compute sites' database rewritten
+        in place (size, inode and times kept) for a while, then put back: no job may publish output made
+        from the changed bytes (a search refuses it, exit 4; the site fails the job, exit 8)."""
+        where = self.rng.choice(["site", "compute"])  # the site's replica, or the compute sites' -db
+        directory = (
+            self.work / "site" / "replica" / "uni"
+            if where == "site"
+            else self.work / "compute" / "db" / "uni"
+        )
+        volumes = sorted(directory.glob("f*.p[sh][qr]"))
         if not volumes:
             return
         path = self.rng.choice(volumes)
@@ -889,8 +897,8 @@ class Soak:
         with open(path, "r+b") as fh:
             fh.write(changed)
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-        self.event("replica bit flip", volume=path.name, seconds=round(seconds, 1))
-        log(f"replica {path.name} changed in place (times kept) for {seconds:.1f} s")
+        self.event("volume bit flip", where=where, volume=path.name, seconds=round(seconds, 1))
+        log(f"{where} volume {path.name} changed in place (times kept) for {seconds:.1f} s")
         try:
             self.stop_chaos.wait(seconds)
         finally:
@@ -1108,7 +1116,7 @@ class Soak:
                 "disk_full_episodes": self.counts["disk full"],
                 "handshake_floods": self.counts["handshake flood"],
                 "hellos_through_floods": self.counts["hello through a flood"],
-                "replica_bit_flips": self.counts["replica bit flip"],
+                "volume_bit_flips": self.counts["volume bit flip"],
             },
             "bytes": {
                 "output_verified": self.counts["output bytes verified"],
@@ -1201,7 +1209,7 @@ def summary(result: dict[str, Any]) -> str:
         f"from a journal), failed by exit code {r['failed_by_exit_code']}, {r['killed_every_process']} killed outright",
         f"faults: client kills {f['client_kills']}, site kill -9 {f['site_kills']} / restarts {f['site_restarts']}, "
         f"link {f['link']}, disk full {f['disk_full_episodes']}, handshake floods {f['handshake_floods']} "
-        f"(a real hello through {f['hellos_through_floods']}), replica bit flips {f['replica_bit_flips']}",
+        f"(a real hello through {f['hellos_through_floods']}), volume bit flips {f['volume_bit_flips']}",
         f"bytes: {b['output_verified']:,} output verified, {b['shipped_payload']:,} payload shipped, "
         f"{b['wire']:,} on the wire",
         f"site: {s['jobs_done']} jobs done, {s['jobs_failed']} failed; RSS peak {s['rss_peak_bytes'] / mib:.1f} MiB "
