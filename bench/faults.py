@@ -14,7 +14,11 @@ there is its own. Meanwhile a chaos thread, at random times:
   - cuts the link: the proxy disabled (connections closed, new ones refused) for a moment or for longer
     than --ship-timeout, TCP resets, a stall (bytes held), a connection cut after a few kilobytes;
   - fills the disk: the site's --root is a small ext4 image (loop mount; else a size-limited tmpfs), and a
-    filler file grows until the free space is below the site's --reserve, or nothing at all, then goes.
+    filler file grows until the free space is below the site's --reserve, or nothing at all, then goes;
+  - floods the site with 200 to 3,000 unauthenticated connections, from 8 addresses or from the compute
+    sites' own, half with a ClientHello begun (a real hello must get through: else a violation);
+  - changes a volume file of the site's replica or of the compute database in place, size and times kept,
+    then puts it back (issue 23).
 
 Checks (each failure is a violation; any violation makes the exit status 1):
   - a job that exited 0 has its output at the site byte-identical (sha256) to a local `paramedic search`
@@ -49,6 +53,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -722,6 +727,8 @@ class Soak:
             "site": now + self.rng.uniform(*a.site_kill_every),
             "link": now + self.rng.uniform(*a.link_fault_every),
             "disk": now + self.rng.uniform(*a.disk_fill_every) if self.disk.can_fill else float("inf"),
+            "flood": now + self.rng.uniform(*a.flood_every),
+            "flip": now + self.rng.uniform(*a.flip_every),
         }
         busy: dict[str, threading.Thread] = {}
         while not self.stop_chaos.is_set():
@@ -730,11 +737,12 @@ class Soak:
                 if now < when or (what in busy and busy[what].is_alive()):
                     continue
                 action = {"client": self.kill_client, "site": self.kill_site, "link": self.link_fault,
-                          "disk": self.fill_disk}[what]  # fmt: skip
+                          "disk": self.fill_disk, "flood": self.flood, "flip": self.flip_replica}[what]  # fmt: skip
                 busy[what] = threading.Thread(target=self.guarded, args=(action,), daemon=True)
                 busy[what].start()
                 every = {"client": a.client_kill_every, "site": a.site_kill_every,
-                         "link": a.link_fault_every, "disk": a.disk_fill_every}[what]  # fmt: skip
+                         "link": a.link_fault_every, "disk": a.disk_fill_every,
+                         "flood": a.flood_every, "flip": a.flip_every}[what]  # fmt: skip
                 due[what] = now + self.rng.uniform(*every)
             self.stop_chaos.wait(0.2)
         for thread in busy.values():
@@ -817,6 +825,86 @@ class Soak:
         log(f"disk filled: {self.disk.free():,} bytes free (asked {leave:,}) for {seconds:.1f} s")
         self.stop_chaos.wait(seconds)
         self.disk.release()
+
+    def flood(self) -> None:
+        """Issue 23, item 13: hundreds or thousands of unauthenticated connections held at the site, from
+        8 other addresses or from the compute sites' own (127.0.0.1), some with a ClientHello begun; a
+        real client's hello must still get through within 5 s."""
+        count = self.rng.choice([200, 1000, 3000])
+        own = self.rng.random() < 0.5
+        seconds = self.rng.uniform(5.0, 20.0)
+        held: list[socket.socket] = []
+        port = self.site.port
+        try:
+            for i in range(count):
+                source = "127.0.0.1" if own else f"127.0.0.{2 + i % 8}"
+                with contextlib.suppress(OSError):
+                    sock = socket.create_connection(
+                        ("127.0.0.1", port), timeout=2, source_address=(source, 0)
+                    )
+                    held.append(sock)
+                    if i % 2:
+                        with contextlib.suppress(OSError):
+                            sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+            self.event("handshake flood", connections=len(held), own_address=own, seconds=round(seconds, 1))
+            log(f"handshake flood: {len(held)} connections from {'127.0.0.1' if own else '8 addresses'}")
+            if not self.site_down.is_set():
+                started = time.monotonic()
+                try:
+                    self.hello(port)
+                except (OSError, ssl.SSLError) as exc:
+                    if not self.site_down.is_set():
+                        self.violation("a real hello crowded out by a handshake flood", error=str(exc)[:200])
+                else:
+                    self.event("hello through a flood", seconds=round(time.monotonic() - started, 2))
+            self.stop_chaos.wait(seconds)
+        finally:
+            for sock in held:
+                sock.close()
+
+    def hello(self, port: int) -> None:
+        keys = self.work / "keys" / "compute-0"
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(cafile=str(keys / "ca.pem"))
+        ctx.load_cert_chain(keys / "cert.pem", keys / "key.pem")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+                head = json.dumps({"op": "hello"}).encode()
+                tls.sendall(len(head).to_bytes(4, "big") + (0).to_bytes(4, "big") + head)
+                if not tls.recv(8):
+                    raise OSError("no reply to hello")
+
+    def flip_replica(self) -> None:
+        """Issue 23, item 1: a volume file of the site's replica or of the compute sites' database rewritten
+        in place (size, inode and times kept) for a while, then put back: no job may publish output made
+        from the changed bytes (a search refuses it, exit 4; the site fails the job, exit 8)."""
+        where = self.rng.choice(["site", "compute"])  # the site's replica, or the compute sites' -db
+        directory = (
+            self.work / "site" / "replica" / "uni"
+            if where == "site"
+            else self.work / "compute" / "db" / "uni"
+        )
+        volumes = sorted(directory.glob("f*.p[sh][qr]"))
+        if not volumes:
+            return
+        path = self.rng.choice(volumes)
+        seconds = self.rng.uniform(5.0, 15.0)
+        st = path.stat()
+        original = path.read_bytes()
+        changed = bytearray(original)
+        for i in range(len(changed) // 2, len(changed), 97):
+            changed[i] ^= 0x5A
+        with open(path, "r+b") as fh:
+            fh.write(changed)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        self.event("volume bit flip", where=where, volume=path.name, seconds=round(seconds, 1))
+        log(f"{where} volume {path.name} changed in place (times kept) for {seconds:.1f} s")
+        try:
+            self.stop_chaos.wait(seconds)
+        finally:
+            with open(path, "r+b") as fh:
+                fh.write(original)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
     # -- memory -----------------------------------------------------------------------------------------
     def sample_memory(self) -> None:
@@ -1026,6 +1114,9 @@ class Soak:
                 "site_restarts": self.counts["site restart"],
                 "link": {k.split(" ", 1)[1]: v for k, v in self.counts.items() if k.startswith("link ")},
                 "disk_full_episodes": self.counts["disk full"],
+                "handshake_floods": self.counts["handshake flood"],
+                "hellos_through_floods": self.counts["hello through a flood"],
+                "volume_bit_flips": self.counts["volume bit flip"],
             },
             "bytes": {
                 "output_verified": self.counts["output bytes verified"],
@@ -1117,7 +1208,8 @@ def summary(result: dict[str, Any]) -> str:
         f"runs: {r['started']} started, {r['exit_0']} exit 0 ({r['resumed_from_a_journal_and_exit_0']} resumed "
         f"from a journal), failed by exit code {r['failed_by_exit_code']}, {r['killed_every_process']} killed outright",
         f"faults: client kills {f['client_kills']}, site kill -9 {f['site_kills']} / restarts {f['site_restarts']}, "
-        f"link {f['link']}, disk full {f['disk_full_episodes']}",
+        f"link {f['link']}, disk full {f['disk_full_episodes']}, handshake floods {f['handshake_floods']} "
+        f"(a real hello through {f['hellos_through_floods']}), volume bit flips {f['volume_bit_flips']}",
         f"bytes: {b['output_verified']:,} output verified, {b['shipped_payload']:,} payload shipped, "
         f"{b['wire']:,} on the wire",
         f"site: {s['jobs_done']} jobs done, {s['jobs_failed']} failed; RSS peak {s['rss_peak_bytes'] / mib:.1f} MiB "
@@ -1154,6 +1246,8 @@ def main(argv: list[str] | None = None) -> int:
     args.link_fault_every = (6.0, 18.0)
     args.disk_fill_every = (30.0, 70.0)
     args.disk_full_for = (4.0, 15.0)
+    args.flood_every = (25.0, 60.0)
+    args.flip_every = (45.0, 100.0)
     if not (DATA / "mmseqs2" / "DB.fasta").exists():
         raise SystemExit(f"faults: {DATA}/mmseqs2 is missing: run `make data`")
 

@@ -21,6 +21,12 @@ integrity checks into the parsers behind them):
               zstd-compressed query list (bombs of up to 512 MiB among the seeds)
     chunk     the codecs' chunk decoders: direct, compressed (zstd, bombs), blast-metadata (the id
               container of `idcodec`, re-sealed after mutation) with the job's id history
+    journal   a journal's search record (`Store.keys` with alignments, `Store.alignments`) and report
+              piece (`Journal._read_piece`), sometimes re-tagged with the journal's key after mutation
+              (issue 23)
+    metadata  `load_metadata` on a metadata file, sometimes re-sealed (its SHA-256 recomputed) (issue 23)
+    replica   a storage site's replies to a mirror (`TlsReplica.manifest`, `volume_files`, `read`, then
+              `stripes._check_listing` under a --stage-limit) (issue 23)
 
 Out of process:
 
@@ -66,7 +72,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-IN_PROCESS = ("frame", "requests", "inbox", "setup", "chunk")
+IN_PROCESS = ("frame", "requests", "inbox", "setup", "chunk", "journal", "metadata", "replica")
 TARGETS = (*IN_PROCESS, "server")
 JOB = "0123456789abcdef0123456789abcdef"
 JOB2 = "fedcba9876543210fedcba9876543210"
@@ -859,6 +865,59 @@ class Harness:
         self.pool = self.seeds.chunks()
         self.kinds = ["codec", "json", "payload"]
 
+    def _setup_journal(self) -> None:
+        from paramedic.blast.hits import FragmentSearch, Hit
+        from paramedic.engine.journal import PIECE_MAGIC, Journal
+        from paramedic.engine.store import Store
+
+        self.jstore = Store(self.work / "search", durable=False, key=b"k" * 32)
+        self.jstore.path.mkdir()
+        self.journal = Journal.__new__(Journal)
+        self.journal.path, self.journal.key = self.work, b"k" * 32
+        (self.work / "piece").mkdir()
+        pool = []
+        for n in range(3):
+            hits = [
+                [Hit(1e-5 * (i + 1), 50 - i, 7 * q + i, b"aln %d" % i) for i in range(n + q)]
+                for q in range(3)
+            ]
+            self.jstore.put(0, 0, FragmentSearch(hits, [None] * 3))
+            record = self.jstore.record(0, 0).read_bytes()
+            piece = PIECE_MAGIC + self.journal._piece_tag(0, b"report %d" % n) + b"report %d" % n
+            pool.append(pack_parts([record, piece, b"", b"reseal"]))
+        self.pool = pool
+        self.kinds = ["bytes", "bytes", "bytes", "bytes"]
+
+    def _setup_metadata(self) -> None:
+        from paramedic.engine.metadata import SearchIdentity, save_metadata
+
+        self.identity = SearchIdentity("blastp", ["-evalue", "1e-5"], 500, "a" * 64, "b" * 64)
+        pool = []
+        for n in range(3):
+            save_metadata(self.work / "m.json", self.identity, [[1, 2, 3][: n + 1], [], [4]])
+            pool.append(pack_parts([(self.work / "m.json").read_bytes(), b"reseal" if n else b""]))
+        self.pool = pool
+        self.kinds = ["json", "bytes"]
+
+    def _setup_replica(self) -> None:
+        from paramedic.db.manifest import load_manifest
+        from paramedic.ship.replica_client import TlsReplica
+
+        manifest = load_manifest(self.world["replica"])
+        self.tls_replica = TlsReplica.__new__(TlsReplica)
+        self.tls_replica._label = "tls://fuzz:7700/db"
+        self.volume = manifest.fragments[0].volume
+        text = manifest.to_json().encode()
+        self.pool = [
+            pack_parts([json.dumps({"op": "replica_manifest", "manifest_sha256": manifest.checksum()}).encode(),
+                        text, b"manifest"]),
+            pack_parts([json.dumps({"op": "volume_files", "files": [[f"{self.volume}.psq", 4096],
+                        [f"{self.volume}.pin", 300]]}).encode(), b"", b"files"]),
+            pack_parts([json.dumps({"op": "data", "name": f"{self.volume}.psq", "offset": 0, "length": 5}).encode(),
+                        b"abcde", b"read"]),
+        ]  # fmt: skip
+        self.kinds = ["json", "bytes", "bytes"]
+
     # -- mutation ------------------------------------------------------------------------------------
     def mutate(self, data: bytes, max_size: int, seed: int) -> bytes:
         import atheris
@@ -1132,6 +1191,93 @@ class Harness:
                 raise Finding("a range decoded beyond its bound")
         return f"{codec.name} decoded"
 
+    # journal: a search record and a report piece, as a resumed run reads them back
+    def _run_journal(self, data: bytes) -> str:
+        import hashlib as hashlib_
+        import hmac
+
+        from paramedic.engine.store import MAGIC, TAG_BYTES, RecordError
+
+        parts = unpack_parts(data) + [b"", b"", b"", b""]
+        record, piece = parts[0], parts[1]
+        if parts[3] == b"reseal" and record.startswith(MAGIC) and len(record) >= len(MAGIC) + TAG_BYTES + 8:
+            at = len(MAGIC) + TAG_BYTES
+            length = int.from_bytes(record[at : at + 8], "big")
+            head = record[at + 8 : at + 8 + length]
+            mac = hmac.new(self.jstore.key, b"0-0\0", hashlib_.sha256)
+            mac.update(head)
+            record = record[: len(MAGIC)] + mac.digest() + record[at:]
+        self.jstore.record(0, 0).write_bytes(record)
+        (self.work / "piece" / "0").write_bytes(piece)
+        outcome = []
+        try:
+            found = self.jstore.keys(0, 0, 3, alignments=True)
+            self.jstore.alignments((range(0, 3),), 1, 0, [[h.gid for h in q] for q in found.hits])
+            outcome.append("record read")
+        except RecordError as exc:
+            outcome.append("record refused: " + re.sub(r"\d+|'[^']*'", "N", str(exc))[:30])
+        try:
+            self.journal._read_piece(0)
+            outcome.append("piece read")
+        except (ValueError, OSError):
+            outcome.append("piece refused")
+        return ", ".join(outcome)
+
+    # metadata: a metadata file as --from-metadata reads it
+    def _run_metadata(self, data: bytes) -> str:
+        from paramedic.engine.metadata import DIGEST, _digest, load_metadata
+        from paramedic.errors import ParamedicError
+
+        parts = unpack_parts(data) + [b"", b""]
+        text = parts[0]
+        if parts[1] == b"reseal":
+            try:
+                value = json.loads(text)
+                if isinstance(value, dict):
+                    value[DIGEST] = _digest(value)
+                    text = json.dumps(value).encode()
+            except (ValueError, RecursionError, TypeError):
+                pass
+        path = self.work / "m.json"
+        path.write_bytes(text)
+        try:
+            subjects = load_metadata(path, self.identity, 3, 10)
+        except ParamedicError as exc:
+            return "refused: " + re.sub(r"\d+|'[^']*'|/\S+", "N", str(exc))[:40]
+        if not all(type(g) is int and 0 <= g < 10 for s in subjects for g in s):
+            raise Finding("a metadata file's ids out of range accepted")
+        return "accepted"
+
+    # replica: a storage site's replies, as a mirroring compute site parses them
+    def _run_replica(self, data: bytes) -> str:
+        from paramedic.db.replicas import ReplicaError
+        from paramedic.db.stripes import _check_listing
+        from paramedic.ship.wire import ProtocolError, loads_json
+
+        parts = unpack_parts(data) + [b"", b"", b""]
+        try:
+            header = loads_json(parts[0], "reply")
+        except ProtocolError:
+            return "reply not JSON"
+        if not isinstance(header, dict):
+            return "reply not an object"
+        replica = self.tls_replica
+        replica._request = lambda _request: (header, parts[1])  # type: ignore[method-assign]
+        op = parts[2].decode(errors="replace")
+        try:
+            if op == "manifest":
+                replica.manifest()
+            elif op == "files":
+                listing = replica.volume_files(self.volume)
+                _check_listing(self.volume, listing, 10_000)
+            else:
+                got = replica.read(f"{self.volume}.psq", 0, 5)
+                if len(got) != 5:
+                    raise Finding("a read of the wrong length accepted")
+        except ReplicaError as exc:
+            return f"{op[:10]} refused: " + re.sub(r"\d+|'[^']*'", "N", str(exc))[:30]
+        return f"{op[:10]} accepted"
+
 
 def worker(args: argparse.Namespace) -> None:
     """One target under libFuzzer (this process exits when libFuzzer is done)."""
@@ -1139,9 +1285,14 @@ def worker(args: argparse.Namespace) -> None:
 
     with atheris.instrument_imports(include=["paramedic"]):
         import paramedic.blast.options  # noqa: F401
+        import paramedic.db.stripes  # noqa: F401
+        import paramedic.engine.journal  # noqa: F401
+        import paramedic.engine.metadata  # noqa: F401
+        import paramedic.engine.store  # noqa: F401
         import paramedic.ship.blast_codec  # noqa: F401
         import paramedic.ship.codecs  # noqa: F401
         import paramedic.ship.idcodec  # noqa: F401
+        import paramedic.ship.replica_client  # noqa: F401
         import paramedic.ship.signing  # noqa: F401
         import paramedic.ship.wire  # noqa: F401
         import paramedic.site.inbox  # noqa: F401
@@ -1398,6 +1549,13 @@ WHAT = {
     "inbox": ("`InboxWatcher._look_into`", "job directories that reached `done.json`", lambda k: "done" in k),
     "setup": ("`BlastMetadataCodec.prepare`", "setups accepted", lambda k: k == "accepted"),
     "chunk": ("codecs' `unpack` + `decode`", "chunks decoded", lambda k: k.endswith("decoded")),
+    "journal": ("`Store.keys`/`alignments`, `_read_piece`", "records read", lambda k: "record read" in k),
+    "metadata": ("`load_metadata`", "files accepted", lambda k: k == "accepted"),
+    "replica": (
+        "`TlsReplica` replies, `_check_listing`",
+        "replies accepted",
+        lambda k: k.endswith("accepted"),
+    ),
     "server": ("real `paramedic serve`, TLS", "sessions that reached `done`", lambda k: "done" in k),
 }
 

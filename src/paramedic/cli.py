@@ -320,6 +320,14 @@ def _serve(argv: list[str]) -> int:
         "would go below it fails and its data is removed",
     )
     parser.add_argument(
+        "--max-setup",
+        type=_size,
+        default=64 * 2**20,
+        metavar="BYTES",
+        help="the most a job's queries may take, uncompressed (default 64M): the site holds them on disk, "
+        "but parses them in memory once per job and once per restart",
+    )
+    parser.add_argument(
         "--no-replica-reads",
         action="store_true",
         help="do not serve the replica's fragment volumes to compute sites (by default an authenticated "
@@ -340,6 +348,7 @@ def _serve(argv: list[str]) -> int:
             open_idle_seconds=args.open_idle * 3600,
             replica_reads=not args.no_replica_reads,
             regen_seconds=args.regen_timeout * 3600,
+            max_setup_bytes=args.max_setup,
         )
     )
 

@@ -225,6 +225,42 @@ def test_a_stream_with_nothing_to_send_keeps_its_connection(
     assert "too slow" not in site.log()
 
 
+def test_a_job_the_site_failed_ends_the_client_at_once(make_site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: a job the site failed (here: its output removed as cancelled) while the compute site
+    had nothing to send. Its streams' keep-alives, and a stream reconnecting (reopening the job), used to
+    be answered as for a live job: the client learnt of the failure only at finish, after the search.
+    Now the next keep-alive or reopening ends the job with the site's reason, and nothing reconnects."""
+    from paramedic.ship import client
+
+    monkeypatch.setattr(client, "KEEPALIVE_SECONDS", 0.3)
+    site = make_site()
+    shipper = site.shipper("direct", {"out": "failed/x.bin"}, streams=2, timeout=30.0)
+    try:
+        shipper.start()
+        job = site.server.store.jobs[shipper.job_id]
+        site.server.store.cancel(job)  # the site fails the job (as a failed decode or a full disk does)
+        for conn in list(site.server.store.jobs.values()):
+            assert conn.failure is not None
+        start = time.monotonic()
+        while shipper.shared.failure is None and time.monotonic() - start < 5:
+            time.sleep(0.05)
+        assert shipper.shared.failure is not None, "the client never learnt its job failed"
+        assert "cancelled by the compute site" in str(shipper.shared.failure)
+        with pytest.raises(SiteError, match="cancelled"):
+            shipper.finish({"size": 0, "sha256": "0" * 64})
+        assert time.monotonic() - start < 5 and shipper.stats.reconnects <= 2
+        # a stream that reconnects now (a cut link) is refused at once, not given the failed job again
+        with site.tls() as tls:
+            send_frame(
+                tls,
+                {"op": "open", "job": shipper.job_id, "codec": "direct", "setup": {"out": "failed/x.bin"}},
+            )
+            reply, _ = recv_frame(tls)
+        assert reply["op"] == "error" and "cancelled" in reply["message"]
+    finally:
+        shipper.close()
+
+
 def test_an_out_name_too_long_for_the_site_is_refused_before_the_search(world: dict[str, Path]) -> None:
     """A 213-255 character name used to pass, the search ran, and the site failed at the very end."""
     name = "n" * 212
@@ -697,6 +733,33 @@ def test_a_metadata_search_resumes_after_the_site_failed_it(
     again = paramedic(*search, cwd=tmp_path, check=False)
     assert again.returncode == 0, again.stderr
     assert (site.root / "re" / "x.out").read_bytes() == local.read_bytes()
+
+
+def test_a_real_search_ships_through_a_handshake_flood(
+    world: dict[str, Path], make_site, tmp_path: Path
+) -> None:
+    """Issue 23, item 13: 200 silent connections from the compute site's own address, and 40 from each of 8
+    others, held while a real `paramedic search --site` (real ranks, BLAST+) ships: it used to fail
+    (exit 8); now its output is BLAST+'s, through the site's default limits."""
+    site = make_site()
+    held = [
+        socket.create_connection(("127.0.0.1", site.port), timeout=5, source_address=(source, 0))
+        for source in ["127.0.0.1"] * 200 + [f"127.0.0.{2 + i % 8}" for i in range(320)]
+    ]
+    try:
+        local = tmp_path / "local.out"
+        paramedic("search", "blastp", "-query", str(world["queries"]), "-db", str(world["replica"]),
+                  "-out", str(local), "--np", "1", "--quiet")  # fmt: skip
+        proc = paramedic(
+            "search", "blastp", "-query", str(world["queries"]), "-db", str(world["replica"]),
+            "-out", "flood/x.out", "--np", "1", "--site", f"tls://localhost:{site.port}", "--keys",
+            str(world["keys"] / "compute-a"), "--ship", "metadata", "--quiet", cwd=tmp_path, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert (site.root / "flood" / "x.out").read_bytes() == local.read_bytes()
+    finally:
+        for sock in held:
+            sock.close()
 
 
 # -- found by bench/fuzz.py (`make fuzz`) -----------------------------------------------------------------------

@@ -112,6 +112,29 @@ def test_a_mirror_of_the_same_database_is_accepted_and_reported(site: Site, tmp_
     assert all(r["dropped"] is None for r in served)
 
 
+def test_two_colluding_mirrors_cannot_make_a_copy_exceed_the_stage_limit(site: Site, tmp_path: Path) -> None:
+    """Two mirrors agree on a listing whose sequence files are 6 MiB longer (issue 23, item 14: two such
+    mirrors made a copy write 513 MB under --stage-limit 10M): they are dropped before a byte is read, the
+    copies come from -db, and nothing read exceeds the limit."""
+    limit = max(volume_bytes(site)) * 2 + 4096
+    mirrors = []
+    for name in ("a", "b"):
+        mirror = tmp_path / name / "uniprot"
+        shutil.copytree(site.root / "p4" / "uniprot", mirror)
+        for psq in mirror.glob("f*.psq"):
+            with open(psq, "ab") as f:
+                f.write(b"\x00" * (6 << 20))
+        mirrors += ["--mirror", str(mirror)]
+    cache = tmp_path / "cache"
+    record = staged_search(site, "colluding", "--stage", str(cache), "--stage-limit", str(limit), *mirrors)
+    served = [r for rank in record["ranks_stats"] if rank["stage"] for r in rank["stage"]["replicas"]]
+    assert sum(r["bytes"] for r in served) <= 4 * limit
+    bad = [r for r in served if r["replica"] != str(site.root / "p4" / "uniprot")]
+    assert bad and all(r["bytes"] == 0 for r in bad)
+    assert all("more than the copy may write (--stage-limit" in str(r["dropped"]) for r in bad)
+    assert cache_bytes(cache) <= limit
+
+
 def test_one_mirror_slowed_and_one_corrupted(site: Site, tmp_path: Path) -> None:
     """The issue's check: a storage site's replica over TLS behind a link held to 40 KB/s per stream, and
     a directory mirror whose every volume file has a byte flipped in every 64 (same sizes, same

@@ -110,6 +110,55 @@ def test_a_killed_search_with_damaged_journal_records_redoes_them(data_dir: Path
     assert "dropped" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_journal_search_records_from_another_search_are_redone(data_dir: Path, tmp_path: Path) -> None:
+    """Search records are bound to their journal, like pieces: records copied in from a killed search
+    with another -evalue (valid records, other hits) are dropped and searched again: BLAST+'s bytes."""
+    from tests.integration import test_resume as resume
+
+    data = resume.data.__wrapped__(data_dir, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
+    journals = []
+    for name, evalue in (("ours", "1e-5"), ("theirs", "10")):
+        work = tmp_path / name
+        work.mkdir()
+        out = work / "hits.txt"
+        args = [*resume.blast_args(data.queries, data.db, out)[:-1], evalue]
+        command = ["search", "blastp", *args, *resume.ENGINE]
+        resume.kill_every_rank_when(command, work, work / ".hits.txt.journal", resume.searches_done(4))
+        journals.append((work, command))
+    (ours, command), (theirs, _) = journals
+    copied = 0
+    for record in (theirs / ".hits.txt.journal" / "search").glob("[0-9]*-[0-9]*"):
+        target = ours / ".hits.txt.journal" / "search" / record.name
+        if target.exists():
+            target.write_bytes(record.read_bytes())
+            copied += 1
+    assert copied > 0
+    proc = resume.paramedic(*command, "--np", "1", cwd=ours, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (ours / "hits.txt").read_bytes() == data.reference
+    assert "dropped" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_blast_warnings_are_passed_on_not_swallowed(site: Site, tmp_path: Path) -> None:
+    """Item 18: BLAST+ warns about an all-X query and exits 0; the user sees its warning (once per worker
+    rank, not once per fragment and batch), and the search still ends in its report. (With -outfmt 6, which
+    lists no query without hits, paramedic runs no BLAST+ that warns about it: nothing is said, yet.)"""
+    queries = tmp_path / "with-all-x.fasta"
+    queries.write_text(
+        (site.root / "queries.fasta").read_text() + ">allx nothing to align\n" + "X" * 60 + "\n"
+    )
+    out = tmp_path / "hits.txt"
+    proc = paramedic(
+        "search", "blastp", "-query", str(queries), "-db", "uniprot", "-outfmt", "0", "-out", str(out),
+        "--np", "2", "--batch", "6", "--quiet", cwd=site.root / "p3", check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warned = [ln for ln in proc.stderr.splitlines() if "Karlin-Altschul" in ln]
+    assert 1 <= len(warned) <= 2, proc.stderr  # one per worker rank at most
+    assert all(ln.startswith("paramedic: warning: blastp: ") and "allx" in ln for ln in warned), warned
+    assert "Query_" not in proc.stderr and out.stat().st_size > 0
+
+
 class _Factory:
     """The one method of pytest's TempPathFactory the resume fixture uses."""
 

@@ -43,10 +43,11 @@ def alignments(found: FragmentSearch) -> list[list[bytes]]:
 
 def test_a_record_reads_back_exactly_with_and_without_alignments() -> None:
     original = result(3, 7)
-    back = decode_record(encode_record(original))
+    key = b"k" * 32
+    back = decode_record(encode_record(original, key, "0-0"), key, "0-0")
     assert back == original and alignments(back) == alignments(original)
     assert back.hits[0][1].evalue == math.nextafter(back.hits[0][0].evalue, 1)
-    keys = decode_record(encode_record(original), alignments=False)
+    keys = decode_record(encode_record(original, key, "0-0"), key, "0-0", alignments=False)
     assert keys == original and all(h.alignment == b"" for q in keys.hits for h in q)
     assert keys_only(original) == original and alignments(keys_only(original)) == [[b"", b""]] * 3
 
@@ -76,6 +77,27 @@ def test_a_damaged_record_is_refused_not_misread(tmp_path: Path, cut: int) -> No
     with pytest.raises(RecordError):
         store.keys(0, 0, 2, alignments=True)
         store.alignments((range(0, 2),), 1, 0, [[1], [11]])
+
+
+def test_a_record_of_another_store_or_place_or_with_a_section_changed_is_refused(tmp_path: Path) -> None:
+    """Issue 23: records are bound to their store's key and name, and each section to its digest."""
+    ours, theirs = Store(tmp_path / "a", durable=False), Store(tmp_path / "b", durable=False)
+    ours.path.mkdir()
+    theirs.path.mkdir()
+    theirs.put(0, 0, result(2, 1))
+    ours.record(0, 0).write_bytes(theirs.record(0, 0).read_bytes())
+    with pytest.raises(RecordError, match="not a record this search wrote"):
+        ours.keys(0, 0, 2)
+    ours.put(0, 1, result(2, 1))
+    ours.record(0, 0).write_bytes(ours.record(0, 1).read_bytes())  # moved to another batch-fragment
+    with pytest.raises(RecordError, match="not a record this search wrote"):
+        ours.keys(0, 0, 2)
+    data = bytearray(ours.record(0, 1).read_bytes())
+    data[-3] ^= 1  # in the last query's alignments
+    ours.record(0, 1).write_bytes(bytes(data))
+    assert ours.keys(0, 1, 2) == result(2, 1)  # the keys are intact
+    with pytest.raises(RecordError, match="alignments of query 1 changed"):
+        ours.keys(0, 1, 2, alignments=True)
 
 
 def test_a_record_of_another_batch_size_is_refused(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from paramedic.blast.archive import fill_archive
+from paramedic.blast.messages import pass_on
 from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
 from paramedic.blast.run import Database, RunStats, as_user_db, place_database, user_db_name, write_queries
 from paramedic.blast.stats import ARCHIVE_FORMATS, has_stats, splice_stats
@@ -120,10 +121,11 @@ def render(
         archive.write_bytes(filled)
         report = run_dir / "report.out"
         formatter_options = BlastOptions({k: v for k, v in options.items.items() if k in FORMATTER_OPTIONS})
-        run_tool(
+        formatted = run_tool(
             ["blast_formatter", "-archive", str(archive), *formatter_options.argv(), "-out", str(report)],
             cwd=full,
         )
+        pass_on(program, formatted.stderr)  # the search's warnings are in the archive: said here
         data = report.read_bytes()
         if has_stats(options.outfmt_number()):
             stats_report = run_dir / "stats.out"

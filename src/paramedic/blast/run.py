@@ -16,6 +16,7 @@ from pathlib import Path
 from paramedic.blast.alias import oid_mask, write_alias
 from paramedic.blast.archive import parse_fragment_archive
 from paramedic.blast.hits import FragmentSearch
+from paramedic.blast.messages import pass_on
 from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
 from paramedic.blast.prelim import (
     DUMP_NAME,
@@ -95,7 +96,7 @@ def search_fragment(
         str(archive_file),
     ]
     start = time.perf_counter()
-    run_tool(argv, cwd=workdir, extra_env=environment(prelim_only))
+    pass_on(program, run_tool(argv, cwd=workdir, extra_env=environment(prelim_only)).stderr)
     data = archive_file.read_bytes()
     archive_file.unlink()
     try:
@@ -156,7 +157,7 @@ def regenerate(
         str(out_file),
     ]
     start = time.perf_counter()
-    run_tool(argv, cwd=run_dir)
+    pass_on(program, run_tool(argv, cwd=run_dir).stderr)
     data = as_user_db(out_file.read_bytes(), db, db_name)
     if options.outfmt_number() == 17:
         data = sam_command_line(data, program, options)

@@ -87,7 +87,7 @@ def check_stageable(manifest: Manifest, where: str) -> None:
 class Fetcher(Protocol):
     """What the cache copies through (`paramedic.db.stripes.ReplicaSet`)."""
 
-    def fetch_volume(self, volume: str, sha256: str, dest: Path) -> Any: ...
+    def fetch_volume(self, volume: str, sha256: str, dest: Path, max_bytes: int | None = None) -> Any: ...
 
 
 @dataclass
@@ -209,7 +209,8 @@ class StageCache:
                 return None
             started = time.monotonic()
             try:
-                replicas().fetch_volume(info.volume, info.sha256, fill)
+                # never more than the limit, whatever replicas say the volume holds (colluding mirrors)
+                replicas().fetch_volume(info.volume, info.sha256, fill, self.limit)
                 write_alias(
                     fill / (info.name + alias_suffix(manifest.dbtype)),
                     [info.volume],

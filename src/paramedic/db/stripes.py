@@ -159,6 +159,7 @@ class ReplicaSet:
     skip_ratio: float = DEFAULT_SKIP_RATIO
     probe_seconds: float = DEFAULT_PROBE_SECONDS
     inflight: int | None = None  # reads in flight per replica (None: the replica's own `parallelism`)
+    max_bytes: int | None = None  # the current copy's bound (fetch_volume's max_bytes)
 
     def __post_init__(self) -> None:
         if not 0 < self.stripe_bytes <= MAX_READ_BYTES:
@@ -230,12 +231,15 @@ class ReplicaSet:
             self.cond.notify_all()
 
     # -- one volume -------------------------------------------------------------------------------------
-    def fetch_volume(self, volume: str, sha256: str, dest: Path) -> VolumeFetch:
+    def fetch_volume(self, volume: str, sha256: str, dest: Path, max_bytes: int | None = None) -> VolumeFetch:
         """Write volume `volume`'s files into directory `dest` and verify them against `sha256`.
 
+        `max_bytes`: the most the copy may write (the stage cache's limit): a replica listing the volume
+        larger is dropped before a byte is read from it, even when several agree (colluding mirrors).
         DatabaseError when no replica is left that serves it verified; `dest` may then hold partial
         files, which the caller (who owns `dest`) removes."""
         started = time.monotonic()
+        self.max_bytes = max_bytes
         groups = self._listings(volume)
         for files, servers in groups:
             fetch = _Fetch(files, self.stripe_bytes, servers, self.policy)
@@ -260,7 +264,7 @@ class ReplicaSet:
         for index in self.live():
             try:
                 files = self.replicas[index].volume_files(volume)
-                _check_listing(volume, files)
+                _check_listing(volume, files, self.max_bytes)
             except ReplicaError as exc:
                 self.drop(index, str(exc))
                 continue
@@ -564,7 +568,7 @@ class ReplicaSet:
         replica, use = self.replicas[index], self.uses[index]
         try:
             files = replica.volume_files(volume)
-            _check_listing(volume, files)
+            _check_listing(volume, files, self.max_bytes)
             _remove_strays(dest, volume, files)
             for file in files:
                 fd = os.open(dest / file.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
@@ -633,7 +637,7 @@ class _Absent:
         pass
 
 
-def _check_listing(volume: str, files: list[VolumeFile]) -> None:
+def _check_listing(volume: str, files: list[VolumeFile], max_bytes: int | None = None) -> None:
     """A replica's listing is untrusted: names inside the volume (no paths), sizes that are sizes."""
     for file in files:
         name = file.name
@@ -652,6 +656,12 @@ def _check_listing(volume: str, files: list[VolumeFile]) -> None:
         raise ReplicaError(f"replica has no files of volume {volume}")
     if len({f.name for f in files}) != len(files):
         raise ReplicaError(f"replica lists a file of volume {volume} twice")
+    total = sum(f.size for f in files)
+    if max_bytes is not None and total > max_bytes:
+        raise ReplicaError(
+            f"replica lists volume {volume} as {total} bytes, more than the copy may write "
+            f"(--stage-limit {max_bytes})"
+        )
 
 
 def _remove_strays(dest: Path, volume: str, files: list[VolumeFile]) -> None:

@@ -14,7 +14,8 @@ Layout of `.<out>.journal/` (beside the output; with --site, beside the run reco
                         strategy) and the plan; a journal made by another search is refused
     lock                held (flock) by the run that owns the journal: two runs never share one
     search/B-F          fragment F's result for search batch B (a paramedic.engine.store record, written
-                        by the worker that searched when every rank sees the journal, else by rank 0)
+                        by the worker that searched when every rank sees the journal, else by rank 0);
+                        tagged with the same key as the pieces: one changed or copied in is searched again
     piece/N             report piece N: a tag, then BLAST+'s bytes (not kept when pieces ship as metadata);
                         the tag is an HMAC-SHA256, keyed by job.json's random `key`, of N and the bytes:
                         a piece changed in any byte, or copied from another search's journal, is dropped
@@ -31,6 +32,7 @@ is dropped and its task run again.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import hmac
@@ -114,6 +116,8 @@ class Journal:
         journal = cls(path, lock)
         try:
             plan = journal._agree(identity, plan)
+            assert journal.key is not None  # its search records are bound to it, like its pieces
+            journal.store = dataclasses.replace(journal.store, key=journal.key)
             replay = journal._replay(plan)
         except BaseException:
             journal._unlock()

@@ -54,12 +54,12 @@ class Stager:
             atexit.register(self.replicas.close)  # a storage site's streams end with the rank
         return self.replicas
 
-    def fetch_volume(self, volume: str, sha256: str, dest: Path) -> object:
+    def fetch_volume(self, volume: str, sha256: str, dest: Path, max_bytes: int | None = None) -> object:
         """Copy a volume through the replicas; when none served it verified, once more from all of them
         afresh (a failure may have been passing: a dropped connection, a file being replaced), and never
         use what did not verify."""
         try:
-            return self._replicas().fetch_volume(volume, sha256, dest)
+            return self._replicas().fetch_volume(volume, sha256, dest, max_bytes)
         except DatabaseError:
             failed = self._replicas()
             self.retired += failed.report()
@@ -67,7 +67,7 @@ class Stager:
             self.replicas = None
             for path in dest.iterdir():
                 path.unlink()
-            return self._replicas().fetch_volume(volume, sha256, dest)
+            return self._replicas().fetch_volume(volume, sha256, dest, max_bytes)
 
     def hello(self) -> Hello:
         return self.node, tuple(self.cache.staged(self.manifest))

@@ -13,13 +13,20 @@ temporary directory on a cluster), alignments travel through rank 0 with the tas
 
 A record `B-F` (fragment F's search of batch B), built so a reader takes only the queries it needs:
 
-    MAGIC                      b"paramedic-search 2\\n"
+    MAGIC                      b"paramedic-search 3\\n"
+    32 bytes                   tag: HMAC-SHA256, keyed by the store's key, of "B-F", a zero byte and
+                               the K bytes below (a record changed, or copied from another store or
+                               journal, is not this store's: it counts as missing and is searched again)
     8 bytes, big-endian        length K of the keys section
     K bytes                    zlib(JSON): {"hits": per query [[evalue, score, gid], ...] in BLAST order,
                                "prelim": per query null or [limit, [[evalue, score, gid], ...]],
-                               "sections": per query [offset, length] of its alignments below}
+                               "sections": per query [offset, length] of its alignments below,
+                               "digests": per query SHA-256 (hex) of its alignment section}
     the alignment sections     per query zlib(JSON): its hits' alignments in the same order, as Latin-1
                                strings (which map bytes one to one)
+
+The tag is checked whenever keys are read, a section's digest whenever it is read: every byte a record
+feeds into an output is checked in the run that uses it, reading only what it uses.
 
 Floats are written as Python writes them, which read back exactly. Records are the user's own files, read
 back only by the same user's search: still validated, and one that does not decode counts as missing.
@@ -27,13 +34,16 @@ back only by the same user's search: still validated, and one that does not deco
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import json
 import os
+import secrets
 import struct
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -45,7 +55,8 @@ from paramedic.errors import OutputError
 # they must when one does not (for measuring the two side by side, and for a store on a slow filesystem)
 ALIGNMENTS_VARIABLE = "PARAMEDIC_ALIGNMENTS"
 
-MAGIC = b"paramedic-search 2\n"
+MAGIC = b"paramedic-search 3\n"
+TAG_BYTES = 32
 _LENGTH = struct.Struct(">Q")
 # A record's keys section is read whole; a larger one is not a record this code wrote.
 MAX_KEYS_BYTES = 1 << 30
@@ -61,6 +72,7 @@ class Store:
 
     path: Path
     durable: bool
+    key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)  # the journal's
 
     def record(self, batch: int, fragment: int) -> Path:
         return self.path / f"{batch}-{fragment}"
@@ -69,7 +81,7 @@ class Store:
         """Write a search's whole result; readers see the whole record or none."""
         path = self.record(batch, fragment)
         try:
-            write_durably(path, encode_record(found), sync=self.durable)
+            write_durably(path, encode_record(found, self.key, path.name), sync=self.durable)
         except OSError as exc:
             raise OutputError(f"cannot write the search record {path}: {exc.strerror}") from exc
 
@@ -79,7 +91,7 @@ class Store:
         path = self.record(batch, fragment)
         try:
             with open(path, "rb") as fh:
-                keys = _read_keys(fh)
+                keys = _read_keys(fh, self.key, path.name)
                 found = _keys_search(keys)
                 if len(found.hits) != queries or len(found.prelim) != queries:
                     raise RecordError(f"{len(found.hits)} queries, expected {queries}")
@@ -119,8 +131,9 @@ class Store:
                 for fragment in range(fragments):
                     key = (batch, fragment)
                     if key not in files:
-                        files[key] = open(self.record(batch, fragment), "rb")
-                        keys[key] = _read_keys(files[key])
+                        path = self.record(batch, fragment)
+                        files[key] = open(path, "rb")
+                        keys[key] = _read_keys(files[key], self.key, path.name)
                     gids = [_int(h[2]) for h in keys[key]["hits"][q]]
                     by_subject.update(
                         zip(gids, _read_section(files[key], keys[key], q, len(gids)), strict=True)
@@ -148,7 +161,8 @@ class Store:
 
 
 # -- encoding ---------------------------------------------------------------------------------------
-def encode_record(found: FragmentSearch) -> bytes:
+def encode_record(found: FragmentSearch, key: bytes, name: str) -> bytes:
+    """Record `name` (B-F) of the store keyed by `key`."""
     sections: list[bytes] = []
     spans: list[list[int]] = []
     offset = 0
@@ -166,15 +180,16 @@ def encode_record(found: FragmentSearch) -> bytes:
             for p in found.prelim
         ],
         "sections": spans,
+        "digests": [hashlib.sha256(section).hexdigest() for section in sections],
     }
     head = zlib.compress(json.dumps(keys, separators=(",", ":")).encode(), 1)
-    return b"".join([MAGIC, _LENGTH.pack(len(head)), head, *sections])
+    return b"".join([MAGIC, _tag(key, name, head), _LENGTH.pack(len(head)), head, *sections])
 
 
-def decode_record(data: bytes, alignments: bool = True) -> FragmentSearch:
+def decode_record(data: bytes, key: bytes, name: str, alignments: bool = True) -> FragmentSearch:
     """A whole record from bytes (tests and tools; the store reads from files)."""
     fh = io.BytesIO(data)
-    keys = _read_keys(fh)
+    keys = _read_keys(fh, key, name)
     found = _keys_search(keys)
     if not alignments:
         return found
@@ -189,16 +204,30 @@ def keys_only(found: FragmentSearch) -> FragmentSearch:
     return FragmentSearch([[Hit(h.evalue, h.score, h.gid) for h in q] for q in found.hits], found.prelim)
 
 
-def _read_keys(fh: IO[bytes]) -> dict[str, Any]:
+def _tag(key: bytes, name: str, head: bytes) -> bytes:
+    mac = hmac.new(key, name.encode() + b"\0", hashlib.sha256)
+    mac.update(head)
+    return mac.digest()
+
+
+def _read_keys(fh: IO[bytes], key: bytes, name: str) -> dict[str, Any]:
     if fh.read(len(MAGIC)) != MAGIC:
-        raise RecordError("not a search record")
+        raise RecordError("not a search record of this version")
+    tag = _exactly(fh, TAG_BYTES)
     (length,) = _LENGTH.unpack(_exactly(fh, _LENGTH.size))
     if length > MAX_KEYS_BYTES:
         raise RecordError("keys section too large")
-    keys = json.loads(zlib.decompress(_exactly(fh, length)))
-    if not isinstance(keys, dict) or len(keys["sections"]) != len(keys["hits"]):
+    head = _exactly(fh, length)
+    if not hmac.compare_digest(tag, _tag(key, name, head)):
+        raise RecordError("not a record this search wrote")
+    keys = json.loads(zlib.decompress(head))
+    if (
+        not isinstance(keys, dict)
+        or len(keys["sections"]) != len(keys["hits"])
+        or len(keys["digests"]) != len(keys["hits"])
+    ):
         raise RecordError("keys section malformed")
-    keys["_base"] = len(MAGIC) + _LENGTH.size + length
+    keys["_base"] = len(MAGIC) + TAG_BYTES + _LENGTH.size + length
     return keys
 
 
@@ -207,7 +236,10 @@ def _read_section(fh: IO[bytes], keys: dict[str, Any], query: int, hits: int) ->
     if offset < 0 or length < 0 or length > MAX_KEYS_BYTES:
         raise RecordError("section out of range")
     fh.seek(keys["_base"] + offset)
-    texts = json.loads(zlib.decompress(_exactly(fh, length)))
+    section = _exactly(fh, length)
+    if hashlib.sha256(section).hexdigest() != keys["digests"][query]:
+        raise RecordError(f"alignments of query {query} changed since the record was written")
+    texts = json.loads(zlib.decompress(section))
     if not isinstance(texts, list) or len(texts) != hits or not all(isinstance(t, str) for t in texts):
         raise RecordError(f"alignments of query {query} malformed")
     return [t.encode("latin-1") for t in texts]

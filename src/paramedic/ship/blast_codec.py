@@ -9,7 +9,9 @@ Everything a job's setup says comes off the network, so it is validated before a
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -33,10 +35,11 @@ from paramedic.ship.codecs import (
     validate_queries,
 )
 from paramedic.ship.idcodec import IdHistory, MetadataFormatError, decode_subjects, encode_subjects
+from paramedic.ship.query_file import StoredQueries
 from paramedic.ship.wire import ProtocolError, field_int, field_str
 
 MAX_QUERIES = 1_000_000
-MAX_SETUP_BYTES = 512 * 2**20
+MAX_SETUP_BYTES = 64 * 2**20  # a job's queries inflated, unless the site says otherwise (serve --max-setup)
 # Options a compute site may not set at the storage site: the site chooses its own files.
 SITE_REFUSED_OPTIONS = (
     "query",
@@ -82,10 +85,19 @@ class BlastSiteContext:
     program: str
     options: BlastOptions
     db: Database
-    queries: list[tuple[str, str]]
+    queries: Sequence[tuple[str, str]]  # StoredQueries at the site
     pieces: tuple[range, ...]
     workdir: Path
     history: IdHistory = dataclasses.field(default_factory=IdHistory)  # the job's ids unpacked so far
+
+
+def _return_freed_memory() -> None:
+    """Give the parsed queries' freed heap back to the system (glibc keeps it otherwise: a site holding a
+    job for hours would keep the peak of its setup's parse)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 @register_codec
@@ -139,9 +151,14 @@ class BlastMetadataCodec(Codec):
         pieces = piece_ranges(setup.get("pieces"), n_queries)
         if len(pieces) > 1 and not can_stitch(options.outfmt()):
             raise ProtocolError("setup: this output format is regenerated as one piece")
-        queries = validate_queries(unpack_json(payload, MAX_SETUP_BYTES), n_queries)
-        if len(queries) != n_queries:
+        limit = getattr(site, "max_setup_bytes", MAX_SETUP_BYTES)
+        parsed = validate_queries(unpack_json(payload, limit), n_queries)
+        if len(parsed) != n_queries:
             raise ProtocolError("setup: query count differs from n_queries")
+        # on disk for the job's life: memory holds one offset per query, not the queries
+        queries = StoredQueries(site.workdir / f"queries-{uuid.uuid4().hex}.txt", parsed)
+        del parsed
+        _return_freed_memory()
         database = dataclasses.replace(site.database, arg=db_arg)
         return BlastSiteContext(program, options, database, queries, pieces, site.workdir)
 

@@ -35,17 +35,29 @@ class ConnectionClosed(ProtocolError):
     """The peer closed the connection between frames."""
 
 
-def send_frame(sock: socket.socket, header: dict[str, Any], payload: bytes = b"") -> int:
-    """Send one frame; returns the bytes put on the wire (before TLS)."""
+def send_frame(
+    sock: socket.socket, header: dict[str, Any], payload: bytes = b"", end: float | None = None
+) -> int:
+    """Send one frame; returns the bytes put on the wire (before TLS). With `end` (time.monotonic()), the
+    whole frame must be out by then (a reader that does not read cannot hold its payload longer);
+    TimeoutError otherwise."""
     head = json.dumps(header, separators=(",", ":")).encode()
     if len(head) > MAX_HEADER_BYTES or len(payload) > MAX_PAYLOAD_BYTES:
         raise ProtocolError(f"frame too large ({len(head)} header, {len(payload)} payload bytes)")
-    data = memoryview(_LENGTHS.pack(len(head), len(payload)) + head + payload)
     # In pieces: a socket timeout bounds one whole sendall, and a 4 MiB frame on a 1 Mbit/s link shared by
-    # several streams takes minutes. Per piece, the timeout means "no progress", not "a slow link".
-    for start in range(0, len(data), SEND_PIECE_BYTES):
-        sock.sendall(data[start : start + SEND_PIECE_BYTES])
-    return len(data)
+    # several streams takes minutes. Per piece, the timeout means "no progress", not "a slow link". The
+    # payload is not copied into one buffer with the header: a site sending 16 MiB reads holds each once.
+    total = 0
+    for part in (memoryview(_LENGTHS.pack(len(head), len(payload)) + head), memoryview(payload)):
+        for start in range(0, len(part), SEND_PIECE_BYTES):
+            if end is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("frame not sent in time: the peer does not read")
+                sock.settimeout(left)
+            sock.sendall(part[start : start + SEND_PIECE_BYTES])
+        total += len(part)
+    return total
 
 
 @dataclass(frozen=True)

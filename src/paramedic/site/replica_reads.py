@@ -6,7 +6,8 @@ fragment volume, and byte ranges of those files at explicit offsets (ship/replic
 files of the manifest's fragment volumes are served: the whitelist (name -> path and size) is built when
 the server starts, and a request names a file only by a key of that whitelist, so no path from the
 network ever reaches the file system. Reads are bounded: at most `replicas.MAX_READ_BYTES` each, and at
-most `max_reads` at once over all connections (memory), on top of the server's connection limits and
+most `max_reads` at once over all connections, counted until the reply is sent, which has a deadline for
+the whole frame (memory: a reader that does not read holds a slot, not a buffer per connection), on top of the server's connection limits and
 frame deadlines. What is served is verified by the compute site against the manifest's SHA-256s.
 """
 
@@ -89,8 +90,14 @@ class ReplicaReads:
                 data = os.pread(fd, length, offset)
             finally:
                 os.close(fd)
-        finally:
+            if len(data) != length:  # changed on disk since the server started
+                raise ProtocolError(f"{name} is shorter than when the server started")
+        except BaseException:
             self.slots.release()
-        if len(data) != length:  # changed on disk since the server started
-            raise ProtocolError(f"{name} is shorter than when the server started")
+            raise
+        # the slot stays taken until the reply is sent (`sent`): slow readers hold at most max_reads buffers
         return {"op": "data", "name": name, "offset": offset, "length": length}, data
+
+    def sent(self) -> None:
+        """A "data" reply went out (or failed to): its slot is free again."""
+        self.slots.release()

@@ -6,14 +6,16 @@ metadata, checks each chunk's SHA-256, stores it durably, acknowledges it, and d
 workers: for metadata, BLAST+ regenerates the report from the site's replica of the database. When a
 job is finished the output is made durable under --root and its digest is sent back.
 
-One thread per connection; requests on a connection are answered in order, so a client can keep several
+One thread per authenticated connection; requests on a connection are answered in order, so a client can keep several
 chunks in flight. With --inbox the same jobs also arrive as files through a shared directory (`site.inbox`).
 The same connections also serve the replica's fragment volumes read-only to compute sites that mirror
 the database from here (`site.replica_reads`; off with --no-replica-reads).
 
 Nobody holds the site with slow or silent connections (`Limits`): a connection that has not completed its
-TLS handshake has `handshake_seconds` in all, and such connections are bounded in number, also per source
-address; only an authenticated connection takes one of the `max_connections` slots, and one compute site
+TLS handshake waits on one event loop (`site.handshakes`: a descriptor, no thread) for `handshake_seconds`
+in all; when too many wait, in all or from one address, the oldest of the address holding the most is
+closed, so a flood pushes out its own and a real client's one-round-trip handshake gets through. Only an
+authenticated connection takes one of the `max_connections` slots, and one compute site
 at most `max_connections_per_peer` of them. Every frame must arrive by its deadline (`FrameDeadlines`: idle
 time between frames, and a whole frame within a time that grows with its declared size), and a connection
 is closed between frames after `connection_seconds` (the client reconnects and resends what was not
@@ -22,7 +24,6 @@ acknowledged).
 
 from __future__ import annotations
 
-import select
 import shutil
 import socket
 import ssl
@@ -48,9 +49,11 @@ from paramedic.ship.wire import (
     recv_frame,
     send_frame,
 )
+from paramedic.site.handshakes import HandshakeLoop
 from paramedic.site.replica_reads import READ_OPS, ReplicaReads
 from paramedic.site.store import (
     DEFAULT_EXPIRE_SECONDS,
+    DEFAULT_MAX_SETUP_BYTES,
     DEFAULT_OPEN_IDLE_SECONDS,
     DEFAULT_REGEN_SECONDS,
     STATE_DIR_NAME,
@@ -61,6 +64,7 @@ from paramedic.site.store import (
 )
 
 PROTOCOL_VERSION = 1
+REFUSAL_LINES = 50  # refusals logged a minute at most
 TLS_OWNER = "tls:"  # a job opened over TLS belongs to "tls:<certificate CN>" (the inbox's jobs do not)
 
 
@@ -69,8 +73,10 @@ class Limits:
     """What one client, or many, can hold of the server (defaults for a site serving a few compute sites)."""
 
     handshake_seconds: float = 10.0  # the whole TLS handshake, however slowly the bytes come
-    max_handshakes: int = 256  # connections not yet authenticated, in all
-    max_handshakes_per_address: int = 32  # ... and from one source address
+    # connections not yet authenticated, in all, and from one address (an IPv6 /64): held by one event
+    # loop, a descriptor each; beyond either bound the oldest of the address holding the most is closed
+    max_handshakes: int = 4096
+    max_handshakes_per_address: int = 1024
     max_connections: int = 256  # authenticated connections
     max_connections_per_peer: int = 80  # ... of one compute site (--streams is at most 64)
     connection_seconds: float = 3600.0  # then closed between frames (the client reconnects)
@@ -92,6 +98,7 @@ class ServeSettings:
     open_idle_seconds: float = DEFAULT_OPEN_IDLE_SECONDS  # an open job with no request this long expires
     replica_reads: bool = True  # serve the replica's fragment volumes to compute sites (--mirror tls://)
     regen_seconds: float = DEFAULT_REGEN_SECONDS  # one chunk's regeneration at most (--regen-timeout)
+    max_setup_bytes: int = DEFAULT_MAX_SETUP_BYTES  # a job's setup (its queries) inflated (--max-setup)
 
     def __post_init__(self) -> None:
         if self.io_workers < 1:
@@ -100,6 +107,8 @@ class ServeSettings:
             raise UsageError("--expire-after must be a positive number of hours")
         if not self.open_idle_seconds > 0:
             raise UsageError("--open-idle must be a positive number of hours")
+        if self.max_setup_bytes < 2**20:
+            raise UsageError("--max-setup must be at least 1M")
         if not self.regen_seconds > 0:
             raise UsageError("--regen-timeout must be a positive number of hours")
         parse_listen(self.listen)
@@ -131,7 +140,7 @@ class SiteServer:
         self.reads: ReplicaReads | None = None
         if settings.replica is not None:
             database, manifest = resolve_database(str(settings.replica), Path.cwd())
-            self.replica = Replica(database, manifest.checksum(), workdir, manifest)
+            self.replica = Replica(database, manifest.checksum(), workdir, manifest, settings.max_setup_bytes)
             self.reads = ReplicaReads(database.directory, manifest) if settings.replica_reads else None
         self.context = server_context(settings.keys) if settings.keys is not None else None
         self.store = JobStore(
@@ -147,71 +156,64 @@ class SiteServer:
         )
         self.limits = settings.limits
         self.count_lock = threading.Lock()
-        self.handshakes: Counter[str] = Counter()  # source address -> connections in their handshake
         self.connections: Counter[str] = Counter()  # compute site -> authenticated connections
         self.refusals: Counter[tuple[str, str]] = Counter()  # (address, reason) -> refusals (logged sparsely)
+        self.refusal_minute: list[float] = [time.monotonic(), 0, 0]  # start, lines logged, lines not
         self.listener: socket.socket | None = None
         self.stopping = threading.Event()
 
     def bind(self) -> tuple[str, int]:
         host, port = parse_listen(self.settings.listen)
         try:
-            self.listener = socket.create_server((host, port), reuse_port=False, backlog=64)
+            self.listener = socket.create_server((host, port), reuse_port=False, backlog=1024)
         except OSError as exc:
             raise UsageError(f"--listen {self.settings.listen}: {exc.strerror}") from exc
         return self.listener.getsockname()[:2]
 
     def serve_forever(self) -> None:
-        assert self.listener is not None
+        """Accept and authenticate connections on one event loop (`site.handshakes`); each authenticated
+        connection is served on its own thread."""
+        assert self.listener is not None and self.context is not None
+        HandshakeLoop(
+            self.listener,
+            self.context,
+            self.limits.handshake_seconds,
+            self.limits.max_handshakes,
+            self.limits.max_handshakes_per_address,
+            self._authenticated,
+            self._refused,
+            self.stopping.is_set,
+        ).run()
+
+    def _authenticated(self, tls: ssl.SSLSocket, host: str) -> None:
         try:
-            self.listener.settimeout(0.5)
-        except OSError:  # stopped (the listener closed) before this thread got here
-            return
-        while not self.stopping.is_set():
-            try:
-                sock, address = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError as exc:
-                if self.stopping.is_set():
-                    break
-                # e.g. out of file descriptors (EMFILE) under a flood: keep serving those already in
-                self._refused("-", f"cannot accept: {exc.strerror or exc}")
-                time.sleep(0.05)
-                continue
-            host = str(address[0])
-            with self.count_lock:
-                busy = (
-                    self.handshakes.total() >= self.limits.max_handshakes
-                    or self.handshakes[host] >= self.limits.max_handshakes_per_address
-                )
-                if not busy:
-                    self.handshakes[host] += 1
-            if busy:
-                sock.close()
-                self._refused(host, "too many connections in their TLS handshake")
-                continue
-            try:
-                threading.Thread(target=self._connection, args=(sock, host), daemon=True).start()
-            except RuntimeError:  # no thread to be had: refuse this one, keep serving the others
-                sock.close()
-                self._handshake_done(host)
+            threading.Thread(target=self._connection, args=(tls, host), daemon=True).start()
+        except RuntimeError:  # no thread to be had: refuse this one, keep serving the others
+            tls.close()
+            self._refused(host, "no thread for the connection")
 
     def _refused(self, host: str, why: str) -> None:
-        """Log a refusal, but only the 1st, 2nd, 4th, 8th... from one address: a flood must not flood the log."""
+        """Log a refusal, but only the 1st, 2nd, 4th, 8th... from one address, and at most
+        REFUSAL_LINES a minute from all (then one line says how many went unlogged): a flood, from one
+        address or from thousands, must not flood the log."""
+        now = time.monotonic()
         with self.count_lock:
             if len(self.refusals) > 10_000:  # many addresses: forget the counts rather than grow
                 self.refusals.clear()
             self.refusals[host, why] += 1
             n = self.refusals[host, why]
-        if n & (n - 1) == 0:
-            log(f"refused {host}: {why} ({n} so from this address)")
-
-    def _handshake_done(self, host: str) -> None:
-        with self.count_lock:
-            self.handshakes[host] -= 1
-            if self.handshakes[host] <= 0:
-                del self.handshakes[host]
+            if n & (n - 1) != 0:
+                return
+            if now - self.refusal_minute[0] > 60:
+                unlogged = self.refusal_minute[2]
+                self.refusal_minute = [now, 0, 0]
+                if unlogged:
+                    log(f"{unlogged} more refusals in the last minute not logged")
+            self.refusal_minute[1] += 1
+            if self.refusal_minute[1] > REFUSAL_LINES:
+                self.refusal_minute[2] += 1
+                return
+        log(f"refused {host}: {why} ({n} so from this address)")
 
     def stop(self) -> None:
         self.stopping.set()
@@ -220,13 +222,7 @@ class SiteServer:
         self.store.close()
 
     # -- one connection -------------------------------------------------------------------------------
-    def _connection(self, raw: socket.socket, host: str) -> None:
-        try:
-            tls = self._handshake(raw, host)
-        finally:
-            self._handshake_done(host)
-        if tls is None:
-            return
+    def _connection(self, tls: ssl.SSLSocket, host: str) -> None:
         with tls:
             try:
                 peer = peer_name(tls)
@@ -258,40 +254,6 @@ class SiteServer:
                     if self.connections[peer] <= 0:
                         del self.connections[peer]
 
-    def _handshake(self, raw: socket.socket, host: str) -> ssl.SSLSocket | None:
-        """The TLS handshake, within handshake_seconds in all (a slow trickle of bytes does not extend it)."""
-        deadline = time.monotonic() + self.limits.handshake_seconds
-        try:
-            raw.setblocking(False)
-            assert self.context is not None
-            tls = self.context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
-        except (ssl.SSLError, OSError) as exc:
-            log(f"refused {host}: {getattr(exc, 'reason', None) or exc}")
-            raw.close()
-            return None
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no TLS handshake within {self.limits.handshake_seconds:g} s")
-                try:
-                    tls.do_handshake()
-                    break
-                except ssl.SSLWantReadError:
-                    select.select([tls], [], [], left)
-                except ssl.SSLWantWriteError:
-                    select.select([], [tls], [], left)
-            tls.setblocking(True)
-            return tls
-        except (ssl.SSLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            if isinstance(exc, TimeoutError):
-                self._refused(host, str(reason))
-            else:
-                log(f"refused {host}: {reason}")
-            tls.close()
-            return None
-
     def _serve_requests(self, tls: ssl.SSLSocket, peer: str) -> None:
         closing_time = time.monotonic() + self.limits.connection_seconds
         while time.monotonic() < closing_time:
@@ -307,11 +269,18 @@ class SiteServer:
                 return
             answer = self._answer(peer, header, payload)
             reply, data = answer if isinstance(answer, tuple) else (answer, b"")
+            holds_read_slot = reply["op"] == "data" and self.reads is not None  # (ReplicaReads.sent)
             try:
                 tls.settimeout(self.limits.frames.frame)  # recv_frame left the frame's remaining time
-                send_frame(tls, reply, data)
+                frames = self.limits.frames
+                end = time.monotonic() + frames.frame + len(data) / frames.min_rate if data else None
+                send_frame(tls, reply, data, end)
             except OSError:
                 return
+            finally:
+                if holds_read_slot:
+                    assert self.reads is not None
+                    self.reads.sent()
             if reply["op"] == "error":
                 return
 
@@ -359,6 +328,8 @@ class SiteServer:
             job = self.store.open(owner, header, payload if has_setup else None)
             if job is None:
                 return {"op": "need_setup"}
+            if job.failure is not None:  # a stream reconnecting to a job that failed: it ends, with why
+                raise JobFailed(job.failure)
             with job.lock:
                 acked = sorted(job.acked)
             return {"op": "opened", "acked": acked}
@@ -370,6 +341,8 @@ class SiteServer:
             log(f"job {job.job_id}: chunk {index} failed its SHA-256 check; asking again")
             return {"op": "nack", "index": index, "reason": "sha256 mismatch"}
         if op == "keepalive":  # a live compute site between chunks (the job does not expire)
+            if job.failure is not None:  # said now, not at finish: the search stops at once
+                raise JobFailed(job.failure)
             return {"op": "alive"}
         if op == "cancel":
             self.store.cancel(job)
@@ -395,10 +368,37 @@ def _bounded(message: object) -> str:
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
 
 
+def _more_descriptors() -> None:
+    """Raise the soft limit on open files to the hard one: pending handshakes hold a descriptor each."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = 65536 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
+        except (ValueError, OSError):
+            pass
+
+
+def _return_freed_memory_promptly() -> None:
+    """Ask glibc to give freed heap back to the system past 1 MiB, in every thread's arena: by default it
+    keeps a parsed setup's peak for the job's life (a job is parsed on a connection's thread, whose arena
+    `malloc_trim` does not shrink)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(-1, 2**20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def serve(settings: ServeSettings) -> int:
     if settings.keys is None and settings.inbox is None:
         raise UsageError("paramedic serve needs --keys (TLS listener) or --inbox (shared directory), or both")
     server = SiteServer(settings)
+    _more_descriptors()
+    _return_freed_memory_promptly()
     inbox = None
     if settings.inbox is not None:
         from paramedic.site.inbox import InboxWatcher

@@ -93,6 +93,9 @@ class JobFailed(Exception):
     """A job cannot complete (bad setup, decode failure, digest mismatch): the message goes to the client."""
 
 
+DEFAULT_MAX_SETUP_BYTES = 64 * 2**20
+
+
 @dataclass(frozen=True)
 class Replica:
     """The storage site's copy of the formatted database."""
@@ -101,6 +104,7 @@ class Replica:
     manifest_sha256: str
     workdir: Path  # scratch space for regeneration runs
     manifest: Manifest | None = None  # what the replica's bytes are checked against, once per job
+    max_setup_bytes: int = DEFAULT_MAX_SETUP_BYTES  # a job's setup inflated at most (serve --max-setup)
 
     def verify(self) -> None:
         """Digest the replica's volumes before a job regenerates from them: the replica may change while

@@ -1,0 +1,144 @@
+"""The storage site's memory, bounded by its configuration (issue 23, item 14): a real `paramedic serve`
+process, its resident memory read from /proc, jobs opened over real TLS.
+
+Before the fix a 10.5 MiB setup inflating to 500 MiB of queries was accepted and held for the job's life:
+`bench/site_memory.py --mib 500 --restart` measured VmRSS 562 MiB (peak 1,571 MiB), again after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import ssl
+import time
+from pathlib import Path
+
+import pytest
+
+from paramedic.db.manifest import load_manifest
+from paramedic.ship.client import SiteError, TlsShipper
+from paramedic.ship.codecs import pack_json
+from paramedic.ship.tls import client_context
+from paramedic.ship.transport import SiteAddress
+from paramedic.ship.wire import recv_frame, send_frame
+from tests.conftest import paramedic, take_fasta
+from tests.integration.site import StorageSite
+
+pytestmark = pytest.mark.integration
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def request(tls: ssl.SSLSocket, header: dict) -> tuple[dict, bytes]:
+    send_frame(tls, header)
+    return recv_frame(tls)
+
+
+def _setup(mib: float, checksum: str) -> tuple[dict, bytes]:
+    """A legal blastp setup whose queries inflate about 32x to `mib` MiB (random motifs repeated)."""
+    rng = random.Random(23)
+    n = int(mib * 2**20) // (600 * 33)
+    queries = [[f"q{i}", "".join(rng.choices("ACDEFGHIKLMNPQRSTVWY", k=600)) * 33] for i in range(n)]
+    setup = {
+        "out": "m/out.txt", "program": "blastp", "options": ["-outfmt", "6"], "db_arg": "db/uni",
+        "manifest_sha256": checksum, "n_queries": n, "pieces": [[0, n]],
+    }  # fmt: skip
+    return setup, pack_json(queries)
+
+
+@pytest.fixture(scope="module")
+def served(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    base = tmp_path_factory.mktemp("memory")
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 40)
+    paramedic("format", "--in", str(base / "db.fasta"), "--dbtype", "prot", "--fragments", "2",
+              "--out", str(base / "db" / "uni"), "--quiet")  # fmt: skip
+    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
+    (base / "root").mkdir()
+    site = StorageSite(base / "db" / "uni", base / "root", base / "keys" / "server", base / "serve.log",
+                       io_workers=1, extra=("--max-setup", "16M"))  # fmt: skip
+    site.start()
+    yield site, base, load_manifest(base / "db" / "uni").checksum()
+    site.stop()
+
+
+def _open(site: StorageSite, base: Path, setup: dict, payload: bytes) -> None:
+    shipper = TlsShipper(SiteAddress("tls", "localhost", site.port), base / "keys" / "compute-a",
+                         "blast-metadata", setup, payload, streams=1, timeout=20)  # fmt: skip
+    try:
+        shipper.start()
+    finally:
+        shipper.close()
+
+
+def test_a_setup_beyond_max_setup_is_refused(served) -> None:
+    site, base, checksum = served
+    setup, payload = _setup(40, checksum)  # 1.3 MiB compressed: within the old ratio and 512 MiB bounds
+    with pytest.raises(SiteError, match=r"setup inflates beyond 16777216 bytes"):
+        _open(site, base, setup, payload)
+
+
+def test_an_open_job_does_not_hold_its_queries_in_memory(served) -> None:
+    site, base, checksum = served
+    setup, payload = _setup(14, checksum)
+    before = _rss_mib(site.proc.pid)
+    _open(site, base, setup, payload)
+    held = _rss_mib(site.proc.pid) - before
+    assert held < 8, f"the site holds {held:.0f} MiB more for a job whose queries are 14 MiB"
+
+
+# -- slow readers of replica data -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big_replica(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The whole mmseqs2 database in one fragment (its .psq about 10 MiB), served by a real site."""
+    base = tmp_path_factory.mktemp("reads")
+    paramedic("format", "--in", str(data_dir / "mmseqs2" / "DB.fasta"), "--dbtype", "prot", "--fragments",
+              "1", "--out", str(base / "db" / "uni"), "--quiet")  # fmt: skip
+    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
+    (base / "root").mkdir()
+    site = StorageSite(base / "db" / "uni", base / "root", base / "keys" / "server", base / "serve.log",
+                       io_workers=1)  # fmt: skip
+    site.start()
+    yield site, base
+    site.stop()
+
+
+def _tls(site: StorageSite, base: Path) -> ssl.SSLSocket:
+    ctx = client_context(base / "keys" / "compute-a")
+    raw = socket.create_connection(("127.0.0.1", site.port), timeout=10)
+    return ctx.wrap_socket(raw, server_hostname="localhost")
+
+
+def test_slow_readers_of_replica_data_hold_a_bounded_memory(big_replica) -> None:
+    """24 connections ask for the largest volume file and never read the reply: the site holds at most its
+    read slots' worth of data (8 x the read), not one copy or two per connection."""
+    site, base = big_replica
+    with _tls(site, base) as tls:
+        manifest_reply, manifest = request(tls, {"op": "replica_manifest"})
+        volume = json.loads(manifest)["fragments"][0]["volume"]
+        files, _ = request(tls, {"op": "volume_files", "volume": volume})
+    name, size = max(files["files"], key=lambda f: f[1])
+    length = min(size, 16 << 20)
+    assert length > 8 << 20
+    before = _rss_mib(site.proc.pid)
+    readers = [_tls(site, base) for _ in range(24)]
+    try:
+        for tls in readers:
+            tls.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            send_frame(tls, {"op": "read", "name": name, "offset": 0, "length": length})
+        time.sleep(3.0)
+        held = _rss_mib(site.proc.pid) - before
+        assert held < 8 * length / 2**20 + 40, f"24 slow readers of {length >> 20} MiB hold {held:.0f} MiB"
+    finally:
+        for tls in readers:
+            tls.close()
+    with _tls(site, base) as tls:  # the slots came back
+        reply, data = request(tls, {"op": "read", "name": name, "offset": 0, "length": 4096})
+        assert reply["op"] == "data" and len(data) == 4096
