@@ -1,0 +1,145 @@
+"""The engine across three emulated nodes under real Slurm (issue 26; tests/support/cluster.py).
+
+Three nodes, each a network namespace on a private bridge with its own hostname and its own node-local
+scratch (a tmpfs only it sees), one slurmd each; slurmctld and munged on a fourth host; the cluster's
+shared/ directory is the parallel filesystem the database, the queries and the output live on. The Slurm
+example (examples/slurm/search.sbatch) is submitted from the host as a user would, `sbatch -N 3
+--ntasks-per-node=2`: 6 ranks, 2 per node, which reach the ranks on other nodes over TCP through the
+bridge (their namespaces share no network and no /dev/shm). Each run's output must be one plain BLAST+
+run's bytes. `make test-cluster` runs this file (root; `make slurm` installs Slurm and munge).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, blast, paramedic, take_fasta, without_posted_date
+from tests.integration.test_slurm import OPTIONS, SCRIPT, TITLE, adapt, error_lines
+from tests.support.cluster import Cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+NODES = 3
+PER_NODE = 2
+SBATCH_OPTIONS = (f"--nodes={NODES}", f"--ntasks={NODES * PER_NODE}", f"--ntasks-per-node={PER_NODE}", "--exclusive", "--time=10")
+EXAMPLE_ENGINE = "--partition-size 128 --replica-group-size 64 --output-strategy worker-merge"
+QUERIES = 30
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    if os.environ.get("PARAMEDIC_CLUSTER_TESTS") != "1":
+        pytest.skip("the emulated cluster's tests run under `make test-cluster` (PARAMEDIC_CLUSTER_TESTS=1)")
+    if os.getuid() != 0:
+        pytest.skip("namespaces, a bridge and slurmd need root")
+    # A prefix and subnet of the tests' own: a cluster of `make cluster` (pmc) is left alone.
+    box = Cluster(nodes=NODES, prefix="pmt", subnet="10.226.27", root=Path("/tmp/pmt-cluster"))
+    try:
+        box.up()
+        yield box
+    finally:
+        box.down()
+    assert not box.root.exists()
+
+
+@pytest.fixture(scope="module")
+def data(cluster: Cluster, data_dir: Path) -> Path:
+    """On the shared directory: a paramedic database (3 fragments), a BLAST+ reference of the same
+    proteins, 30 queries, and the reference output."""
+    root = cluster.shared / "data"
+    (root / "ref").mkdir(parents=True)
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 2000)
+    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "q.fasta", QUERIES)
+    blast("makeblastdb", "-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-out", "proteins",
+          "-title", TITLE, cwd=root / "ref")  # fmt: skip
+    paramedic("format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "3", "--out", "p/proteins",
+              "--title", TITLE, "--quiet", cwd=root)  # fmt: skip
+    blast("blastp", "-query", "../q.fasta", "-db", "proteins", *OPTIONS, "-out", "ref.txt", cwd=root / "ref")
+    return root
+
+
+def expected(data: Path) -> bytes:
+    return without_posted_date((data / "ref" / "ref.txt").read_bytes(), "0")
+
+
+def script_for(data: Path, run: Path, engine: str | None = None, query: Path | None = None) -> Path:
+    """The example with the user's two changes, and other engine options when given."""
+    path = adapt(data / "p" / "proteins", query or data / "q.fasta", run / "search.sbatch")
+    if engine is not None:
+        text, n = re.subn(r"^ENGINE=\(.*\)$", f"ENGINE=({engine})", path.read_text(), flags=re.M)
+        assert n == 1, "the example's ENGINE line moved"
+        path.write_text(text)
+    return path
+
+
+def submit(cluster: Cluster, script: Path, cwd: Path) -> str:
+    env_path = f"{BIN}:{os.environ.get('PATH', '')}"  # an activated virtual environment
+    proc = cluster.slurm("env", f"PATH={env_path}", "sbatch", "--parsable", *SBATCH_OPTIONS, str(script), cwd=cwd)
+    return proc.stdout.strip()
+
+
+def job(cluster: Cluster, job_id: str) -> dict[str, str]:
+    line = cluster.slurm("scontrol", "show", "job", "-o", job_id).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", line))
+
+
+def wait_job(cluster: Cluster, job_id: str, seconds: float = 120) -> dict[str, str]:
+    deadline = time.monotonic() + seconds
+    while (info := job(cluster, job_id))["JobState"] in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+        if time.monotonic() > deadline:
+            cluster.slurm("scancel", job_id, check=False)
+            raise AssertionError(
+                f"job {job_id} still {info['JobState']} ({info.get('Reason')}) after {seconds} s, nodes "
+                f"{cluster.states()}:\n{cluster.log_tail()}"
+            )
+        time.sleep(0.3)
+    return info
+
+
+def run_job(cluster: Cluster, script: Path, run: Path) -> tuple[dict[str, str], str]:
+    info = wait_job(cluster, submit(cluster, script, run))
+    log = (run / f"paramedic-{info['JobId']}.log").read_text()
+    return info, log
+
+
+def check_ok(info: dict[str, str], log: str, out: Path, data: Path) -> dict[str, object]:
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log
+    assert info["NodeList"] == "node[1-3]", info["NodeList"]
+    assert not error_lines(log) and "Traceback" not in log, log
+    assert without_posted_date(out.read_bytes(), "0") == expected(data), "differs from BLAST+"
+    record: dict[str, object] = json.loads(out.with_name(out.name + ".run.json").read_text())
+    assert record["ranks"] == NODES * PER_NODE
+    return record
+
+
+def test_example_on_three_nodes(cluster: Cluster, data: Path) -> None:
+    """The example as it is (one partition, the workers write with MPI-IO on the shared directory)."""
+    assert f"ENGINE=({EXAMPLE_ENGINE})" in SCRIPT.read_text()
+    run = cluster.shared / "run-example"
+    run.mkdir()
+    started = time.monotonic()
+    info, log = run_job(cluster, script_for(data, run), run)
+    record = check_ok(info, log, run / "hits.txt", data)
+    reason = record["strategy_reason"]
+    assert isinstance(reason, dict)
+    # Rank 0's node holds 2 of the 6 ranks: MPI itself saw them on three hosts.
+    assert reason["workers_on_node_from"].endswith(f"={PER_NODE}"), reason
+    print(f"3-node job {info['JobId']}: {time.monotonic() - started:.1f} s from sbatch to the end")
+
+
+@pytest.mark.parametrize("strategy", ["master", "worker-individual", "worker-collective", "worker-merge"])
+def test_partitions_span_nodes_with_each_output_strategy(cluster: Cluster, data: Path, strategy: str) -> None:
+    """--partition-size 3 on 6 ranks: partitions [1, 2, 3] (node1's rank 1 masters node2's ranks 2 and
+    3) and [4, 5]; the output written by each strategy onto the shared directory."""
+    run = cluster.shared / f"run-part-{strategy}"
+    run.mkdir()
+    info, log = run_job(cluster, script_for(data, run, f"--partition-size 3 --output-strategy {strategy}"), run)
+    record = check_ok(info, log, run / "hits.txt", data)
+    assert (record["partitions"], record["output_strategy"]) == (2, strategy)
