@@ -107,5 +107,22 @@ fuzz: setup
 	@$(PY) -c 'import atheris' 2>/dev/null || $(VENV)/bin/pip install -q -e '.[mpich,dev,fuzz]'
 	$(PY) bench/fuzz.py
 
+# A cluster in a box (issue 26, tests/support/cluster.py): 3 emulated nodes (NODES=N), each a network
+# namespace on the bridge pmcbr0 with its own hostname, IP and node-local scratch tmpfs, one slurmd each;
+# slurmctld and munged beside them. Left running: `export SLURM_CONF=/tmp/pmc-cluster/slurm.conf`, then
+# sbatch from here; `make cluster-down` removes it all (so does the next `make cluster`). Root only.
+.PHONY: cluster cluster-down test-cluster
+NODES ?= 3
+cluster: setup slurm
+	$(PY) -m tests.support.cluster up --nodes $(NODES)
+
+cluster-down: setup
+	$(PY) -m tests.support.cluster down
+
+# The engine across three emulated nodes under real Slurm (tests/cluster, about a minute): a cluster of
+# its own (prefix pmt), brought up and removed by the tests.
+test-cluster: setup slurm data
+	PARAMEDIC_CLUSTER_TESTS=1 PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q tests/cluster
+
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .coverage .coverage.* htmlcov
