@@ -40,7 +40,7 @@ def cluster() -> Iterator[Cluster]:
     if os.getuid() != 0:
         pytest.skip("namespaces, a bridge and slurmd need root")
     # A prefix and subnet of the tests' own: a cluster of `make cluster` (pmc) is left alone.
-    box = Cluster(nodes=NODES, prefix="pmt", subnet="10.226.27", root=Path("/tmp/pmt-cluster"))
+    box = Cluster(nodes=NODES, prefix="pmt", subnet="10.226.27", root=Path("/var/tmp/pmt-cluster"))
     try:
         box.up()
         yield box
@@ -79,9 +79,10 @@ def script_for(data: Path, run: Path, engine: str | None = None, query: Path | N
     return path
 
 
-def submit(cluster: Cluster, script: Path, cwd: Path) -> str:
+def submit(cluster: Cluster, script: Path, cwd: Path, *options: str) -> str:
     env_path = f"{BIN}:{os.environ.get('PATH', '')}"  # an activated virtual environment
-    proc = cluster.slurm("env", f"PATH={env_path}", "sbatch", "--parsable", *SBATCH_OPTIONS, str(script), cwd=cwd)
+    command = ("env", f"PATH={env_path}", "sbatch", "--parsable", *SBATCH_OPTIONS, *options, str(script))
+    proc = cluster.slurm(*command, cwd=cwd)
     return proc.stdout.strip()
 
 
@@ -190,3 +191,51 @@ def test_stage_on_each_nodes_own_scratch(cluster: Cluster, data: Path) -> None:
     for node in cold:
         listing = cluster.on_node(node, "find", str(cluster.scratch), "-type", "f")
         assert listing.returncode == 0 and listing.stdout.strip(), (node, listing)
+
+
+def test_node_lost_mid_job_then_the_same_sbatch_resumes(cluster: Cluster, data: Path, data_dir: Path) -> None:
+    """node3 crashes (every process on it killed at once: slurmd, its job step, its ranks, BLAST+) once the
+    journal holds finished work. The job fails with one paramedic line and srun's exit code, nothing of
+    the job is left on the surviving nodes, and once node3 is back the same sbatch continues from the
+    journal on the shared directory and writes one BLAST+ run's bytes."""
+    queries = take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", data / "q-lost.fasta", 300)
+    blast("blastp", "-query", str(queries), "-db", "proteins", *OPTIONS, "-out", "ref-lost.txt", cwd=data / "ref")
+    run = cluster.shared / "run-lost"
+    run.mkdir()
+    script = script_for(data, run, "--partition-size 128 --output-strategy master", query=queries)
+    # --no-requeue: Slurm's default (JobRequeue=1) puts a batch job whose node failed back in the queue,
+    # to start again (and resume from the journal) when enough nodes are up; here the job is to fail.
+    job_id = submit(cluster, script, run, "--no-requeue")
+    journal = run / ".hits.txt.journal"
+    deadline = time.monotonic() + 120
+    while not (journal.is_dir() and any(p.is_file() for p in journal.rglob("*"))):
+        assert job(cluster, job_id)["JobState"] in ("PENDING", "CONFIGURING", "RUNNING"), "ended too soon"
+        assert time.monotonic() < deadline, "no finished work in the journal"
+        time.sleep(0.2)
+    cluster.crash("node3")
+    info = wait_job(cluster, job_id)
+    log = (run / f"paramedic-{job_id}.log").read_text()
+    print(f"lost node: {info['JobState']} {info['ExitCode']}\n{log}")
+    # Slurm sees the node fail (SlurmdTimeout) and cancels the job before MPI notices: NODE_FAIL, and its
+    # own line in the log; the ranks it ends print nothing more (no paramedic line, no traceback).
+    assert info["JobState"] == "NODE_FAIL", log
+    assert "CANCELLED AT" in log and "DUE TO NODE FAILURE" in log, log
+    assert len(error_lines(log)) <= 1 and "Traceback" not in log, log
+    assert not (run / "hits.txt").exists()
+    # Nothing of the job runs on the surviving nodes: only their slurmd. What is left is MPICH's
+    # shared-memory segment in each node's /dev/shm (docs/CLUSTER.md: a site's epilog clears it).
+    for node in ("node1", "node2"):
+        cluster.wait(lambda n=node: len(cluster.pids(n)) == 1, f"{node} without the job's processes", 30)  # type: ignore[misc]
+        shm = cluster.on_node(node, "ls", "-A", "/dev/shm").stdout.split()
+        assert all(name.startswith("mpich_shm_") for name in shm), (node, shm)
+        print(f"{node}: left in /dev/shm: {shm}")
+
+    cluster.restart("node3")
+    again = wait_job(cluster, submit(cluster, script, run, "--no-requeue"))
+    log = (run / f"paramedic-{again['JobId']}.log").read_text()
+    assert (again["JobState"], again["ExitCode"]) == ("COMPLETED", "0:0"), log
+    reference = without_posted_date((data / "ref" / "ref-lost.txt").read_bytes(), "0")
+    assert without_posted_date((run / "hits.txt").read_bytes(), "0") == reference, "differs from BLAST+"
+    record = json.loads((run / "hits.txt.run.json").read_text())
+    assert record["resumed"] and (record["resumed"]["searches"] or record["resumed"]["pieces"]), record["resumed"]
+    assert not journal.exists()

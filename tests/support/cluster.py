@@ -53,7 +53,7 @@ class Cluster:
     nodes: int = 3
     prefix: str = "pmc"
     subnet: str = "10.226.26"  # a /24 of our own on the bridge: the host is .1, the controller .2
-    root: Path = field(default_factory=lambda: Path("/tmp/pmc-cluster"))
+    root: Path = field(default_factory=lambda: Path("/var/tmp/pmc-cluster"))
     cpus: int = 2
 
     @property
@@ -278,6 +278,12 @@ class Cluster:
         """The node is lost: every process on it is killed at once (its slurmd, job steps and ranks)."""
         kill_all(self.pids(host), grace=0)
 
+    def restart(self, host: str, timeout: float = 60) -> None:
+        """A lost node comes back (as after a reboot: its scratch is empty again); Slurm returns it to
+        service when its slurmd registers (ReturnToService=2)."""
+        self._spawn(host, f"slurmd-{host}", ["slurmd", "-D", "-f", str(self.conf), "-N", host])
+        self.wait(lambda: self.states() == ["idle"] * self.nodes, "every node idle", timeout)
+
     # --- down ------------------------------------------------------------------------------------------
 
     def down(self) -> None:
@@ -332,7 +338,7 @@ def _alive(pid: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.support.cluster", description=__doc__.split("\n")[0])
     parser.add_argument("--prefix", default="pmc", help="names of the bridge and namespaces (default pmc)")
-    parser.add_argument("--root", type=Path, default=None, help="default /tmp/<prefix>-cluster")
+    parser.add_argument("--root", type=Path, default=None, help="default /var/tmp/<prefix>-cluster")
     sub = parser.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="bring the cluster up (after removing any earlier one)")
     up.add_argument("--nodes", type=int, default=3)
@@ -341,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("node")
     run.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    root = args.root or Path(f"/tmp/{args.prefix}-cluster")
+    root = args.root or Path(f"/var/tmp/{args.prefix}-cluster")
     cluster = Cluster(nodes=getattr(args, "nodes", 3), prefix=args.prefix, root=root)
     try:
         if args.action == "up":
