@@ -225,7 +225,9 @@ class Cluster:
 
     # --- state -----------------------------------------------------------------------------------------
 
-    def slurm(self, *command: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def slurm(
+        self, *command: str, cwd: Path | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """A Slurm client on the host (the login node)."""
         proc = subprocess.run(command, cwd=cwd, env=self.env, capture_output=True, text=True, timeout=60)
         if check and proc.returncode != 0:
@@ -288,7 +290,11 @@ class Cluster:
 
     def down(self) -> None:
         """Remove everything with this prefix, whoever made it: processes, namespaces, bridge, root."""
-        namespaces = [n for n in _run("ip", "netns", "list", check=False).stdout.split() if n.startswith(f"{self.prefix}-")]
+        namespaces = [
+            n
+            for n in _run("ip", "netns", "list", check=False).stdout.split()
+            if n.startswith(f"{self.prefix}-")
+        ]
         kill_all([p for ns in namespaces for p in _ns_pids(ns)], grace=5)
         for ns in namespaces:
             _run("ip", "netns", "del", ns, check=False)
@@ -336,7 +342,9 @@ def _alive(pid: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.support.cluster", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.cluster", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--prefix", default="pmc", help="names of the bridge and namespaces (default pmc)")
     parser.add_argument("--root", type=Path, default=None, help="default /var/tmp/<prefix>-cluster")
     sub = parser.add_subparsers(dest="action", required=True)
@@ -355,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
             cluster.up()
             print(f"cluster up in {time.monotonic() - started:.1f} s: {', '.join(cluster.node_names)}")
             print(f"  export SLURM_CONF={cluster.conf}    # then sinfo, sbatch -N {cluster.nodes} ...")
-            print(f"  shared directory: {cluster.shared}; node-local scratch: {cluster.scratch} (one per node)")
+            print(
+                f"  shared directory: {cluster.shared}; node-local scratch: {cluster.scratch} (one per node)"
+            )
         elif args.action == "down":
             cluster.down()
             print("cluster down")
