@@ -109,7 +109,7 @@ fuzz: setup
 
 # A cluster in a box (issue 26, tests/support/cluster.py): 3 emulated nodes (NODES=N), each a network
 # namespace on the bridge pmcbr0 with its own hostname, IP and node-local scratch tmpfs, one slurmd each;
-# slurmctld and munged beside them. Left running: `export SLURM_CONF=/tmp/pmc-cluster/slurm.conf`, then
+# slurmctld and munged beside them. Left running: `export SLURM_CONF=/var/tmp/pmc-cluster/slurm.conf`, then
 # sbatch from here; `make cluster-down` removes it all (so does the next `make cluster`). Root only.
 .PHONY: cluster cluster-down test-cluster
 NODES ?= 3
