@@ -266,3 +266,55 @@ def test_node_lost_mid_job_then_the_same_sbatch_resumes(cluster: Cluster, data: 
     ]
     print(f"resumed: {record['resumed']}")
     assert not journal.exists()
+
+
+def test_up_after_an_owner_killed_outright_then_down_leaves_nothing() -> None:
+    """`up` from a process that then goes away (as `make cluster`, or pytest after kill -9) leaves the
+    daemons running; the next `up` removes them and starts afresh, and `down` leaves no process,
+    namespace, link or directory of the prefix, and the host's routes and other interfaces as they were."""
+    if os.environ.get("PARAMEDIC_CLUSTER_TESTS") != "1" or os.getuid() != 0:
+        pytest.skip("under `make test-cluster`, as root")
+    import subprocess
+    import sys
+
+    def host_network() -> tuple[str, str]:
+        routes = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
+        links = subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True, check=True).stdout
+        ours = ("pmk", "pmt", "pmc", "pmb")  # this file's, and any other emulated cluster's
+        return (
+            "\n".join(r for r in routes.splitlines() if "10.226." not in r),
+            "\n".join(line for line in links.splitlines() if not line.startswith(ours)),
+        )
+
+    before = host_network()
+    command = [sys.executable, "-m", "tests.support.cluster", "--prefix", "pmk", "--subnet", "10.226.29"]
+    root = Path("/var/tmp/pmk-cluster")
+    for _ in range(2):
+        proc = subprocess.run([*command, "up", "--nodes", "2"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    box = Cluster(nodes=2, prefix="pmk", subnet="10.226.29", root=root)
+    assert box.states() == ["idle", "idle"]
+    names = sorted(
+        (p / "comm").read_text().strip()
+        for host in ("ctl", "node1", "node2")
+        for p in (Path(f"/proc/{pid}") for pid in box.pids(host))
+    )
+    # One of each (the first up's were removed); slurmscriptd is slurmctld's helper.
+    assert names == ["munged", "slurmctld", "slurmd", "slurmd", "slurmscriptd"], names
+    proc = subprocess.run([*command, "down"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert "pmk-" not in netns and "pmk" not in links and not root.exists()
+    leftovers = [
+        p.name for p in Path("/proc").iterdir() if p.name.isdigit() and str(root).encode() in _cmdline(p)
+    ]
+    assert leftovers == [], leftovers
+    assert host_network() == before
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
