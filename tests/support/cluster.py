@@ -346,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tests.support.cluster", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--prefix", default="pmc", help="names of the bridge and namespaces (default pmc)")
-    parser.add_argument("--subnet", default="10.226.26", help="the bridge's /24, as A.B.C (default 10.226.26)")
+    parser.add_argument(
+        "--subnet", default="10.226.26", help="the bridge's /24, as A.B.C (default 10.226.26)"
+    )
     parser.add_argument("--root", type=Path, default=None, help="default /var/tmp/<prefix>-cluster")
     sub = parser.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="bring the cluster up (after removing any earlier one)")
