@@ -46,7 +46,13 @@ def cluster() -> Iterator[Cluster]:
     if os.getuid() != 0:
         pytest.skip("namespaces, a bridge and slurmd need root")
     # A prefix and subnet of the tests' own: a cluster of `make cluster` (pmc) is left alone.
-    box = Cluster(nodes=NODES, prefix="pmt", subnet="10.226.27", root=Path("/var/tmp/pmt-cluster"))
+    box = Cluster(
+        nodes=NODES,
+        prefix="pmt",
+        subnet="10.226.27",
+        root=Path("/var/tmp/pmt-cluster"),
+        others=("site",),
+    )
     try:
         box.up()
         yield box
@@ -199,6 +205,55 @@ def test_stage_on_each_nodes_own_scratch(cluster: Cluster, data: Path) -> None:
     for node in cold:
         listing = cluster.on_node(node, "find", str(cluster.scratch), "-type", "f")
         assert listing.returncode == 0 and listing.stdout.strip(), (node, listing)
+
+
+SITE_PORT = 7700
+SITE_RATE = "20mbit"
+
+
+def test_paramedic_to_a_storage_site_on_another_host_over_a_shaped_link(cluster: Cluster, data: Path) -> None:
+    """ParaMEDIC from the cluster: the example's ranks on three nodes ship metadata over TLS, through the
+    bridge, to `paramedic serve` on another emulated host (`site`, its link limited to 20 Mbit/s each
+    way), which regenerates the output there: one BLAST+ run's bytes."""
+    keys = cluster.shared / "keys"
+    paramedic("keys", "--out", str(keys), "--server", "site", "--client", "compute")
+    site_root = cluster.root / "site-root"  # the storage site's own disk
+    site_root.mkdir()
+    cluster.shape("site", SITE_RATE)
+    log = cluster.logs / "serve.out"
+    cluster.spawn("site", "serve", [
+        str(BIN / "paramedic"), "serve", "--replica", str(data / "p" / "proteins"), "--root", str(site_root),
+        "--listen", f"{cluster.address('site')}:{SITE_PORT}", "--keys", str(keys / "server"),
+    ])  # fmt: skip
+    cluster.wait(lambda: log.exists() and "listening on" in log.read_text(), "paramedic serve listening", 60)
+    run = cluster.shared / "run-site"
+    run.mkdir()
+    engine = f"--strategy fragments --site tls://site:{SITE_PORT} --ship metadata --keys {keys / 'compute'}"
+    script = script_for(data, run, engine)
+    # With --site, -out names the file under the storage site's root: a relative path (an absolute one is
+    # refused, exit 2); the run record stays here, in the directory sbatch was run from.
+    text, n = re.subn(r"^OUT=.*$", "OUT=hits.txt", script.read_text(), flags=re.M)
+    assert n == 1
+    script.write_text(text)
+    started = time.monotonic()
+    info, out_log = run_job(cluster, script, run)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), out_log + log.read_text()
+    written = [p for p in site_root.rglob("hits.txt")]
+    assert len(written) == 1, sorted(str(p) for p in site_root.rglob("*"))
+    assert without_posted_date(written[0].read_bytes(), "0") == expected(data), "differs from BLAST+"
+    record = json.loads((run / "hits.txt.run.json").read_text())
+    ship = record["ship"]
+    figures = (
+        "output_bytes",
+        "shipped_payload_bytes",
+        "wire_bytes",
+        "transfer_seconds",
+        "g_site_decode_seconds",
+    )
+    print(f"site over {SITE_RATE}: {time.monotonic() - started:.1f} s from sbatch; " + ", ".join(
+        f"{k} {ship[k]}" for k in figures
+    ))  # fmt: skip
+    assert ship["mode"] == "metadata" and ship["wire_bytes"] < ship["output_bytes"], ship
 
 
 def finished_work(journal: Path) -> bool:

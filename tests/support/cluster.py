@@ -55,6 +55,8 @@ class Cluster:
     subnet: str = "10.226.26"  # a /24 of our own on the bridge: the host is .1, the controller .2
     root: Path = field(default_factory=lambda: Path("/var/tmp/pmc-cluster"))
     cpus: int = 2
+    # Hosts on the bridge that are no Slurm nodes (e.g. "site", a storage site): .3, .4, ...
+    others: tuple[str, ...] = ()
 
     @property
     def bridge(self) -> str:
@@ -87,7 +89,15 @@ class Cluster:
         return f"{self.subnet}.1"
 
     def address(self, host: str) -> str:
-        return f"{self.subnet}.2" if host == "ctl" else f"{self.subnet}.{10 + int(host.removeprefix('node'))}"
+        if host == "ctl":
+            return f"{self.subnet}.2"
+        if host in self.others:
+            return f"{self.subnet}.{3 + self.others.index(host)}"
+        return f"{self.subnet}.{10 + int(host.removeprefix('node'))}"
+
+    def veth(self, host: str) -> str:
+        """The host side of `host`'s veth pair (on the bridge)."""
+        return f"{self.prefix}-v{['ctl', *self.others, *self.node_names].index(host)}"
 
     def netns(self, host: str) -> str:
         return f"{self.prefix}-{host}"
@@ -130,7 +140,7 @@ class Cluster:
         for path in (self.root, self.root / "munge", self.shared, self.scratch):
             path.chmod(0o755)  # munged: its socket's directory must be searchable by all
         self.shared.chmod(0o1777)
-        names = [("ctl", self.address("ctl"))] + [(n, self.address(n)) for n in self.node_names]
+        names = [(n, self.address(n)) for n in ("ctl", *self.others, *self.node_names)]
         hosts = "127.0.0.1 localhost\n" + "".join(f"{addr} {name}\n" for name, addr in names)
         (self.root / "hosts").write_text(hosts)
 
@@ -138,8 +148,8 @@ class Cluster:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.host_address}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
-        for index, host in enumerate(["ctl", *self.node_names]):
-            ns, veth = self.netns(host), f"{self.prefix}-v{index}"
+        for host in ["ctl", *self.others, *self.node_names]:
+            ns, veth = self.netns(host), self.veth(host)
             _run("ip", "netns", "add", ns)
             _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
             _run("ip", "link", "set", veth, "master", self.bridge)
@@ -202,6 +212,18 @@ class Cluster:
         ]
         self.conf.write_text("\n".join(lines))
 
+    def spawn(self, host: str, log: str, command: list[str]) -> int:
+        """Start a long-running command on `host` (in its namespaces); its output goes to log/<log>.out.
+        `down` ends it with everything else on the host."""
+        return self._spawn(host, log, command)
+
+    def shape(self, host: str, rate: str) -> None:
+        """Limit `host`'s link both ways to `rate` (e.g. "20mbit"): a token bucket (tc tbf) on each end
+        of its veth pair. (This kernel has no netem: no added delay or loss.)"""
+        tbf = ["root", "tbf", "rate", rate, "burst", "64kb", "latency", "200ms"]
+        _run("tc", "qdisc", "replace", "dev", self.veth(host), *tbf)
+        _run("ip", "netns", "exec", self.netns(host), "tc", "qdisc", "replace", "dev", "eth0", *tbf)
+
     def _spawn(self, host: str, log: str, command: list[str]) -> int:
         """Start a daemon on `host`: in its network namespace, with its hostname, its private mounts."""
         setup = [
@@ -209,7 +231,7 @@ class Cluster:
             f"mount --bind {self.root / 'hosts'} /etc/hosts",
             "mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm",
         ]
-        if host != "ctl":
+        if host in self.node_names:
             setup.append(f"mount -t tmpfs -o size={SCRATCH_SIZE},mode=1777 tmpfs {self.scratch}")
         script = " && ".join(setup) + ' && exec "$@"'
         with open(self.logs / f"{log}.out", "ab") as out:
