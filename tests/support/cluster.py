@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DAEMON_COMMANDS = ("munged", "slurmctld", "slurmd", "ip", "unshare", "nsenter")
+DAEMON_COMMANDS = ("munged", "slurmctld", "slurmd", "ip", "tc", "unshare", "nsenter")
 SLURMCTLD_PORT = 6817
 SLURMD_PORT = 6818
 # The node-local scratch: a tmpfs of this size on each node, private to it.
@@ -115,7 +115,7 @@ class Cluster:
         return when every node is idle. On any failure, tear everything down again."""
         missing = [c for c in DAEMON_COMMANDS if shutil.which(c) is None]
         if missing:
-            raise RuntimeError(f"missing: {', '.join(missing)} (run `make slurm`)")
+            raise RuntimeError(f"missing: {', '.join(missing)} (run `make slurm cluster-tools`)")
         if os.getuid() != 0:
             raise RuntimeError("namespaces, a bridge and slurmd need root")
         self.down()
