@@ -264,9 +264,9 @@ def finished_work(journal: Path) -> bool:
 
 def test_node_lost_mid_job_then_the_same_sbatch_resumes(cluster: Cluster, data: Path, data_dir: Path) -> None:
     """node3 crashes (every process on it killed at once: slurmd, its job step, its ranks, BLAST+) once the
-    journal holds finished work. The job fails with one paramedic line and srun's exit code, nothing of
-    the job is left on the surviving nodes, and once node3 is back the same sbatch continues from the
-    journal on the shared directory and writes one BLAST+ run's bytes."""
+    journal holds finished work. Slurm cancels the job (NODE_FAIL, its own line in the log, no traceback),
+    nothing of the job runs on the surviving nodes, and once node3 is back the same sbatch continues from
+    the journal on the shared directory and writes one BLAST+ run's bytes."""
     queries = take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", data / "q-lost.fasta", 300)
     blast(
         "blastp",
