@@ -107,5 +107,28 @@ fuzz: setup
 	@$(PY) -c 'import atheris' 2>/dev/null || $(VENV)/bin/pip install -q -e '.[mpich,dev,fuzz]'
 	$(PY) bench/fuzz.py
 
+# A cluster in a box (issue 26, tests/support/cluster.py): 3 emulated nodes (NODES=N), each a network
+# namespace on the bridge pmcbr0 with its own hostname, IP and node-local scratch tmpfs, one slurmd each;
+# slurmctld and munged beside them. Left running: `export SLURM_CONF=/var/tmp/pmc-cluster/slurm.conf`, then
+# sbatch from here; `make cluster-down` removes it all (so does the next `make cluster`). Root only.
+.PHONY: cluster cluster-down test-cluster cluster-tools
+NODES ?= 3
+# ip and tc (iproute2), unshare and nsenter (util-linux) from Debian when missing (idempotent).
+cluster-tools:
+	@command -v ip >/dev/null && command -v tc >/dev/null && command -v nsenter >/dev/null && \
+	  command -v unshare >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends iproute2 util-linux >/dev/null; }
+
+cluster: setup slurm cluster-tools
+	$(PY) -m tests.support.cluster up --nodes $(NODES)
+
+cluster-down: setup
+	$(PY) -m tests.support.cluster down
+
+# The engine across three emulated nodes under real Slurm (tests/cluster, about a minute): a cluster of
+# its own (prefix pmt), brought up and removed by the tests.
+test-cluster: setup slurm cluster-tools data
+	PARAMEDIC_CLUSTER_TESTS=1 PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q tests/cluster
+
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .coverage .coverage.* htmlcov
