@@ -139,7 +139,13 @@ def main() -> None:
     reference = POSTED.sub(b"", (work / "st.out").read_bytes())
     same = all(
         POSTED.sub(b"", (work / out).read_bytes()) == reference
-        for out in ("paramedic.out", "paramedic-t.out", "paramedic-q.out", "paramedic-m.out", "paramedic-qm.out")
+        for out in (
+            "paramedic.out",
+            "paramedic-t.out",
+            "paramedic-q.out",
+            "paramedic-m.out",
+            "paramedic-qm.out",
+        )
     )
     blast_version = subprocess.run(["blastp", "-version"], capture_output=True, text=True).stdout.split()[1]
     best_name = min((n for n in runs if n.startswith("blastp")), key=lambda n: min(w for w, _ in results[n]))
