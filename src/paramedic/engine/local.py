@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from paramedic.blast.tools import warm_up
 from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
 from paramedic.engine.journal import NOTHING, Journal, Replay
@@ -165,6 +166,7 @@ def _work(
 ) -> None:
     """A worker thread: tasks from its inbox until None; a failure goes to the master, which raises it."""
     workdir.mkdir()
+    warm_up(job.program)  # this thread's plain BLAST+ fork server starts now, ready for its first piece
     while (task := inbox.get()) is not None:
         try:
             results.put((worker, execute(task, job, plan, workdir, stats, store)))
