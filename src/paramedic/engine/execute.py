@@ -33,7 +33,7 @@ def execute(
     if isinstance(task, SearchTask):
         batch = plan.batches[task.batch]
         queries = job.queries[batch.start : batch.stop]
-        gids = fragment_members(job.db.directory, len(job.db.fragments))[task.fragment]
+        members = job.db.directory, len(job.db.fragments)
         with _place(job, task.fragment, stats) as db:
             found, run = search_fragment(
                 job.program,
@@ -43,7 +43,7 @@ def execute(
                 queries,
                 workdir,
                 job.keep_alignments,
-                gids,
+                lambda: fragment_members(*members)[task.fragment],
                 prelim_only=plan.traceback_once,
             )
         stats.add("search", run.seconds)

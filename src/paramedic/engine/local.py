@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from paramedic.blast.tools import warm_up
+from paramedic.db.manifest import fragment_members
 from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
 from paramedic.engine.journal import NOTHING, Journal, Replay
@@ -96,6 +97,11 @@ def thread_runner(job: Job, plan: Plan, workdir: Path, store: Store | None, work
             w: queue.SimpleQueue() for w in range(1, workers + 1)
         }
         figures = {w: RankStats(rank=w, role="worker") for w in inboxes}
+        if not plan.query_segmentation:  # read once, while the first BLAST+ runs search (not per thread)
+            reader = threading.Thread(
+                target=_read_members, args=(job,), name="paramedic-members", daemon=True
+            )
+            reader.start()
         threads = [
             threading.Thread(
                 target=_work,
@@ -120,6 +126,14 @@ def thread_runner(job: Job, plan: Plan, workdir: Path, store: Store | None, work
         return [figures[w] for w in sorted(figures)]
 
     return run
+
+
+def _read_members(job: Job) -> None:
+    """The fragments' members, cached for the workers (a failure is theirs to meet and report)."""
+    try:
+        fragment_members(job.db.directory, len(job.db.fragments))
+    except Exception:
+        pass
 
 
 def _drive(
