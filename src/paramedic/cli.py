@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(argv)
     except ParamedicError as exc:
-        print(f"paramedic: error: {exc}", file=sys.stderr)
+        from paramedic.engine.launch import another_rank
+
+        if not another_rank():  # under mpiexec/srun every rank finds the same refusal: rank 0 says it
+            print(f"paramedic: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("paramedic: interrupted", file=sys.stderr)

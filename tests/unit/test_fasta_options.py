@@ -102,3 +102,15 @@ def test_blast_checks_the_values_only_when_there_are_some(argv, checked):
     from paramedic.blast.options import _values_to_check
 
     assert _values_to_check(BlastOptions.parse("blastp", argv)) is checked
+
+
+@pytest.mark.parametrize(("rank", "said"), [(None, True), ("0", True), ("3", False)])
+def test_a_refusal_every_rank_finds_is_said_by_rank_0_alone(monkeypatch, capsys, rank, said):
+    from paramedic.cli import main
+
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    if rank is not None:
+        monkeypatch.setenv("PMI_RANK", rank)
+    assert main(["search", "blastp", "--strategy", "bogus"]) == 2
+    assert ("paramedic: error:" in capsys.readouterr().err) is said

@@ -59,6 +59,20 @@ def under_mpi() -> bool:
     return any(name in os.environ for name in (*MPI_RANK_VARIABLES, LAUNCHED_VARIABLE))
 
 
+# A rank's number as its launcher sets it (MPICH/Hydra and Slurm's PMI-2, Open MPI, PMIx).
+RANK_NUMBER_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def another_rank() -> bool:
+    """A rank of an MPI job other than rank 0, by its launcher's word: every rank parses the same command
+    line, so a refusal found there is said by rank 0 alone (under `srun -n 6`, once, not six times)."""
+    for name in RANK_NUMBER_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value) != 0
+    return False
+
+
 def local_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
