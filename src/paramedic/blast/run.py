@@ -42,6 +42,7 @@ class Database:
     length: int
     whole: str
     fragments: tuple[str, ...]  # fragment alias names inside `directory`
+    members_blake3: str = ""  # the manifest's digest of members.bin ("": read sequences.tsv)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import blake3
+
 from paramedic import __version__
 from paramedic.blast.alias import write_alias
 from paramedic.blast.hits import FRAGMENT_ID_PREFIX
@@ -37,10 +39,12 @@ from paramedic.db.manifest import (
     FORMAT_VERSION,
     FRAGMENT_DIGESTS,
     MANIFEST_NAME,
+    MEMBERS_NAME,
     SEQUENCES_NAME,
     WHOLE_NAME,
     Fragment,
     Manifest,
+    members_bytes,
     volume_blake3,
     volume_sha256,
 )
@@ -122,6 +126,8 @@ def _build(settings: FormatSettings, build: Path, progress: Callable[[str], None
 
     nseq, length = _whole_size(build, len(lengths))
     write_seqid_table(build, WHOLE_NAME, nseq)
+    members_file = members_bytes(fragment_of, settings.fragments)
+    (build / MEMBERS_NAME).write_bytes(members_file)
     fragments = []
     for i, gids in enumerate(members):
         name = f"frag{i:03d}"
@@ -162,6 +168,7 @@ def _build(settings: FormatSettings, build: Path, progress: Callable[[str], None
         # this also counted a FASTA file removed afterwards, so their fragments cannot be verified)
         tools={"blast": blast_version(), "paramedic": __version__, "digests": FRAGMENT_DIGESTS},
         volume_blake3={v: volume_blake3(build, v) for v in [WHOLE_NAME, *volumes]},
+        members_blake3=blake3.blake3(members_file).hexdigest(),
     )
     (build / MANIFEST_NAME).write_text(manifest.to_json())
     return manifest

@@ -55,5 +55,6 @@ def resolve_database(arg: str, cwd: Path, digest: bool = True) -> tuple[Database
         length=manifest.length,
         whole=manifest.whole,
         fragments=tuple(f.name for f in manifest.fragments),
+        members_blake3=manifest.members_blake3,
     )
     return database, manifest

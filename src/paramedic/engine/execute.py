@@ -33,7 +33,7 @@ def execute(
     if isinstance(task, SearchTask):
         batch = plan.batches[task.batch]
         queries = job.queries[batch.start : batch.stop]
-        members = job.db.directory, len(job.db.fragments)
+        members = job.db.directory, len(job.db.fragments), job.db.members_blake3
         with _place(job, task.fragment, stats) as db:
             found, run = search_fragment(
                 job.program,

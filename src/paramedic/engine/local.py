@@ -131,7 +131,7 @@ def thread_runner(job: Job, plan: Plan, workdir: Path, store: Store | None, work
 def _read_members(job: Job) -> None:
     """The fragments' members, cached for the workers (a failure is theirs to meet and report)."""
     try:
-        fragment_members(job.db.directory, len(job.db.fragments))
+        fragment_members(job.db.directory, len(job.db.fragments), job.db.members_blake3)
     except Exception:
         pass
 
