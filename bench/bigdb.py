@@ -5,6 +5,8 @@ Side by side in one run, alternating the order every round, on the same cores:
   - `blastp -num_threads N -mt_mode 1` (threads over the queries);
   - `paramedic search` with its defaults (`auto` chooses, the run record says why);
   - `paramedic search --strategy fragments` (the engine path by name);
+  - with --mpi, also `paramedic search --runner mpi` (the default's job on MPI ranks under mpiexec,
+    beside the default's worker threads of one process);
 and the same for blastn. Wall seconds are measured around each command; CPU seconds are every process
 the command started, read from a cpuacct cgroup made for the run (as root; else the waited-for
 children's rusage). Ratios are against the faster BLAST+ mode of the same round; the medians over the
@@ -157,7 +159,9 @@ def measured(cmd: list[str | Path], cwd: Path) -> tuple[float, float]:
     return wall, cpu
 
 
-def run_shape(work: Path, program: str, n: int, rounds: int, cores: int, fragments: int) -> list[str]:
+def run_shape(
+    work: Path, program: str, n: int, rounds: int, cores: int, fragments: int, mpi: bool = False
+) -> list[str]:
     db = database(work, program, fragments)
     queries = work / f"{program}-q{n}.fasta"
     DATABASES[program][2](n, queries)
@@ -171,6 +175,8 @@ def run_shape(work: Path, program: str, n: int, rounds: int, cores: int, fragmen
         "paramedic (default)": lambda out: [*paramedic, "-out", out],
         "paramedic --strategy fragments": lambda out: [*paramedic, "-out", out, "--strategy", "fragments"],
     }
+    if mpi:
+        runs["paramedic --runner mpi"] = lambda out: [*paramedic, "-out", out, "--runner", "mpi"]
     names = list(runs)
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     reasons: dict[str, str] = {}
@@ -244,6 +250,9 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache/paramedic/bench-bigdb")
     parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
+    parser.add_argument(
+        "--mpi", action="store_true", help="also the default's job on MPI ranks (--runner mpi)"
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -255,7 +264,7 @@ def main() -> None:
     ]
     for program in args.programs.split(","):
         for n in (int(x) for x in args.queries.split(",")):
-            lines += run_shape(args.work, program, n, args.rounds, args.cores, args.fragments)
+            lines += run_shape(args.work, program, n, args.rounds, args.cores, args.fragments, args.mpi)
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_results:
