@@ -455,10 +455,9 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
         fixed[: clog2.PREAMBLE_SIZE],
         big_endian,
         block_size,
-        records.take(index),
+        records,
         (end_head[0], end_head[1], end_head[2]),
         tail_bytes,
         fixed[clog2.PREAMBLE_SIZE :],
     )
-    data = clog2.write(trace, max_size=size)
-    return data
+    return clog2.write(trace, max_size=size, order=index)
