@@ -11,7 +11,7 @@ import resource
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 from paramedic.durable import write_durably
 
@@ -44,6 +44,7 @@ class ShipReport(TypedDict):
     g_site_decode_seconds: float | None
     site_sha256: str | None
     auto_decision: dict[str, Any] | None
+    precision: NotRequired[str]  # a trace's time precision: "lossless" or e.g. "1us" (--trace-precision)
 
 
 class StrategyReason(TypedDict):

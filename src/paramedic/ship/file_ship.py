@@ -15,6 +15,8 @@ modes:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import zstandard
@@ -31,18 +33,22 @@ from paramedic.ship.wire import MAX_PAYLOAD_BYTES
 Metadata = tuple[dict[str, Any], bytes]
 
 
-def _encode(app: Application, data: bytes) -> tuple[Metadata, float]:
-    start = time.perf_counter()
-    made = make_codec(app.metadata_codec).encode((0, data))
-    return made, time.perf_counter() - start
+def _metadata_codec(app: Application, precision: str) -> Any:
+    codec = make_codec(app.metadata_codec)
+    if hasattr(codec, "precision"):
+        codec.precision = precision
+    return codec
 
 
 def _auto(
-    settings: ShipSettings, app: Application, data: bytes
+    settings: ShipSettings, app: Application, data: bytes, precision: str
 ) -> tuple[str, dict[str, Any], Metadata, float]:
-    """The mode `auto` picks for this file, the record of why, and the metadata made on the way."""
+    """The mode `auto` picks for this file, the record of why, and the metadata made on the way (checked:
+    f counts the rebuild check, which the metadata path runs while the metadata travels)."""
     link, _ = measure_link(settings.site, settings.keys)
-    made, f = _encode(app, data)
+    start = time.perf_counter()
+    made = _metadata_codec(app, precision).encode((0, data))
+    f = time.perf_counter() - start
     meta = made[1]
     start = time.perf_counter()
     make_codec(app.metadata_codec).decode(made[0], meta, None)
@@ -69,25 +75,20 @@ def _auto(
     return mode, decision, made, f
 
 
-def ship_file(settings: ShipSettings, app: Application, data: bytes) -> ShipReport:
+def ship_file(
+    settings: ShipSettings, app: Application, data: bytes, precision: str = "lossless"
+) -> ShipReport:
     """Send `data` (a whole output file of `app`) to the storage site as `settings.out`; the site's file is
-    checked against it (size and SHA-256) before this returns."""
+    checked against it (size and SHA-256) before this returns. `precision`: a trace's time precision
+    (`data` is already reduced to it; recorded in the metadata and the report)."""
     if settings.mode not in app.ship_modes + ("auto",):
         raise UsageError(f"--ship {settings.mode}: {app.name} ships {', '.join(app.ship_modes)} or auto")
     mode, decision = settings.mode, None
     made: Metadata | None = None
     encode_seconds = 0.0
     if mode == "auto":
-        mode, decision, made, encode_seconds = _auto(settings, app, data)
-    codec = make_codec(app.metadata_codec) if mode == METADATA else codec_for_mode(mode)
-    if mode == METADATA:
-        if made is None:
-            made, encode_seconds = _encode(app, data)
-        if len(made[1]) > MAX_PAYLOAD_BYTES:
-            raise UsageError(
-                f"the {app.name} metadata is {len(made[1])} bytes, over the link's {MAX_PAYLOAD_BYTES}-byte "
-                "payload limit: ship it compressed"
-            )
+        mode, decision, made, encode_seconds = _auto(settings, app, data, precision)
+    codec = _metadata_codec(app, precision) if mode == METADATA else codec_for_mode(mode)
     transport = open_transport(
         Opening(
             settings.site,
@@ -99,7 +100,25 @@ def ship_file(settings: ShipSettings, app: Application, data: bytes) -> ShipRepo
             settings.timeout,
         )
     )
-    transport.start()
+    check: Callable[[], Metadata | None] | None = None
+    if mode == METADATA and made is None:
+        # the site's job opens (TLS handshakes) while the metadata is made; the metadata's rebuild check,
+        # where the codec offers it apart, runs while the metadata travels
+        opened = _in_background(transport.start)
+        try:
+            made, check, encode_seconds = _encode_overlapped(codec, data)
+            _limit(app, made)
+        except BaseException:
+            if opened.result(timeout=settings.timeout) is None:
+                Shipping(settings, mode, codec, transport, 0).abort()
+            raise
+        failure = opened.result()
+        if failure is not None:
+            raise failure
+    else:
+        if made is not None:
+            _limit(app, made)
+        transport.start()
     shipping = Shipping(settings, mode, codec, transport, 0)
     shipping.decision = decision
     try:
@@ -108,10 +127,93 @@ def ship_file(settings: ShipSettings, app: Application, data: bytes) -> ShipRepo
             transport.send(*made)
             shipping.output_bytes = len(data)
             shipping.digest.update(data)
+            if check is not None:
+                start = time.perf_counter()
+                replacement = check()
+                shipping.encode_seconds += time.perf_counter() - start
+                if replacement is not None:  # a layout the columns do not rebuild: ship the general codec's
+                    shipping.abort()
+                    return _reship(settings, app, data, precision, replacement, decision)
         else:
             shipping.write(data)
         shipping.commit()
     except BaseException:
         shipping.abort()
         raise
-    return shipping.report()
+    return _with_precision(shipping.report(), app, precision)
+
+
+def _reship(
+    settings: ShipSettings,
+    app: Application,
+    data: bytes,
+    precision: str,
+    made: Metadata,
+    decision: dict[str, Any] | None,
+) -> ShipReport:
+    """Ship `made` (checked metadata) in a new job at the site, the first one being cancelled."""
+    codec = _metadata_codec(app, precision)
+    opening = Opening(
+        settings.site,
+        settings.keys,
+        codec.name,
+        {"out": settings.out},
+        b"",
+        settings.streams,
+        settings.timeout,
+    )
+    transport = open_transport(opening)
+    transport.start()
+    shipping = Shipping(settings, METADATA, codec, transport, 0)
+    shipping.decision = decision
+    try:
+        transport.send(*made)
+        shipping.output_bytes = len(data)
+        shipping.digest.update(data)
+        shipping.commit()
+    except BaseException:
+        shipping.abort()
+        raise
+    return _with_precision(shipping.report(), app, precision)
+
+
+def _with_precision(report: ShipReport, app: Application, precision: str) -> ShipReport:
+    if app.name == "trace":
+        report["precision"] = precision
+    return report
+
+
+def _limit(app: Application, made: Metadata) -> None:
+    if len(made[1]) > MAX_PAYLOAD_BYTES:
+        raise UsageError(
+            f"the {app.name} metadata is {len(made[1])} bytes, over the link's {MAX_PAYLOAD_BYTES}-byte "
+            "payload limit: ship it compressed"
+        )
+
+
+def _encode_overlapped(
+    codec: Any, data: bytes
+) -> tuple[Metadata, Callable[[], Metadata | None] | None, float]:
+    """The metadata, and its rebuild check when the codec offers it apart (else it is checked already)."""
+    start = time.perf_counter()
+    if hasattr(codec, "encode_unchecked"):
+        made, check = codec.encode_unchecked((0, data))
+    else:
+        made, check = codec.encode((0, data)), None
+    return made, check, time.perf_counter() - start
+
+
+def _in_background(action: Callable[[], None]) -> Future[BaseException | None]:
+    """Run `action` on a thread; its future holds the exception it raised (None: it succeeded)."""
+
+    def run() -> BaseException | None:
+        try:
+            action()
+        except BaseException as exc:  # handed to the caller
+            return exc
+        return None
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(run)
+    pool.shutdown(wait=False)
+    return future
