@@ -191,22 +191,28 @@ COMMON = 3 + 6  # the words every frequent record has: icomm, thread, rectype an
 RARE_TYPES = np.asarray([size > 24 for size in clog2.BODY_SIZE])  # definitions, cargo, communicators, ...
 
 
-def _encode_stream(rec: clog2.Records, times: np.ndarray, period: int) -> tuple[dict[str, Any], list[bytes]]:
-    """A process's records: the first COMMON words of every record, the other words of the few records
-    with long bodies (definitions), and the time gaps; the words and the gaps each with or without the
-    period's differences, whichever is smaller; the gaps grouped by record kind (gaps of one kind of
-    record are alike)."""
-    words = np.concatenate([rec.head[:, [0, 2, 3]], rec.body], axis=1).T.astype(np.int32)
-    rare = RARE_TYPES[rec.head[:, 3]]
-    common = np.ascontiguousarray(words[:COMMON])
+def _encode_stream(
+    rec: clog2.Records, index: np.ndarray, times: np.ndarray, max_period: int
+) -> tuple[int, dict[str, Any], list[bytes]]:
+    """A process's records (`index` in `rec`): its period, and the first COMMON words of every record, the
+    other words of the few records with long bodies (definitions), and the time gaps; the words and the
+    gaps each with or without the period's differences, whichever is smaller; the gaps grouped by record
+    kind (gaps of one kind of record are alike). Only the words needed are gathered (not whole records)."""
+    head = rec.head[index]
+    common = np.empty((COMMON, len(index)), np.int32)
+    common[:3] = head[:, [0, 2, 3]].T
+    common[3:] = rec.body[index, : COMMON - 3].T
+    kinds = head[:, 3].astype(np.int64) * (1 << 32) + common[3].astype(np.int64)
+    period = find_period(kinds, max_period)
+    rare = RARE_TYPES[head[:, 3]]
     word_blob = _pack(common)
     word_period = False
     if period:
         diffed = _pack(_period_diff(common, period))
         if len(diffed) < len(word_blob):
             word_blob, word_period = diffed, True
-    rare_blob = _pack(np.ascontiguousarray(words[COMMON:, rare]))
-    by_kind = np.argsort(record_kinds(rec), kind="stable")
+    rare_blob = _pack(np.ascontiguousarray(rec.body[index[rare], COMMON - 3 :].T))
+    by_kind = np.argsort(kinds, kind="stable")
     gaps = np.diff(times, prepend=np.int64(0))[None, :]
     time_blob = _pack(gaps[:, by_kind])
     time_period = False
@@ -214,8 +220,8 @@ def _encode_stream(rec: clog2.Records, times: np.ndarray, period: int) -> tuple[
         diffed = _pack(_period_diff(gaps, period)[:, by_kind])
         if len(diffed) < len(time_blob):
             time_blob, time_period = diffed, True
-    info = {"n": len(rec), "period": period, "word_period": word_period, "time_period": time_period}
-    return info, [word_blob, rare_blob, time_blob]
+    info = {"n": len(index), "period": period, "word_period": word_period, "time_period": time_period}
+    return period, info, [word_blob, rare_blob, time_blob]
 
 
 def _decode_stream(
@@ -299,10 +305,7 @@ def encode(
 
     def one(s: int) -> tuple[int, dict[str, Any], list[bytes]]:
         index = np.flatnonzero(stream_of == s)
-        part = rec.take(index)
-        period = find_period(record_kinds(part), max_period)
-        info, parts = _encode_stream(part, times[index], period)
-        return period, info, parts
+        return _encode_stream(rec, index, times[index], max_period)
 
     # the processes in parallel (numpy's FFT and zstd release the GIL): the paper's compute site does the
     # FFTs in parallel too
