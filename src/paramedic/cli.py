@@ -173,6 +173,13 @@ def _ship_file(args: argparse.Namespace, path: Path, out: str) -> None:
     }
     if args.record is not None:
         write_durably(args.record, json.dumps(record, indent=1).encode() + b"\n")
+    if report.get("already_at_site"):
+        print(
+            f"paramedic: {path} is already at {settings.site} as {out} (an earlier run of this command "
+            "shipped it; the site's copy is identical)",
+            file=sys.stderr,
+        )
+        return
     print(
         f"paramedic: {path} shipped to {settings.site} as {out} ({report['mode']}: "
         f"{report['shipped_payload_bytes']} bytes for {report['output_bytes']}; "

@@ -45,6 +45,7 @@ class ShipReport(TypedDict):
     site_sha256: str | None
     auto_decision: dict[str, Any] | None
     precision: NotRequired[str]  # a trace's time precision: "lossless" or e.g. "1us" (--trace-precision)
+    already_at_site: NotRequired[bool]  # an earlier run of the same `paramedic ship` had the site publish it
 
 
 class StrategyReason(TypedDict):
