@@ -138,3 +138,41 @@ def test_a_trace_ships_through_the_signed_inbox(tmp_path: Path, keys: Path, trac
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_layout_the_columns_do_not_rebuild_ships_checked(
+    tmp_path: Path, keys: Path, site, traced: Path
+) -> None:  # noqa: F811
+    """A CLOG2 file another writer made differently (an ENDBLOCK whose time is not the next record's):
+    the metadata sent unchecked does not rebuild it, the check that runs while it travels finds so, the
+    job is cancelled and the general codec's metadata ships instead; the site's file is identical."""
+    data = bytearray(traced.read_bytes())
+    pre = clog2.parse_preamble(bytes(data), len(data))
+    nblocks = (pre.commtable_fptr - clog2.PREAMBLE_SIZE) // pre.block_size
+    assert nblocks >= 2
+    rectypes = np.frombuffer(
+        bytes(data), ">i4", count=nblocks * pre.block_size // 4, offset=clog2.PREAMBLE_SIZE
+    )
+    walked = clog2._walk_blocks(rectypes[5::2], nblocks, pre.block_size // 8, 1 << 28)
+    assert walked is not None
+    at = clog2.PREAMBLE_SIZE + 8 * int(walked[1][0])  # block 0's ENDBLOCK
+    data[at : at + 8] = np.asarray([123.0], ">f8").tobytes()
+    odd = tmp_path / "odd.clog2"
+    odd.write_bytes(bytes(data))
+    unchecked = codec.encode(bytes(data), check=False)
+    assert unchecked.mode != "general" and codec.checked(unchecked, bytes(data)).mode == "general"
+
+    record = tmp_path / "odd.json"
+    ship(site, keys, odd, "odd.clog2", "--record", str(record))
+    assert (site.root / "odd.clog2").read_bytes() == bytes(data)
+    assert json.loads(record.read_text())["ship"]["mode"] == "metadata"
+    assert sorted(p.name for p in site.root.iterdir()) == [".paramedic-state", "odd.clog2"]
+
+    # a damaged trace: refused in one line (exit 3) though the site's job was opened while encoding; the
+    # job is cancelled, nothing is written
+    broken = tmp_path / "broken.clog2"
+    broken.write_bytes(bytes(data[: len(data) // 2]))
+    proc = ship(site, keys, broken, "broken.clog2", check=False)
+    assert proc.returncode == 3 and proc.stderr.startswith("paramedic: error:")
+    assert len(proc.stderr.splitlines()) == 1
+    assert sorted(p.name for p in site.root.iterdir()) == [".paramedic-state", "odd.clog2"]
