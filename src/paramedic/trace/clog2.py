@@ -251,10 +251,10 @@ def _walk_blocks(
     for _ in range(FAST_WALK_STEPS):
         if not len(j):
             break
-        if np.any(j + HEADER_SIZE // 8 > end):
+        if (j + HEADER_SIZE // 8 > end).any():  # no room for a header (or the last record crossed the end)
             return None
         r = kinds[j]
-        if np.any((r < 0) | (r >= len(BODY_SIZE))):
+        if ((r < 0) | (r >= len(BODY_SIZE))).any():
             return None
         done = r <= REC_ENDBLOCK
         if done.any():
@@ -265,9 +265,7 @@ def _walk_blocks(
             keep = ~done
             j, end, block, r = j[keep], end[keep], block[keep], r[keep]
         is_start[j] = True
-        j = j + SLOT_SIZES[r]
-        if np.any(j > end):
-            return None
+        j = j + SLOT_SIZES[r]  # past `end` when the record crosses its block's end: refused above
     else:
         return None
     starts = np.flatnonzero(is_start)
