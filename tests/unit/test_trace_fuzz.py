@@ -110,6 +110,11 @@ def _rewrite(meta: bytes, change) -> bytes:
         lambda h: h.update(tails=[-1]),
         lambda h: h.update(blobs=[-5] + h["blobs"][1:]),
         lambda h: h.update(mode="lossy"),
+        lambda h: h.update(format=3),
+        lambda h: h.update(format="2"),
+        lambda h: h.update(format=True),
+        lambda h: h.update(format=1),  # format 1 has no time unit
+        lambda h: h.pop("format"),
     ],
 )
 def test_hostile_metadata_headers_are_refused(change) -> None:

@@ -46,6 +46,7 @@ import zstandard
 from paramedic.trace import clog2
 
 MAGIC = b"PMTRACE1"
+FORMAT = 2  # 2: times in `time_unit` nanoseconds, `precision` recorded; 1 (still read): time_unit 1
 MAX_HEADER = 1 << 20
 WORDS = 3 + clog2.BODY_WORDS  # icomm, thread, rectype, body
 MAX_PERIOD = 1 << 16
@@ -267,7 +268,7 @@ def _frame(header: dict[str, Any], blobs: list[bytes]) -> bytes:
 
 def _general(data: bytes, reason: str, digest: str, precision: str) -> Encoded:
     blob = zstandard.ZstdCompressor(level=LEVEL).compress(data)
-    header = {"format": 1, "mode": "general", "size": len(data), "sha256": digest, "reason": reason}
+    header = {"format": FORMAT, "mode": "general", "size": len(data), "sha256": digest, "reason": reason}
     header["precision"] = precision
     return Encoded(_frame(header, [blob]), "general", reason, {}, precision)
 
@@ -292,7 +293,7 @@ def encode(
     by_stream = np.argsort(stream_of, kind="stable")
     canonical = by_stream[np.argsort(rec.seconds()[by_stream], kind="stable")]
     blobs: list[bytes] = []
-    header: dict[str, Any] = {"format": 1, "size": len(data), "sha256": digest, "time": time_mode}
+    header: dict[str, Any] = {"format": FORMAT, "size": len(data), "sha256": digest, "time": time_mode}
     header["time_unit"] = unit
     header["precision"] = precision
     if np.array_equal(canonical, np.arange(len(rec))):
@@ -374,10 +375,17 @@ def parse_header(meta: bytes, max_size: int) -> tuple[dict[str, Any], list[bytes
         size = int(header["size"])
         digest = str(header["sha256"])
         mode = header["mode"]
+        version = header.get("format")
     except (ValueError, KeyError, TypeError) as exc:
         raise MetadataError("trace metadata: bad header") from exc
     if not isinstance(header, dict) or mode not in ("general", "periodic", "columns"):
         raise MetadataError("trace metadata: bad header")
+    if version not in (1, 2) or isinstance(version, bool):
+        raise MetadataError(
+            f"trace metadata format {str(version)[:20]!r}: this paramedic reads formats 1 and 2"
+        )
+    if version == 1 and header.get("time_unit", 1) != 1:
+        raise MetadataError("trace metadata: bad header (format 1 has no time unit)")
     if not 0 < size <= max_size:
         raise MetadataError(f"trace metadata: file size {size} out of bounds (limit {max_size})")
     if len(digest) != 64 or any(x < 0 for x in sizes) or 12 + length + sum(sizes) != len(meta):
