@@ -12,7 +12,8 @@ differences for the others. Here, per process (the records of one header rank, i
   earlier when that is smaller (records that repeat their counterpart: state, peer, tag, size, cost zero
   words), the rest only for the few records with longer bodies (state definitions, communicators);
 * times: integer nanoseconds when every time is one (`ns / 1e9`, as paramedic's tracer writes them; else
-  the float64 bit patterns), as gaps to the previous record, minus the gap one period earlier when that is
+  the float64 bit patterns), divided by their greatest common divisor (`time_unit`: 1000 for a trace
+  reduced to microseconds by trace.precision), as gaps to the previous record, minus the gap one period earlier when that is
   smaller, grouped by record kind (gaps of one kind are alike: 10-17% smaller on real traces);
 * then each column zigzag-coded, split in byte planes and compressed with zstd (level 9).
 
@@ -23,7 +24,8 @@ regular (a per-position gap with small jitter).
 
 The records' interleaving is the merge by time (stored explicitly when the file is not in that order),
 block boundaries follow MPE2's packing rule, and the preamble, block tails and communicator table are
-stored as they are. Encoding checks that this rebuilds the file byte for byte; if it would not (a file
+stored as they are. Encoding checks that this rebuilds the file byte for byte (`checked`, which a sender may run while the
+unchecked metadata travels); if it would not (a file
 from another writer with a layout we do not model), or when zstd of the whole file is smaller, the file
 is shipped with a general codec (zstd of the whole file) and the result says so; an aperiodic trace
 keeps the columns without periods (mode "columns", "aperiodic" in the reason). Decoding is bounded by the sizes in
