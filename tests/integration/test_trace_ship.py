@@ -14,21 +14,33 @@ import pytest
 from paramedic.trace import clog2, codec, precision
 from tests.conftest import BIN, paramedic
 from tests.integration.site import StorageSite
-from tests.integration.test_trace import OMPI_ENV, keys, random_comm  # noqa: F401 (fixtures)
+from tests.integration.test_trace import OMPI_ENV, RANDOM_COMM, need
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def traced(random_comm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
-    out = tmp_path_factory.mktemp("traced") / "run.clog2"
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("trace-ship-keys")
+    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
+    return base / "keys"
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trace of random_comm (2 ranks, 600 steps) under Open MPI."""
+    need("mpicc.openmpi", "mpiexec.openmpi")
+    base = tmp_path_factory.mktemp("traced")
+    random_comm = base / "random_comm"
+    subprocess.run(["mpicc.openmpi", "-O2", "-o", str(random_comm), str(RANDOM_COMM)], check=True)
+    out = base / "run.clog2"
     paramedic("trace", "-out", str(out), "--", "mpiexec.openmpi", "-n", "2", str(random_comm), "600", "9",
               env=OMPI_ENV)  # fmt: skip
     return out
 
 
 @pytest.fixture
-def site(tmp_path: Path, keys: Path):  # noqa: F811
+def site(tmp_path: Path, keys: Path):
     root = tmp_path / "root"
     root.mkdir()
     site = StorageSite(None, root, keys / "server", tmp_path / "serve.log")
@@ -37,12 +49,12 @@ def site(tmp_path: Path, keys: Path):  # noqa: F811
     site.stop()
 
 
-def ship(site: StorageSite, keys: Path, path: Path, out: str, *flags: str, check: bool = True):  # noqa: F811
+def ship(site: StorageSite, keys: Path, path: Path, out: str, *flags: str, check: bool = True):
     return paramedic("ship", str(path), "-out", out, "--site", site.url, "--keys", str(keys / "compute-a"),
                      *flags, check=check)  # fmt: skip
 
 
-def test_reduced_precision_is_explicit_and_recorded(tmp_path: Path, keys: Path, site, traced: Path) -> None:  # noqa: F811
+def test_reduced_precision_is_explicit_and_recorded(tmp_path: Path, keys: Path, site, traced: Path) -> None:
     """--trace-precision 1us: the site's file is the trace with every time rounded to the microsecond (the
     same records, in the same order), the record and the metadata say so, and it ships smaller; lossless
     stays the default; a bad precision is one line and nothing at the site."""
@@ -78,7 +90,7 @@ def test_reduced_precision_is_explicit_and_recorded(tmp_path: Path, keys: Path, 
     assert sorted(p.name for p in site.root.iterdir()) == [".paramedic-state", "coarse.clog2", "exact.clog2"]
 
 
-def test_a_stopped_ship_resumes_and_a_finished_one_is_not_refused(keys: Path, site, traced: Path) -> None:  # noqa: F811
+def test_a_stopped_ship_resumes_and_a_finished_one_is_not_refused(keys: Path, site, traced: Path) -> None:
     """A run stopped after its metadata reached the site (its job open, the chunk acknowledged, never
     finished: what a killed `paramedic ship` leaves) is finished by the same command run again, which
     reopens the job and sends nothing again; run once more, the command learns that the file is there."""
@@ -115,7 +127,7 @@ def test_a_stopped_ship_resumes_and_a_finished_one_is_not_refused(keys: Path, si
     assert proc.returncode == 8 and "already there" in proc.stderr
 
 
-def test_a_trace_ships_through_the_signed_inbox(tmp_path: Path, keys: Path, traced: Path) -> None:  # noqa: F811
+def test_a_trace_ships_through_the_signed_inbox(tmp_path: Path, keys: Path, traced: Path) -> None:
     """`serve --inbox --keys` without a replica and `paramedic ship --site file://`: the trace's metadata
     crosses the shared directory signed, the site writes the identical file, the inbox is left empty; the
     same command again reaches the same (finished) job and exits 0."""
@@ -142,7 +154,7 @@ def test_a_trace_ships_through_the_signed_inbox(tmp_path: Path, keys: Path, trac
 
 def test_a_layout_the_columns_do_not_rebuild_ships_checked(
     tmp_path: Path, keys: Path, site, traced: Path
-) -> None:  # noqa: F811
+) -> None:
     """A CLOG2 file another writer made differently (an ENDBLOCK whose time is not the next record's):
     the metadata sent unchecked does not rebuild it, the check that runs while it travels finds so, the
     job is cancelled and the general codec's metadata ships instead; the site's file is identical."""
