@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,10 @@ def test_a_trace_ships_through_the_signed_inbox(tmp_path: Path, keys: Path, trac
     with open(log, "wb") as fh:
         server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fh, start_new_session=True)
     try:
+        deadline = time.monotonic() + 60
+        while "watching inbox" not in log.read_text():  # the site makes the inbox when it starts
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
         for _ in range(2):
             record = tmp_path / "inbox.json"
             paramedic("ship", str(traced), "-out", "via/inbox.clog2", "--site", f"file://{inbox}",
