@@ -8,7 +8,11 @@ writes is compared with the local trace by SHA-256. Wall time is the whole `para
 (encoding, transfer, the site's regeneration and its check). Appends a section to bench/RESULTS.md
 (`--no-append`: print only). Needs `make mpi-trace`.
 
-    .venv/bin/python bench/trace_wan.py [--rates 100,10,1]
+    .venv/bin/python bench/trace_wan.py [--rates 100,10,1] [--repeat 3] [--precision 1us]
+
+--repeat runs each command N times and keeps the fastest (the machine is shared: the fastest run is the
+one least slowed by others). --precision adds a column: the metadata with `--trace-precision` (that site
+file is the reduced trace, checked by the site against its own digest, not against the local trace).
 """
 
 from __future__ import annotations
