@@ -107,6 +107,7 @@ def main() -> int:
     parser.add_argument(
         "--precision", default="", help="also ship as metadata with this --trace-precision (e.g. 1us)"
     )
+    parser.add_argument("--only", default="", help="ship only this trace (melt or flow.pois)")
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
@@ -119,6 +120,8 @@ def main() -> int:
         link = SharedLink(stack)
         relay = link.relay(port)
         for name, path in files.items():
+            if args.only and name != args.only:
+                continue
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             for rate in rates:
                 link.set_rate(rate)

@@ -15,9 +15,9 @@ modes:
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import zstandard
@@ -33,6 +33,7 @@ from paramedic.ship.transport import Opening, open_transport
 from paramedic.ship.wire import MAX_PAYLOAD_BYTES
 
 Metadata = tuple[dict[str, Any], bytes]
+OPEN_WAIT_ON_FAILURE = 5.0  # seconds a failed encoding waits for the site's job to open, to cancel it
 
 
 def _metadata_codec(app: Application, precision: str) -> Any:
@@ -111,15 +112,16 @@ def ship_file(
     if mode == METADATA and made is None:
         # the site's job opens (TLS handshakes) while the metadata is made; the metadata's rebuild check,
         # where the codec offers it apart, runs while the metadata travels
-        opened = _in_background(transport.start)
+        opened = _Background(transport.start)
         try:
             made, check, encode_seconds = _encode_overlapped(codec, data)
             _limit(app, made)
         except BaseException:
-            if opened.result(timeout=settings.timeout) is None:
+            finished, failure = opened.wait(OPEN_WAIT_ON_FAILURE)
+            if finished and failure is None:  # the job is open: the site drops it now
                 Shipping(settings, mode, codec, transport, 0).abort()
-            raise
-        failure = opened.result()
+            raise  # (a job still opening expires at the site as idle ones do)
+        failure = opened.wait()[1]
         if failure is not None:
             raise failure
     else:
@@ -255,17 +257,22 @@ def _encode_overlapped(
     return made, check, time.perf_counter() - start
 
 
-def _in_background(action: Callable[[], None]) -> Future[BaseException | None]:
-    """Run `action` on a thread; its future holds the exception it raised (None: it succeeded)."""
+class _Background:
+    """`action` on a daemon thread (a site that never answers does not keep the process alive once the
+    command has failed for another reason); `wait` gives what it raised, None when it succeeded."""
 
-    def run() -> BaseException | None:
+    def __init__(self, action: Callable[[], None]):
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(action,), daemon=True, name="open-site-job")
+        self.thread.start()
+
+    def _run(self, action: Callable[[], None]) -> None:
         try:
             action()
         except BaseException as exc:  # handed to the caller
-            return exc
-        return None
+            self.failure = exc
 
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(run)
-    pool.shutdown(wait=False)
-    return future
+    def wait(self, timeout: float | None = None) -> tuple[bool, BaseException | None]:
+        """(finished, what it raised)."""
+        self.thread.join(timeout)
+        return not self.thread.is_alive(), self.failure
