@@ -33,7 +33,8 @@ from paramedic.ship.transport import Opening, open_transport
 from paramedic.ship.wire import MAX_PAYLOAD_BYTES
 
 Metadata = tuple[dict[str, Any], bytes]
-OPEN_WAIT_ON_FAILURE = 5.0  # seconds a failed encoding waits for the site's job to open, to cancel it
+OPEN_WAIT_ON_FAILURE = 1.0  # seconds a failed encoding waits for the site's job to open, to cancel it (a job
+# still opening then idles out at the site, or the same command run again reopens it: its id is the same)
 
 
 def _metadata_codec(app: Application, precision: str) -> Any:
