@@ -161,8 +161,9 @@ def test_a_layout_the_columns_do_not_rebuild_ships_checked(
     tmp_path: Path, keys: Path, site, traced: Path
 ) -> None:
     """A CLOG2 file another writer made differently (an ENDBLOCK whose time is not the next record's):
-    the metadata sent unchecked does not rebuild it, the check that runs while it travels finds so, the
-    job is cancelled and the general codec's metadata ships instead; the site's file is identical."""
+    the metadata sent unchecked does not rebuild it, the site refuses the regenerated file (its SHA-256),
+    the compute site's check then finds the layout and ships the general codec's metadata in a new job;
+    the site's file is identical, and nothing else is left there."""
     data = bytearray(traced.read_bytes())
     pre = clog2.parse_preamble(bytes(data), len(data))
     nblocks = (pre.commtable_fptr - clog2.PREAMBLE_SIZE) // pre.block_size

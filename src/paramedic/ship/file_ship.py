@@ -26,7 +26,7 @@ from paramedic.errors import UsageError
 from paramedic.report.record import ShipReport
 from paramedic.ship.apps import Application
 from paramedic.ship.auto import COMPRESSED, METADATA, measure_link, ship_metadata
-from paramedic.ship.client import finished_job
+from paramedic.ship.client import SiteError, finished_job
 from paramedic.ship.destination import Shipping, ShipSettings
 from paramedic.ship.registry import codec_for_mode, make_codec
 from paramedic.ship.transport import Opening, open_transport
@@ -111,8 +111,9 @@ def ship_file(
     )
     check: Callable[[], Metadata | None] | None = None
     if mode == METADATA and made is None:
-        # the site's job opens (TLS handshakes) while the metadata is made; the metadata's rebuild check,
-        # where the codec offers it apart, runs while the metadata travels
+        # the site's job opens (TLS handshakes) while the metadata is made; the metadata is not decoded
+        # here (where the codec offers that): the site regenerates the file and checks its SHA-256 before
+        # writing, and only if it refuses is the rebuild checked here (a layout the codec does not model)
         opened = _Background(transport.start)
         try:
             made, check, encode_seconds = _encode_overlapped(codec, data)
@@ -137,16 +138,17 @@ def ship_file(
             transport.send(*made)
             shipping.output_bytes = len(data)
             shipping.digest.update(data)
-            if check is not None:
-                start = time.perf_counter()
-                replacement = check()
-                shipping.encode_seconds += time.perf_counter() - start
-                if replacement is not None:  # a layout the columns do not rebuild: ship the general codec's
-                    shipping.abort()
-                    return _reship(settings, app, data, precision, replacement, decision)
         else:
             shipping.write(data)
         shipping.commit()
+    except SiteError:
+        shipping.abort()
+        # the site regenerates and checks the file before writing it: unchecked metadata it refused is
+        # checked here only now; a layout the columns do not rebuild ships as the general codec's metadata
+        replacement = check() if check is not None else None
+        if replacement is None:
+            raise
+        return _reship(settings, app, data, precision, replacement, decision)
     except BaseException:
         shipping.abort()
         raise

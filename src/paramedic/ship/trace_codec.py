@@ -39,8 +39,9 @@ class TraceMetadataCodec(Codec):
     def encode_unchecked(
         self, unit: tuple[int, bytes]
     ) -> tuple[tuple[dict[str, Any], bytes], Callable[[], tuple[dict[str, Any], bytes] | None]]:
-        """`encode` without its rebuild check, and the check, to run while the metadata is on its way:
-        None when the metadata rebuilds the file, else the general codec's metadata to ship instead."""
+        """`encode` without its rebuild check, and the check, to run if the site refuses the file the
+        metadata regenerates: None when the metadata rebuilds the file (the refusal is another matter),
+        else the general codec's metadata to ship instead."""
         offset, data = unit
         made = trace_codec.encode(data, check=False, precision=self.precision)
 

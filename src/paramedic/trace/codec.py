@@ -24,8 +24,8 @@ regular (a per-position gap with small jitter).
 
 The records' interleaving is the merge by time (stored explicitly when the file is not in that order),
 block boundaries follow MPE2's packing rule, and the preamble, block tails and communicator table are
-stored as they are. Encoding checks that this rebuilds the file byte for byte (`checked`, which a sender may run while the
-unchecked metadata travels); if it would not (a file
+stored as they are. Encoding checks that this rebuilds the file byte for byte (`checked`; a sender whose receiver checks the
+digest anyway may run it only when the receiver refuses); if it would not (a file
 from another writer with a layout we do not model), or when zstd of the whole file is smaller, the file
 is shipped with a general codec (zstd of the whole file) and the result says so; an aperiodic trace
 keeps the columns without periods (mode "columns", "aperiodic" in the reason). Decoding is bounded by the sizes in
