@@ -30,7 +30,7 @@ from paramedic.ship.client import SiteError, finished_job
 from paramedic.ship.destination import Shipping, ShipSettings
 from paramedic.ship.registry import codec_for_mode, make_codec
 from paramedic.ship.transport import Opening, open_transport
-from paramedic.ship.wire import MAX_PAYLOAD_BYTES
+from paramedic.ship.wire import MAX_PAYLOAD_BYTES, ProtocolError
 
 Metadata = tuple[dict[str, Any], bytes]
 OPEN_WAIT_ON_FAILURE = 1.0  # seconds a failed encoding waits for the site's job to open, to cancel it (a job
@@ -47,16 +47,21 @@ def _metadata_codec(app: Application, precision: str) -> Any:
 def _auto(
     settings: ShipSettings, app: Application, data: bytes, precision: str
 ) -> tuple[str, dict[str, Any], Metadata, float]:
-    """The mode `auto` picks for this file, the record of why, and the metadata made on the way (checked:
-    f counts the rebuild check, which the metadata path runs while the metadata travels)."""
+    """The mode `auto` picks for this file, the record of why, and the metadata made on the way. g is
+    measured by regenerating the file here as the site would, which also checks the metadata (f is the
+    encoding alone, as the metadata path spends it)."""
     link, _ = measure_link(settings.site, settings.keys)
+    codec = _metadata_codec(app, precision)
+    made, check, f = _encode_overlapped(codec, data)
     start = time.perf_counter()
-    made = _metadata_codec(app, precision).encode((0, data))
-    f = time.perf_counter() - start
-    meta = made[1]
-    start = time.perf_counter()
-    make_codec(app.metadata_codec).decode(made[0], meta, None)
+    try:
+        rebuilt = b"".join(s.data for s in codec.decode(made[0], made[1], None))
+    except ProtocolError:
+        rebuilt = b""
     g = time.perf_counter() - start
+    if rebuilt != data and check is not None:  # a layout the codec does not model: the general codec's
+        made = check() or made
+    meta = made[1]
     compressed = len(zstandard.ZstdCompressor(level=3).compress(data))
     decision: dict[str, Any] = {
         "D_output_bytes": len(data),
