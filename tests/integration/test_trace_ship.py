@@ -185,6 +185,8 @@ def test_a_layout_the_columns_do_not_rebuild_ships_checked(
     assert (site.root / "odd.clog2").read_bytes() == bytes(data)
     assert json.loads(record.read_text())["ship"]["mode"] == "metadata"
     assert sorted(p.name for p in site.root.iterdir()) == [".paramedic-state", "odd.clog2"]
+    proc = ship(site, keys, odd, "odd.clog2")  # run again: the file is there, shipped by the second job
+    assert "already at" in proc.stderr
 
     # a damaged trace: refused in one line (exit 3) though the site's job was opened while encoding; the
     # job is cancelled, nothing is written

@@ -100,6 +100,8 @@ def ship_file(
     codec = _metadata_codec(app, precision) if mode == METADATA else codec_for_mode(mode)
     job_id = resumable_job_id(settings.out or "", codec.name, data)
     done = _published_earlier(settings, job_id, data)
+    if done is None and mode == METADATA:  # an earlier run's file may have gone as the general codec's
+        done = _published_earlier(settings, resumable_job_id(settings.out or "", "general", data), data)
     if done is not None:
         return _with_precision(done, app, precision)
     transport = open_transport(
@@ -168,7 +170,8 @@ def _reship(
     made: Metadata,
     decision: dict[str, Any] | None,
 ) -> ShipReport:
-    """Ship `made` (checked metadata) in a new job at the site, the first one being cancelled."""
+    """Ship `made` (checked metadata) in a new job at the site (the first one failed): an id of its own, which
+    the same command run again also asks about."""
     codec = _metadata_codec(app, precision)
     opening = Opening(
         settings.site,
@@ -178,6 +181,7 @@ def _reship(
         b"",
         settings.streams,
         settings.timeout,
+        job_id=resumable_job_id(settings.out or "", "general", data),
     )
     transport = open_transport(opening)
     transport.start()
