@@ -10,6 +10,9 @@ modes:
     --ship direct      the file as it is, in ranges
     --ship auto        measure the link, then the ParaMEDIC rule (ship.auto.ship_metadata) on this file's
                        real sizes and times: metadata when D - x > B * (f + g), g estimated by decoding here
+
+The site job's id is derived from `-out`, the codec and the file's digest: the same command run again
+reopens a stopped run's job (the site keeps what it acknowledged) or learns that the file is there.
 """
 
 from __future__ import annotations
