@@ -138,6 +138,11 @@ def _ship_options(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument("--streams", type=int, default=4, help="parallel TLS streams (default 4)")
     parser.add_argument("--ship-timeout", type=float, default=300.0, help="seconds to retry a lost site")
     parser.add_argument("--record", type=Path, help="write the run record (its `ship` section) here")
+    parser.add_argument(
+        "--trace-precision",
+        default="lossless",
+        help="a trace's time precision at the site: lossless (default), or e.g. 1us (times rounded to it)",
+    )
 
 
 def _ship_file(args: argparse.Namespace, path: Path, out: str) -> None:
@@ -147,8 +152,10 @@ def _ship_file(args: argparse.Namespace, path: Path, out: str) -> None:
     from paramedic.ship.apps import app_for_file
     from paramedic.ship.destination import ShipSettings
     from paramedic.ship.file_ship import ship_file
+    from paramedic.trace import precision
 
     settings = ShipSettings.build(args.site, args.keys, args.ship, out, args.streams, args.ship_timeout)
+    quantum = precision.parse(args.trace_precision)
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -156,7 +163,11 @@ def _ship_file(args: argparse.Namespace, path: Path, out: str) -> None:
     app = app_for_file(data[:1024])
     if app is None:
         raise InputError(f"{path}: not the output of an application paramedic ships (a CLOG2 trace?)")
-    report = ship_file(settings, app, data)
+    if quantum and app.name != "trace":
+        raise UsageError("--trace-precision applies to traces only")
+    if quantum:  # the file that ships, and that the site regenerates, is the reduced one
+        data = precision.reduce(data, quantum)
+    report = ship_file(settings, app, data, precision.label(quantum))
     record = {
         "kind": "paramedic-ship",
         "version": 1,
@@ -166,9 +177,21 @@ def _ship_file(args: argparse.Namespace, path: Path, out: str) -> None:
     }
     if args.record is not None:
         write_durably(args.record, json.dumps(record, indent=1).encode() + b"\n")
+    if report.get("already_at_site"):
+        print(
+            f"paramedic: {path} is already at {settings.site} as {out} (an earlier run of this command "
+            "shipped it; the site's copy is identical)",
+            file=sys.stderr,
+        )
+        return
     print(
         f"paramedic: {path} shipped to {settings.site} as {out} ({report['mode']}: "
-        f"{report['shipped_payload_bytes']} bytes for {report['output_bytes']}; the site's copy is identical)",
+        f"{report['shipped_payload_bytes']} bytes for {report['output_bytes']}; "
+        + (
+            f"the site's copy is identical to the file with times rounded to {precision.label(quantum)})"
+            if quantum
+            else "the site's copy is identical)"
+        ),
         file=sys.stderr,
     )
 
@@ -222,8 +245,13 @@ def _trace(argv: list[str]) -> int:
     args = parser.parse_args(argv[:split])
     if args.buffer < 4096 or args.buffer > 1 << 30:
         raise UsageError("--buffer must be between 4096 and 2^30 bytes")
+    if args.site is None and args.trace_precision != "lossless":
+        raise UsageError("--trace-precision is the precision of the site's copy: give --site too")
     if args.site is not None:  # the site settings are checked before the program runs
         from paramedic.ship.destination import ShipSettings
+        from paramedic.trace.precision import parse
+
+        parse(args.trace_precision)
 
         ShipSettings.build(args.site, args.keys, args.ship, str(args.out), args.streams, args.ship_timeout)
     summary = trace(argv[split + 1 :], args.out, args.buffer)

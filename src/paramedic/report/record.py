@@ -11,7 +11,7 @@ import resource
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 from paramedic.durable import write_durably
 
@@ -44,6 +44,8 @@ class ShipReport(TypedDict):
     g_site_decode_seconds: float | None
     site_sha256: str | None
     auto_decision: dict[str, Any] | None
+    precision: NotRequired[str]  # a trace's time precision: "lossless" or e.g. "1us" (--trace-precision)
+    already_at_site: NotRequired[bool]  # an earlier run of the same `paramedic ship` had the site publish it
 
 
 class StrategyReason(TypedDict):

@@ -73,6 +73,8 @@ class _Chunk:
 @dataclass
 class _Shared:
     pending: dict[int, _Chunk] = field(default_factory=dict)  # sent or queued, not acknowledged
+    # every index the site acknowledged, also before it was queued here (a reopened job's `acked`)
+    acked: set[int] = field(default_factory=set)
     queue: deque[int] = field(default_factory=deque)
     cond: threading.Condition = field(default_factory=threading.Condition)
     failure: BaseException | None = None
@@ -171,6 +173,8 @@ class TlsShipper:
             self.stats.payload_bytes += len(payload)
         with self.shared.cond:
             self._raise_failure()
+            if chunk.index in self.shared.acked:  # a resumed job: the site holds it already
+                return
             self.shared.pending[chunk.index] = chunk
             self.shared.queue.append(chunk.index)
             self.shared.cond.notify_all()
@@ -275,6 +279,7 @@ class TlsShipper:
         if indices:
             self.stats.last_ack = time.perf_counter()
         with self.shared.cond:
+            self.shared.acked |= indices
             for index in indices:
                 self.shared.pending.pop(index, None)
             if indices:

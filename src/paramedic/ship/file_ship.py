@@ -10,11 +10,17 @@ modes:
     --ship direct      the file as it is, in ranges
     --ship auto        measure the link, then the ParaMEDIC rule (ship.auto.ship_metadata) on this file's
                        real sizes and times: metadata when D - x > B * (f + g), g estimated by decoding here
+
+The site job's id is derived from `-out`, the codec and the file's digest: the same command run again
+reopens a stopped run's job (the site keeps what it acknowledged) or learns that the file is there.
 """
 
 from __future__ import annotations
 
+import hashlib
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zstandard
@@ -23,30 +29,42 @@ from paramedic.errors import UsageError
 from paramedic.report.record import ShipReport
 from paramedic.ship.apps import Application
 from paramedic.ship.auto import COMPRESSED, METADATA, measure_link, ship_metadata
+from paramedic.ship.client import SiteError, finished_job
 from paramedic.ship.destination import Shipping, ShipSettings
 from paramedic.ship.registry import codec_for_mode, make_codec
 from paramedic.ship.transport import Opening, open_transport
-from paramedic.ship.wire import MAX_PAYLOAD_BYTES
+from paramedic.ship.wire import MAX_PAYLOAD_BYTES, ProtocolError
 
 Metadata = tuple[dict[str, Any], bytes]
+OPEN_WAIT_ON_FAILURE = 1.0  # seconds a failed encoding waits for the site's job to open, to cancel it (a job
+# still opening then idles out at the site, or the same command run again reopens it: its id is the same)
 
 
-def _encode(app: Application, data: bytes) -> tuple[Metadata, float]:
-    start = time.perf_counter()
-    made = make_codec(app.metadata_codec).encode((0, data))
-    return made, time.perf_counter() - start
+def _metadata_codec(app: Application, precision: str) -> Any:
+    codec = make_codec(app.metadata_codec)
+    if hasattr(codec, "precision"):
+        codec.precision = precision
+    return codec
 
 
 def _auto(
-    settings: ShipSettings, app: Application, data: bytes
+    settings: ShipSettings, app: Application, data: bytes, precision: str
 ) -> tuple[str, dict[str, Any], Metadata, float]:
-    """The mode `auto` picks for this file, the record of why, and the metadata made on the way."""
+    """The mode `auto` picks for this file, the record of why, and the metadata made on the way. g is
+    measured by regenerating the file here as the site would, which also checks the metadata (f is the
+    encoding alone, as the metadata path spends it)."""
     link, _ = measure_link(settings.site, settings.keys)
-    made, f = _encode(app, data)
-    meta = made[1]
+    codec = _metadata_codec(app, precision)
+    made, check, f = _encode_overlapped(codec, data)
     start = time.perf_counter()
-    make_codec(app.metadata_codec).decode(made[0], meta, None)
+    try:
+        rebuilt = b"".join(s.data for s in codec.decode(made[0], made[1], None))
+    except ProtocolError:
+        rebuilt = b""
     g = time.perf_counter() - start
+    if rebuilt != data and check is not None:  # a layout the codec does not model: the general codec's
+        made = check() or made
+    meta = made[1]
     compressed = len(zstandard.ZstdCompressor(level=3).compress(data))
     decision: dict[str, Any] = {
         "D_output_bytes": len(data),
@@ -69,25 +87,26 @@ def _auto(
     return mode, decision, made, f
 
 
-def ship_file(settings: ShipSettings, app: Application, data: bytes) -> ShipReport:
+def ship_file(
+    settings: ShipSettings, app: Application, data: bytes, precision: str = "lossless"
+) -> ShipReport:
     """Send `data` (a whole output file of `app`) to the storage site as `settings.out`; the site's file is
-    checked against it (size and SHA-256) before this returns."""
+    checked against it (size and SHA-256) before this returns. `precision`: a trace's time precision
+    (`data` is already reduced to it; recorded in the metadata and the report)."""
     if settings.mode not in app.ship_modes + ("auto",):
         raise UsageError(f"--ship {settings.mode}: {app.name} ships {', '.join(app.ship_modes)} or auto")
     mode, decision = settings.mode, None
     made: Metadata | None = None
     encode_seconds = 0.0
     if mode == "auto":
-        mode, decision, made, encode_seconds = _auto(settings, app, data)
-    codec = make_codec(app.metadata_codec) if mode == METADATA else codec_for_mode(mode)
-    if mode == METADATA:
-        if made is None:
-            made, encode_seconds = _encode(app, data)
-        if len(made[1]) > MAX_PAYLOAD_BYTES:
-            raise UsageError(
-                f"the {app.name} metadata is {len(made[1])} bytes, over the link's {MAX_PAYLOAD_BYTES}-byte "
-                "payload limit: ship it compressed"
-            )
+        mode, decision, made, encode_seconds = _auto(settings, app, data, precision)
+    codec = _metadata_codec(app, precision) if mode == METADATA else codec_for_mode(mode)
+    job_id = resumable_job_id(settings.out or "", codec.name, data)
+    done = _published_earlier(settings, job_id, data)
+    if done is None and mode == METADATA:  # an earlier run's file may have gone as the general codec's
+        done = _published_earlier(settings, resumable_job_id(settings.out or "", "general", data), data)
+    if done is not None:
+        return _with_precision(done, app, precision)
     transport = open_transport(
         Opening(
             settings.site,
@@ -97,9 +116,30 @@ def ship_file(settings: ShipSettings, app: Application, data: bytes) -> ShipRepo
             b"",
             settings.streams,
             settings.timeout,
+            job_id=job_id,
         )
     )
-    transport.start()
+    check: Callable[[], Metadata | None] | None = None
+    if mode == METADATA and made is None:
+        # the site's job opens (TLS handshakes) while the metadata is made; the metadata is not decoded
+        # here (where the codec offers that): the site regenerates the file and checks its SHA-256 before
+        # writing, and only if it refuses is the rebuild checked here (a layout the codec does not model)
+        opened = _Background(transport.start)
+        try:
+            made, check, encode_seconds = _encode_overlapped(codec, data)
+            _limit(app, made)
+        except BaseException:
+            finished, failure = opened.wait(OPEN_WAIT_ON_FAILURE)
+            if finished and failure is None:  # the job is open: the site drops it now
+                Shipping(settings, mode, codec, transport, 0).abort()
+            raise  # (a job still opening expires at the site as idle ones do)
+        failure = opened.wait()[1]
+        if failure is not None:
+            raise failure
+    else:
+        if made is not None:
+            _limit(app, made)
+        transport.start()
     shipping = Shipping(settings, mode, codec, transport, 0)
     shipping.decision = decision
     try:
@@ -111,7 +151,143 @@ def ship_file(settings: ShipSettings, app: Application, data: bytes) -> ShipRepo
         else:
             shipping.write(data)
         shipping.commit()
+    except SiteError:
+        shipping.abort()
+        # the site regenerates and checks the file before writing it: unchecked metadata it refused is
+        # checked here only now; a layout the columns do not rebuild ships as the general codec's metadata
+        replacement = check() if check is not None else None
+        if replacement is None:
+            raise
+        return _reship(settings, app, data, precision, replacement, decision)
     except BaseException:
         shipping.abort()
         raise
-    return shipping.report()
+    return _with_precision(shipping.report(), app, precision)
+
+
+def _reship(
+    settings: ShipSettings,
+    app: Application,
+    data: bytes,
+    precision: str,
+    made: Metadata,
+    decision: dict[str, Any] | None,
+) -> ShipReport:
+    """Ship `made` (checked metadata) in a new job at the site (the first one failed): an id of its own, which
+    the same command run again also asks about."""
+    codec = _metadata_codec(app, precision)
+    opening = Opening(
+        settings.site,
+        settings.keys,
+        codec.name,
+        {"out": settings.out},
+        b"",
+        settings.streams,
+        settings.timeout,
+        job_id=resumable_job_id(settings.out or "", "general", data),
+    )
+    transport = open_transport(opening)
+    transport.start()
+    shipping = Shipping(settings, METADATA, codec, transport, 0)
+    shipping.decision = decision
+    try:
+        transport.send(*made)
+        shipping.output_bytes = len(data)
+        shipping.digest.update(data)
+        shipping.commit()
+    except BaseException:
+        shipping.abort()
+        raise
+    return _with_precision(shipping.report(), app, precision)
+
+
+def resumable_job_id(out: str, codec: str, data: bytes) -> str:
+    """The site job's id for shipping `data` as `out` with `codec`: the same for the same command on the
+    same file, so a run stopped half-way and started again reopens its job (the site keeps what it
+    acknowledged) or, when the site already published the file, learns it instead of being refused."""
+    seed = hashlib.sha256(b"paramedic-ship\0" + out.encode() + b"\0" + codec.encode() + b"\0")
+    seed.update(hashlib.sha256(data).digest())
+    return seed.hexdigest()[:32]
+
+
+def _published_earlier(settings: ShipSettings, job_id: str, data: bytes) -> ShipReport | None:
+    """The report of an earlier run of this command whose file the site published (TLS sites: the inbox
+    has no status request), checked against this file's size and SHA-256; None otherwise."""
+    if settings.site.scheme != "tls" or settings.keys is None:
+        return None
+    done = finished_job(settings.site, settings.keys, job_id, settings.out or "")
+    if done is None:
+        return None
+    digest = hashlib.sha256(data).hexdigest()
+    if done.get("sha256") != digest or done.get("bytes", len(data)) != len(data):
+        return None
+    report = ShipReport(
+        site=str(settings.site),
+        mode=settings.mode,
+        codec="",
+        streams=settings.streams,
+        output_path=settings.out or "",
+        output_bytes=len(data),
+        shipped_payload_bytes=0,
+        setup_bytes=0,
+        wire_bytes=0,
+        ratio_output_to_payload=None,
+        chunks=0,
+        chunks_resent=0,
+        reconnects=0,
+        f_encode_seconds=0.0,
+        transfer_seconds=None,
+        finish_wait_seconds=0.0,
+        g_site_decode_seconds=None,
+        site_sha256=digest,
+        auto_decision=None,
+    )
+    report["already_at_site"] = True
+    return report
+
+
+def _with_precision(report: ShipReport, app: Application, precision: str) -> ShipReport:
+    if app.name == "trace":
+        report["precision"] = precision
+    return report
+
+
+def _limit(app: Application, made: Metadata) -> None:
+    if len(made[1]) > MAX_PAYLOAD_BYTES:
+        raise UsageError(
+            f"the {app.name} metadata is {len(made[1])} bytes, over the link's {MAX_PAYLOAD_BYTES}-byte "
+            "payload limit: ship it compressed"
+        )
+
+
+def _encode_overlapped(
+    codec: Any, data: bytes
+) -> tuple[Metadata, Callable[[], Metadata | None] | None, float]:
+    """The metadata, and its rebuild check when the codec offers it apart (else it is checked already)."""
+    start = time.perf_counter()
+    if hasattr(codec, "encode_unchecked"):
+        made, check = codec.encode_unchecked((0, data))
+    else:
+        made, check = codec.encode((0, data)), None
+    return made, check, time.perf_counter() - start
+
+
+class _Background:
+    """`action` on a daemon thread (a site that never answers does not keep the process alive once the
+    command has failed for another reason); `wait` gives what it raised, None when it succeeded."""
+
+    def __init__(self, action: Callable[[], None]):
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(action,), daemon=True, name="open-site-job")
+        self.thread.start()
+
+    def _run(self, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except BaseException as exc:  # handed to the caller
+            self.failure = exc
+
+    def wait(self, timeout: float | None = None) -> tuple[bool, BaseException | None]:
+        """(finished, what it raised)."""
+        self.thread.join(timeout)
+        return not self.thread.is_alive(), self.failure

@@ -9,6 +9,7 @@ supported yet.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from paramedic.errors import ParamedicError
@@ -28,10 +29,29 @@ class TraceMetadataCodec(Codec):
     layout = "ranges"
     ship_mode = None  # not a `search --ship` choice: `paramedic trace` / `paramedic ship` choose it
 
+    precision = "lossless"  # the precision of the files it is given (trace.precision), recorded
+
     def encode(self, unit: tuple[int, bytes]) -> tuple[dict[str, Any], bytes]:
         offset, data = unit
-        encoded = trace_codec.encode(data)
+        encoded = trace_codec.encode(data, precision=self.precision)
         return {"offset": offset, "size": len(data), "mode": encoded.mode}, encoded.data
+
+    def encode_unchecked(
+        self, unit: tuple[int, bytes]
+    ) -> tuple[tuple[dict[str, Any], bytes], Callable[[], tuple[dict[str, Any], bytes] | None]]:
+        """`encode` without its rebuild check, and the check, to run if the site refuses the file the
+        metadata regenerates: None when the metadata rebuilds the file (the refusal is another matter),
+        else the general codec's metadata to ship instead."""
+        offset, data = unit
+        made = trace_codec.encode(data, check=False, precision=self.precision)
+
+        def check() -> tuple[dict[str, Any], bytes] | None:
+            final = trace_codec.checked(made, data)
+            if final is made:
+                return None
+            return {"offset": offset, "size": len(data), "mode": final.mode}, final.data
+
+        return ({"offset": offset, "size": len(data), "mode": made.mode}, made.data), check
 
     def decode(self, header: dict[str, Any], payload: bytes, context: Any) -> list[Segment]:
         size = header.get("size")

@@ -182,18 +182,106 @@ def read(data: bytes, max_records: int = 1 << 28) -> Trace:
     nblocks = (pre.commtable_fptr - PREAMBLE_SIZE) // pre.block_size
     if nblocks < 1:
         raise TraceFormatError("CLOG2 file has no blocks")
-    # a first pass finds every record's offset and type; the columns are then gathered with numpy
-    offsets: list[int] = []
+    # records start on 8-byte slots (block sizes and record sizes are multiples of 8): every slot's would-be
+    # record type at once, then every block walked at once; a damaged file (or a block of more than
+    # FAST_WALK_STEPS records) is walked again record by record, which says what is wrong
+    slots = nblocks * pre.block_size // 8
+    rectypes = np.frombuffer(data, dtype=f"{bo}i4", count=slots * 2, offset=PREAMBLE_SIZE)[5::2]
+    walked = _walk_blocks(rectypes, nblocks, pre.block_size // 8, max_records)
+    if walked is None:
+        walked = _walk_records(data, rectypes.tolist(), nblocks, pre.block_size // 8, max_records)
+    start_slots, end_slots = walked
     tails: list[bytes] = []
     end_head: tuple[int, int, int] | None = None
+    words = np.frombuffer(data, dtype=f"{bo}i4", count=slots * 2, offset=PREAMBLE_SIZE)
+    ends = words[2 * end_slots[:, None] + np.arange(2, 5)].astype(np.int64).tolist()
+    for b, (j, this) in enumerate(zip(end_slots.tolist(), ends, strict=True)):
+        this_head = (int(this[0]), int(this[1]), int(this[2]))
+        if end_head is not None and this_head != end_head:
+            end_head = (-(1 << 31), 0, 0)  # not one constant: the writer cannot remake it
+        elif end_head is None:
+            end_head = this_head
+        tail = data[PREAMBLE_SIZE + 8 * j + HEADER_SIZE : PREAMBLE_SIZE + (b + 1) * pre.block_size]
+        tails.append(tail if tail.strip(b"\0") else b"")
+    table = data[pre.commtable_fptr :]
+    if len(table) < 4:
+        raise TraceFormatError("CLOG2 communicator table missing")
+    count = int.from_bytes(table[:4], "big" if pre.big_endian else "little", signed=True)
+    if count < 0 or len(table) != 4 + COMM_RECORD * count:
+        raise TraceFormatError("CLOG2 communicator table does not match its count")
+    n = len(start_slots)
+    time = np.zeros(n, np.uint64)
+    head = np.zeros((n, 4), np.int32)
+    body = np.zeros((n, BODY_WORDS), np.int32)
+    if n:
+        time = np.frombuffer(data, f"{bo}u8", count=slots, offset=PREAMBLE_SIZE)[start_slots].astype(
+            np.uint64
+        )
+        head = words[2 * start_slots[:, None] + np.arange(2, 6)].astype(np.int32)
+        body = gather_body_words(words, 2 * start_slots + HEADER_SIZE // 4, head[:, 3])
+    if end_head is None or end_head[0] == -(1 << 31):
+        end_head = (-(1 << 31), 0, 0)
+    return Trace(
+        data[:PREAMBLE_SIZE],
+        pre.big_endian,
+        pre.block_size,
+        Records(time, head, body),
+        end_head,
+        tails,
+        table,
+    )
+
+
+FAST_WALK_STEPS = 1 << 14  # records per block the vectorised walk follows before it gives up
+SLOT_SIZES = np.asarray([(HEADER_SIZE + b) // 8 for b in BODY_SIZE], np.int64)
+
+
+def _walk_blocks(
+    rectypes: np.ndarray, nblocks: int, per_block: int, max_records: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every block's records followed at once, one record per block a step: the slots where records start
+    and where each block's ENDBLOCK/ENDLOG is; None when anything is wrong (the record-by-record walk then
+    says what) or a block holds more than FAST_WALK_STEPS records."""
+    j = np.arange(nblocks, dtype=np.int64) * per_block
+    end = j + per_block
+    block = np.arange(nblocks)
+    ends = np.zeros(nblocks, np.int64)
+    is_start = np.zeros(nblocks * per_block, bool)
+    kinds = rectypes.astype(np.int64)
+    for _ in range(FAST_WALK_STEPS):
+        if not len(j):
+            break
+        if (j + HEADER_SIZE // 8 > end).any():  # no room for a header (or the last record crossed the end)
+            return None
+        r = kinds[j]
+        if ((r < 0) | (r >= len(BODY_SIZE))).any():
+            return None
+        done = r <= REC_ENDBLOCK
+        if done.any():
+            ends[block[done]] = j[done]
+            last = block[done] == nblocks - 1
+            if np.any((r[done] == REC_ENDLOG) != last):  # ENDLOG ends the last block, and only it
+                return None
+            keep = ~done
+            j, end, block, r = j[keep], end[keep], block[keep], r[keep]
+        is_start[j] = True
+        j = j + SLOT_SIZES[r]  # past `end` when the record crosses its block's end: refused above
+    else:
+        return None
+    starts = np.flatnonzero(is_start)
+    if len(starts) > max_records:
+        return None
+    return starts, ends
+
+
+def _walk_records(
+    data: bytes, rectypes: list[int], nblocks: int, per_block: int, max_records: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The record-by-record walk (any block size): the same slots as `_walk_blocks`, or what is wrong."""
+    starts: list[int] = []
+    ends: list[int] = []
     ended = False
-    hdr_view = np.frombuffer(data, dtype=np.uint8)
-    # records start on 8-byte slots (block sizes and record sizes are multiples of 8): every slot's would-be
-    # record type at once, then a walk from slot to slot
-    slots = nblocks * pre.block_size // 8
-    rectypes = np.frombuffer(data, dtype=f"{bo}i4", count=slots * 2, offset=PREAMBLE_SIZE)[5::2].tolist()
-    slot_sizes = [(HEADER_SIZE + b) // 8 for b in BODY_SIZE]
-    per_block = pre.block_size // 8
+    slot_sizes = SLOT_SIZES.tolist()
     for b in range(nblocks):
         if ended:
             raise TraceFormatError(f"CLOG2 block {b} follows the ENDLOG record")
@@ -207,52 +295,36 @@ def read(data: bytes, max_records: int = 1 << 28) -> Trace:
             if not 0 <= rectype < len(BODY_SIZE):
                 raise TraceFormatError(f"CLOG2 record at byte {pos}: unknown record type {rectype}")
             if rectype <= REC_ENDBLOCK:
-                head = np.frombuffer(data, dtype=f"{bo}i4", count=3, offset=pos + 8)
-                this = (int(head[0]), int(head[1]), int(head[2]))
-                if end_head is not None and this != end_head:
-                    end_head = (-(1 << 31), 0, 0)  # not one constant: the writer cannot remake it
-                elif end_head is None:
-                    end_head = this
-                tail = data[pos + HEADER_SIZE : PREAMBLE_SIZE + 8 * end]
-                tails.append(tail if tail.strip(b"\0") else b"")
+                ends.append(j)
                 ended = rectype == REC_ENDLOG
                 break
             size = slot_sizes[rectype]
             if j + size > end:
                 raise TraceFormatError(f"CLOG2 record at byte {pos} crosses its block's end")
-            offsets.append(pos)
+            starts.append(j)
             j += size
-        if len(offsets) > max_records:
+        if len(starts) > max_records:
             raise TraceFormatError(f"CLOG2 file has more than {max_records} records")
     if not ended:
         raise TraceFormatError("CLOG2 file has no ENDLOG record")
-    table = data[pre.commtable_fptr :]
-    if len(table) < 4:
-        raise TraceFormatError("CLOG2 communicator table missing")
-    count = int.from_bytes(table[:4], "big" if pre.big_endian else "little", signed=True)
-    if count < 0 or len(table) != 4 + COMM_RECORD * count:
-        raise TraceFormatError("CLOG2 communicator table does not match its count")
-    off = np.asarray(offsets, dtype=np.int64)
-    time = np.zeros(len(off), np.uint64)
-    head = np.zeros((len(off), 4), np.int32)
-    body = np.zeros((len(off), BODY_WORDS), np.int32)
-    if len(off):
-        idx = off[:, None] + np.arange(8)
-        time = hdr_view[idx].copy().view(f"{bo}u8").reshape(-1).astype(np.uint64)
-        idx = off[:, None] + 8 + np.arange(16)
-        head = hdr_view[idx].copy().view(f"{bo}i4").reshape(-1, 4).astype(np.int32)
-        body = gather_bodies(hdr_view, off, head[:, 3], bo)
-    if end_head is None or end_head[0] == -(1 << 31):
-        end_head = (-(1 << 31), 0, 0)
-    return Trace(
-        data[:PREAMBLE_SIZE],
-        pre.big_endian,
-        pre.block_size,
-        Records(time, head, body),
-        end_head,
-        tails,
-        table,
-    )
+    return np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+
+
+def gather_body_words(words: np.ndarray, at: np.ndarray, rectypes: np.ndarray) -> np.ndarray:
+    """The bodies of records whose bodies start at int32 word `at` of `words` (the file's words in its
+    byte order), zero past each body's end: gathered per record type (a bare event's 2 words, not 28)."""
+    body = np.zeros((len(at), BODY_WORDS), np.int32)
+    step = 1 << 16
+    for rectype in np.unique(rectypes).tolist():
+        size = BODY_SIZE[rectype] // 4 if 0 <= rectype < len(BODY_SIZE) else 0
+        if size == 0:
+            continue
+        rows_of_type = np.flatnonzero(rectypes == rectype)
+        cols = np.arange(size)
+        for s in range(0, len(rows_of_type), step):  # in slices: the index arrays stay small
+            rows = rows_of_type[s : s + step]
+            body[rows, :size] = words[at[rows, None] + cols]
+    return body
 
 
 def gather_bodies(view: np.ndarray, offsets: np.ndarray, rectypes: np.ndarray, bo: str) -> np.ndarray:
@@ -273,19 +345,29 @@ def gather_bodies(view: np.ndarray, offsets: np.ndarray, rectypes: np.ndarray, b
     return body
 
 
-def write(trace: Trace, max_size: int | None = None) -> bytes:
+def _record_words(rec: Records, rows: np.ndarray, size: int, bo: str) -> np.ndarray:
+    """Records `rows` (all of one size in bytes) as they are in the file, as rows of 8-byte words."""
+    out = np.empty((len(rows), size), np.uint8)
+    out[:, 0:8] = rec.time[rows].astype(f"{bo}u8").view(np.uint8).reshape(-1, 8)
+    out[:, 8:24] = rec.head[rows].astype(f"{bo}i4").view(np.uint8).reshape(-1, 16)
+    words = (size - HEADER_SIZE) // 4
+    out[:, 24:] = rec.body[rows, :words].astype(f"{bo}i4").view(np.uint8).reshape(-1, words * 4)
+    return out.view(np.uint64)
+
+
+def write(trace: Trace, max_size: int | None = None, order: np.ndarray | None = None) -> bytes:
     """The file's bytes: records packed into blocks as MPE2's merger packs them (a block closes when the next
-    record would leave less than an ENDBLOCK's room; the ENDBLOCK carries that next record's time)."""
+    record would leave less than an ENDBLOCK's room; the ENDBLOCK carries that next record's time).
+    `order`: the records' order in the file (their order in `trace.records` when None), which spares the
+    caller a reordered copy of every record."""
     bo = ">" if trace.big_endian else "<"
     rec = trace.records
     n = len(rec)
-    sizes = HEADER_SIZE + np.asarray(BODY_SIZE, np.int64)[rec.head[:, 3]] if n else np.zeros(0, np.int64)
-    # the records as bytes, each at its full size
-    full = np.zeros((n, HEADER_SIZE + BODY_WORDS * 4), np.uint8)
-    if n:
-        full[:, 0:8] = rec.time.astype(f"{bo}u8").view(np.uint8).reshape(n, 8)
-        full[:, 8:24] = rec.head.astype(f"{bo}i4").view(np.uint8).reshape(n, 16)
-        full[:, 24:] = rec.body.astype(f"{bo}i4").view(np.uint8).reshape(n, BODY_WORDS * 4)
+    if order is None:
+        order = np.arange(n)
+    elif len(order) != n:
+        raise ValueError("order must name every record once")
+    sizes = HEADER_SIZE + np.asarray(BODY_SIZE, np.int64)[rec.head[order, 3]] if n else np.zeros(0, np.int64)
     bs = trace.block_size
     end_icomm, end_rank, end_thread = trace.end_head
     # where each record goes: a new block when it would leave less than an ENDBLOCK's room
@@ -313,13 +395,19 @@ def write(trace: Trace, max_size: int | None = None) -> bytes:
         raise TraceFormatError("CLOG2 block tails do not match the blocks")
     out = np.zeros(total, np.uint8)
     out[:PREAMBLE_SIZE] = np.frombuffer(trace.preamble, np.uint8)
+    # offsets and sizes are multiples of 8: records are placed as 8-byte words, not bytes
+    out_words = out.view(np.uint64)
+    word_at = at // 8
     for size in np.unique(sizes).tolist():
-        rows_of_size = np.flatnonzero(sizes == size)
-        for s in range(0, len(rows_of_size), 1 << 15):  # in slices: the index arrays stay small
-            rows = rows_of_size[s : s + (1 << 15)]
-            out[at[rows, None] + np.arange(size)] = full[rows, :size]
+        places = np.flatnonzero(sizes == size)
+        cols = np.arange(size // 8)
+        for s in range(0, len(places), 1 << 16):  # in slices: the index arrays stay small
+            part = places[s : s + (1 << 16)]
+            out_words[word_at[part, None] + cols] = _record_words(rec, order[part], size, bo)
     end_ints = np.asarray([end_icomm, end_rank, end_thread], f"{bo}i4")
-    ends = [(offset, full[i, 0:8].tobytes(), REC_ENDBLOCK) for offset, i in closes]
+    ends = [
+        (offset, rec.time[order[i : i + 1]].astype(f"{bo}u8").tobytes(), REC_ENDBLOCK) for offset, i in closes
+    ]
     ends.append((base + used, np.asarray([MAX_TIME], f"{bo}f8").tobytes(), REC_ENDLOG))
     for block, (offset, time_bits, rectype) in enumerate(ends):
         record = time_bits + end_ints.tobytes() + np.asarray([rectype], f"{bo}i4").tobytes()

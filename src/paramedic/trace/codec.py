@@ -12,7 +12,8 @@ differences for the others. Here, per process (the records of one header rank, i
   earlier when that is smaller (records that repeat their counterpart: state, peer, tag, size, cost zero
   words), the rest only for the few records with longer bodies (state definitions, communicators);
 * times: integer nanoseconds when every time is one (`ns / 1e9`, as paramedic's tracer writes them; else
-  the float64 bit patterns), as gaps to the previous record, minus the gap one period earlier when that is
+  the float64 bit patterns), divided by their greatest common divisor (`time_unit`: 1000 for a trace
+  reduced to microseconds by trace.precision), as gaps to the previous record, minus the gap one period earlier when that is
   smaller, grouped by record kind (gaps of one kind are alike: 10-17% smaller on real traces);
 * then each column zigzag-coded, split in byte planes and compressed with zstd (level 9).
 
@@ -23,7 +24,8 @@ regular (a per-position gap with small jitter).
 
 The records' interleaving is the merge by time (stored explicitly when the file is not in that order),
 block boundaries follow MPE2's packing rule, and the preamble, block tails and communicator table are
-stored as they are. Encoding checks that this rebuilds the file byte for byte; if it would not (a file
+stored as they are. Encoding checks that this rebuilds the file byte for byte (`checked`; a sender whose receiver checks the
+digest anyway may run it only when the receiver refuses); if it would not (a file
 from another writer with a layout we do not model), or when zstd of the whole file is smaller, the file
 is shipped with a general codec (zstd of the whole file) and the result says so; an aperiodic trace
 keeps the columns without periods (mode "columns", "aperiodic" in the reason). Decoding is bounded by the sizes in
@@ -46,9 +48,12 @@ import zstandard
 from paramedic.trace import clog2
 
 MAGIC = b"PMTRACE1"
+FORMAT = 2  # 2: times in `time_unit` nanoseconds, `precision` recorded; 1 (still read): time_unit 1
 MAX_HEADER = 1 << 20
 WORDS = 3 + clog2.BODY_WORDS  # icomm, thread, rectype, body
 MAX_PERIOD = 1 << 16
+MAX_TIME_UNIT = 10**9
+PERIOD_WINDOW = 1 << 18  # records whose autocorrelation finds the period (FFT 0.17 -> 0.08 s on 0.4 M)
 LEVEL = 9  # zstd level of the columns: 19 is 3% smaller and 7x slower on a 775k-event trace
 
 
@@ -62,20 +67,24 @@ class Encoded:
     mode: str  # "periodic", "columns" (no period: columns only) or "general" (zstd of the whole file)
     reason: str
     periods: dict[int, int]  # per process (header rank): the period in records, 0 for none
+    precision: str = "lossless"  # of the file's times (trace.precision), recorded in the metadata
 
 
 # -- period -------------------------------------------------------------------------------------------------
 
 
 def find_period(kinds: np.ndarray, max_period: int = MAX_PERIOD) -> int:
-    """The first-level period of a sequence of record kinds (0: none), from an FFT autocorrelation.
+    """The first-level period of a sequence of record kinds (0: none), from an FFT autocorrelation of its
+    first PERIOD_WINDOW records (or 4 x max_period) and checked on all of them.
 
     Each kind becomes a unit complex number of random phase; the real part of the sequence's
     autocorrelation at lag p is then the number of positions whose kind repeats p later, plus the sum of
     random-phase terms of the others (about zero): one FFT pair whatever the number of kinds."""
-    n = len(kinds)
-    if n < 8:
+    if len(kinds) < 8:
         return 0
+    whole = kinds
+    kinds = kinds[: max(PERIOD_WINDOW, 4 * max_period)]  # a period shows in the first records already
+    n = len(kinds)
     _, inverse = np.unique(kinds, return_inverse=True)
     phases = np.random.default_rng(0).uniform(0, 2 * np.pi, int(inverse.max()) + 1)
     z = np.exp(1j * phases[inverse.reshape(-1)])
@@ -92,7 +101,7 @@ def find_period(kinds: np.ndarray, max_period: int = MAX_PERIOD) -> int:
         return 0
     candidates = lags[rate >= best * 0.95]
     period = int(candidates[0])
-    exact = float(np.mean(kinds[period:] == kinds[:-period]))
+    exact = float(np.mean(whole[period:] == whole[:-period]))
     return period if exact >= 0.5 else 0
 
 
@@ -166,6 +175,15 @@ def _time_values(seconds: np.ndarray, bits: np.ndarray) -> tuple[str, np.ndarray
     return "bits", bits.view(np.int64)
 
 
+def _time_unit(mode: str, values: np.ndarray) -> int:
+    """The largest whole number of nanoseconds every time is a multiple of (a reduced precision's step):
+    the times are stored in it (1 for float bit patterns)."""
+    if mode != "ns" or not len(values):
+        return 1
+    unit = int(np.gcd.reduce(values))
+    return unit if 0 < unit <= MAX_TIME_UNIT else 1
+
+
 def _time_bits(mode: str, values: np.ndarray) -> np.ndarray:
     if mode == "ns":
         return (values / 1e9).view(np.uint64)
@@ -176,22 +194,28 @@ COMMON = 3 + 6  # the words every frequent record has: icomm, thread, rectype an
 RARE_TYPES = np.asarray([size > 24 for size in clog2.BODY_SIZE])  # definitions, cargo, communicators, ...
 
 
-def _encode_stream(rec: clog2.Records, times: np.ndarray, period: int) -> tuple[dict[str, Any], list[bytes]]:
-    """A process's records: the first COMMON words of every record, the other words of the few records
-    with long bodies (definitions), and the time gaps; the words and the gaps each with or without the
-    period's differences, whichever is smaller; the gaps grouped by record kind (gaps of one kind of
-    record are alike)."""
-    words = np.concatenate([rec.head[:, [0, 2, 3]], rec.body], axis=1).T.astype(np.int32)
-    rare = RARE_TYPES[rec.head[:, 3]]
-    common = np.ascontiguousarray(words[:COMMON])
+def _encode_stream(
+    rec: clog2.Records, index: np.ndarray, times: np.ndarray, max_period: int
+) -> tuple[int, dict[str, Any], list[bytes]]:
+    """A process's records (`index` in `rec`): its period, and the first COMMON words of every record, the
+    other words of the few records with long bodies (definitions), and the time gaps; the words and the
+    gaps each with or without the period's differences, whichever is smaller; the gaps grouped by record
+    kind (gaps of one kind of record are alike). Only the words needed are gathered (not whole records)."""
+    head = rec.head[index]
+    common = np.empty((COMMON, len(index)), np.int32)
+    common[:3] = head[:, [0, 2, 3]].T
+    common[3:] = rec.body[index, : COMMON - 3].T
+    kinds = head[:, 3].astype(np.int64) * (1 << 32) + common[3].astype(np.int64)
+    period = find_period(kinds, max_period)
+    rare = RARE_TYPES[head[:, 3]]
     word_blob = _pack(common)
     word_period = False
     if period:
         diffed = _pack(_period_diff(common, period))
         if len(diffed) < len(word_blob):
             word_blob, word_period = diffed, True
-    rare_blob = _pack(np.ascontiguousarray(words[COMMON:, rare]))
-    by_kind = np.argsort(record_kinds(rec), kind="stable")
+    rare_blob = _pack(np.ascontiguousarray(rec.body[index[rare], COMMON - 3 :].T))
+    by_kind = np.argsort(kinds, kind="stable")
     gaps = np.diff(times, prepend=np.int64(0))[None, :]
     time_blob = _pack(gaps[:, by_kind])
     time_period = False
@@ -199,11 +223,13 @@ def _encode_stream(rec: clog2.Records, times: np.ndarray, period: int) -> tuple[
         diffed = _pack(_period_diff(gaps, period)[:, by_kind])
         if len(diffed) < len(time_blob):
             time_blob, time_period = diffed, True
-    info = {"n": len(rec), "period": period, "word_period": word_period, "time_period": time_period}
-    return info, [word_blob, rare_blob, time_blob]
+    info = {"n": len(index), "period": period, "word_period": word_period, "time_period": time_period}
+    return period, info, [word_blob, rare_blob, time_blob]
 
 
-def _decode_stream(info: dict[str, Any], key: int, blobs: list[bytes], time_mode: str) -> clog2.Records:
+def _decode_stream(
+    info: dict[str, Any], key: int, blobs: list[bytes], time_mode: str, unit: int
+) -> clog2.Records:
     n, period = info["n"], info["period"]
     common = _unpack(blobs[0], (COMMON, n), np.int32)
     if info["word_period"]:
@@ -226,6 +252,10 @@ def _decode_stream(info: dict[str, Any], key: int, blobs: list[bytes], time_mode
     if info["time_period"]:
         gaps = _period_undiff(gaps, period)
     times = np.cumsum(gaps[0], dtype=np.int64)
+    if unit > 1:
+        if n and float(np.abs(times).max()) * unit >= 2.0**62:
+            raise MetadataError("trace metadata: a time out of range")
+        times = times * unit
     return clog2.Records(_time_bits(time_mode, times), head, body)
 
 
@@ -238,26 +268,36 @@ def _frame(header: dict[str, Any], blobs: list[bytes]) -> bytes:
     return MAGIC + struct.pack("<I", len(text)) + text + b"".join(blobs)
 
 
-def _general(data: bytes, reason: str, digest: str) -> Encoded:
+def _general(data: bytes, reason: str, digest: str, precision: str) -> Encoded:
     blob = zstandard.ZstdCompressor(level=LEVEL).compress(data)
-    header = {"format": 1, "mode": "general", "size": len(data), "sha256": digest, "reason": reason}
-    return Encoded(_frame(header, [blob]), "general", reason, {})
+    header = {"format": FORMAT, "mode": "general", "size": len(data), "sha256": digest, "reason": reason}
+    header["precision"] = precision
+    return Encoded(_frame(header, [blob]), "general", reason, {}, precision)
 
 
-def encode(data: bytes, max_period: int = MAX_PERIOD) -> Encoded:
-    """The metadata of a CLOG2 file (validated first: a damaged file is an error, not metadata)."""
+def encode(
+    data: bytes, max_period: int = MAX_PERIOD, check: bool = True, precision: str = "lossless"
+) -> Encoded:
+    """The metadata of a CLOG2 file (validated first: a damaged file is an error, not metadata); with
+    `check`, decoded here and compared with the file (`checked`). `precision` is recorded: the precision
+    of the file's times (trace.precision; the file given is already reduced to it)."""
     digest = hashlib.sha256(data).hexdigest()
     trace = clog2.read(data)
     rec = trace.records
     if trace.end_head[0] == -(1 << 31) or len(rec) == 0:
-        return _general(data, "its block ends are not uniform", digest)
+        return _general(data, "its block ends are not uniform", digest, precision)
     time_mode, times = _time_values(rec.seconds(), rec.time)
+    unit = _time_unit(time_mode, times)
+    if unit > 1:
+        times = times // unit
     keys, stream_of = np.unique(rec.head[:, 1], return_inverse=True)
     # the interleaving: canonical when the file is the stable merge by time of its streams in key order
     by_stream = np.argsort(stream_of, kind="stable")
     canonical = by_stream[np.argsort(rec.seconds()[by_stream], kind="stable")]
     blobs: list[bytes] = []
-    header: dict[str, Any] = {"format": 1, "size": len(data), "sha256": digest, "time": time_mode}
+    header: dict[str, Any] = {"format": FORMAT, "size": len(data), "sha256": digest, "time": time_mode}
+    header["time_unit"] = unit
+    header["precision"] = precision
     if np.array_equal(canonical, np.arange(len(rec))):
         header["order"] = "merge"
     else:
@@ -268,10 +308,7 @@ def encode(data: bytes, max_period: int = MAX_PERIOD) -> Encoded:
 
     def one(s: int) -> tuple[int, dict[str, Any], list[bytes]]:
         index = np.flatnonzero(stream_of == s)
-        part = rec.take(index)
-        period = find_period(record_kinds(part), max_period)
-        info, parts = _encode_stream(part, times[index], period)
-        return period, info, parts
+        return _encode_stream(rec, index, times[index], max_period)
 
     # the processes in parallel (numpy's FFT and zstd release the GIL): the paper's compute site does the
     # FFTs in parallel too
@@ -298,12 +335,6 @@ def encode(data: bytes, max_period: int = MAX_PERIOD) -> Encoded:
     mode = "periodic" if used else "columns"
     header["mode"] = mode
     encoded = _frame(header, blobs)
-    try:
-        rebuilt = decode(encoded, max_size=len(data))
-    except clog2.TraceFormatError:
-        rebuilt = b""
-    if rebuilt != data:
-        return _general(data, "the columns do not rebuild this file's layout", digest)
     if mode == "periodic":
         reason = "periodic: the period's differences are smaller than the columns alone"
     elif any(periods.values()):
@@ -311,10 +342,26 @@ def encode(data: bytes, max_period: int = MAX_PERIOD) -> Encoded:
     else:
         reason = "aperiodic: no process has a period"
     if len(encoded) * 8 > len(data):  # zstd of a whole CLOG2 file does not reach 8x: not worth trying below
-        general = _general(data, reason + "; zstd of the file is smaller", digest)
+        general = _general(data, reason + "; zstd of the file is smaller", digest, precision)
         if len(general.data) < len(encoded):
             return general
-    return Encoded(encoded, mode, reason, periods)
+    made = Encoded(encoded, mode, reason, periods, precision)
+    return checked(made, data) if check else made
+
+
+def checked(encoded: Encoded, data: bytes) -> Encoded:
+    """`encoded` if it rebuilds `data` byte for byte, else the general codec's metadata (which says why).
+    Apart from `encode` so a sender can check while the unchecked metadata is on its way."""
+    if encoded.mode == "general":
+        return encoded
+    try:
+        rebuilt = decode(encoded.data, max_size=len(data))
+    except clog2.TraceFormatError:
+        rebuilt = b""
+    if rebuilt != data:
+        digest = hashlib.sha256(data).hexdigest()
+        return _general(data, "the columns do not rebuild this file's layout", digest, encoded.precision)
+    return encoded
 
 
 def parse_header(meta: bytes, max_size: int) -> tuple[dict[str, Any], list[bytes]]:
@@ -330,10 +377,17 @@ def parse_header(meta: bytes, max_size: int) -> tuple[dict[str, Any], list[bytes
         size = int(header["size"])
         digest = str(header["sha256"])
         mode = header["mode"]
+        version = header.get("format")
     except (ValueError, KeyError, TypeError) as exc:
         raise MetadataError("trace metadata: bad header") from exc
     if not isinstance(header, dict) or mode not in ("general", "periodic", "columns"):
         raise MetadataError("trace metadata: bad header")
+    if version not in (1, 2) or isinstance(version, bool):
+        raise MetadataError(
+            f"trace metadata format {str(version)[:20]!r}: this paramedic reads formats 1 and 2"
+        )
+    if version == 1 and header.get("time_unit", 1) != 1:
+        raise MetadataError("trace metadata: bad header (format 1 has no time unit)")
     if not 0 < size <= max_size:
         raise MetadataError(f"trace metadata: file size {size} out of bounds (limit {max_size})")
     if len(digest) != 64 or any(x < 0 for x in sizes) or 12 + length + sum(sizes) != len(meta):
@@ -367,6 +421,7 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
     try:
         streams = header["streams"]
         time_mode = header["time"]
+        unit = int(header.get("time_unit", 1))
         order = header["order"]
         block_size = int(header["block_size"])
         end_head = tuple(int(x) for x in header["end_head"])
@@ -388,6 +443,8 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
     total = sum(i["n"] for i in infos)
     if (
         time_mode not in ("ns", "bits")
+        or not 1 <= unit <= MAX_TIME_UNIT
+        or (unit > 1 and time_mode != "ns")
         or order not in ("merge", "explicit")
         or len(end_head) != 3
         or not clog2.HEADER_SIZE * 2 <= block_size <= clog2.MAX_BLOCK_SIZE
@@ -411,7 +468,9 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
     jobs = [(info, blobs[pos + 3 * i : pos + 3 * i + 3]) for i, info in enumerate(infos)]
     pos += 3 * len(infos)
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
-        parts = list(pool.map(lambda job: _decode_stream(job[0], job[0]["key"], job[1], time_mode), jobs))
+        parts = list(
+            pool.map(lambda job: _decode_stream(job[0], job[0]["key"], job[1], time_mode, unit), jobs)
+        )
     try:
         fixed = zstandard.ZstdDecompressor().decompress(
             blobs[pos], max_output_size=clog2.PREAMBLE_SIZE + table_len
@@ -455,10 +514,9 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
         fixed[: clog2.PREAMBLE_SIZE],
         big_endian,
         block_size,
-        records.take(index),
+        records,
         (end_head[0], end_head[1], end_head[2]),
         tail_bytes,
         fixed[clog2.PREAMBLE_SIZE :],
     )
-    data = clog2.write(trace, max_size=size)
-    return data
+    return clog2.write(trace, max_size=size, order=index)

@@ -1,0 +1,198 @@
+"""Shipping traces the other ways (issue 22): reduced timestamp precision, the signed inbox, a stopped run
+started again, and a file the columns do not rebuild. Real `paramedic serve` (no replica), real TLS, a
+real traced MPI program (examples/trace/random_comm.c under Open MPI)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paramedic.trace import clog2, codec, precision
+from tests.conftest import BIN, paramedic
+from tests.integration.site import StorageSite
+from tests.integration.test_trace import OMPI_ENV, RANDOM_COMM, need
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("trace-ship-keys")
+    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
+    return base / "keys"
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trace of random_comm (2 ranks, 600 steps) under Open MPI."""
+    need("mpicc.openmpi", "mpiexec.openmpi")
+    base = tmp_path_factory.mktemp("traced")
+    random_comm = base / "random_comm"
+    subprocess.run(["mpicc.openmpi", "-O2", "-o", str(random_comm), str(RANDOM_COMM)], check=True)
+    out = base / "run.clog2"
+    paramedic("trace", "-out", str(out), "--", "mpiexec.openmpi", "-n", "2", str(random_comm), "600", "9",
+              env=OMPI_ENV)  # fmt: skip
+    return out
+
+
+@pytest.fixture
+def site(tmp_path: Path, keys: Path):
+    root = tmp_path / "root"
+    root.mkdir()
+    site = StorageSite(None, root, keys / "server", tmp_path / "serve.log")
+    site.start()
+    yield site
+    site.stop()
+
+
+def ship(site: StorageSite, keys: Path, path: Path, out: str, *flags: str, check: bool = True):
+    return paramedic("ship", str(path), "-out", out, "--site", site.url, "--keys", str(keys / "compute-a"),
+                     *flags, check=check)  # fmt: skip
+
+
+def test_reduced_precision_is_explicit_and_recorded(tmp_path: Path, keys: Path, site, traced: Path) -> None:
+    """--trace-precision 1us: the site's file is the trace with every time rounded to the microsecond (the
+    same records, in the same order), the record and the metadata say so, and it ships smaller; lossless
+    stays the default; a bad precision is one line and nothing at the site."""
+    local = traced.read_bytes()
+    record = tmp_path / "ship.json"
+    proc = ship(site, keys, traced, "coarse.clog2", "--trace-precision", "1us", "--record", str(record))
+    assert "rounded to 1us" in proc.stderr
+    coarse = (site.root / "coarse.clog2").read_bytes()
+    assert coarse == precision.reduce(local, 1000) and coarse != local
+    ns = np.rint(clog2.read(coarse).records.seconds() * 1e9).astype(np.int64)
+    assert np.all(ns % 1000 == 0)
+    original = clog2.read(local).records
+    assert np.array_equal(clog2.read(coarse).records.body, original.body)
+    ship_section = json.loads(record.read_text())["ship"]
+    assert ship_section["precision"] == "1us" and ship_section["mode"] == "metadata"
+    meta = codec.encode(coarse, precision="1us").data
+    assert b'"precision":"1us"' in meta and b'"time_unit":1000' in meta
+
+    lossless = tmp_path / "lossless.json"
+    ship(site, keys, traced, "exact.clog2", "--record", str(lossless))
+    assert (site.root / "exact.clog2").read_bytes() == local
+    exact = json.loads(lossless.read_text())["ship"]
+    assert exact["precision"] == "lossless"
+    assert ship_section["shipped_payload_bytes"] < exact["shipped_payload_bytes"]
+
+    for bad in ("1 hour", "0us", "2s"):
+        proc = ship(site, keys, traced, "bad.clog2", "--trace-precision", bad, check=False)
+        assert proc.returncode == 2 and proc.stderr.startswith("paramedic: error: --trace-precision")
+        assert len(proc.stderr.splitlines()) == 1
+    proc = paramedic("trace", "-out", str(tmp_path / "x.clog2"), "--trace-precision", "1us", "--",
+                     "mpiexec.openmpi", "-n", "2", "true", check=False, env=OMPI_ENV)  # fmt: skip
+    assert proc.returncode == 2 and "give --site" in proc.stderr
+    assert sorted(p.name for p in site.root.iterdir()) == [".paramedic-state", "coarse.clog2", "exact.clog2"]
+
+
+def test_a_stopped_ship_resumes_and_a_finished_one_is_not_refused(keys: Path, site, traced: Path) -> None:
+    """A run stopped after its metadata reached the site (its job open, the chunk acknowledged, never
+    finished: what a killed `paramedic ship` leaves) is finished by the same command run again, which
+    reopens the job and sends nothing again; run once more, the command learns that the file is there."""
+    from paramedic.ship.client import SiteAddress, TlsShipper
+    from paramedic.ship.file_ship import resumable_job_id
+
+    data = traced.read_bytes()
+    encoded = codec.encode(data)
+    payload = encoded.data
+    job = resumable_job_id("resumed.clog2", "trace-metadata", data)
+    first = TlsShipper(SiteAddress.parse(site.url), keys / "compute-a", "trace-metadata",
+                       {"out": "resumed.clog2"}, b"", streams=1, timeout=20, job_id=job)  # fmt: skip
+    first.start()
+    first.send({"offset": 0, "size": len(data), "mode": encoded.mode}, payload)
+    with first.shared.cond:
+        assert first.shared.cond.wait_for(lambda: not first.shared.pending or first.shared.failure, 20)
+    assert first.shared.failure is None
+    first.close()  # no finish, no cancel: as if killed
+    assert not (site.root / "resumed.clog2").exists()
+
+    record = site.root.parent / "resumed.json"
+    proc = ship(site, keys, traced, "resumed.clog2", "--record", str(record))
+    assert "identical" in proc.stderr
+    assert (site.root / "resumed.clog2").read_bytes() == data
+    section = json.loads(record.read_text())["ship"]
+    assert section["wire_bytes"] < len(payload)  # the acknowledged metadata was not sent again
+
+    proc = ship(site, keys, traced, "resumed.clog2", "--record", str(record))
+    assert "already at" in proc.stderr
+    assert json.loads(record.read_text())["ship"]["already_at_site"] is True
+    other = traced.with_name("other.clog2")
+    other.write_bytes(precision.reduce(data, 1000))
+    proc = ship(site, keys, other, "resumed.clog2", check=False)  # another file: still never replaced
+    assert proc.returncode == 8 and "already there" in proc.stderr
+
+
+def test_a_trace_ships_through_the_signed_inbox(tmp_path: Path, keys: Path, traced: Path) -> None:
+    """`serve --inbox --keys` without a replica and `paramedic ship --site file://`: the trace's metadata
+    crosses the shared directory signed, the site writes the identical file, the inbox is left empty; the
+    same command again reaches the same (finished) job and exits 0."""
+    inbox, root, log = tmp_path / "inbox", tmp_path / "root", tmp_path / "serve.log"
+    root.mkdir()
+    argv = [str(BIN / "paramedic"), "serve", "--root", str(root), "--inbox", str(inbox), "--keys",
+            str(keys / "server"), "--listen", "127.0.0.1:0", "--io-workers", "1"]  # fmt: skip
+    with open(log, "wb") as fh:
+        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fh, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "watching inbox" not in log.read_text():  # the site makes the inbox when it starts
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        for _ in range(2):
+            record = tmp_path / "inbox.json"
+            paramedic("ship", str(traced), "-out", "via/inbox.clog2", "--site", f"file://{inbox}",
+                      "--keys", str(keys / "compute-a"), "--ship-timeout", "60", "--record", str(record))  # fmt: skip
+            assert (root / "via/inbox.clog2").read_bytes() == traced.read_bytes()
+            section = json.loads(record.read_text())["ship"]
+            assert section["mode"] == "metadata" and section["codec"] == "trace-metadata"
+            assert list(inbox.iterdir()) == []
+        assert "signed jobs only" in log.read_text()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_layout_the_columns_do_not_rebuild_ships_checked(
+    tmp_path: Path, keys: Path, site, traced: Path
+) -> None:
+    """A CLOG2 file another writer made differently (an ENDBLOCK whose time is not the next record's):
+    the metadata sent unchecked does not rebuild it, the site refuses the regenerated file (its SHA-256),
+    the compute site's check then finds the layout and ships the general codec's metadata in a new job;
+    the site's file is identical, and nothing else is left there."""
+    data = bytearray(traced.read_bytes())
+    pre = clog2.parse_preamble(bytes(data), len(data))
+    nblocks = (pre.commtable_fptr - clog2.PREAMBLE_SIZE) // pre.block_size
+    assert nblocks >= 2
+    rectypes = np.frombuffer(
+        bytes(data), ">i4", count=nblocks * pre.block_size // 4, offset=clog2.PREAMBLE_SIZE
+    )
+    walked = clog2._walk_blocks(rectypes[5::2], nblocks, pre.block_size // 8, 1 << 28)
+    assert walked is not None
+    at = clog2.PREAMBLE_SIZE + 8 * int(walked[1][0])  # block 0's ENDBLOCK
+    data[at : at + 8] = np.asarray([123.0], ">f8").tobytes()
+    odd = tmp_path / "odd.clog2"
+    odd.write_bytes(bytes(data))
+    unchecked = codec.encode(bytes(data), check=False)
+    assert unchecked.mode != "general" and codec.checked(unchecked, bytes(data)).mode == "general"
+
+    record = tmp_path / "odd.json"
+    ship(site, keys, odd, "odd.clog2", "--record", str(record))
+    assert (site.root / "odd.clog2").read_bytes() == bytes(data)
+    assert json.loads(record.read_text())["ship"]["mode"] == "metadata"
+    assert sorted(p.name for p in site.root.iterdir()) == [".paramedic-state", "odd.clog2"]
+    proc = ship(site, keys, odd, "odd.clog2")  # run again: the file is there, shipped by the second job
+    assert "already at" in proc.stderr
+
+    # a damaged trace: refused in one line (exit 3) though the site's job was opened while encoding; the
+    # job is cancelled, nothing is written
+    broken = tmp_path / "broken.clog2"
+    broken.write_bytes(bytes(data[: len(data) // 2]))
+    proc = ship(site, keys, broken, "broken.clog2", check=False)
+    assert proc.returncode == 3 and proc.stderr.startswith("paramedic: error:")
+    assert len(proc.stderr.splitlines()) == 1
+    assert sorted(p.name for p in site.root.iterdir()) == [".paramedic-state", "odd.clog2"]
