@@ -52,7 +52,7 @@ def search(site: Site, strategy: str, outfmt: str, np: int = 2, env: dict[str, s
     paramedic(
         "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", site.db, "-outfmt", outfmt,
         "-evalue", "1e-5", "-out", str(out), "--np", str(np), "--output-strategy", strategy, *ENGINE,
-        cwd=site.root / "p3", env=env,
+        "--runner", "mpi", cwd=site.root / "p3", env=env,  # master too: rank 0's received bytes compared
     )  # fmt: skip
     assert not [p.name for p in out.parent.iterdir() if ".partial" in p.name]
     return out
