@@ -149,22 +149,15 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
             record = run_local_job(job, workers, ["paramedic", *argv])
             conclude(record, job, settings.report)
         return 0
-    except KeyboardInterrupt:
-        print("paramedic: interrupted: the job was stopped and its temporary files removed", file=sys.stderr)
-        code = 130
     except BrokenPipeError:
         raise  # stdout's reader went away: quiet, exit 141 (paramedic.cli)
-    except ParamedicError as exc:
-        print(f"paramedic: error: {exc}", file=sys.stderr)
-        code = exc.exit_code
-    except Exception as exc:  # a bug: one line, as on a rank (PARAMEDIC_DEBUG=1 shows the traceback)
-        if os.environ.get("PARAMEDIC_DEBUG"):
-            raise
-        print(
-            f"paramedic: error: internal error: {type(exc).__name__}: {exc} (PARAMEDIC_DEBUG=1 shows more)",
-            file=sys.stderr,
-        )
-        code = InternalError.exit_code
+    except (KeyboardInterrupt, Exception) as exc:  # one line, as on a rank
+        if os.environ.get("PARAMEDIC_DEBUG") and not isinstance(exc, (KeyboardInterrupt, ParamedicError)):
+            raise  # a bug: PARAMEDIC_DEBUG=1 shows the traceback
+        text, code = failure(exc)
+        if isinstance(exc, KeyboardInterrupt):
+            text += ": the job was stopped and its temporary files removed"
+        print(f"paramedic: {text}", file=sys.stderr)
     finally:
         os.environ.pop(LOCAL_WORKERS_VARIABLE, None)
     sys.stderr.flush()
@@ -513,6 +506,17 @@ def _remove_partial(settings: SearchSettings, job_id: str) -> None:
         pass
 
 
+def failure(exc: BaseException) -> tuple[str, int]:
+    """What ended a job, as the one line after `paramedic: ` and the exit code (a rank's, the local
+    runner's)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", 130
+    if isinstance(exc, ParamedicError):
+        return f"error: {exc}", exc.exit_code
+    code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else InternalError.exit_code
+    return f"error: internal error: {type(exc).__name__}: {exc} (PARAMEDIC_DEBUG=1 shows more)", code
+
+
 def report_failure(line: str) -> None:
     """The failing rank's message: to the launching process when there is one, else to stderr."""
     path = os.environ.get(ERROR_FILE_VARIABLE)
@@ -547,21 +551,7 @@ def run_under_mpi(settings: SearchSettings, argv: list[str], np_ignored: bool = 
     except _Refused as refused:  # every rank knows already: no abort, the usual one-line error
         raise refused.args[0] from None
     except BaseException as exc:  # end every rank with the message, never hang
-        code = (
-            exc.exit_code
-            if isinstance(exc, ParamedicError)
-            else 130
-            if isinstance(exc, KeyboardInterrupt)
-            else exc.code
-            if isinstance(exc, SystemExit) and isinstance(exc.code, int)
-            else 1
-        )
-        if isinstance(exc, KeyboardInterrupt):
-            text = "interrupted"
-        elif isinstance(exc, ParamedicError):
-            text = f"error: {exc}"
-        else:
-            text = f"error: internal error: {type(exc).__name__}: {exc} (PARAMEDIC_DEBUG=1 shows more)"
+        text, code = failure(exc)
         report_failure(f"paramedic: {text}")
         if comm.Get_rank() == 0 and LAUNCHED_VARIABLE not in os.environ:
             say_journal_kept(settings)  # under the user's own mpiexec; else the launcher says it

@@ -107,18 +107,7 @@ def ship_file(
         done = _published_earlier(settings, resumable_job_id(settings.out or "", "general", data), data)
     if done is not None:
         return _with_precision(done, app, precision)
-    transport = open_transport(
-        Opening(
-            settings.site,
-            settings.keys,
-            codec.name,
-            {"out": settings.out},
-            b"",
-            settings.streams,
-            settings.timeout,
-            job_id=job_id,
-        )
-    )
+    transport = open_transport(_opening(settings, codec.name, job_id))
     check: Callable[[], Metadata | None] | None = None
     if mode == METADATA and made is None:
         # the site's job opens (TLS handshakes) while the metadata is made; the metadata is not decoded
@@ -176,17 +165,9 @@ def _reship(
     """Ship `made` (checked metadata) in a new job at the site (the first one failed): an id of its own, which
     the same command run again also asks about."""
     codec = _metadata_codec(app, precision)
-    opening = Opening(
-        settings.site,
-        settings.keys,
-        codec.name,
-        {"out": settings.out},
-        b"",
-        settings.streams,
-        settings.timeout,
-        job_id=resumable_job_id(settings.out or "", "general", data),
+    transport = open_transport(
+        _opening(settings, codec.name, resumable_job_id(settings.out or "", "general", data))
     )
-    transport = open_transport(opening)
     transport.start()
     shipping = Shipping(settings, METADATA, codec, transport, 0)
     shipping.decision = decision
@@ -199,6 +180,20 @@ def _reship(
         shipping.abort()
         raise
     return _with_precision(shipping.report(), app, precision)
+
+
+def _opening(settings: ShipSettings, codec: str, job_id: str) -> Opening:
+    """A shipping job of one file to the site: no setup, `-out` named, its id resumable."""
+    return Opening(
+        settings.site,
+        settings.keys,
+        codec,
+        {"out": settings.out},
+        b"",
+        settings.streams,
+        settings.timeout,
+        job_id=job_id,
+    )
 
 
 def resumable_job_id(out: str, codec: str, data: bytes) -> str:
