@@ -263,7 +263,7 @@ def test_a_site_search_killed_after_the_site_published_finishes_when_run_again(
     replaces a file ("a file is already there", exit 8; seen by the fault soak). It now asks the site
     about the journal's job, and finds the output there."""
     site, keys = storage
-    for attempt in range(4):  # the kill must land between the site's publishing and the search hearing it
+    for attempt in range(10):  # the kill must land between the site's publishing and the search hearing it
         out = f"published-{attempt}.txt"
         journal = tmp_path / f".{out}.journal"
         command = [

@@ -34,6 +34,8 @@ CONNECT_SECONDS = 10.0
 REPLY_SECONDS = 120.0
 KEEPALIVE_SECONDS = 30.0  # well under the server's idle limit between frames (wire.FrameDeadlines.idle)
 CANCEL_SECONDS = 5.0
+# How often a run again asks the site whether its earlier job, still open there, is done (finished_job).
+FINISH_POLL_SECONDS = 0.2
 KEEPALIVE = -1  # the in-flight index of a keep-alive request
 # Waiting for a reply, allow this rate for the bytes still in flight ahead of it (in kernel buffers and
 # relays): on a slow link shared by several streams a 4 MiB chunk alone takes minutes. Never longer than
@@ -372,15 +374,23 @@ class TlsShipper:
 def finished_job(address: SiteAddress, keys: Path, job_id: str, out: str) -> dict[str, Any] | None:
     """The site's `done` answer (final size and digest) for a job this compute site opened earlier to
     write `out`, or None when it is not done, unknown, wrote another path, or the site cannot say now
-    (best effort, a few seconds at most)."""
-    try:
-        raw = socket.create_connection((address.host, address.port), timeout=CANCEL_SECONDS)
-        with client_context(keys).wrap_socket(raw, server_hostname=address.host) as tls:
-            tls.settimeout(CANCEL_SECONDS)
-            send_frame(tls, {"op": "status", "job": job_id})
-            reply, _ = recv_frame(tls)
-    except (OSError, ProtocolError):
-        return None
+    (best effort, a few seconds at most). A job the site still holds open is asked again for up to
+    CANCEL_SECONDS: a run killed just as the site published may be run again before the site has recorded
+    the job done (its file already in place), and would else be refused for the file it finds there."""
+    deadline = time.monotonic() + CANCEL_SECONDS
+    while True:
+        try:
+            raw = socket.create_connection((address.host, address.port), timeout=CANCEL_SECONDS)
+            with client_context(keys).wrap_socket(raw, server_hostname=address.host) as tls:
+                tls.settimeout(CANCEL_SECONDS)
+                send_frame(tls, {"op": "status", "job": job_id})
+                reply, _ = recv_frame(tls)
+        except (OSError, ProtocolError):
+            return None
+        still_open = reply.get("op") == "status" and reply.get("state") == "open"
+        if not still_open or time.monotonic() + FINISH_POLL_SECONDS > deadline:
+            break
+        time.sleep(FINISH_POLL_SECONDS)
     if reply.get("op") != "done" or not isinstance(reply.get("sha256"), str) or reply.get("out") != out:
         return None
     return reply
