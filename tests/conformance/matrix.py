@@ -15,6 +15,7 @@ the options and formats of held-out runs (-seg/-dust yes, -qcov_hsp_perc, -max_t
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import subprocess
@@ -219,9 +220,11 @@ class Judge:
             return Verdict(cell, "error", f"exit 2 without a clean refusal: {proc.stderr.strip()[:200]}")
         if proc.returncode != 0:
             return Verdict(cell, "error", f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        given = _batches_given(out)
         actual = self._read(out, cell)
         if actual == expected:
-            return Verdict(cell, "identical", f"{full} queries fill the preliminary list" if full else "")
+            notes = [f"{full} queries fill the preliminary list" if full else "", given]
+            return Verdict(cell, "identical", "; ".join(n for n in notes if n))
         return Verdict(cell, "differs", _first_difference(expected, actual))
 
     def _args(self, cell: Cell, data: DataSet, out: Path) -> list[str]:
@@ -242,6 +245,17 @@ class Judge:
         if cell.outfmt.split()[0] in TEXT:
             data = without_posted_date(data, cell.outfmt) if b"Posted date" in data else data
         return data.replace(str(out).encode(), b"<out>").replace(out.name.encode(), b"<out>")
+
+
+def _batches_given(out: Path) -> str:
+    """How many BLAST+ batches of the traceback-once pieces aligned the searches' lists as given, without
+    scanning for them (the run record's `injected` tasks), as a verdict's note; "" for none."""
+    try:
+        record = json.loads(out.with_name(out.name + ".run.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    given = sum(r["tasks"].get("injected", 0) for r in record.get("ranks_stats", []))
+    return f"{given} piece batches aligned as given" if given else ""
 
 
 def _first_difference(expected: bytes, actual: bytes) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from paramedic.blast.prelim import INJECTABLE
 from tests.conformance.__main__ import build_sets
 from tests.conformance.matrix import Cell, Judge, cells
 
@@ -32,3 +33,6 @@ def test_cell(judge: Judge, cell: Cell) -> None:
     verdict = judge.judge(cell)
     expected = "refused" if "-culling_limit" in cell.options and cell.strategy == "fragments" else "identical"
     assert verdict.result == expected, verdict.detail
+    if cell.traceback == "once" and cell.program in INJECTABLE:
+        # the pieces aligned the fragment searches' lists as given (no scan): the path this cell tests
+        assert "piece batches aligned as given" in verdict.detail, verdict.detail

@@ -53,3 +53,4 @@ class FragmentSearch:
 
     hits: list[list[Hit]]  # merge keys (and alignments), in BLAST order
     prelim: list[PrelimList | None]  # BLAST+'s preliminary list (paramedic.blast.prelim)
+    lists: bytes = b""  # the kept lists whole, for the pieces that align them (prelim.whole_lists)

@@ -30,14 +30,26 @@ from paramedic.errors import BlastError
 
 SOURCE = Path(__file__).with_name("native") / "prelim.c"
 DUMP_NAME = "paramedic-prelim.bin"
+LISTS_NAME = "paramedic-hsps.bin"  # the kept lists whole (PARAMEDIC_HSPS=1)
+INJECT_NAME = "paramedic-inject.bin"  # the lists a piece aligns (PARAMEDIC_PRELIM=3)
+INJECT_NOTE = "paramedic-inject.txt"  # what the shim did with each of the piece's batches
 _MAGIC = 0x50524C31
 _SPLIT_MAGIC = 0x50524C53
+_LISTS_MAGIC = 0x50524C48
+_INJECT_MAGIC = 0x50524C49
 # Programs whose query batches BLAST+ fixes in advance (GetQueryBatchSize); blastn's app sizes them as
 # it goes (CBatchSizeMixer). Every program's preliminary lists are read.
 BATCHED = frozenset({"blastp", "blastx", "tblastn", "tblastx"})
 _BATCH = struct.Struct("=Iii")
 _LIST = struct.Struct("=iii")
 _ENTRY = struct.Struct("=iid")
+_LISTS_BATCH = struct.Struct("=Iiii")  # magic, queries, lists, flags
+_HEAD = struct.Struct("=iiii")  # query, oid, hsp_max, HSPs
+_HSP_BYTES = 72  # struct HspRecord in native/prelim.c
+_INJECT_BATCH = struct.Struct("=ii")  # queries, lists
+# Programs whose pieces align the fragments' lists as given (PARAMEDIC_PRELIM=3) instead of finding
+# them again: BLAST+ fixes their batches in advance, so a piece's batches are the fragment searches'.
+INJECTABLE = BATCHED
 
 # GetQueryBatchSize (BLAST+ 2.12, blast_input_aux.cpp): residues per batch, by program and task.
 _BATCH_RESIDUES = {"blastp": 10000, "blastx": 10002, "tblastx": 10002, "tblastn": 20000}
@@ -57,16 +69,100 @@ def shim() -> Path | None:
     return compiled(SOURCE)
 
 
-def environment(prelim_only: bool = False) -> dict[str, str]:
+def environment(prelim_only: bool = False, whole_lists: bool = False) -> dict[str, str]:
     """Extra environment for a search whose preliminary lists are to be read; with `prelim_only` the
-    search stops after its preliminary stage (no traceback, an empty report)."""
+    search stops after its preliminary stage (no traceback, an empty report); with `whole_lists` the
+    kept lists are written whole too (`LISTS_NAME`), for `injection`."""
     library = shim()
     if library is None:
         raise BlastError(
             "--strategy fragments needs a C compiler (Debian: apt-get install gcc) to read BLAST+'s "
             "preliminary hit list; use --strategy queries"
         )
-    return {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "2" if prelim_only else "1"}
+    env = {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "2" if prelim_only else "1"}
+    if whole_lists:
+        env["PARAMEDIC_HSPS"] = "1"
+    return env
+
+
+def inject_environment() -> dict[str, str]:
+    """Extra environment for a search that aligns the lists in `INJECT_NAME` of its working directory
+    (written by `injection`) instead of finding them: its preliminary stage sees no subject. The same for
+    every such search, so that one fork server runs them all."""
+    library = shim()
+    if library is None:
+        raise BlastError("no C compiler to build the preliminary-list shim")
+    return {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "3"}
+
+
+def whole_lists(data: bytes, queries: int, gids: Sequence[int]) -> bytes:
+    """A search's kept lists whole (the shim's `LISTS_NAME`), each keyed by the query's index in the
+    search and the subject's global id, for the piece that aligns them (`injection`). Empty when a batch
+    holds what cannot be written back (an HSP with an edit script): its pieces then find their lists
+    again. Anything malformed raises BlastError."""
+    out: list[bytes] = []
+    at = start = 0
+    while at < len(data):
+        try:
+            magic, n_queries, n_lists, flags = _LISTS_BATCH.unpack_from(data, at)
+        except struct.error:
+            raise _unexpected("a truncated list record") from None
+        at += _LISTS_BATCH.size
+        if magic != _LISTS_MAGIC or n_queries <= 0 or start + n_queries > queries or n_lists < 0:
+            raise _unexpected("a malformed list record")
+        for _ in range(n_lists):
+            try:
+                index, oid, hsp_max, hsps = _HEAD.unpack_from(data, at)
+            except struct.error:
+                raise _unexpected("a truncated list") from None
+            end = at + _HEAD.size + hsps * _HSP_BYTES
+            if not 0 <= index < n_queries or not 0 <= oid < len(gids) or hsps <= 0 or end > len(data):
+                raise _unexpected("a malformed list")
+            out.append(_HEAD.pack(start + index, gids[oid], hsp_max, hsps))
+            out.append(data[at + _HEAD.size : end])
+            at = end
+        if flags:
+            return b""
+        start += n_queries
+    return b"".join(out)
+
+
+def injection(
+    searched: Sequence[tuple[int, bytes]],
+    first: int,
+    subjects: Sequence[Sequence[int]],
+    batches: Sequence[range],
+) -> bytes | None:
+    """The file a piece aligns (`inject_environment`): per BLAST+ batch of the piece (`batches`, query
+    indices from 0 at global query `first`), each query's lists of exactly its `subjects`, taken from
+    the fragment searches' `whole_lists` (`searched`: the global index of each one's first query, its
+    lists). None when a subject's list is in none of them."""
+    wanted = {first + i: set(s) for i, s in enumerate(subjects)}
+    found: dict[tuple[int, int], bytes] = {}
+    for start, data in searched:
+        at = 0
+        while at < len(data):
+            index, gid, _, hsps = _HEAD.unpack_from(data, at)
+            end = at + _HEAD.size + hsps * _HSP_BYTES
+            query = start + index
+            if gid in wanted.get(query, ()):
+                found[(gid, query)] = data[at:end]
+            at = end
+    if len(found) != sum(len(s) for s in wanted.values()):
+        return None
+    out = [struct.pack("=Ii", _INJECT_MAGIC, len(batches))]
+    for batch in batches:
+        lists = sorted(k for k in found if first + batch.start <= k[1] < first + batch.stop)
+        out.append(_INJECT_BATCH.pack(len(batch), len(lists)))
+        for gid, query in lists:
+            record = found[(gid, query)]
+            out.append(struct.pack("=i", query - first - batch.start) + record[4:])
+    return b"".join(out)
+
+
+def injected(note: str) -> int:
+    """How many of a piece's batches aligned the given lists (the shim's `INJECT_NOTE`)."""
+    return sum(1 for line in note.splitlines() if line.startswith("injected "))
 
 
 def batch_residues(program: str, options: BlastOptions) -> int | None:

@@ -17,7 +17,20 @@ import tempfile
 from pathlib import Path
 
 from paramedic.blast.options import BlastOptions
-from paramedic.blast.prelim import DUMP_NAME, environment, expected_limit, read_dump
+from paramedic.blast.prelim import (
+    DUMP_NAME,
+    INJECT_NAME,
+    INJECT_NOTE,
+    LISTS_NAME,
+    environment,
+    expected_limit,
+    inject_environment,
+    injected,
+    injection,
+    query_batches,
+    read_dump,
+    whole_lists,
+)
 from paramedic.blast.tools import require_tool
 from paramedic.cache import file_key, read_cached, write_cached
 from paramedic.errors import BlastError
@@ -72,3 +85,54 @@ def _refused(why: str) -> BlastError:
         f"BLAST+'s preliminary hit list cannot be read from this BLAST+ ({why}); the fragments strategy "
         "is built for BLAST+ 2.12: use --strategy queries"
     )
+
+
+@functools.cache
+def injection_works() -> bool:
+    """Whether a search aligns given preliminary lists as the scan that found them would (the
+    "Traceback once" pieces): the check's lists, written whole by a search stopped after its
+    preliminary stage, aligned by a search that does not scan, must give the plain search's report.
+    False (pieces then scan for their lists) when they do not; cached as `check_shim` is."""
+    blastp = require_tool("blastp")
+    key = hashlib.sha256(f"{file_key(blastp)}:{inject_environment()['LD_PRELOAD']}".encode()).hexdigest()[:16]
+    cached = read_cached("inject-check", key)
+    if cached in (b"yes\n", b"no\n"):
+        return cached == b"yes\n"
+    works = _injection_check(blastp)
+    write_cached("inject-check", key, b"yes\n" if works else b"no\n")
+    return works
+
+
+def _injection_check(blastp: str) -> bool:
+    with tempfile.TemporaryDirectory(prefix="paramedic-inject-check-") as tmp:
+        work = Path(tmp)
+        (work / "db.fasta").write_text("".join(f">s{i}\n{p}\n" for i, p in enumerate(_PROTEINS)))
+        (work / "q.fasta").write_text("".join(f">q{i}\n{p}\n" for i, p in enumerate(_PROTEINS[:2])))
+        lengths = [len(p) for p in _PROTEINS[:2]]
+
+        def search(out: str, env: dict[str, str]) -> bytes:
+            subprocess.run(
+                [blastp, "-query", "q.fasta", "-db", "db", "-outfmt", "0", "-out", out],
+                cwd=work, check=True, capture_output=True, timeout=60, env={**os.environ, **env},
+            )  # fmt: skip
+            return (work / out).read_bytes()
+
+        try:
+            subprocess.run(
+                [require_tool("makeblastdb"), "-in", "db.fasta", "-dbtype", "prot", "-out", "db"],
+                cwd=work, check=True, capture_output=True, timeout=60,
+            )  # fmt: skip
+            plain = search("plain.out", {})
+            search("prelim.out", environment(prelim_only=True, whole_lists=True))
+            lists = whole_lists((work / LISTS_NAME).read_bytes(), 2, range(len(_PROTEINS)))
+            dump = read_dump((work / DUMP_NAME).read_bytes(), lengths, 10000, range(len(_PROTEINS)))
+            subjects = [[c.gid for c in (p.candidates if p else ())] for p in dump]
+            given = injection([(0, lists)], 0, subjects, query_batches(lengths, 10000))
+            if given is None or not all(subjects):
+                return False
+            (work / INJECT_NAME).write_bytes(given)
+            aligned = search("inject.out", inject_environment())
+            note = (work / INJECT_NOTE).read_text()
+        except (OSError, subprocess.SubprocessError, BlastError):
+            return False
+    return injected(note) == 1 and aligned == plain

@@ -20,10 +20,16 @@ from paramedic.blast.messages import pass_on
 from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
 from paramedic.blast.prelim import (
     DUMP_NAME,
+    INJECT_NAME,
+    INJECT_NOTE,
+    LISTS_NAME,
     batch_residues,
     environment,
     expected_limit,
+    inject_environment,
+    injected,
     read_dump,
+    whole_lists,
 )
 from paramedic.blast.programs import alias_suffix
 from paramedic.blast.tools import run_tool
@@ -49,6 +55,7 @@ class Database:
 class RunStats:
     seconds: float
     output_bytes: int
+    injected: int = 0  # batches whose given lists were aligned without a preliminary scan
 
 
 def write_queries(path: Path, queries: Sequence[tuple[str, str]]) -> None:
@@ -67,6 +74,7 @@ def search_fragment(
     keep_alignments: bool = False,
     gids: Callable[[], Sequence[int]] = tuple,
     prelim_only: bool = False,
+    lists: bool = False,
 ) -> tuple[FragmentSearch, RunStats]:
     """Search a query batch against one fragment (whole-database statistics); merge keys per query.
 
@@ -76,12 +84,15 @@ def search_fragment(
     (asked for once BLAST+ has run: reading the map may take a while, and BLAST+ need not wait for it).
     With `prelim_only` the search stops after BLAST+'s preliminary stage (the shim empties the lists the
     traceback would read): only the lists come back, and every query is aligned once, later, against the
-    whole database's list (docs/DESIGN.md, "Traceback once").
+    whole database's list (docs/DESIGN.md, "Traceback once"); with `lists` too, the kept lists come back
+    whole, so that the piece aligns them without finding them again (`regenerate`'s `lists`).
     """
     query_file = workdir / "search-queries.fasta"
     archive_file = workdir / "search.asn"
     dump_file = workdir / DUMP_NAME
+    lists_file = workdir / LISTS_NAME
     dump_file.unlink(missing_ok=True)
+    lists_file.unlink(missing_ok=True)
     write_queries(query_file, queries)
     argv = [
         program,
@@ -98,7 +109,7 @@ def search_fragment(
         str(archive_file),
     ]
     start = time.perf_counter()
-    pass_on(program, run_tool(argv, cwd=workdir, extra_env=environment(prelim_only)).stderr)
+    pass_on(program, run_tool(argv, cwd=workdir, extra_env=environment(prelim_only, lists)).stderr)
     data = archive_file.read_bytes()
     archive_file.unlink()
     try:
@@ -115,14 +126,22 @@ def search_fragment(
             f"{program} on fragment {fragment} aligned subjects after its preliminary stage: the shim "
             "that stops it there did not work with this BLAST+; use --strategy queries"
         )
-    prelim = read_dump(dump, [len(s) for _, s in queries], batch_residues(program, options), gids())
+    ids = gids()
+    prelim = read_dump(dump, [len(s) for _, s in queries], batch_residues(program, options), ids)
     limit = expected_limit(options, program)
     if any(p is not None and p.limit != limit for p in prelim):
         raise BlastError(
             f"BLAST+ kept a preliminary list of another size than {limit}: this BLAST+ is not the 2.12 "
             "the fragments strategy is built for; use --strategy queries"
         )
-    return FragmentSearch(hits, prelim), RunStats(time.perf_counter() - start, len(data))
+    whole = b""
+    if lists:
+        try:
+            whole = whole_lists(lists_file.read_bytes(), len(queries), ids)
+            lists_file.unlink()
+        except FileNotFoundError:
+            pass  # no list kept (or the shim could not write): the pieces find theirs again
+    return FragmentSearch(hits, prelim, whole), RunStats(time.perf_counter() - start, len(data))
 
 
 def regenerate(
@@ -132,12 +151,17 @@ def regenerate(
     queries: Sequence[tuple[str, str]],
     subjects: Sequence[Sequence[int]] | None,
     workdir: Path,
+    lists: bytes | None = None,
 ) -> tuple[bytes, RunStats]:
     """The user's report for a query group, written by BLAST+ itself against the merged subjects only.
 
     The database is restricted with an OIDLIST alias over the whole database that carries the whole
     database's NSEQ, LENGTH and TITLE, placed so that the user's own -db string names it: titles, size
     lines, statistics and the printed -db argument all read as for the whole database.
+
+    With `lists` (prelim.injection: each query's preliminary list, HSPs included), BLAST+ aligns those
+    lists without scanning the subjects for them (docs/DESIGN.md, "Traceback once"); a batch the shim
+    cannot match is scanned as without them, against the same restriction.
     """
     run_dir = workdir / f"regen-{secrets.token_hex(4)}"
     run_dir.mkdir()
@@ -158,12 +182,18 @@ def regenerate(
         "-out",
         str(out_file),
     ]
+    env = None
+    if lists is not None:
+        (run_dir / INJECT_NAME).write_bytes(lists)
+        env = inject_environment()
     start = time.perf_counter()
-    pass_on(program, run_tool(argv, cwd=run_dir).stderr)
+    pass_on(program, run_tool(argv, cwd=run_dir, extra_env=env).stderr)
     data = as_user_db(out_file.read_bytes(), db, db_name)
     if options.outfmt_number() == 17:
         data = sam_command_line(data, program, options)
-    stats = RunStats(time.perf_counter() - start, len(data))
+    note = run_dir / INJECT_NOTE
+    done = injected(note.read_text()) if lists is not None and note.is_file() else 0
+    stats = RunStats(time.perf_counter() - start, len(data), done)
     shutil.rmtree(run_dir)
     return data, stats
 

@@ -8,11 +8,14 @@ costs only speed: the piece is written by searching again, as when its reports d
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from paramedic.blast.prelim import INJECTABLE, batch_residues, injection, query_batches
+from paramedic.blast.prelim_check import injection_works
 from paramedic.blast.render import Unrenderable, render
 from paramedic.blast.run import Database, regenerate, search_fragment
 from paramedic.db.manifest import fragment_members
@@ -24,6 +27,8 @@ from paramedic.engine.staging import stager
 from paramedic.engine.store import RecordError, Store, keys_only
 from paramedic.errors import InternalError
 from paramedic.report.record import RankStats, TaskCost
+
+PIECE_LISTS_VARIABLE = "PARAMEDIC_PIECE_LISTS"
 
 
 def execute(
@@ -45,6 +50,7 @@ def execute(
                 job.keep_alignments,
                 lambda: fragment_members(*members)[task.fragment],
                 prelim_only=plan.traceback_once,
+                lists=store is not None and _injects(job, plan),
             )
         stats.add("search", run.seconds)
         stats.tasks["search"] += 1
@@ -84,7 +90,9 @@ def execute(
         except (Unrenderable, RecordError):
             stats.tasks["render_fallbacks"] += 1
     if data is None:
-        data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir)
+        lists = _lists(task, job, plan, store)
+        data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir, lists)
+        stats.tasks["injected"] += run.injected
     phase = "search" if task.subjects is None else "regenerate"  # query segmentation searches and writes
     stats.add(phase, run.seconds)
     stats.tasks[phase] += 1
@@ -118,6 +126,34 @@ def _place(job: Job, fragment: int, stats: RankStats) -> Iterator[Database]:
             yield db
     finally:
         stats.stage = local.record()
+
+
+def _injects(job: Job, plan: Plan) -> bool:
+    """Whether pieces align the fragment searches' lists as given (docs/DESIGN.md, "Traceback once"):
+    with traceback once, for programs whose BLAST+ batches are known in advance. PIECE_LISTS_VARIABLE=scan
+    makes pieces scan for their lists, to measure the two side by side."""
+    if os.environ.get(PIECE_LISTS_VARIABLE) == "scan":
+        return False
+    return plan.traceback_once and job.program in INJECTABLE and injection_works()
+
+
+def _lists(task: PieceTask, job: Job, plan: Plan, store: Store | None) -> bytes | None:
+    """The lists a traceback-once piece aligns without scanning for them, or None (it scans its mask:
+    the same report, slower), e.g. when a search's lists are missing from the store."""
+    if store is None or task.subjects is None or not _injects(job, plan):
+        return None
+    first, n = task.first_query, task.n_queries
+    try:
+        searched = []
+        for b, batch in enumerate(plan.batches):
+            if batch.start < first + n and first < batch.stop:
+                searched += [(batch.start, store.lists(b, f)) for f in range(plan.n_fragments)]
+    except RecordError:
+        return None
+    lengths = [len(sequence) for _, sequence in job.queries[first : first + n]]
+    residues = batch_residues(job.program, job.options)
+    assert residues is not None  # INJECTABLE programs have their batches modelled
+    return injection(searched, first, task.subjects, query_batches(lengths, residues))
 
 
 def _residues(queries: list[tuple[str, str]]) -> int:

@@ -49,7 +49,7 @@ from typing import IO, Any
 from paramedic.blast.hits import FragmentSearch
 from paramedic.durable import write_durably
 from paramedic.engine.scheduler import Plan, SearchTask
-from paramedic.engine.store import RecordError, Store
+from paramedic.engine.store import LISTS_SUFFIX, RecordError, Store
 from paramedic.errors import OutputError, UsageError
 
 KIND = "paramedic-journal"
@@ -174,6 +174,8 @@ class Journal:
     def _replay(self, plan: Plan) -> Replay:
         searches = []
         for name in sorted(os.listdir(self.path / "search")):
+            if name.endswith(LISTS_SUFFIX) and _search_task(name.removesuffix(LISTS_SUFFIX), plan):
+                continue  # a search's whole lists (Store.lists), kept with it
             task = _search_task(name, plan)
             if task is None:
                 (self.path / "search" / name).unlink(missing_ok=True)  # a temporary file or junk

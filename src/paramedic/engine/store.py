@@ -56,6 +56,8 @@ from paramedic.errors import OutputError
 ALIGNMENTS_VARIABLE = "PARAMEDIC_ALIGNMENTS"
 
 MAGIC = b"paramedic-search 3\n"
+LISTS_MAGIC = b"paramedic-lists 1\n"
+LISTS_SUFFIX = ".lists"
 TAG_BYTES = 32
 _LENGTH = struct.Struct(">Q")
 # A record's keys section is read whole; a larger one is not a record this code wrote.
@@ -81,9 +83,31 @@ class Store:
         """Write a search's whole result; readers see the whole record or none."""
         path = self.record(batch, fragment)
         try:
+            if found.lists:
+                lists = path.with_name(path.name + LISTS_SUFFIX)
+                tag = _tag(self.key, lists.name, found.lists)
+                write_durably(lists, LISTS_MAGIC + tag + found.lists, sync=False)
             write_durably(path, encode_record(found, self.key, path.name), sync=self.durable)
         except OSError as exc:
             raise OutputError(f"cannot write the search record {path}: {exc.strerror}") from exc
+
+    def lists(self, batch: int, fragment: int) -> bytes:
+        """A search's kept lists whole (paramedic.blast.prelim.whole_lists), its tag checked. RecordError
+        when they are missing or not this store's: the piece then finds its lists again (a cost, not an
+        error). Not made durable: a journal's resumed search loses nothing but that speed."""
+        path = self.record(batch, fragment)
+        path = path.with_name(path.name + LISTS_SUFFIX)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise RecordError(exc.strerror or str(exc)) from exc
+        head = len(LISTS_MAGIC) + TAG_BYTES
+        body = data[head:]
+        if data[: len(LISTS_MAGIC)] != LISTS_MAGIC or not hmac.compare_digest(
+            data[len(LISTS_MAGIC) : head], _tag(self.key, path.name, body)
+        ):
+            raise RecordError(f"{path.name} is not this store's")
+        return body
 
     def keys(self, batch: int, fragment: int, queries: int, alignments: bool = False) -> FragmentSearch:
         """A record's merge keys (and with `alignments`, every hit's alignments). RecordError when it is

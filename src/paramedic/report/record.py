@@ -95,9 +95,16 @@ class RankStats:
     role: str
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     # regenerate = rendered (written from the search's alignments) + by search; render_fallbacks of them
-    # were to be rendered but their reports did not line up (paramedic.blast.render)
+    # were to be rendered but their reports did not line up (paramedic.blast.render); injected: BLAST+
+    # batches of traceback-once pieces that aligned the searches' lists without scanning for them
     tasks: dict[str, int] = field(
-        default_factory=lambda: {"search": 0, "regenerate": 0, "rendered": 0, "render_fallbacks": 0}
+        default_factory=lambda: {
+            "search": 0,
+            "regenerate": 0,
+            "rendered": 0,
+            "render_fallbacks": 0,
+            "injected": 0,
+        }
     )
     fragments: list[int] = field(default_factory=list)  # fragments searched, in order (cache affinity)
     search_output_bytes: int = 0
