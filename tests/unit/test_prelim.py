@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from paramedic.blast.options import BlastOptions
-from paramedic.blast.prelim import query_batches, read_dump, split_query
+from paramedic.blast.prelim import injected, injection, query_batches, read_dump, split_query, whole_lists
 from paramedic.blast.render import masks_queries
 from paramedic.errors import BlastError
 
@@ -83,3 +83,82 @@ def test_split_prediction() -> None:
 )
 def test_default_query_filters(program: str, args: list[str], masked: bool) -> None:
     assert masks_queries(program, BlastOptions.parse(program, args)) is masked
+
+
+# -- whole lists and the lists a piece aligns (PARAMEDIC_HSPS=1, PARAMEDIC_PRELIM=3) -----------------
+def hsp(score: int) -> bytes:
+    """One HspRecord (72 bytes): only the score varies, which is enough to tell HSPs apart."""
+    return struct.pack("=dd14i", 1.0, 1e-5, score, *range(13))
+
+
+def lists_batch(n_queries: int, lists: list[tuple[int, int, list[int]]], flags: int = 0) -> bytes:
+    out = struct.pack("=Iiii", 0x50524C48, n_queries, len(lists), flags)
+    for query, oid, scores in lists:
+        out += struct.pack("=iiii", query, oid, 500, len(scores)) + b"".join(hsp(s) for s in scores)
+    return out
+
+
+def heads(data: bytes, at: int = 0) -> list[tuple[int, int, int]]:
+    """(query, oid, first HSP's score) of each list in a run of list records."""
+    found = []
+    while at < len(data):
+        query, oid, _, n = struct.unpack_from("=iiii", data, at)
+        found.append((query, oid, struct.unpack_from("=i", data, at + 16 + 16)[0]))
+        at += 16 + 72 * n
+    return found
+
+
+def test_whole_lists_are_keyed_by_the_query_in_the_search_and_the_global_id() -> None:
+    data = lists_batch(2, [(1, 3, [70, 60])]) + lists_batch(1, [(0, 4, [50])])
+    lists = whole_lists(data, 3, GIDS)
+    assert heads(lists) == [(1, 103, 70), (2, 104, 50)]
+
+
+def test_a_batch_with_an_edit_script_gives_no_lists() -> None:
+    """An HSP that holds a pointer cannot be written back: its pieces scan for their lists."""
+    assert whole_lists(lists_batch(1, [(0, 3, [70])], flags=1), 1, GIDS) == b""
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        lists_batch(1, [(0, 3, [70])])[:-1],  # truncated HSP
+        lists_batch(1, [(1, 3, [70])]),  # query outside its batch
+        lists_batch(1, [(0, 100, [70])]),  # subject outside the fragment
+        lists_batch(2, [(0, 3, [70])]),  # more queries than searched
+        struct.pack("=Iiii", 0x50524C31, 1, 0, 0),  # another record's magic
+    ],
+)
+def test_malformed_whole_lists_are_refused(data: bytes) -> None:
+    with pytest.raises(BlastError, match="preliminary hit list could not be read"):
+        whole_lists(data, 1, GIDS)
+
+
+def test_a_piece_gets_exactly_its_queries_subjects_per_blast_batch() -> None:
+    """Two fragments' lists of a search batch starting at global query 10; the piece holds queries 11-13
+    in two BLAST+ batches ([0, 1] and [2] of the piece). Each query gets its own subjects only, the
+    query index is the one in its BLAST+ batch, lists in subject order."""
+    frag0 = whole_lists(lists_batch(4, [(1, 5, [90]), (1, 2, [80]), (2, 5, [70]), (3, 7, [60])]), 4, GIDS)
+    frag1 = whole_lists(lists_batch(4, [(1, 50, [55]), (0, 51, [40]), (3, 52, [30])]), 4, range(1000, 1100))
+    given = injection(
+        [(10, frag0), (10, frag1)], 11, [[1050, 105], [105], [1052]], [range(0, 2), range(2, 3)]
+    )
+    assert given is not None
+    magic, batches = struct.unpack_from("=Ii", given)
+    assert (magic, batches) == (0x50524C49, 2)
+    queries, n = struct.unpack_from("=ii", given, 8)
+    assert (queries, n) == (2, 3)
+    first = heads(given, 16)[:3]
+    assert first == [(0, 105, 90), (1, 105, 70), (0, 1050, 55)]  # query 102 (oid 2) not wanted
+    at = 16 + 3 * (16 + 72)
+    assert struct.unpack_from("=ii", given, at) == (1, 1)
+    assert heads(given, at + 8) == [(0, 1052, 30)]
+
+
+def test_a_subject_missing_from_every_fragment_gives_no_injection() -> None:
+    frag0 = whole_lists(lists_batch(1, [(0, 5, [90])]), 1, GIDS)
+    assert injection([(0, frag0)], 0, [[105, 106]], [range(0, 1)]) is None
+
+
+def test_the_note_counts_injected_batches() -> None:
+    assert injected("injected 12 4000\nscanned 8\ninjected 3 12\n") == 2

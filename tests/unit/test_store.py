@@ -112,3 +112,26 @@ def test_writing_leaves_no_temporary_file(tmp_path: Path) -> None:
     store = Store(tmp_path, durable=True)
     store.put(2, 3, result(1, 1))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["2-3"]
+
+
+def test_a_searchs_whole_lists_come_back_only_from_its_own_store(tmp_path: Path) -> None:
+    """The lists a piece aligns feed its report: tagged like the record, another store's or a changed
+    copy is missing (the piece then scans), and rank 0's keys never carry them."""
+    store = Store(tmp_path, durable=False)
+    found = result(2, 100)
+    lists = b"\x01\x02" * 50
+    store.put(0, 1, FragmentSearch(found.hits, found.prelim, lists))
+    assert store.lists(0, 1) == lists
+    assert keys_only(FragmentSearch(found.hits, found.prelim, lists)).lists == b""
+    with pytest.raises(RecordError):
+        Store(tmp_path, durable=False).lists(0, 1)  # another key
+    path = tmp_path / "0-1.lists"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(RecordError):
+        store.lists(0, 1)
+    with pytest.raises(RecordError):
+        store.lists(0, 2)  # never written
+    store.put(1, 1, found)  # a search without lists writes none
+    assert not (tmp_path / "1-1.lists").exists()
