@@ -27,12 +27,27 @@ def proteins(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return data.root
 
 
-def search(root: Path, out: Path, *engine: str, outfmt: str = "6") -> dict:
+def search(root: Path, out: Path, *engine: str, outfmt: str = "6", env: dict[str, str] | None = None) -> dict:
     paramedic(
         "search", "blastp", "-query", str(root / "one.fasta"), "-db", "saturating", "-outfmt",
-        outfmt, "-out", str(out), "--np", "2", "--quiet", *engine, cwd=root / "p4",
+        outfmt, "-out", str(out), "--np", "2", "--quiet", *engine, cwd=root / "p4", env=env,
     )  # fmt: skip
     return json.loads(out.with_name(out.name + ".run.json").read_text())
+
+
+def reference(root: Path) -> Path:
+    expected = root / "ref.6"
+    if not expected.exists():
+        blast(
+            "blastp", "-query", "../one.fasta", "-db", "saturating", "-outfmt", "6", "-out", str(expected),
+            cwd=root / "ref",
+        )  # fmt: skip
+    return expected
+
+
+def given(record: dict) -> int:
+    """BLAST+ batches of pieces that aligned the fragment searches' lists as given, without a scan."""
+    return sum(r["tasks"]["injected"] for r in record["ranks_stats"])
 
 
 @pytest.mark.parametrize("outfmt", ["6", "7"])
@@ -63,12 +78,7 @@ def test_the_data_fills_the_preliminary_list(proteins: Path) -> None:
 
 
 def test_per_fragment_traceback_by_name_is_exact_too(proteins: Path) -> None:
-    expected, out = proteins / "ref.6", proteins / "per-fragment.6"
-    if not expected.exists():
-        blast(
-            "blastp", "-query", "../one.fasta", "-db", "saturating", "-outfmt", "6", "-out", str(expected),
-            cwd=proteins / "ref",
-        )  # fmt: skip
+    expected, out = reference(proteins), proteins / "per-fragment.6"
     record = search(proteins, out, "--strategy", "fragments", "--traceback", "per-fragment")
     assert out.read_bytes() == expected.read_bytes()
     assert record["traceback"] == "per-fragment"
@@ -83,3 +93,20 @@ def test_traceback_with_query_segmentation_is_refused(proteins: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--traceback once" in proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("engine", [("--no-journal",), ("--runner", "mpi")], ids=["threads", "ranks"])
+def test_the_piece_aligns_the_searches_lists_without_scanning(
+    proteins: Path, engine: tuple[str, ...]
+) -> None:
+    """Traceback once: the one piece aligns the whole database's list handed back to BLAST+ (no scan for
+    it), without a journal (the job's own store) and on MPI ranks; scanning for it writes the same bytes."""
+    expected, out = reference(proteins), proteins / f"given-{engine[-1]}.6"
+    record = search(proteins, out, "--strategy", "fragments", "--traceback", "once", *engine)
+    assert out.read_bytes() == expected.read_bytes()
+    assert given(record) == 1 and record["pieces"] == 1
+    scanned = search(
+        proteins, out, "--strategy", "fragments", "--traceback", "once", *engine,
+        env={"PARAMEDIC_PIECE_LISTS": "scan"},
+    )  # fmt: skip
+    assert out.read_bytes() == expected.read_bytes() and given(scanned) == 0

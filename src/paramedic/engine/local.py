@@ -81,7 +81,7 @@ def _store(job: Job, plan: Plan, workdir: Path, journal: Journal | None) -> Stor
         return None
     if journal is not None:
         return journal.store
-    if job.keep_alignments:
+    if job.keep_alignments or plan.traceback_once:  # alignments, or the lists pieces align as given
         store = Store(workdir / "store", durable=False)
         store.path.mkdir()
         return store

@@ -73,16 +73,17 @@ def _shared_store(
     comm: MPI.Comm, job: Job, plan: Plan, workdir: Path, journal: Journal | None
 ) -> Store | None:
     """The search store (paramedic.engine.store) when every rank sees it, else None: the journal's, or
-    one in rank 0's temporary directory when reports are written from the searches' alignments. Rank 0
-    leaves a token there that every worker must read back: on a cluster a temporary directory is often
-    local to its node, and a journal's filesystem may not be mounted on every node."""
+    one in rank 0's temporary directory when reports are written from the searches' alignments or from
+    their whole preliminary lists (traceback once). Rank 0 leaves a token there that every worker must
+    read back: on a cluster a temporary directory is often local to its node, and a journal's
+    filesystem may not be mounted on every node."""
     store: Store | None = None
     token = b""
     wanted = os.environ.get(ALIGNMENTS_VARIABLE) != "tasks"
     if comm.Get_rank() == 0 and wanted and not plan.query_segmentation:
         if journal is not None:
             store = journal.store
-        elif job.keep_alignments:
+        elif job.keep_alignments or plan.traceback_once:  # or the lists pieces align as given
             store = Store(workdir / "store", durable=False)
             store.path.mkdir()
         if store is not None and comm.Get_size() > 1:
