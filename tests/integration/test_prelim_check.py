@@ -39,3 +39,26 @@ def test_a_shim_that_does_not_read_blast_is_refused(
     with pytest.raises(BlastError, match="use --strategy queries"):
         prelim_check.check_shim()
     assert not (tmp_path / "cache" / "paramedic" / "prelim-check").exists()
+
+
+def test_aligning_given_lists_works_on_the_installed_blast_and_is_cached(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    prelim_check.injection_works.cache_clear()
+    assert prelim_check.injection_works()
+    assert [p.read_bytes() for p in (tmp_path / "cache" / "paramedic" / "inject-check").iterdir()] == [
+        b"yes\n"
+    ]
+    prelim_check.injection_works.cache_clear()
+
+
+def test_a_shim_that_does_not_align_given_lists_is_not_used(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Here the search meant to align the given lists scans instead (the mode is off): the check sees no
+    batch aligned as given, and pieces will scan for their lists (exact, slower), not trust the shim."""
+    real = prelim.inject_environment()
+    monkeypatch.setattr(prelim_check, "inject_environment", lambda: {**real, "PARAMEDIC_PRELIM": "0"})
+    prelim_check.injection_works.cache_clear()
+    assert not prelim_check.injection_works()
+    prelim_check.injection_works.cache_clear()

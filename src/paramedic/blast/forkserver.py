@@ -20,12 +20,23 @@ import struct
 import subprocess
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from paramedic.cache import cache_dir
 
 SOURCE = Path(__file__).with_name("native") / "forkserver.c"
 MAX_REQUEST = 1 << 20
+
+
+PRELIM_SOURCE = Path(__file__).with_name("native") / "prelim.c"
+
+
+@functools.cache
+def prelim_shim() -> Path | None:
+    """The preliminary-list shim (paramedic.blast.prelim), compiled; None without a C compiler. Here
+    because fork servers preload it too (paramedic.blast.tools)."""
+    return compiled(PRELIM_SOURCE)
 
 
 @functools.cache
@@ -79,12 +90,12 @@ def compiled(
 class ForkServer:
     """One BLAST+ program held ready to fork; requests are served one at a time."""
 
-    def __init__(self, executable: str, shim: Path, extra_env: dict[str, str] | None = None):
+    def __init__(self, executable: str, shim: Path, preload: str | None = None):
         request_read, self._requests = os.pipe()
         self._replies, reply_write = os.pipe()
-        env = dict(os.environ, **(extra_env or {}))
+        env = dict(os.environ)
         # the fork server's shim first, then any other preload the caller asks for
-        env["LD_PRELOAD"] = ":".join(p for p in (str(shim), (extra_env or {}).get("LD_PRELOAD")) if p)
+        env["LD_PRELOAD"] = ":".join(p for p in (str(shim), preload) if p)
         env["PARAMEDIC_FORKSERVER_FDS"] = f"{request_read},{reply_write}"
         self._proc = subprocess.Popen(
             [executable],
@@ -96,9 +107,20 @@ class ForkServer:
         os.close(request_read)
         os.close(reply_write)
 
-    def run(self, argv: list[str], cwd: str, stdout_path: str, stderr_path: str) -> int:
-        """Run `argv` (argv[0] is the program name) in a forked child; its exit status."""
-        fields = [cwd, stdout_path, stderr_path, *argv]
+    def run(
+        self,
+        argv: list[str],
+        cwd: str,
+        stdout_path: str,
+        stderr_path: str,
+        env: Mapping[str, str] | None = None,
+    ) -> int:
+        """Run `argv` (argv[0] is the program name) in a forked child, with `env` added to its
+        environment; its exit status."""
+        assignments = [f"{k}={v}" for k, v in (env or {}).items()]
+        if any("=" in k or not k for k in env or {}):
+            raise ValueError("an environment variable name with '=' or empty")
+        fields = [cwd, stdout_path, stderr_path, str(len(assignments)), *assignments, *argv]
         if any("\0" in f for f in fields):
             raise ValueError("NUL byte in a BLAST+ argument")
         payload = b"".join(f.encode() + b"\0" for f in fields)
@@ -135,19 +157,20 @@ def _read_exactly(fd: int, n: int) -> bytes:
 
 # One fork server per program, environment and thread: a server handles one request at a time, and the
 # storage site regenerates on several I/O worker threads at once.
-_servers: dict[tuple[str, tuple[tuple[str, str], ...], int], ForkServer] = {}
+_servers: dict[tuple[str, str | None, int], ForkServer] = {}
 _servers_lock = threading.Lock()
 
 
-def server_for(executable: str, extra_env: dict[str, str] | None = None) -> ForkServer | None:
-    """This thread's fork server for a program and extra environment (started on first use), or None."""
+def server_for(executable: str, preload: str | None = None) -> ForkServer | None:
+    """This thread's fork server for a program and another preloaded library (started on first use), or
+    None. Everything else a run needs in its environment goes with its request."""
     shim = shim_path()
     if shim is None:
         return None
-    key = (executable, tuple(sorted((extra_env or {}).items())), threading.get_ident())
+    key = (executable, preload, threading.get_ident())
     with _servers_lock:
         if key not in _servers:
-            _servers[key] = ForkServer(executable, shim, extra_env)
+            _servers[key] = ForkServer(executable, shim, preload)
         return _servers[key]
 
 

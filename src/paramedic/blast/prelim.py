@@ -17,18 +17,16 @@ at these batch boundaries.
 
 from __future__ import annotations
 
-import functools
 import os
 import struct
 from collections.abc import Sequence
-from pathlib import Path
 
-from paramedic.blast.forkserver import compiled
+from paramedic.blast.forkserver import PRELIM_SOURCE, prelim_shim
 from paramedic.blast.hits import Candidate, PrelimList
 from paramedic.blast.options import BlastOptions
 from paramedic.errors import BlastError
 
-SOURCE = Path(__file__).with_name("native") / "prelim.c"
+SOURCE = PRELIM_SOURCE
 DUMP_NAME = "paramedic-prelim.bin"
 LISTS_NAME = "paramedic-hsps.bin"  # the kept lists whole (PARAMEDIC_HSPS=1)
 INJECT_NAME = "paramedic-inject.bin"  # the lists a piece aligns (PARAMEDIC_PRELIM=3)
@@ -63,10 +61,7 @@ _CHUNK_RESIDUES = {
 }
 
 
-@functools.cache
-def shim() -> Path | None:
-    """The compiled preload library, or None without a C compiler."""
-    return compiled(SOURCE)
+shim = prelim_shim  # the compiled preload library, or None without a C compiler
 
 
 def environment(prelim_only: bool = False, whole_lists: bool = False) -> dict[str, str]:

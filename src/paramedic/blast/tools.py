@@ -9,10 +9,10 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from paramedic.blast.forkserver import ForkServer, server_for
+from paramedic.blast.forkserver import ForkServer, prelim_shim, server_for
 from paramedic.cache import file_key, read_cached, write_cached
 from paramedic.errors import BlastError
 
@@ -78,13 +78,25 @@ def startup_seconds(program: str) -> float:
 
 
 def warm_up(program: str) -> None:
-    """Start this process's fork server for `program` now, while there is nothing else to do."""
+    """Start this thread's fork server for `program` now, while there is nothing else to do."""
     if program not in FORK_SERVED:
         return
     try:
-        server_for(require_tool(program))
+        server_for(require_tool(program), _preload(None))
     except (BlastError, OSError):
         pass  # the first real run reports the problem
+
+
+def _preload(extra_env: Mapping[str, str] | None) -> str | None:
+    """The library a fork server preloads: the caller's, else the preliminary-list shim when it builds.
+    The shim only passes calls through unless a run's own environment sets PARAMEDIC_PRELIM, so one
+    server per program and thread runs a job's every kind of search (fragment searches, pieces that
+    align given lists, plain runs): each server costs a BLAST+ start (docs/DESIGN.md, "The local
+    runner")."""
+    if extra_env and "LD_PRELOAD" in extra_env:
+        return extra_env["LD_PRELOAD"]
+    library = prelim_shim()
+    return str(library) if library is not None else None
 
 
 def run_tool(
@@ -99,11 +111,12 @@ def run_tool(
     Search programs run through this process's fork server when it is available (see forkserver.py).
     """
     exe = require_tool(argv[0])
-    server = server_for(exe, extra_env) if argv[0] in FORK_SERVED else None
+    server = server_for(exe, _preload(extra_env)) if argv[0] in FORK_SERVED else None
     env = dict(os.environ, **extra_env) if extra_env else None
     try:
         if server is not None:
-            proc = _run_forked(server, [argv[0], *argv[1:]], cwd, stdout_path)
+            request = {k: v for k, v in (extra_env or {}).items() if k != "LD_PRELOAD"}
+            proc = _run_forked(server, [argv[0], *argv[1:]], cwd, stdout_path, request)
         elif stdout_path is not None:
             with open(stdout_path, "wb") as out:
                 proc = subprocess.run([exe, *argv[1:]], cwd=cwd, stdout=out, stderr=subprocess.PIPE, env=env)
@@ -117,12 +130,16 @@ def run_tool(
 
 
 def _run_forked(
-    server: ForkServer, argv: list[str], cwd: str | os.PathLike[str] | None, stdout_path: Path | None
+    server: ForkServer,
+    argv: list[str],
+    cwd: str | os.PathLike[str] | None,
+    stdout_path: Path | None,
+    env: Mapping[str, str],
 ) -> subprocess.CompletedProcess[bytes]:
     with tempfile.TemporaryDirectory(prefix="paramedic-run-") as tmp:
         out = Path(stdout_path) if stdout_path is not None else Path(tmp) / "stdout"
         err = Path(tmp) / "stderr"
-        code = server.run(argv, str(Path(cwd or ".").resolve()), str(out.resolve()), str(err))
+        code = server.run(argv, str(Path(cwd or ".").resolve()), str(out.resolve()), str(err), env)
         stdout = b"" if stdout_path is not None else out.read_bytes() if out.exists() else b""
         stderr = err.read_bytes() if err.exists() else b""
     return subprocess.CompletedProcess(argv, code, stdout, stderr)

@@ -11,7 +11,11 @@
  *
  * Protocol, on two pipes whose descriptors are given as PARAMEDIC_FORKSERVER_FDS="<in>,<out>":
  *   request: uint32 length, then `length` bytes of NUL-terminated strings:
- *            working directory, stdout path ("" = inherit), stderr path ("" = inherit), argv[0], argv[1]...
+ *            working directory, stdout path ("" = inherit), stderr path ("" = inherit), the number N of
+ *            environment assignments (decimal), N strings NAME=VALUE set in the child only, argv[0],
+ *            argv[1]...
+ *            (The assignments let one server run every kind of search of a job: the preliminary-list
+ *            shim preloaded with the server reads its mode from the child's environment.)
  *   reply:   int32 exit status (the exit code, or 128 + signal number).
  * End of input ends the server. Without PARAMEDIC_FORKSERVER_FDS the program runs normally.
  */
@@ -74,7 +78,7 @@ static int serve(int in_fd, int out_fd) {
         buf[length] = '\0';
         size_t count = 0;
         for (uint32_t i = 0; i < length; i++) count += buf[i] == '\0';
-        if (count < 4) return 2;
+        if (count < 5) return 2;
         char **fields = calloc(count + 1, sizeof *fields);
         if (fields == NULL) return 2;
         char *p = buf;
@@ -82,14 +86,20 @@ static int serve(int in_fd, int out_fd) {
             fields[i] = p;
             p += strlen(p) + 1;
         }
+        char *end;
+        unsigned long assignments = strtoul(fields[3], &end, 10);
+        if (*end != '\0' || assignments > count - 5) return 2;
+        size_t first_arg = 4 + assignments;
         pid_t pid = fork();
         if (pid == 0) {
             close(in_fd);
             close(out_fd);
+            for (size_t i = 4; i < first_arg; i++)
+                if (strchr(fields[i], '=') == NULL || putenv(fields[i]) != 0) _exit(125);
             if (chdir(fields[0]) != 0) _exit(126);
             redirect(fields[1], STDOUT_FILENO);
             redirect(fields[2], STDERR_FILENO);
-            exit(real_main((int)(count - 3), fields + 3, environ));
+            exit(real_main((int)(count - first_arg), fields + first_arg, environ));
         }
         int32_t code = 127;
         if (pid > 0) {
