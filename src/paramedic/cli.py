@@ -48,6 +48,7 @@ ENGINE_OPTIONS_WITH_VALUE = {
     "--from-metadata",
     "--strategy",
     "--traceback",
+    "--fragment-groups",
     "--runner",
     "--site",
     "--keys",
@@ -556,7 +557,7 @@ def _search(argv: list[str]) -> int:
 
 
 def _search_parser() -> argparse.ArgumentParser:
-    from paramedic.engine.settings import RUNNER_CHOICES, TRACEBACK_CHOICES
+    from paramedic.engine.settings import FRAGMENT_GROUP_CHOICES, RUNNER_CHOICES, TRACEBACK_CHOICES
     from paramedic.output.strategies import MASTER, OUTPUT_STRATEGIES, output_strategy_names
     from paramedic.ship.destination import SHIP_MODES  # the codecs' choices (paramedic.ship.registry)
 
@@ -589,6 +590,14 @@ def _search_parser() -> argparse.ArgumentParser:
         "query is aligned once, against the whole database's list; per-fragment: every fragment search "
         "aligns its own hits; auto (default): once when the lists are a small share of the database "
         "(large databases) and no metadata is asked",
+    )
+    parser.add_argument(
+        "--fragment-groups",
+        choices=list(FRAGMENT_GROUP_CHOICES),
+        default="auto",
+        help="fragments strategy: auto (default): when the whole database fits in each worker's memory, "
+        "consecutive fragments are searched together in one BLAST+ run (as few runs as keep every worker "
+        "busy; each run costs a BLAST+ start and a lookup table); off: one BLAST+ run per fragment",
     )
     parser.add_argument(
         "--runner",
@@ -755,6 +764,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         from_metadata=args.from_metadata,
         strategy=args.strategy,
         traceback=args.traceback,
+        fragment_groups=args.fragment_groups,
         ship=ship,
         restart=args.restart,
         journal=not args.no_journal,

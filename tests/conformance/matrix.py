@@ -79,6 +79,10 @@ class Cell:
     traceback: str = "auto"
     # --runner: "auto" (the default: worker threads of one process) or "mpi" (ranks under mpiexec)
     runner: str = "auto"
+    # --fragment-groups with --strategy fragments: "off" (every fragment its own search, so the merge
+    # meets `fragments` lists per query) or "auto" (the default: consecutive fragments searched together
+    # when the database fits in memory, as few searches as keep the workers busy)
+    groups: str = "off"
 
     def label(self) -> str:
         return " ".join(self.options) or "defaults"
@@ -88,6 +92,11 @@ class Cell:
             ["--strategy", self.strategy]
             + (["--traceback", self.traceback] if self.traceback != "auto" else [])
             + (["--runner", self.runner] if self.runner != "auto" else [])
+            + (
+                ["--fragment-groups", self.groups]
+                if self.strategy == "fragments" and self.groups != "auto"
+                else []
+            )
         )
 
 
@@ -103,9 +112,10 @@ def cells(full: bool) -> Iterator[Cell]:
         yield Cell("proteins", "blastp", ("-culling_limit", "2"), "6", 4, "auto")
         yield Cell("saturating", "blastp", (), "6", 16, "fragments", saturates=True)
         yield Cell("saturating", "blastp", ("-max_target_seqs", "5"), "6", 4, "fragments", saturates=True)
-        # the traceback-once path by name: every program, a text report, the saturating set, a cap
+        # the traceback-once path by name: every program (its fragments searched in groups), a text
+        # report, the saturating set, a cap
         for program, (dataset, _) in PROGRAMS.items():
-            yield Cell(dataset, program, (), "6", 4, "fragments", traceback="once")
+            yield Cell(dataset, program, (), "6", 16, "fragments", traceback="once", groups="auto")
         yield Cell("proteins", "blastp", (), "0", 16, "fragments", traceback="once")
         yield Cell("saturating", "blastp", (), "6", 16, "fragments", saturates=True, traceback="once")
         yield Cell("saturating", "blastp", ("-max_target_seqs", "5"), "7", 4, "fragments", True, "once")
@@ -132,11 +142,12 @@ def cells(full: bool) -> Iterator[Cell]:
         yield Cell("saturating", "blastp", ("-max_target_seqs", "5"), "6", n, "fragments", saturates=True)
         yield Cell("saturating", "blastx", (), "6", n, "fragments", saturates=True)
     yield Cell("saturating", "blastp", (), "0", 16, "fragments", saturates=True)
-    # the traceback-once path by name: every program at every fragment count, every option family,
-    # the crossed formats, the saturating set at every count
+    # the traceback-once path by name: every program at every fragment count (searched one by one and
+    # in groups), every option family, the crossed formats, the saturating set at every count
     for program, (dataset, _) in PROGRAMS.items():
         for n in FRAGMENT_COUNTS:
             yield Cell(dataset, program, (), "6", n, "fragments", traceback="once")
+            yield Cell(dataset, program, (), "6", n, "fragments", traceback="once", groups="auto")
         for options in OPTIONS[program][1:]:
             yield Cell(dataset, program, options, "6", 4, "fragments", traceback="once")
         for outfmt in CROSSED_OUTFMTS:
@@ -255,7 +266,10 @@ def _batches_given(out: Path) -> str:
     except (OSError, ValueError):
         return ""
     given = sum(r["tasks"].get("injected", 0) for r in record.get("ranks_stats", []))
-    return f"{given} piece batches aligned as given" if given else ""
+    notes = [f"{given} piece batches aligned as given" if given else ""]
+    if record.get("fragment_groups"):
+        notes.append(f"{record['fragments']} fragments in {record['fragment_groups']} searches per batch")
+    return "; ".join(n for n in notes if n)
 
 
 def _first_difference(expected: bytes, actual: bytes) -> str:

@@ -27,7 +27,10 @@ def judge(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Judge:
 @pytest.mark.parametrize(
     "cell",
     SLICE,
-    ids=lambda c: f"{c.program}-{c.label()}-{c.outfmt}-x{c.fragments}-{c.strategy}-{c.traceback}-{c.runner}",
+    ids=lambda c: (
+        f"{c.program}-{c.label()}-{c.outfmt}-x{c.fragments}-{c.strategy}-{c.traceback}-{c.runner}"
+        + ("-grouped" if c.groups == "auto" else "")
+    ),
 )
 def test_cell(judge: Judge, cell: Cell) -> None:
     verdict = judge.judge(cell)
@@ -36,3 +39,6 @@ def test_cell(judge: Judge, cell: Cell) -> None:
     if cell.traceback == "once" and cell.program in INJECTABLE:
         # the pieces aligned the fragment searches' lists as given (no scan): the path this cell tests
         assert "piece batches aligned as given" in verdict.detail, verdict.detail
+    if cell.groups == "auto" and cell.strategy == "fragments":
+        # consecutive fragments were searched together: fewer searches per batch than fragments
+        assert f"{cell.fragments} fragments in " in verdict.detail, verdict.detail

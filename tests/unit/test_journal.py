@@ -143,3 +143,26 @@ def test_a_piece_changed_in_one_byte_or_taken_from_another_journal_is_dropped(tm
         journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False)
         assert replay.pieces == ()
         journal.close(complete=False)
+
+
+def test_a_journal_of_grouped_fragments_continues_with_its_own_groups(tmp_path: Path) -> None:
+    """Groups follow the workers (paramedic.engine.plan.search_units): a run with other workers makes
+    other groups, and must continue the journal's, whose records are per group, and keep their lists."""
+    grouped = Plan(
+        batches=(range(0, 3),), n_fragments=2, pieces=(range(0, 3),), hitlist_size=5, groups=((0, 1, 2), (3,))
+    )
+    path = tmp_path / ".out.journal"
+    journal, _, _ = Journal.open(path, IDENTITY, grouped, restart=False)
+    journal.search_done(SearchTask(0, 1), FragmentSearch(result(3, 10).hits, result(3, 10).prelim, b"lists"))
+    assert journal.close(complete=False)
+    other = Plan(batches=(range(0, 3),), n_fragments=4, pieces=(range(0, 3),), hitlist_size=5)
+    journal, plan, replay = Journal.open(path, IDENTITY, other, restart=False)
+    assert plan == grouped and plan.fragments_of(0) == (0, 1, 2) and replay.searches == (SearchTask(0, 1),)
+    assert journal.store.lists(0, 1) == b"lists"
+    journal.close(complete=True)
+    fewer = Plan(batches=(range(0, 3),), n_fragments=3, pieces=(range(0, 3),), hitlist_size=5)
+    journal, _, _ = Journal.open(path, IDENTITY, grouped, restart=False)
+    journal.search_done(SearchTask(0, 0), result(3, 10))
+    journal.close(complete=False)
+    with pytest.raises(UsageError, match="does not fit this search"):
+        Journal.open(path, IDENTITY, fewer, restart=False)  # another database: 3 fragments, not 4

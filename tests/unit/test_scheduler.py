@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from paramedic.blast.hits import Hit
+from paramedic.engine.plan import fragment_groups, make_plan, search_units
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
 from tests.unit.fragments import searched
 
@@ -255,3 +256,57 @@ def test_replica_groups_keep_each_worker_on_its_share_of_the_database():
     grouped, plain = Scheduler(p, window=4, replica_group=2), Scheduler(p, window=4)
     assert [grouped.next_task(w).fragment for w in (1, 3)] == [0, 2]
     assert [plain.next_task(w).fragment for w in (1, 3)] == [0, 1]
+
+
+# -- fragment groups (paramedic.engine.plan) ------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("fragments", "batches", "workers", "units"),
+    [
+        (8, 1, 2, 4),  # one batch: twice the workers
+        (8, 2, 2, 2),  # two batches: one search per worker and batch
+        (8, 10, 2, 2),
+        (8, 1, 16, 8),  # never more than the fragments
+        (64, 3, 16, 16),
+        (1, 1, 2, 1),
+    ],
+)
+def test_search_units_keep_every_worker_busy_with_few_searches(
+    fragments: int, batches: int, workers: int, units: int
+) -> None:
+    assert search_units(fragments, batches, workers) == units
+
+
+@pytest.mark.parametrize(
+    ("residues", "units", "groups"),
+    [
+        ([10] * 8, 2, ((0, 1, 2, 3), (4, 5, 6, 7))),
+        ([10] * 8, 3, ((0, 1, 2), (3, 4, 5), (6, 7))),
+        ([10] * 3, 3, ((0,), (1,), (2,))),
+        ([100, 1, 1, 1], 2, ((0,), (1, 2, 3))),  # cut by residues
+        ([1, 1, 1, 100], 3, ((0, 1), (2,), (3,))),  # every group gets a fragment
+    ],
+)
+def test_fragment_groups_are_consecutive_and_even_by_residues(
+    residues: list[int], units: int, groups: tuple[tuple[int, ...], ...]
+) -> None:
+    assert fragment_groups(residues, units) == groups
+
+
+def test_grouping_is_asked_for_and_follows_the_batches() -> None:
+    common = dict(
+        program="blastp", query_lengths=[300] * 40, fragment_residues=[10**7] * 8, workers=2, hitlist_size=500,
+        startup_seconds=0.05, stitchable=True, blast_batches=[range(0, 34), range(34, 40)], traceback_once=True,
+    )  # fmt: skip
+    plain = make_plan(**common)  # type: ignore[arg-type]
+    grouped = make_plan(**common, group_fragments=True)  # type: ignore[arg-type]
+    assert plain.n_fragments == 8 and not plain.groups
+    assert grouped.batches == plain.batches and grouped.pieces == plain.pieces
+    assert grouped.n_fragments == search_units(8, len(plain.batches), 2) == len(grouped.groups)
+    assert grouped.database_fragments == 8
+    assert [f for u in range(grouped.n_fragments) for f in grouped.fragments_of(u)] == list(range(8))
+
+
+@pytest.mark.parametrize("groups", [((0, 1), (3,)), ((1,), (0,)), ((0,), ()), ((0, 1),)])
+def test_a_plan_refuses_groups_that_do_not_cover_the_fragments_in_order(groups: tuple) -> None:
+    with pytest.raises(ValueError, match="fragment groups"):
+        Plan(batches=(range(0, 1),), n_fragments=2, pieces=(range(0, 1),), hitlist_size=5, groups=groups)

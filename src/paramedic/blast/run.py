@@ -49,6 +49,7 @@ class Database:
     whole: str
     fragments: tuple[str, ...]  # fragment alias names inside `directory`
     members_blake3: str = ""  # the manifest's digest of members.bin ("": read sequences.tsv)
+    volumes: tuple[str, ...] = ()  # the fragments' BLAST+ volumes inside `directory`, for groups
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def search_fragment(
     program: str,
     options: BlastOptions,
     db: Database,
-    fragment: int,
+    fragments: Sequence[int],
     queries: Sequence[tuple[str, str]],
     workdir: Path,
     keep_alignments: bool = False,
@@ -76,11 +77,12 @@ def search_fragment(
     prelim_only: bool = False,
     lists: bool = False,
 ) -> tuple[FragmentSearch, RunStats]:
-    """Search a query batch against one fragment (whole-database statistics); merge keys per query.
+    """Search a query batch against fragments (one, or a group of consecutive ones searched in one run:
+    an alias over their volumes), with whole-database statistics; merge keys per query.
 
     The search writes an archive (outfmt 11): the keys at full precision, and with `keep_alignments`
     each hit's alignments, from which `paramedic.blast.render` writes the report without searching again.
-    A preloaded shim writes BLAST+'s preliminary lists; `gids()` maps the fragment's ordinal ids to global
+    A preloaded shim writes BLAST+'s preliminary lists; `gids()` maps the searched ordinal ids to global
     (asked for once BLAST+ has run: reading the map may take a while, and BLAST+ need not wait for it).
     With `prelim_only` the search stops after BLAST+'s preliminary stage (the shim empties the lists the
     traceback would read): only the lists come back, and every query is aligned once, later, against the
@@ -100,7 +102,7 @@ def search_fragment(
         "-query",
         str(query_file),
         "-db",
-        str(db.directory / db.fragments[fragment]),
+        _searched(db, fragments, workdir),
         "-max_target_seqs",
         str(options.hitlist_size()),
         "-outfmt",
@@ -120,10 +122,10 @@ def search_fragment(
     try:
         hits = parse_fragment_archive(data, len(queries), keep_alignments)
     except ValueError as exc:
-        raise BlastError(f"{program} on fragment {fragment}: unreadable archive: {exc}") from exc
+        raise BlastError(f"{program} on {_named(fragments)}: unreadable archive: {exc}") from exc
     if prelim_only and any(hits):
         raise BlastError(
-            f"{program} on fragment {fragment} aligned subjects after its preliminary stage: the shim "
+            f"{program} on {_named(fragments)} aligned subjects after its preliminary stage: the shim "
             "that stops it there did not work with this BLAST+; use --strategy queries"
         )
     ids = gids()
@@ -142,6 +144,29 @@ def search_fragment(
         except FileNotFoundError:
             pass  # no list kept (or the shim could not write): the pieces find theirs again
     return FragmentSearch(hits, prelim, whole), RunStats(time.perf_counter() - start, len(data))
+
+
+def _searched(db: Database, fragments: Sequence[int], workdir: Path) -> str:
+    """The -db of a fragment search: the fragment's own alias, or for a group one written in `workdir`
+    over the group's volumes in order (so its ordinal ids are theirs, one after the other) with the
+    whole database's statistics, as every fragment alias has them (docs/DESIGN.md, "Statistics and
+    merge")."""
+    if len(fragments) == 1:
+        return str(db.directory / db.fragments[fragments[0]])
+    alias = workdir / f"group-{fragments[0]}-{fragments[-1]}{alias_suffix(db.dbtype)}"
+    if not alias.exists():  # written once per worker: a group is searched once per batch
+        write_alias(
+            alias,
+            [str(db.directory / db.volumes[f]) for f in fragments],
+            title=db.title,
+            nseq=db.nseq,
+            length=db.length,
+        )
+    return str(alias.with_suffix(""))
+
+
+def _named(fragments: Sequence[int]) -> str:
+    return f"fragment {fragments[0]}" if len(fragments) == 1 else f"fragments {fragments[0]}-{fragments[-1]}"
 
 
 def regenerate(

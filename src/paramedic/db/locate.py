@@ -56,5 +56,6 @@ def resolve_database(arg: str, cwd: Path, digest: bool = True) -> tuple[Database
         whole=manifest.whole,
         fragments=tuple(f.name for f in manifest.fragments),
         members_blake3=manifest.members_blake3,
+        volumes=tuple(f.volume for f in manifest.fragments),
     )
     return database, manifest

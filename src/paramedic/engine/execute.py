@@ -39,16 +39,17 @@ def execute(
         batch = plan.batches[task.batch]
         queries = job.queries[batch.start : batch.stop]
         members = job.db.directory, len(job.db.fragments), job.db.members_blake3
-        with _place(job, task.fragment, stats) as db:
+        fragments = plan.fragments_of(task.fragment)
+        with _place(job, fragments, stats) as db:
             found, run = search_fragment(
                 job.program,
                 job.options,
                 db,
-                task.fragment,
+                fragments,
                 queries,
                 workdir,
                 job.keep_alignments,
-                lambda: fragment_members(*members)[task.fragment],
+                lambda: [gid for f in fragments for gid in fragment_members(*members)[f]],
                 prelim_only=plan.traceback_once,
                 lists=store is not None and _injects(job, plan),
             )
@@ -65,7 +66,7 @@ def execute(
                 task.fragment,
                 len(queries),
                 _residues(queries),
-                int(fragment_residues[task.fragment]),
+                sum(int(fragment_residues[f]) for f in fragments),
                 run.seconds,
             )
         )
@@ -113,11 +114,15 @@ def execute(
 
 
 @contextmanager
-def _place(job: Job, fragment: int, stats: RankStats) -> Iterator[Database]:
-    """Where a fragment is searched: its staged copy on this node (--stage), else the -db directory."""
+def _place(job: Job, fragments: tuple[int, ...], stats: RankStats) -> Iterator[Database]:
+    """Where fragments are searched: a fragment's staged copy on this node (--stage, which searches
+    fragments one by one), else the -db directory."""
     if job.stage is None:
         yield job.db
         return
+    if len(fragments) != 1:
+        raise InternalError("internal: --stage searches fragments one at a time")
+    fragment = fragments[0]
     local = stager(job.stage, job.db)
     try:
         entered = time.time()

@@ -197,6 +197,10 @@ def prepare_job(settings: SearchSettings, workers: int | None = None) -> Job:
         "blast_batches": blast_batches,
         "search_filled_again": composition_adjusted(options, program.name) or options.has("qcov_hsp_perc"),
         "traceback_once": traceback_once,
+        "group_fragments": settings.fragment_groups == "auto"
+        and settings.stage is None  # a staged fragment is copied and searched on its own
+        and settings.replica_group_size is None  # workers keep to their share of the fragments
+        and strategy.fits_each_worker(),
     }
     identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
     save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None

@@ -160,7 +160,7 @@ class Journal:
                 f"the journal {self.path} is from another search (different {', '.join(differs)}): run the "
                 "same command as before to continue it, or add --restart to discard it and start afresh"
             )
-        if journaled.n_queries != plan.n_queries or journaled.n_fragments != plan.n_fragments:
+        if journaled.n_queries != plan.n_queries or journaled.database_fragments != plan.database_fragments:
             raise UsageError(
                 f"the journal {self.path} does not fit this search; add --restart to start afresh"
             )
@@ -346,6 +346,7 @@ def _plan_json(plan: Plan) -> dict[str, Any]:
         "query_segmentation": plan.query_segmentation,
         "search_filled_again": plan.search_filled_again,
         "traceback_once": plan.traceback_once,
+        "groups": [list(g) for g in plan.groups],
     }
 
 
@@ -358,6 +359,7 @@ def _plan_from_json(data: dict[str, Any]) -> Plan:
         query_segmentation=bool(data["query_segmentation"]),
         search_filled_again=bool(data["search_filled_again"]),
         traceback_once=bool(data.get("traceback_once", False)),
+        groups=tuple(tuple(_int(f) for f in g) for g in data.get("groups", [])),
     )
 
 

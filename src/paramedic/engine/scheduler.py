@@ -83,6 +83,10 @@ class Plan:
     # fragment searches stop after BLAST+'s preliminary stage; every piece is written by one search
     # against its queries' whole preliminary lists, the only traceback (docs/DESIGN.md, "Traceback once")
     traceback_once: bool = False
+    # The database's fragments each search covers: the "fragments" of the tasks are then these groups
+    # of consecutive fragments, searched in one BLAST+ run each (docs/DESIGN.md, "Fragment groups");
+    # empty: one fragment per search
+    groups: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         _check_cover(self.batches, "batches")
@@ -91,6 +95,21 @@ class Plan:
             raise ValueError("batches and pieces must cover the same queries")
         if self.n_fragments < 1:
             raise ValueError("need at least one fragment")
+        if self.groups and (
+            len(self.groups) != self.n_fragments
+            or [f for g in self.groups for f in g] != list(range(sum(len(g) for g in self.groups)))
+            or not all(self.groups)
+        ):
+            raise ValueError("fragment groups must be consecutive, non-empty, and one per search")
+
+    def fragments_of(self, unit: int) -> tuple[int, ...]:
+        """The database's fragments that search `unit` (a task's `fragment`) covers."""
+        return self.groups[unit] if self.groups else (unit,)
+
+    @property
+    def database_fragments(self) -> int:
+        """How many fragments the database has (more than `n_fragments` when they are grouped)."""
+        return sum(len(g) for g in self.groups) if self.groups else self.n_fragments
 
     def batch_pieces(self, batch: int) -> range:
         """Indices of the pieces that lie in search batch `batch` (ValueError when a piece crosses its

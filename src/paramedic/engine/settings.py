@@ -39,6 +39,9 @@ class StageSettings:
 
 
 TRACEBACK_CHOICES = ("auto", "once", "per-fragment")
+# "auto": consecutive fragments are searched together when the whole database fits in each worker's
+# memory (paramedic.engine.plan.fragment_groups); "off": one search per fragment
+FRAGMENT_GROUP_CHOICES = ("auto", "off")
 # How a search started without an MPI launcher runs (paramedic.engine.local): "local" runs the workers
 # as threads of this process, each driving BLAST+; "mpi" starts mpiexec with one rank per worker; "auto"
 # is local unless an option needs MPI ranks (what `needs_mpi` names).
@@ -59,6 +62,7 @@ class SearchSettings:
     # query once, against the whole database's list; "per-fragment" aligns in every fragment search;
     # "auto" chooses (paramedic.engine.job.traceback_once_pays)
     traceback: str = "auto"
+    fragment_groups: str = "auto"  # --fragment-groups: see FRAGMENT_GROUP_CHOICES
     from_metadata: Path | None = None  # skip the search: regenerate from saved metadata
     ship: ShipSettings | None = None  # send the output to a storage site (--site) instead of -out here
     restart: bool = False  # discard the journal of an earlier, unfinished run instead of continuing it
@@ -91,6 +95,15 @@ class SearchSettings:
             raise UsageError(
                 f"--traceback {self.traceback} is how fragment searches align, and --strategy queries "
                 "searches no fragments: drop one of them"
+            )
+        if self.fragment_groups not in FRAGMENT_GROUP_CHOICES:
+            raise UsageError(
+                f"--fragment-groups {self.fragment_groups}: choose {', '.join(FRAGMENT_GROUP_CHOICES)}"
+            )
+        if self.fragment_groups != "auto" and self.strategy == "queries":
+            raise UsageError(
+                f"--fragment-groups {self.fragment_groups} is how fragments are searched, and --strategy "
+                "queries searches no fragments: drop one of them"
             )
         if self.replica_group_size is not None and self.replica_group_size < 1:
             raise UsageError("--replica-group-size must be at least 1")

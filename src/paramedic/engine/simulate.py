@@ -229,11 +229,12 @@ class CostModel:
             for _ in range(t.queries)
         )
         fragments = {t.fragment: t.database_residues for t in tasks if t.kind == "search"}
-        if record.strategy == "queries" or len(fragments) != record.fragments:
+        units = record.fragment_groups or record.fragments  # a task's fragment may be a group
+        if record.strategy == "queries" or len(fragments) != units:
             whole = next((t.database_residues for t in tasks if t.kind == "whole"), 0) or sum(
                 fragments.values()
             )
-            fragment_residues = _equal_parts(whole, record.fragments)
+            fragment_residues = _equal_parts(whole, units)
         else:
             fragment_residues = tuple(fragments[f] for f in sorted(fragments))
         master = record.ranks_stats[0]
@@ -254,7 +255,7 @@ class CostModel:
             fragment_residues=fragment_residues,
             merge_per_query=master.seconds["merge"] / search_queries if search_queries else 0.0,
             # a fragment's share of the merged hits, and as many preliminary candidates
-            keys_per_query=2 * (record.metadata_pairs or 0) / record.queries / record.fragments,
+            keys_per_query=2 * (record.metadata_pairs or 0) / record.queries / units,
             write_per_byte=writing / record.output_bytes if record.output_bytes else 0.0,
             output_per_query=record.output_bytes / record.queries,
             fixed_seconds=max(0.0, record.wall_seconds - busiest),

@@ -133,6 +133,13 @@ class StrategyChoice:
     fragments: int
     memory: WorkerMemory
 
+    def fits_each_worker(self) -> bool:
+        """Whether the whole database fits in the share of memory each worker may use for it (the rule
+        for query segmentation): only then may a worker search any fragment, or all of them at once.
+        Unknown memory is taken as too little."""
+        per_worker = self.memory.per_worker
+        return per_worker is not None and self.database_bytes <= QUERIES_MEMORY_SHARE * per_worker
+
     def record(self) -> StrategyReason:
         m = self.memory
         return StrategyReason(

@@ -221,6 +221,9 @@ class RunRecord:
     # How the workers ran: "mpi" (ranks of an MPI job) or "local" (threads of one process started
     # without an MPI launcher, paramedic.engine.local)
     runner: str = "mpi"
+    # Searches per batch when consecutive fragments are searched together (paramedic.engine.plan,
+    # fragment_groups; a task's `fragment` is then its group); None: one search per fragment
+    fragment_groups: int | None = None
     version: int = VERSION
 
     @classmethod
@@ -299,6 +302,7 @@ class RunRecord:
         lines = [
             f"paramedic: {self.program} {_count(self.queries, 'query', 'ies')} x "
             + ("the whole database" if self.strategy == "queries" else _count(self.fragments, "fragment"))
+            + (f" in {_count(self.fragment_groups, 'search')} per batch" if self.fragment_groups else "")
             + f" on {_count(self.workers, 'worker')}"
             + (f" in {self.partitions} partitions" if self.partitions > 1 else "")
             + f" in {self.wall_seconds:.1f} s",
