@@ -116,7 +116,8 @@ def test_whole_lists_are_keyed_by_the_query_in_the_search_and_the_global_id() ->
 
 def test_a_batch_with_an_edit_script_gives_no_lists() -> None:
     """An HSP that holds a pointer cannot be written back: its pieces scan for their lists."""
-    assert whole_lists(lists_batch(1, [(0, 3, [70])], flags=1), 1, GIDS) == b""
+    assert whole_lists(lists_batch(1, [(0, 3, [70])], flags=1), 1, GIDS) is None
+    assert whole_lists(lists_batch(2, []), 2, GIDS) == b""  # no list kept: nothing to align, not missing
 
 
 @pytest.mark.parametrize(

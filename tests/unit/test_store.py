@@ -122,7 +122,7 @@ def test_a_searchs_whole_lists_come_back_only_from_its_own_store(tmp_path: Path)
     lists = b"\x01\x02" * 50
     store.put(0, 1, FragmentSearch(found.hits, found.prelim, lists))
     assert store.lists(0, 1) == lists
-    assert keys_only(FragmentSearch(found.hits, found.prelim, lists)).lists == b""
+    assert keys_only(FragmentSearch(found.hits, found.prelim, lists)).lists is None
     with pytest.raises(RecordError):
         Store(tmp_path, durable=False).lists(0, 1)  # another key
     path = tmp_path / "0-1.lists"
@@ -135,3 +135,5 @@ def test_a_searchs_whole_lists_come_back_only_from_its_own_store(tmp_path: Path)
         store.lists(0, 2)  # never written
     store.put(1, 1, found)  # a search without lists writes none
     assert not (tmp_path / "1-1.lists").exists()
+    store.put(1, 2, FragmentSearch(found.hits, found.prelim, b""))  # one that kept no list: empty ones
+    assert store.lists(1, 2) == b""

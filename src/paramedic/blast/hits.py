@@ -53,4 +53,6 @@ class FragmentSearch:
 
     hits: list[list[Hit]]  # merge keys (and alignments), in BLAST order
     prelim: list[PrelimList | None]  # BLAST+'s preliminary list (paramedic.blast.prelim)
-    lists: bytes = b""  # the kept lists whole, for the pieces that align them (prelim.whole_lists)
+    # the kept lists whole, for the pieces that align them (prelim.whole_lists): b"" when none was
+    # kept; None when they were not asked for or cannot be written back
+    lists: bytes | None = None

@@ -90,9 +90,9 @@ def inject_environment() -> dict[str, str]:
     return {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "3"}
 
 
-def whole_lists(data: bytes, queries: int, gids: Sequence[int]) -> bytes:
+def whole_lists(data: bytes, queries: int, gids: Sequence[int]) -> bytes | None:
     """A search's kept lists whole (the shim's `LISTS_NAME`), each keyed by the query's index in the
-    search and the subject's global id, for the piece that aligns them (`injection`). Empty when a batch
+    search and the subject's global id, for the piece that aligns them (`injection`). None when a batch
     holds what cannot be written back (an HSP with an edit script): its pieces then find their lists
     again. Anything malformed raises BlastError."""
     out: list[bytes] = []
@@ -117,7 +117,7 @@ def whole_lists(data: bytes, queries: int, gids: Sequence[int]) -> bytes:
             out.append(data[at + _HEAD.size : end])
             at = end
         if flags:
-            return b""
+            return None
         start += n_queries
     return b"".join(out)
 

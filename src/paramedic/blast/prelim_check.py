@@ -127,6 +127,8 @@ def _injection_check(blastp: str) -> bool:
             lists = whole_lists((work / LISTS_NAME).read_bytes(), 2, range(len(_PROTEINS)))
             dump = read_dump((work / DUMP_NAME).read_bytes(), lengths, 10000, range(len(_PROTEINS)))
             subjects = [[c.gid for c in (p.candidates if p else ())] for p in dump]
+            if lists is None:
+                return False
             given = injection([(0, lists)], 0, subjects, query_batches(lengths, 10000))
             if given is None or not all(subjects):
                 return False

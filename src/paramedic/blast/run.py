@@ -136,13 +136,15 @@ def search_fragment(
             f"BLAST+ kept a preliminary list of another size than {limit}: this BLAST+ is not the 2.12 "
             "the fragments strategy is built for; use --strategy queries"
         )
-    whole = b""
+    whole = None
     if lists:
         try:
             whole = whole_lists(lists_file.read_bytes(), len(queries), ids)
             lists_file.unlink()
         except FileNotFoundError:
-            pass  # no list kept (or the shim could not write): the pieces find theirs again
+            # no file: no batch kept a list (the shim writes a batch's record even when it is empty),
+            # or the shim could not write it, and then the check below finds the lists missing
+            whole = b"" if not any(prelim) else None
     return FragmentSearch(hits, prelim, whole), RunStats(time.perf_counter() - start, len(data))
 
 

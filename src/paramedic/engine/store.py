@@ -83,7 +83,7 @@ class Store:
         """Write a search's whole result; readers see the whole record or none."""
         path = self.record(batch, fragment)
         try:
-            if found.lists:
+            if found.lists is not None:
                 lists = path.with_name(path.name + LISTS_SUFFIX)
                 tag = _tag(self.key, lists.name, found.lists)
                 write_durably(lists, LISTS_MAGIC + tag + found.lists, sync=False)
