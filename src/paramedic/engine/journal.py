@@ -11,11 +11,15 @@ journal's, whatever the number of ranks this time.
 Layout of `.<out>.journal/` (beside the output; with --site, beside the run record):
 
     job.json            what the output depends on (program, options, database manifest, queries digest,
-                        strategy) and the plan; a journal made by another search is refused
+                        strategy) and the plan (with its fragment groups: a resumed run keeps them,
+                        whatever its workers); a journal made by another search is refused
     lock                held (flock) by the run that owns the journal: two runs never share one
     search/B-F          fragment F's result for search batch B (a paramedic.engine.store record, written
                         by the worker that searched when every rank sees the journal, else by rank 0);
-                        tagged with the same key as the pieces: one changed or copied in is searched again
+                        tagged with the same key as the pieces: one changed or copied in is searched again;
+                        F is the plan's group F when fragments are searched in groups
+    search/B-F.lists    with traceback once, that search's preliminary lists whole (Store.lists), tagged
+                        alike; not made durable: without it a piece scans for its lists
     piece/N             report piece N: a tag, then BLAST+'s bytes (not kept when pieces ship as metadata);
                         the tag is an HMAC-SHA256, keyed by job.json's random `key`, of N and the bytes:
                         a piece changed in any byte, or copied from another search's journal, is dropped
@@ -54,7 +58,9 @@ from paramedic.errors import OutputError, UsageError
 
 KIND = "paramedic-journal"
 PIECE_MAGIC = b"paramedic-piece1"  # then the 32-byte tag, then the piece's bytes
-VERSION = 2  # 2: search records in the store's layout (keys first, alignments per query)
+# 2: search records in the store's layout (keys first, alignments per query); 3: the plan's fragment
+# groups (a record B-F is then group F's search) and `search/B-F.lists`
+VERSION = 3
 
 
 def journal_path(output: Path) -> Path:
