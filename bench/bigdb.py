@@ -5,6 +5,9 @@ Side by side in one run, alternating the order every round, on the same cores:
   - `blastp -num_threads N -mt_mode 1` (threads over the queries);
   - `paramedic search` with its defaults (`auto` chooses, the run record says why);
   - `paramedic search --strategy fragments` (the engine path by name);
+  - with --ablation, also `--strategy fragments` with its pieces scanning for their lists
+    (PARAMEDIC_PIECE_LISTS=scan) and with `--fragment-groups off` (one search per fragment): what each
+    of the two costs saved;
   - with --mpi, also `paramedic search --runner mpi` (the default's job on MPI ranks under mpiexec,
     beside the default's worker threads of one process);
 and the same for blastn. Wall seconds are measured around each command; CPU seconds are every process
@@ -160,7 +163,14 @@ def measured(cmd: list[str | Path], cwd: Path) -> tuple[float, float]:
 
 
 def run_shape(
-    work: Path, program: str, n: int, rounds: int, cores: int, fragments: int, mpi: bool = False
+    work: Path,
+    program: str,
+    n: int,
+    rounds: int,
+    cores: int,
+    fragments: int,
+    mpi: bool = False,
+    ablation: bool = False,
 ) -> list[str]:
     db = database(work, program, fragments)
     queries = work / f"{program}-q{n}.fasta"
@@ -175,6 +185,13 @@ def run_shape(
         "paramedic (default)": lambda out: [*paramedic, "-out", out],
         "paramedic --strategy fragments": lambda out: [*paramedic, "-out", out, "--strategy", "fragments"],
     }
+    if ablation:
+        runs["paramedic fragments, pieces scan"] = lambda out: [
+            "env", "PARAMEDIC_PIECE_LISTS=scan", *paramedic, "-out", out, "--strategy", "fragments"
+        ]  # fmt: skip
+        runs["paramedic fragments --fragment-groups off"] = lambda out: [
+            *paramedic, "-out", out, "--strategy", "fragments", "--fragment-groups", "off"
+        ]  # fmt: skip
     if mpi:
         runs["paramedic --runner mpi"] = lambda out: [*paramedic, "-out", out, "--runner", "mpi"]
     names = list(runs)
@@ -198,6 +215,13 @@ def run_shape(
                     + (f", traceback {record.traceback}" if record.traceback else "")
                     + (f": {record.strategy_reason['reason']}" if record.strategy_reason else "")
                     + (f"; {record.traceback_reason}" if record.traceback_reason else "")
+                    + (
+                        f"; {record.fragments} fragments in {record.fragment_groups} searches per batch"
+                        if record.fragment_groups
+                        else ""
+                    )
+                    + f"; {sum(r.tasks.get('injected', 0) for r in record.ranks_stats)} piece batches "
+                    "aligned the searches' lists as given"
                 )
             if r:
                 figures[name].append((wall, cpu))
@@ -253,6 +277,11 @@ def main() -> None:
     parser.add_argument(
         "--mpi", action="store_true", help="also the default's job on MPI ranks (--runner mpi)"
     )
+    parser.add_argument(
+        "--ablation",
+        action="store_true",
+        help="also --strategy fragments with pieces scanning for their lists, and with --fragment-groups off",
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -264,7 +293,9 @@ def main() -> None:
     ]
     for program in args.programs.split(","):
         for n in (int(x) for x in args.queries.split(",")):
-            lines += run_shape(args.work, program, n, args.rounds, args.cores, args.fragments, args.mpi)
+            lines += run_shape(
+                args.work, program, n, args.rounds, args.cores, args.fragments, args.mpi, args.ablation
+            )
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_results:
