@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from paramedic.blast.forkserver import ForkServer, shim_path
+from paramedic.blast.forkserver import ForkServer, prelim_shim, shim_path
+from paramedic.blast.prelim import DUMP_NAME
 from tests.conftest import take_fasta
 
 pytestmark = pytest.mark.integration
@@ -51,3 +52,33 @@ def test_failures_keep_their_exit_code_and_message(server: ForkServer, tmp_path:
     code = server.run(argv, str(tmp_path), str(tmp_path / "o"), str(tmp_path / "e"))
     assert code == fresh.returncode != 0
     assert (tmp_path / "e").read_bytes() == fresh.stderr
+
+
+def test_a_requests_environment_reaches_its_child_only(data_dir: Path, tmp_path: Path) -> None:
+    """One server, the preliminary-list shim preloaded, runs every kind of search of a job: the mode goes
+    with each request. A search asking for its lists writes them; the next, plain one, does not."""
+    shim, lists = shim_path(), prelim_shim()
+    if shim is None or lists is None:
+        pytest.skip("no C compiler: the engine starts BLAST+ normally")
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", tmp_path / "db.fasta", 300)
+    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", tmp_path / "q.fasta", 4)
+    subprocess.run(
+        ["makeblastdb", "-in", "db.fasta", "-dbtype", "prot", "-out", "db"],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+    )
+    argv = ["blastp", "-query", "q.fasta", "-db", "db", "-outfmt", "6"]
+    fresh = subprocess.run(argv, cwd=tmp_path, capture_output=True, check=True).stdout
+    server = ForkServer(shutil.which("blastp"), shim, str(lists))
+    try:
+        dump = tmp_path / DUMP_NAME
+        assert server.run(argv, str(tmp_path), str(tmp_path / "a.out"), "", {"PARAMEDIC_PRELIM": "1"}) == 0
+        assert dump.stat().st_size > 0 and (tmp_path / "a.out").read_bytes() == fresh
+        dump.unlink()
+        assert server.run(argv, str(tmp_path), str(tmp_path / "b.out"), "") == 0
+        assert not dump.exists() and (tmp_path / "b.out").read_bytes() == fresh
+        with pytest.raises(ValueError):
+            server.run(argv, str(tmp_path), str(tmp_path / "c.out"), "", {"A=B": "1"})
+    finally:
+        server.close()
