@@ -6,8 +6,8 @@
    bounded buffer (PARAMEDIC_TRACE_BUFFER bytes, 8 MiB by default) that is appended to its own file
    $PARAMEDIC_TRACE_DIR/rank-<world rank>.raw each time it fills. At MPI_Init and MPI_Finalize every rank
    measures its clock's offset against rank 0's (ping-pongs after a barrier; the one with the shortest
-   round trip counts) and writes both in the file's trailer. `paramedic trace` merges the files by time into
-   one big-endian CLOG2 file after the run (paramedic/trace/merge.py).
+   round trip counts) and writes both in the file's trailer. Then, still inside MPI_Finalize, the processes
+   merge their logs along a binary tree and rank 0 writes the one CLOG2 file (clogtrace_merge.h).
 
    A call is a state: a start bare event (etype 2*stateID) and a final one (2*stateID+1). Sends log a
    message event (-101: peer, tag, bytes) after the start event; receives log one (-102) from the status,
@@ -49,6 +49,7 @@ static char *buf;
 static size_t buf_cap, buf_len;
 static int out_fd = -1;
 static int world_rank = -1, active;
+static const char *trace_dir; /* set on every rank when traced: each takes part in the collective steps */
 static int64_t t_init, t_fini, off_init, off_fini;
 static uint64_t n_records, n_dropped;
 
@@ -58,12 +59,15 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+#include "clogtrace_merge.h"
+
 static void flush_buffer(void) {
     size_t done = 0;
     while (done < buf_len) {
         ssize_t n = write(out_fd, buf + done, buf_len - done);
-        if (n <= 0) { active = 0; return; }
+        if (n <= 0) { active = 0; log_failed = 1; return; }
         done += (size_t)n;
+        log_bytes += n;
     }
     buf_len = 0;
 }
@@ -190,6 +194,7 @@ static void start_log(void) {
     PMPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     PMPI_Comm_group(MPI_COMM_WORLD, &world_group);
     if (dir == NULL) return;
+    trace_dir = dir;
     const char *cap = getenv("PARAMEDIC_TRACE_BUFFER");
     buf_cap = cap ? (size_t)strtoull(cap, NULL, 10) : (8u << 20);
     if (buf_cap < 4096) buf_cap = 4096;
@@ -197,11 +202,11 @@ static void start_log(void) {
     char path[4096];
     snprintf(path, sizeof path, "%s/rank-%d.raw", dir, world_rank);
     out_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (buf == NULL || out_fd < 0) return;
     uint64_t head[2] = {MAGIC, 0};
-    if (write(out_fd, head, sizeof head) != sizeof head) return;
-    off_init = clock_offset();
+    int ok = buf != NULL && out_fd >= 0 && write(out_fd, head, sizeof head) == sizeof head;
+    off_init = clock_offset(); /* collective: every traced rank measures, logging or not */
     t_init = now_ns();
+    if (!ok) { log_failed = 1; return; }
     active = 1;
     if (world_rank == 0) {
         /* the state definitions: stateID, start and final etypes, pad, colour, name, format */
@@ -224,17 +229,25 @@ static void start_log(void) {
 }
 
 static void end_log(void) {
-    if (!active) return;
-    bare(2 * S_Finalize);
+    if (trace_dir == NULL) return;
+    if (active) bare(2 * S_Finalize);
     off_fini = clock_offset();
     t_fini = now_ns();
-    bare(2 * S_Finalize + 1);
-    flush_buffer();
-    /* trailer: records, dropped message events, times and offsets at init and finalize, magic */
-    int64_t tail[7] = {(int64_t)n_records, (int64_t)n_dropped, t_init, off_init, t_fini, off_fini, (int64_t)MAGIC};
-    if (write(out_fd, tail, sizeof tail) != sizeof tail) active = 0;
-    close(out_fd);
+    if (active) {
+        bare(2 * S_Finalize + 1);
+        flush_buffer();
+        /* trailer: records, dropped message events, times and offsets at init and finalize, magic (read
+           by paramedic/trace/merge.py, the reference merge, when PARAMEDIC_TRACE_KEEP keeps the logs) */
+        int64_t tail[7] = {(int64_t)n_records, (int64_t)n_dropped, t_init, off_init, t_fini, off_fini, (int64_t)MAGIC};
+        if (write(out_fd, tail, sizeof tail) != sizeof tail) log_failed = 1;
+    }
+    int have_log = active && !log_failed;
     active = 0;
+    if (out_fd >= 0) close(out_fd);
+    out_fd = -1;
+    free(buf);
+    buf = NULL;
+    tree_merge(trace_dir, have_log);
 }
 
 int MPI_Init(int *argc, char ***argv) {
