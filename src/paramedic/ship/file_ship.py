@@ -102,30 +102,40 @@ def ship_file(
         mode, decision, made, encode_seconds = _auto(settings, app, data, precision)
     codec = _metadata_codec(app, precision) if mode == METADATA else codec_for_mode(mode)
     job_id = resumable_job_id(settings.out or "", codec.name, data)
-    done = _published_earlier(settings, job_id, data)
-    if done is None and mode == METADATA:  # an earlier run's file may have gone as the general codec's
-        done = _published_earlier(settings, resumable_job_id(settings.out or "", "general", data), data)
-    if done is not None:
-        return _with_precision(done, app, precision)
+    # an earlier run's file may have gone as the general codec's metadata: its job id is asked too
+    ids = [job_id] + ([resumable_job_id(settings.out or "", "general", data)] if mode == METADATA else [])
     transport = open_transport(_opening(settings, codec.name, job_id))
     check: Callable[[], Metadata | None] | None = None
     if mode == METADATA and made is None:
-        # the site's job opens (TLS handshakes) while the metadata is made; the metadata is not decoded
-        # here (where the codec offers that): the site regenerates the file and checks its SHA-256 before
-        # writing, and only if it refuses is the rebuild checked here (a layout the codec does not model)
-        opened = _Background(transport.start)
+        # the site is asked for an earlier run's file and the job opens (TLS handshakes) while the
+        # metadata is made; the metadata is not decoded here (where the codec offers that): the site
+        # regenerates the file and checks its SHA-256 before writing, and only if it refuses is the rebuild
+        # checked here (a layout the codec does not model)
+        earlier: list[ShipReport | None] = [None]
+
+        def open_unless_published() -> None:
+            earlier[0] = _published_earlier_of(settings, ids, data)
+            if earlier[0] is None:
+                transport.start()
+
+        opened = _Background(open_unless_published)
         try:
             made, check, encode_seconds = _encode_overlapped(codec, data)
             _limit(app, made)
         except BaseException:
             finished, failure = opened.wait(OPEN_WAIT_ON_FAILURE)
-            if finished and failure is None:  # the job is open: the site drops it now
+            if finished and failure is None and earlier[0] is None:  # the job is open: the site drops it
                 Shipping(settings, mode, codec, transport, 0).abort()
             raise  # (a job still opening expires at the site as idle ones do)
         failure = opened.wait()[1]
         if failure is not None:
             raise failure
+        if earlier[0] is not None:
+            return _with_precision(earlier[0], app, precision)
     else:
+        done = _published_earlier_of(settings, ids, data)
+        if done is not None:
+            return _with_precision(done, app, precision)
         if made is not None:
             _limit(app, made)
         transport.start()
@@ -203,6 +213,15 @@ def resumable_job_id(out: str, codec: str, data: bytes) -> str:
     seed = hashlib.sha256(b"paramedic-ship\0" + out.encode() + b"\0" + codec.encode() + b"\0")
     seed.update(hashlib.sha256(data).digest())
     return seed.hexdigest()[:32]
+
+
+def _published_earlier_of(settings: ShipSettings, job_ids: list[str], data: bytes) -> ShipReport | None:
+    """`_published_earlier` of the first of `job_ids` the site published."""
+    for job_id in job_ids:
+        done = _published_earlier(settings, job_id, data)
+        if done is not None:
+            return done
+    return None
 
 
 def _published_earlier(settings: ShipSettings, job_id: str, data: bytes) -> ShipReport | None:
