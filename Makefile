@@ -35,11 +35,13 @@ chromium:
 
 # Open MPI (headers and mpiexec), LAMMPS and its examples from Debian when missing: `paramedic trace` builds
 # its PMPI library against Open MPI (and MPICH, from the mpich wheel), and the trace tests and
-# bench/traces.py trace LAMMPS, a real MPI program nobody here wrote (idempotent).
+# bench/traces.py trace LAMMPS, a real MPI program nobody here wrote; gfortran for the test of a Fortran
+# MPI program (idempotent).
 mpi-trace:
 	@command -v mpicc.openmpi >/dev/null && command -v mpiexec.openmpi >/dev/null && command -v lmp >/dev/null && \
+	  command -v gfortran >/dev/null && \
 	  [ -d /usr/share/lammps/examples ] || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
-	  apt-get install -y -qq --no-install-recommends libopenmpi-dev openmpi-bin lammps lammps-examples >/dev/null; }
+	  apt-get install -y -qq --no-install-recommends libopenmpi-dev openmpi-bin lammps lammps-examples gfortran >/dev/null; }
 	@mpiexec.openmpi --version | head -1
 
 $(VENV)/.installed: pyproject.toml

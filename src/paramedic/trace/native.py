@@ -21,6 +21,7 @@ NATIVE = Path(__file__).with_name("native")
 SOURCE = NATIVE / "clogtrace.c"
 STATES = NATIVE / "clogtrace_states.h"
 MERGE = NATIVE / "clogtrace_merge.h"
+FORTRAN = NATIVE / "clogtrace_fortran.h"
 FALLBACK_COMPILERS = {"openmpi": "mpicc.openmpi", "mpich": "mpicc.mpich"}
 
 
@@ -68,7 +69,11 @@ def library(mpiexec: str) -> tuple[Path, str]:
     kind = flavour(resolved)
     compiler = mpicc_for(resolved, kind)
     lib = compiled(
-        SOURCE, compiler=compiler, flags=(f"-I{NATIVE}", "-lm"), depends=(STATES, MERGE), variant=kind
+        SOURCE,
+        compiler=compiler,
+        flags=(f"-I{NATIVE}", "-lm", "-ldl"),
+        depends=(STATES, MERGE, FORTRAN),
+        variant=kind,
     )
     if lib is None:
         raise UsageError(f"cannot build the tracer library with {compiler}")

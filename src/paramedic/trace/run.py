@@ -50,6 +50,9 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
         started = time.monotonic()
         proc = subprocess.run(inject(command, kind, env))
         elapsed = time.monotonic() - started
+        refused = _refusal(logs)
+        if refused:
+            raise UsageError(refused)
         if proc.returncode != 0:
             raise JobError(f"the traced program exited with status {proc.returncode}; no trace written")
         if not any(
@@ -70,6 +73,18 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
         shutil.rmtree(logs, ignore_errors=True)
     summary.update({"mpi": kind, "library": str(lib), "seconds": round(elapsed, 3), "bytes": size})
     return summary
+
+
+def _refusal(logs: Path) -> str:
+    """The tracer's reason for refusing the program (its ranks write it in `refused`), or ''."""
+    try:
+        with (logs / "refused").open("rb") as fh:
+            text = fh.read(1000).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        return f"the tracer refused the program (its reason cannot be read: {exc.strerror})"
+    return " ".join(text.split()) or "the tracer refused the program"
 
 
 def summary_line(summary: dict[str, object]) -> str:

@@ -100,8 +100,12 @@ static void coll(int etype, int root, int64_t size) {
     put(now_ns(), REC_COLLEVT, b, 16);
 }
 
-#define START(s) int _state = (s); if (active) bare(2 * _state)
-#define FINAL() if (active) bare(2 * _state + 1)
+/* A Fortran binding's wrapper (clogtrace_fortran.h) logs the call itself and sets `nested` around the real
+   call: an MPI whose Fortran binding calls the C MPI_* functions (not PMPI_*) is not logged twice. */
+static int nested;
+#define LOGGING (active && !nested)
+#define START(s) int _state = (s); int _logging = LOGGING; if (_logging) bare(2 * _state)
+#define FINAL() if (_logging) bare(2 * _state + 1)
 
 static int64_t bytes_of(int count, MPI_Datatype type) {
     int size = 0;
@@ -190,6 +194,8 @@ static int64_t clock_offset(void) {
 }
 
 static void start_log(void) {
+    static int started;
+    if (started++) return; /* MPI_Init from Fortran may reach the C MPI_Init too */
     const char *dir = getenv("PARAMEDIC_TRACE_DIR");
     PMPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     PMPI_Comm_group(MPI_COMM_WORLD, &world_group);
@@ -229,7 +235,8 @@ static void start_log(void) {
 }
 
 static void end_log(void) {
-    if (trace_dir == NULL) return;
+    static int ended;
+    if (trace_dir == NULL || ended++) return;
     if (active) bare(2 * S_Finalize);
     off_fini = clock_offset();
     t_fini = now_ns();
@@ -270,7 +277,7 @@ int MPI_Finalize(void) {
 #define SEND_LIKE(NAME)                                                                             \
     int MPI_##NAME(const void *b, int c, MPI_Datatype t, int dest, int tag, MPI_Comm comm) {        \
         START(S_##NAME);                                                                            \
-        if (active && dest >= 0) msg(EVT_SEND, world_of(comm, dest), tag, bytes_of(c, t));          \
+        if (_logging && dest >= 0) msg(EVT_SEND, world_of(comm, dest), tag, bytes_of(c, t));          \
         int rc = PMPI_##NAME(b, c, t, dest, tag, comm);                                             \
         FINAL();                                                                                    \
         return rc;                                                                                  \
@@ -283,7 +290,7 @@ SEND_LIKE(Bsend)
 #define ISEND_LIKE(NAME)                                                                                   \
     int MPI_##NAME(const void *b, int c, MPI_Datatype t, int dest, int tag, MPI_Comm comm, MPI_Request *r) { \
         START(S_##NAME);                                                                                   \
-        if (active && dest >= 0) msg(EVT_SEND, world_of(comm, dest), tag, bytes_of(c, t));                 \
+        if (_logging && dest >= 0) msg(EVT_SEND, world_of(comm, dest), tag, bytes_of(c, t));                 \
         int rc = PMPI_##NAME(b, c, t, dest, tag, comm, r);                                                 \
         FINAL();                                                                                           \
         return rc;                                                                                         \
@@ -296,7 +303,7 @@ int MPI_Recv(void *b, int c, MPI_Datatype t, int src, int tag, MPI_Comm comm, MP
     MPI_Status own;
     if (st == MPI_STATUS_IGNORE) st = &own;
     int rc = PMPI_Recv(b, c, t, src, tag, comm, st);
-    if (active && rc == MPI_SUCCESS && st->MPI_SOURCE >= 0) {
+    if (_logging && rc == MPI_SUCCESS && st->MPI_SOURCE >= 0) {
         int cnt = 0;
         PMPI_Get_count(st, MPI_BYTE, &cnt);
         msg(EVT_RECV, world_of(comm, st->MPI_SOURCE), st->MPI_TAG, cnt);
@@ -308,7 +315,7 @@ int MPI_Recv(void *b, int c, MPI_Datatype t, int src, int tag, MPI_Comm comm, MP
 int MPI_Irecv(void *b, int c, MPI_Datatype t, int src, int tag, MPI_Comm comm, MPI_Request *r) {
     START(S_Irecv);
     int rc = PMPI_Irecv(b, c, t, src, tag, comm, r);
-    if (active && rc == MPI_SUCCESS) remember(*r, comm);
+    if (_logging && rc == MPI_SUCCESS) remember(*r, comm);
     FINAL();
     return rc;
 }
@@ -318,9 +325,9 @@ int MPI_Sendrecv(const void *sb, int sc, MPI_Datatype st_, int dest, int stag, v
     START(S_Sendrecv);
     MPI_Status own;
     if (st == MPI_STATUS_IGNORE) st = &own;
-    if (active && dest >= 0) msg(EVT_SEND, world_of(comm, dest), stag, bytes_of(sc, st_));
+    if (_logging && dest >= 0) msg(EVT_SEND, world_of(comm, dest), stag, bytes_of(sc, st_));
     int rc = PMPI_Sendrecv(sb, sc, st_, dest, stag, rb, rc_, rt, src, rtag, comm, st);
-    if (active && rc == MPI_SUCCESS && st->MPI_SOURCE >= 0) {
+    if (_logging && rc == MPI_SUCCESS && st->MPI_SOURCE >= 0) {
         int cnt = 0;
         PMPI_Get_count(st, MPI_BYTE, &cnt);
         msg(EVT_RECV, world_of(comm, st->MPI_SOURCE), st->MPI_TAG, cnt);
@@ -335,7 +342,7 @@ int MPI_Wait(MPI_Request *r, MPI_Status *st) {
     MPI_Request req = *r;
     if (st == MPI_STATUS_IGNORE) st = &own;
     int rc = PMPI_Wait(r, st);
-    if (active && rc == MPI_SUCCESS) completed(req, st);
+    if (_logging && rc == MPI_SUCCESS) completed(req, st);
     FINAL();
     return rc;
 }
@@ -346,7 +353,7 @@ int MPI_Test(MPI_Request *r, int *flag, MPI_Status *st) {
     MPI_Request req = *r;
     if (st == MPI_STATUS_IGNORE) st = &own;
     int rc = PMPI_Test(r, flag, st);
-    if (active && rc == MPI_SUCCESS && *flag) completed(req, st);
+    if (_logging && rc == MPI_SUCCESS && *flag) completed(req, st);
     FINAL();
     return rc;
 }
@@ -360,7 +367,7 @@ int MPI_Waitall(int n, MPI_Request *r, MPI_Status *st) {
     if (st == MPI_STATUSES_IGNORE) sts = n <= 64 ? small_st : malloc(sizeof(MPI_Status) * (size_t)n);
     if (copy) memcpy(copy, r, sizeof(MPI_Request) * (size_t)n);
     int rc = PMPI_Waitall(n, r, sts ? sts : st);
-    if (active && rc == MPI_SUCCESS && copy && sts)
+    if (_logging && rc == MPI_SUCCESS && copy && sts)
         for (int i = 0; i < n; i++) completed(copy[i], &sts[i]);
     if (copy != small_req) free(copy);
     if (sts != st && sts != small_st) free(sts);
@@ -376,7 +383,7 @@ int MPI_Waitany(int n, MPI_Request *r, int *index, MPI_Status *st) {
     if (st == MPI_STATUS_IGNORE) st = &own;
     if (copy) memcpy(copy, r, sizeof(MPI_Request) * (size_t)n);
     int rc = PMPI_Waitany(n, r, index, st);
-    if (active && rc == MPI_SUCCESS && copy && *index != MPI_UNDEFINED) completed(copy[*index], st);
+    if (_logging && rc == MPI_SUCCESS && copy && *index != MPI_UNDEFINED) completed(copy[*index], st);
     if (copy != small_req) free(copy);
     FINAL();
     return rc;
@@ -384,7 +391,7 @@ int MPI_Waitany(int n, MPI_Request *r, int *index, MPI_Status *st) {
 
 int MPI_Barrier(MPI_Comm comm) {
     START(S_Barrier);
-    if (active) coll(2 * S_Barrier, -1, 0);
+    if (_logging) coll(2 * S_Barrier, -1, 0);
     int rc = PMPI_Barrier(comm);
     FINAL();
     return rc;
@@ -392,7 +399,7 @@ int MPI_Barrier(MPI_Comm comm) {
 
 int MPI_Bcast(void *b, int c, MPI_Datatype t, int root, MPI_Comm comm) {
     START(S_Bcast);
-    if (active) coll(2 * S_Bcast, world_of(comm, root), bytes_of(c, t));
+    if (_logging) coll(2 * S_Bcast, world_of(comm, root), bytes_of(c, t));
     int rc = PMPI_Bcast(b, c, t, root, comm);
     FINAL();
     return rc;
@@ -400,7 +407,7 @@ int MPI_Bcast(void *b, int c, MPI_Datatype t, int root, MPI_Comm comm) {
 
 int MPI_Reduce(const void *sb, void *rb, int c, MPI_Datatype t, MPI_Op op, int root, MPI_Comm comm) {
     START(S_Reduce);
-    if (active) coll(2 * S_Reduce, world_of(comm, root), bytes_of(c, t));
+    if (_logging) coll(2 * S_Reduce, world_of(comm, root), bytes_of(c, t));
     int rc = PMPI_Reduce(sb, rb, c, t, op, root, comm);
     FINAL();
     return rc;
@@ -408,7 +415,7 @@ int MPI_Reduce(const void *sb, void *rb, int c, MPI_Datatype t, MPI_Op op, int r
 
 int MPI_Allreduce(const void *sb, void *rb, int c, MPI_Datatype t, MPI_Op op, MPI_Comm comm) {
     START(S_Allreduce);
-    if (active) coll(2 * S_Allreduce, -1, bytes_of(c, t));
+    if (_logging) coll(2 * S_Allreduce, -1, bytes_of(c, t));
     int rc = PMPI_Allreduce(sb, rb, c, t, op, comm);
     FINAL();
     return rc;
@@ -416,7 +423,7 @@ int MPI_Allreduce(const void *sb, void *rb, int c, MPI_Datatype t, MPI_Op op, MP
 
 int MPI_Scan(const void *sb, void *rb, int c, MPI_Datatype t, MPI_Op op, MPI_Comm comm) {
     START(S_Scan);
-    if (active) coll(2 * S_Scan, -1, bytes_of(c, t));
+    if (_logging) coll(2 * S_Scan, -1, bytes_of(c, t));
     int rc = PMPI_Scan(sb, rb, c, t, op, comm);
     FINAL();
     return rc;
@@ -424,7 +431,7 @@ int MPI_Scan(const void *sb, void *rb, int c, MPI_Datatype t, MPI_Op op, MPI_Com
 
 int MPI_Allgather(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI_Datatype rt, MPI_Comm comm) {
     START(S_Allgather);
-    if (active) coll(2 * S_Allgather, -1, bytes_of(sc, st));
+    if (_logging) coll(2 * S_Allgather, -1, bytes_of(sc, st));
     int rc = PMPI_Allgather(sb, sc, st, rb, rc_, rt, comm);
     FINAL();
     return rc;
@@ -433,7 +440,7 @@ int MPI_Allgather(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MP
 int MPI_Allgatherv(const void *sb, int sc, MPI_Datatype st, void *rb, const int *rcs, const int *dis,
                    MPI_Datatype rt, MPI_Comm comm) {
     START(S_Allgatherv);
-    if (active) coll(2 * S_Allgatherv, -1, bytes_of(sc, st));
+    if (_logging) coll(2 * S_Allgatherv, -1, bytes_of(sc, st));
     int rc = PMPI_Allgatherv(sb, sc, st, rb, rcs, dis, rt, comm);
     FINAL();
     return rc;
@@ -442,7 +449,7 @@ int MPI_Allgatherv(const void *sb, int sc, MPI_Datatype st, void *rb, const int 
 int MPI_Gather(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI_Datatype rt, int root,
                MPI_Comm comm) {
     START(S_Gather);
-    if (active) coll(2 * S_Gather, world_of(comm, root), bytes_of(sc, st));
+    if (_logging) coll(2 * S_Gather, world_of(comm, root), bytes_of(sc, st));
     int rc = PMPI_Gather(sb, sc, st, rb, rc_, rt, root, comm);
     FINAL();
     return rc;
@@ -451,7 +458,7 @@ int MPI_Gather(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI_D
 int MPI_Scatter(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI_Datatype rt, int root,
                 MPI_Comm comm) {
     START(S_Scatter);
-    if (active) coll(2 * S_Scatter, world_of(comm, root), bytes_of(rc_, rt));
+    if (_logging) coll(2 * S_Scatter, world_of(comm, root), bytes_of(rc_, rt));
     int rc = PMPI_Scatter(sb, sc, st, rb, rc_, rt, root, comm);
     FINAL();
     return rc;
@@ -459,7 +466,7 @@ int MPI_Scatter(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI_
 
 int MPI_Alltoall(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI_Datatype rt, MPI_Comm comm) {
     START(S_Alltoall);
-    if (active) coll(2 * S_Alltoall, -1, bytes_of(sc, st));
+    if (_logging) coll(2 * S_Alltoall, -1, bytes_of(sc, st));
     int rc = PMPI_Alltoall(sb, sc, st, rb, rc_, rt, comm);
     FINAL();
     return rc;
@@ -476,3 +483,5 @@ int MPI_Comm_free(MPI_Comm *comm) {
     FINAL();
     return rc;
 }
+
+#include "clogtrace_fortran.h"
