@@ -152,9 +152,44 @@ def test_a_trace_ships_through_the_signed_inbox(tmp_path: Path, keys: Path, trac
             assert section["mode"] == "metadata" and section["codec"] == "trace-metadata"
             assert list(inbox.iterdir()) == []
         assert "signed jobs only" in log.read_text()
+        stopped_runs_resume(inbox, root, keys, traced)
     finally:
         server.kill()
         server.wait()
+
+
+def stopped_runs_resume(inbox: Path, root: Path, keys: Path, traced: Path) -> None:
+    """A `paramedic ship` through the inbox stopped (1) just after it made its job's directory, (2) after
+    the site answered but before it read the answer: the same command again exits 0 with the identical
+    file at the site (it failed with exit 8 "File exists" before), and (2) learns from the site's signed
+    done.json that the file is already there, sending nothing; the inbox is left empty."""
+    import hashlib
+
+    from paramedic.ship.file_ship import resumable_job_id
+    from paramedic.ship.inbox_client import InboxShipper
+    from paramedic.ship.trace_codec import TraceMetadataCodec
+    from paramedic.ship.transport import SiteAddress
+
+    data = traced.read_bytes()
+    (inbox / resumable_job_id("stopped/a.clog2", "trace-metadata", data)).mkdir()  # (1)
+    paramedic("ship", str(traced), "-out", "stopped/a.clog2", "--site", f"file://{inbox}",
+              "--keys", str(keys / "compute-a"), "--ship-timeout", "60")  # fmt: skip
+    assert (root / "stopped/a.clog2").read_bytes() == data and list(inbox.iterdir()) == []
+
+    job = resumable_job_id("stopped/b.clog2", "trace-metadata", data)  # (2): the client's own code, to
+    shipper = InboxShipper(SiteAddress.parse(f"file://{inbox}"), "trace-metadata",  # the answer
+                           {"out": "stopped/b.clog2"}, b"", 60, keys / "compute-a", job_id=job)  # fmt: skip
+    shipper._remove = lambda: shipper.stopping.set()  # type: ignore[method-assign]  # stopped before this
+    shipper.start()
+    shipper.send(*TraceMetadataCodec().encode((0, data)))
+    shipper.finish({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    assert (inbox / job / "done.json").is_file()
+    record = inbox.parent / "stopped.json"
+    proc = paramedic("ship", str(traced), "-out", "stopped/b.clog2", "--site", f"file://{inbox}",
+                     "--keys", str(keys / "compute-a"), "--ship-timeout", "60", "--record", str(record))  # fmt: skip
+    assert "already at" in proc.stderr
+    assert json.loads(record.read_text())["ship"]["already_at_site"] is True
+    assert (root / "stopped/b.clog2").read_bytes() == data and list(inbox.iterdir()) == []
 
 
 def test_a_layout_the_columns_do_not_rebuild_ships_checked(

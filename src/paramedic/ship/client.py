@@ -316,6 +316,7 @@ class TlsShipper:
         # --ship-timeout bounds the whole wait for the file, whatever the site answers ("pending",
         # "running", progress that never ends): a site stuck in a regeneration cannot hold the search.
         deadline = time.monotonic() + self.timeout
+        poll = [0.01]
 
         def ask() -> dict[str, Any]:
             with self.connect() as tls:
@@ -332,7 +333,10 @@ class TlsShipper:
                             f"the storage site {self.address} did not finish the output within "
                             f"{self.timeout:.0f} s (--ship-timeout)"
                         )
-                    time.sleep(0.2)
+                    # asked again soon, then less often: a small file is written within a few tens of
+                    # milliseconds of the first ask, which a fixed 0.2 s would add to every command
+                    time.sleep(poll[0])
+                    poll[0] = min(poll[0] * 2, FINISH_POLL_SECONDS)
 
         delay = 0.2
         while True:

@@ -117,7 +117,7 @@ class InboxShipper:
         if not self.inbox.is_dir():
             raise SiteError(f"inbox {self.inbox}: not a directory")
         try:
-            self.directory.mkdir()
+            self._make_directory()
             write_durably(self.directory / "setup.bin", self.setup_payload)
             opening = {"job": self.job_id, "codec": self.codec, "setup": self.setup}
             opening["setup_sha256"] = hashlib.sha256(self.setup_payload).hexdigest()
@@ -126,6 +126,22 @@ class InboxShipper:
             raise SiteError(f"inbox {self.inbox}: cannot write: {exc.strerror}") from exc
         self.stats.setup_bytes = len(self.setup_payload)
         self.keepalive.start()
+
+    def _make_directory(self) -> None:
+        """The job's directory. A resumable job id (`paramedic ship`'s) names the same directory each time
+        the command runs: a run stopped before it read the site's answer left it, and this run goes on with
+        that job (chunks the site acknowledged count, a done.json the site wrote is the answer) instead of
+        failing on it. A stale error.json starts the directory afresh."""
+        try:
+            self.directory.mkdir()
+            return
+        except FileExistsError:
+            if self.directory.is_symlink() or not self.directory.is_dir():
+                raise
+        if self._reply("error.json", "error") is not None or self.unverified is not None:
+            self.unverified = None
+            shutil.rmtree(self.directory)
+            self.directory.mkdir()
 
     def _keepalive(self) -> None:
         while not self.stopping.wait(KEEPALIVE_SECONDS):
@@ -223,6 +239,23 @@ class InboxShipper:
 
     def close(self) -> None:
         self.stopping.set()
+
+
+def finished_inbox_job(address: SiteAddress, keys: Path | None, job_id: str) -> dict[str, Any] | None:
+    """The site's done.json (final size and digest) in the job directory an earlier run of the same
+    command left in the inbox (stopped after the site answered, before it read the answer), or None. With
+    keys only a reply the storage site signed for this job counts. The directory is removed once read."""
+    assert address.path is not None
+    shipper = InboxShipper(address, "", {}, b"", 0.0, keys, job_id=job_id)
+    if shipper.directory.is_symlink() or not shipper.directory.is_dir():
+        return None
+    try:
+        done = shipper._reply("done.json", "done")
+    except SiteError:
+        return None
+    if done is not None:
+        shipper._remove()
+    return done
 
 
 @register_transport("file")

@@ -20,6 +20,8 @@ from paramedic.errors import UsageError
 NATIVE = Path(__file__).with_name("native")
 SOURCE = NATIVE / "clogtrace.c"
 STATES = NATIVE / "clogtrace_states.h"
+MERGE = NATIVE / "clogtrace_merge.h"
+FORTRAN = NATIVE / "clogtrace_fortran.h"
 FALLBACK_COMPILERS = {"openmpi": "mpicc.openmpi", "mpich": "mpicc.mpich"}
 
 
@@ -66,7 +68,13 @@ def library(mpiexec: str) -> tuple[Path, str]:
         raise UsageError(f"{mpiexec}: no such launcher")
     kind = flavour(resolved)
     compiler = mpicc_for(resolved, kind)
-    lib = compiled(SOURCE, compiler=compiler, flags=(f"-I{NATIVE}",), depends=(STATES,), variant=kind)
+    lib = compiled(
+        SOURCE,
+        compiler=compiler,
+        flags=(f"-I{NATIVE}", "-lm", "-ldl"),
+        depends=(STATES, MERGE, FORTRAN),
+        variant=kind,
+    )
     if lib is None:
         raise UsageError(f"cannot build the tracer library with {compiler}")
     return lib, kind

@@ -2,13 +2,15 @@
 
 The launcher's own options carry the library to every rank (Open MPI: `-x NAME=value`, MPICH's Hydra:
 `-genv NAME value`), so mpiexec itself runs untraced. The ranks' logs go to a private directory next to
-the output (it must be reachable from every rank: a shared file system on several nodes) and are merged
-after the run (trace/merge.py); the output appears whole or not at all.
+the output, where the ranks merge them along a binary tree inside MPI_Finalize and rank 0 writes the file
+(native/clogtrace_merge.h); here it is checked, synced and renamed into place: the output appears whole or
+not at all.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -16,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from paramedic.durable import write_durably
+from paramedic.durable import fsync_dir
 from paramedic.errors import JobError, OutputError, UsageError
 from paramedic.trace import merge, native
 
@@ -48,24 +50,41 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
         started = time.monotonic()
         proc = subprocess.run(inject(command, kind, env))
         elapsed = time.monotonic() - started
+        refused = _refusal(logs)
+        if refused:
+            raise UsageError(refused)
         if proc.returncode != 0:
             raise JobError(f"the traced program exited with status {proc.returncode}; no trace written")
-        ranks = sorted(
-            int(m.group(1)) for p in logs.iterdir() if (m := re.fullmatch(r"rank-(\d+)\.raw", p.name))
-        )
-        if not ranks:
+        if not any(
+            p.name == "merged.summary" or re.fullmatch(r"rank-(\d+)\.raw", p.name) for p in logs.iterdir()
+        ):
             raise JobError("the traced program logged nothing: did it call MPI_Init?")
-        if ranks != list(range(len(ranks))):
-            raise JobError(f"trace logs missing for some ranks (have {ranks})")
-        data, summary = merge.merge(logs, len(ranks))
+        summary = merge.read_summary(logs / "merged.summary")
+        merged = logs / "merged.clog2"
         try:
-            write_durably(out, data)
+            with merged.open("rb") as fh:
+                os.fsync(fh.fileno())
+                size = os.fstat(fh.fileno()).st_size
+            os.replace(merged, out)
+            fsync_dir(out.parent)
         except OSError as exc:
             raise OutputError(f"-out {out}: {exc.strerror}") from exc
     finally:
         shutil.rmtree(logs, ignore_errors=True)
-    summary.update({"mpi": kind, "library": str(lib), "seconds": round(elapsed, 3), "bytes": len(data)})
+    summary.update({"mpi": kind, "library": str(lib), "seconds": round(elapsed, 3), "bytes": size})
     return summary
+
+
+def _refusal(logs: Path) -> str:
+    """The tracer's reason for refusing the program (its ranks write it in `refused`), or ''."""
+    try:
+        with (logs / "refused").open("rb") as fh:
+            text = fh.read(1000).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        return f"the tracer refused the program (its reason cannot be read: {exc.strerror})"
+    return " ".join(text.split()) or "the tracer refused the program"
 
 
 def summary_line(summary: dict[str, object]) -> str:
@@ -83,6 +102,7 @@ def summary_line(summary: dict[str, object]) -> str:
         f"{summary.get('ranks')} ranks ({summary.get('mpi')}), {total:,} records, "
         f"{int(summary.get('bytes', 0)):,} bytes (CLOG2), clock offsets up to {spread:,} ns corrected, "  # type: ignore[call-overload]
         f"the program ran {float(summary.get('seconds', 0.0)):.1f} s traced"  # type: ignore[arg-type]
+        f" (merged along a binary tree of the ranks in {float(summary.get('merge_seconds', 0.0)):.2f} s)"  # type: ignore[arg-type]
     )
     if isinstance(dropped, dict) and any(dropped.values()):
         text += f"; message events dropped: {json.dumps(dropped, sort_keys=True)}"

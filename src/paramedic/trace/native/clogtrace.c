@@ -6,8 +6,8 @@
    bounded buffer (PARAMEDIC_TRACE_BUFFER bytes, 8 MiB by default) that is appended to its own file
    $PARAMEDIC_TRACE_DIR/rank-<world rank>.raw each time it fills. At MPI_Init and MPI_Finalize every rank
    measures its clock's offset against rank 0's (ping-pongs after a barrier; the one with the shortest
-   round trip counts) and writes both in the file's trailer. `paramedic trace` merges the files by time into
-   one big-endian CLOG2 file after the run (paramedic/trace/merge.py).
+   round trip counts) and writes both in the file's trailer. Then, still inside MPI_Finalize, the processes
+   merge their logs along a binary tree and rank 0 writes the one CLOG2 file (clogtrace_merge.h).
 
    A call is a state: a start bare event (etype 2*stateID) and a final one (2*stateID+1). Sends log a
    message event (-101: peer, tag, bytes) after the start event; receives log one (-102) from the status,
@@ -49,6 +49,7 @@ static char *buf;
 static size_t buf_cap, buf_len;
 static int out_fd = -1;
 static int world_rank = -1, active;
+static const char *trace_dir; /* set on every rank when traced: each takes part in the collective steps */
 static int64_t t_init, t_fini, off_init, off_fini;
 static uint64_t n_records, n_dropped;
 
@@ -58,12 +59,15 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+#include "clogtrace_merge.h"
+
 static void flush_buffer(void) {
     size_t done = 0;
     while (done < buf_len) {
         ssize_t n = write(out_fd, buf + done, buf_len - done);
-        if (n <= 0) { active = 0; return; }
+        if (n <= 0) { active = 0; log_failed = 1; return; }
         done += (size_t)n;
+        log_bytes += n;
     }
     buf_len = 0;
 }
@@ -96,8 +100,12 @@ static void coll(int etype, int root, int64_t size) {
     put(now_ns(), REC_COLLEVT, b, 16);
 }
 
-#define START(s) int _state = (s); if (active) bare(2 * _state)
-#define FINAL() if (active) bare(2 * _state + 1)
+/* A Fortran binding's wrapper (clogtrace_fortran.h) logs the call itself and sets `nested` around the real
+   call: an MPI whose Fortran binding calls the C MPI_* functions (not PMPI_*) is not logged twice. */
+static int nested;
+#define LOGGING (active && !nested)
+#define START(s) int _state = (s); int _logging = LOGGING; if (_logging) bare(2 * _state)
+#define FINAL() if (_logging) bare(2 * _state + 1)
 
 static int64_t bytes_of(int count, MPI_Datatype type) {
     int size = 0;
@@ -186,10 +194,13 @@ static int64_t clock_offset(void) {
 }
 
 static void start_log(void) {
+    static int started;
+    if (started++) return; /* MPI_Init from Fortran may reach the C MPI_Init too */
     const char *dir = getenv("PARAMEDIC_TRACE_DIR");
     PMPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     PMPI_Comm_group(MPI_COMM_WORLD, &world_group);
     if (dir == NULL) return;
+    trace_dir = dir;
     const char *cap = getenv("PARAMEDIC_TRACE_BUFFER");
     buf_cap = cap ? (size_t)strtoull(cap, NULL, 10) : (8u << 20);
     if (buf_cap < 4096) buf_cap = 4096;
@@ -197,11 +208,11 @@ static void start_log(void) {
     char path[4096];
     snprintf(path, sizeof path, "%s/rank-%d.raw", dir, world_rank);
     out_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (buf == NULL || out_fd < 0) return;
     uint64_t head[2] = {MAGIC, 0};
-    if (write(out_fd, head, sizeof head) != sizeof head) return;
-    off_init = clock_offset();
+    int ok = buf != NULL && out_fd >= 0 && write(out_fd, head, sizeof head) == sizeof head;
+    off_init = clock_offset(); /* collective: every traced rank measures, logging or not */
     t_init = now_ns();
+    if (!ok) { log_failed = 1; return; }
     active = 1;
     if (world_rank == 0) {
         /* the state definitions: stateID, start and final etypes, pad, colour, name, format */
@@ -224,17 +235,26 @@ static void start_log(void) {
 }
 
 static void end_log(void) {
-    if (!active) return;
-    bare(2 * S_Finalize);
+    static int ended;
+    if (trace_dir == NULL || ended++) return;
+    if (active) bare(2 * S_Finalize);
     off_fini = clock_offset();
     t_fini = now_ns();
-    bare(2 * S_Finalize + 1);
-    flush_buffer();
-    /* trailer: records, dropped message events, times and offsets at init and finalize, magic */
-    int64_t tail[7] = {(int64_t)n_records, (int64_t)n_dropped, t_init, off_init, t_fini, off_fini, (int64_t)MAGIC};
-    if (write(out_fd, tail, sizeof tail) != sizeof tail) active = 0;
-    close(out_fd);
+    if (active) {
+        bare(2 * S_Finalize + 1);
+        flush_buffer();
+        /* trailer: records, dropped message events, times and offsets at init and finalize, magic (read
+           by paramedic/trace/merge.py, the reference merge, when PARAMEDIC_TRACE_KEEP keeps the logs) */
+        int64_t tail[7] = {(int64_t)n_records, (int64_t)n_dropped, t_init, off_init, t_fini, off_fini, (int64_t)MAGIC};
+        if (write(out_fd, tail, sizeof tail) != sizeof tail) log_failed = 1;
+    }
+    int have_log = active && !log_failed;
     active = 0;
+    if (out_fd >= 0) close(out_fd);
+    out_fd = -1;
+    free(buf);
+    buf = NULL;
+    tree_merge(trace_dir, have_log);
 }
 
 int MPI_Init(int *argc, char ***argv) {
@@ -257,7 +277,7 @@ int MPI_Finalize(void) {
 #define SEND_LIKE(NAME)                                                                             \
     int MPI_##NAME(const void *b, int c, MPI_Datatype t, int dest, int tag, MPI_Comm comm) {        \
         START(S_##NAME);                                                                            \
-        if (active && dest >= 0) msg(EVT_SEND, world_of(comm, dest), tag, bytes_of(c, t));          \
+        if (_logging && dest >= 0) msg(EVT_SEND, world_of(comm, dest), tag, bytes_of(c, t));          \
         int rc = PMPI_##NAME(b, c, t, dest, tag, comm);                                             \
         FINAL();                                                                                    \
         return rc;                                                                                  \
@@ -270,7 +290,7 @@ SEND_LIKE(Bsend)
 #define ISEND_LIKE(NAME)                                                                                   \
     int MPI_##NAME(const void *b, int c, MPI_Datatype t, int dest, int tag, MPI_Comm comm, MPI_Request *r) { \
         START(S_##NAME);                                                                                   \
-        if (active && dest >= 0) msg(EVT_SEND, world_of(comm, dest), tag, bytes_of(c, t));                 \
+        if (_logging && dest >= 0) msg(EVT_SEND, world_of(comm, dest), tag, bytes_of(c, t));                 \
         int rc = PMPI_##NAME(b, c, t, dest, tag, comm, r);                                                 \
         FINAL();                                                                                           \
         return rc;                                                                                         \
@@ -283,7 +303,7 @@ int MPI_Recv(void *b, int c, MPI_Datatype t, int src, int tag, MPI_Comm comm, MP
     MPI_Status own;
     if (st == MPI_STATUS_IGNORE) st = &own;
     int rc = PMPI_Recv(b, c, t, src, tag, comm, st);
-    if (active && rc == MPI_SUCCESS && st->MPI_SOURCE >= 0) {
+    if (_logging && rc == MPI_SUCCESS && st->MPI_SOURCE >= 0) {
         int cnt = 0;
         PMPI_Get_count(st, MPI_BYTE, &cnt);
         msg(EVT_RECV, world_of(comm, st->MPI_SOURCE), st->MPI_TAG, cnt);
@@ -295,7 +315,7 @@ int MPI_Recv(void *b, int c, MPI_Datatype t, int src, int tag, MPI_Comm comm, MP
 int MPI_Irecv(void *b, int c, MPI_Datatype t, int src, int tag, MPI_Comm comm, MPI_Request *r) {
     START(S_Irecv);
     int rc = PMPI_Irecv(b, c, t, src, tag, comm, r);
-    if (active && rc == MPI_SUCCESS) remember(*r, comm);
+    if (_logging && rc == MPI_SUCCESS) remember(*r, comm);
     FINAL();
     return rc;
 }
@@ -305,9 +325,9 @@ int MPI_Sendrecv(const void *sb, int sc, MPI_Datatype st_, int dest, int stag, v
     START(S_Sendrecv);
     MPI_Status own;
     if (st == MPI_STATUS_IGNORE) st = &own;
-    if (active && dest >= 0) msg(EVT_SEND, world_of(comm, dest), stag, bytes_of(sc, st_));
+    if (_logging && dest >= 0) msg(EVT_SEND, world_of(comm, dest), stag, bytes_of(sc, st_));
     int rc = PMPI_Sendrecv(sb, sc, st_, dest, stag, rb, rc_, rt, src, rtag, comm, st);
-    if (active && rc == MPI_SUCCESS && st->MPI_SOURCE >= 0) {
+    if (_logging && rc == MPI_SUCCESS && st->MPI_SOURCE >= 0) {
         int cnt = 0;
         PMPI_Get_count(st, MPI_BYTE, &cnt);
         msg(EVT_RECV, world_of(comm, st->MPI_SOURCE), st->MPI_TAG, cnt);
@@ -322,7 +342,7 @@ int MPI_Wait(MPI_Request *r, MPI_Status *st) {
     MPI_Request req = *r;
     if (st == MPI_STATUS_IGNORE) st = &own;
     int rc = PMPI_Wait(r, st);
-    if (active && rc == MPI_SUCCESS) completed(req, st);
+    if (_logging && rc == MPI_SUCCESS) completed(req, st);
     FINAL();
     return rc;
 }
@@ -333,7 +353,7 @@ int MPI_Test(MPI_Request *r, int *flag, MPI_Status *st) {
     MPI_Request req = *r;
     if (st == MPI_STATUS_IGNORE) st = &own;
     int rc = PMPI_Test(r, flag, st);
-    if (active && rc == MPI_SUCCESS && *flag) completed(req, st);
+    if (_logging && rc == MPI_SUCCESS && *flag) completed(req, st);
     FINAL();
     return rc;
 }
@@ -347,7 +367,7 @@ int MPI_Waitall(int n, MPI_Request *r, MPI_Status *st) {
     if (st == MPI_STATUSES_IGNORE) sts = n <= 64 ? small_st : malloc(sizeof(MPI_Status) * (size_t)n);
     if (copy) memcpy(copy, r, sizeof(MPI_Request) * (size_t)n);
     int rc = PMPI_Waitall(n, r, sts ? sts : st);
-    if (active && rc == MPI_SUCCESS && copy && sts)
+    if (_logging && rc == MPI_SUCCESS && copy && sts)
         for (int i = 0; i < n; i++) completed(copy[i], &sts[i]);
     if (copy != small_req) free(copy);
     if (sts != st && sts != small_st) free(sts);
@@ -363,7 +383,7 @@ int MPI_Waitany(int n, MPI_Request *r, int *index, MPI_Status *st) {
     if (st == MPI_STATUS_IGNORE) st = &own;
     if (copy) memcpy(copy, r, sizeof(MPI_Request) * (size_t)n);
     int rc = PMPI_Waitany(n, r, index, st);
-    if (active && rc == MPI_SUCCESS && copy && *index != MPI_UNDEFINED) completed(copy[*index], st);
+    if (_logging && rc == MPI_SUCCESS && copy && *index != MPI_UNDEFINED) completed(copy[*index], st);
     if (copy != small_req) free(copy);
     FINAL();
     return rc;
@@ -371,7 +391,7 @@ int MPI_Waitany(int n, MPI_Request *r, int *index, MPI_Status *st) {
 
 int MPI_Barrier(MPI_Comm comm) {
     START(S_Barrier);
-    if (active) coll(2 * S_Barrier, -1, 0);
+    if (_logging) coll(2 * S_Barrier, -1, 0);
     int rc = PMPI_Barrier(comm);
     FINAL();
     return rc;
@@ -379,7 +399,7 @@ int MPI_Barrier(MPI_Comm comm) {
 
 int MPI_Bcast(void *b, int c, MPI_Datatype t, int root, MPI_Comm comm) {
     START(S_Bcast);
-    if (active) coll(2 * S_Bcast, world_of(comm, root), bytes_of(c, t));
+    if (_logging) coll(2 * S_Bcast, world_of(comm, root), bytes_of(c, t));
     int rc = PMPI_Bcast(b, c, t, root, comm);
     FINAL();
     return rc;
@@ -387,7 +407,7 @@ int MPI_Bcast(void *b, int c, MPI_Datatype t, int root, MPI_Comm comm) {
 
 int MPI_Reduce(const void *sb, void *rb, int c, MPI_Datatype t, MPI_Op op, int root, MPI_Comm comm) {
     START(S_Reduce);
-    if (active) coll(2 * S_Reduce, world_of(comm, root), bytes_of(c, t));
+    if (_logging) coll(2 * S_Reduce, world_of(comm, root), bytes_of(c, t));
     int rc = PMPI_Reduce(sb, rb, c, t, op, root, comm);
     FINAL();
     return rc;
@@ -395,7 +415,7 @@ int MPI_Reduce(const void *sb, void *rb, int c, MPI_Datatype t, MPI_Op op, int r
 
 int MPI_Allreduce(const void *sb, void *rb, int c, MPI_Datatype t, MPI_Op op, MPI_Comm comm) {
     START(S_Allreduce);
-    if (active) coll(2 * S_Allreduce, -1, bytes_of(c, t));
+    if (_logging) coll(2 * S_Allreduce, -1, bytes_of(c, t));
     int rc = PMPI_Allreduce(sb, rb, c, t, op, comm);
     FINAL();
     return rc;
@@ -403,7 +423,7 @@ int MPI_Allreduce(const void *sb, void *rb, int c, MPI_Datatype t, MPI_Op op, MP
 
 int MPI_Scan(const void *sb, void *rb, int c, MPI_Datatype t, MPI_Op op, MPI_Comm comm) {
     START(S_Scan);
-    if (active) coll(2 * S_Scan, -1, bytes_of(c, t));
+    if (_logging) coll(2 * S_Scan, -1, bytes_of(c, t));
     int rc = PMPI_Scan(sb, rb, c, t, op, comm);
     FINAL();
     return rc;
@@ -411,7 +431,7 @@ int MPI_Scan(const void *sb, void *rb, int c, MPI_Datatype t, MPI_Op op, MPI_Com
 
 int MPI_Allgather(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI_Datatype rt, MPI_Comm comm) {
     START(S_Allgather);
-    if (active) coll(2 * S_Allgather, -1, bytes_of(sc, st));
+    if (_logging) coll(2 * S_Allgather, -1, bytes_of(sc, st));
     int rc = PMPI_Allgather(sb, sc, st, rb, rc_, rt, comm);
     FINAL();
     return rc;
@@ -420,7 +440,7 @@ int MPI_Allgather(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MP
 int MPI_Allgatherv(const void *sb, int sc, MPI_Datatype st, void *rb, const int *rcs, const int *dis,
                    MPI_Datatype rt, MPI_Comm comm) {
     START(S_Allgatherv);
-    if (active) coll(2 * S_Allgatherv, -1, bytes_of(sc, st));
+    if (_logging) coll(2 * S_Allgatherv, -1, bytes_of(sc, st));
     int rc = PMPI_Allgatherv(sb, sc, st, rb, rcs, dis, rt, comm);
     FINAL();
     return rc;
@@ -429,7 +449,7 @@ int MPI_Allgatherv(const void *sb, int sc, MPI_Datatype st, void *rb, const int 
 int MPI_Gather(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI_Datatype rt, int root,
                MPI_Comm comm) {
     START(S_Gather);
-    if (active) coll(2 * S_Gather, world_of(comm, root), bytes_of(sc, st));
+    if (_logging) coll(2 * S_Gather, world_of(comm, root), bytes_of(sc, st));
     int rc = PMPI_Gather(sb, sc, st, rb, rc_, rt, root, comm);
     FINAL();
     return rc;
@@ -438,7 +458,7 @@ int MPI_Gather(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI_D
 int MPI_Scatter(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI_Datatype rt, int root,
                 MPI_Comm comm) {
     START(S_Scatter);
-    if (active) coll(2 * S_Scatter, world_of(comm, root), bytes_of(rc_, rt));
+    if (_logging) coll(2 * S_Scatter, world_of(comm, root), bytes_of(rc_, rt));
     int rc = PMPI_Scatter(sb, sc, st, rb, rc_, rt, root, comm);
     FINAL();
     return rc;
@@ -446,7 +466,7 @@ int MPI_Scatter(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI_
 
 int MPI_Alltoall(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI_Datatype rt, MPI_Comm comm) {
     START(S_Alltoall);
-    if (active) coll(2 * S_Alltoall, -1, bytes_of(sc, st));
+    if (_logging) coll(2 * S_Alltoall, -1, bytes_of(sc, st));
     int rc = PMPI_Alltoall(sb, sc, st, rb, rc_, rt, comm);
     FINAL();
     return rc;
@@ -463,3 +483,5 @@ int MPI_Comm_free(MPI_Comm *comm) {
     FINAL();
     return rc;
 }
+
+#include "clogtrace_fortran.h"
