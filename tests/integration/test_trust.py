@@ -339,6 +339,28 @@ def test_format_accepts_a_protein_made_of_nucleotide_letters(site: Site, tmp_pat
     assert manifest["nseq"] == 801
 
 
+def test_a_protein_query_of_nucleotide_letters_is_searched_as_blast_does(site: Site, tmp_path: Path) -> None:
+    """Item 16, queries: blastp searches a query of only A, C, G, T and N (asparagine) without a word;
+    `paramedic search` refused it (exit 3, "looks like nucleotide"). Now a warning, and BLAST+'s bytes."""
+    queries = tmp_path / "poly-n.fasta"
+    queries.write_text(
+        (site.root / "queries.fasta").read_text() + ">polyN asparagine repeat\n" + "N" * 60 + "\n"
+    )
+    expected = tmp_path / "blast.out"
+    subprocess.run(
+        ["blastp", "-query", str(queries), "-db", site.db, "-outfmt", "6", "-out", str(expected)],
+        cwd=site.root / "ref", check=True, capture_output=True,
+    )  # fmt: skip
+    out = tmp_path / "hits.tsv"
+    proc = paramedic(
+        "search", "blastp", "-query", str(queries), "-db", "uniprot", "-outfmt", "6", "-out", str(out),
+        "--np", "2", "--quiet", cwd=site.root / "p3", check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == expected.read_bytes()
+    assert proc.stderr.count("\n") == 1 and "paramedic: warning: " in proc.stderr and "'polyN'" in proc.stderr
+
+
 def run_bounded(
     argv: list[str], cwd: Path, seconds: float = 120, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
