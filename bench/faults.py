@@ -966,6 +966,11 @@ class Soak:
         bound = self.rss_baseline + connections * 2 * biggest + 2 * 3 * biggest + (64 << 20)
         why = (f"idle RSS {self.rss_baseline / 2**20:.1f} MiB + {connections} connections x 2 x "
                f"{biggest / 2**20:.2f} MiB + 2 workers x 3 x {biggest / 2**20:.2f} MiB + 64 MiB")  # fmt: skip
+        if self.compute is not None:  # the mirror's replica reads: 8 read slots (site/replica_reads.py),
+            # each a read of at most one volume file here, held as read and as the frame being sent
+            largest = max(p.stat().st_size for p in (self.work / "compute" / "db" / "uni").glob("f*.p*"))
+            bound += 8 * 2 * largest
+            why += f" + 8 replica read slots x 2 x {largest / 2**20:.2f} MiB"
         return bound, why
 
     # -- the end: everything at rest, then the checks ---------------------------------------------------
