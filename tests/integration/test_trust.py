@@ -158,21 +158,28 @@ def test_blast_warnings_are_passed_on_not_swallowed(site: Site, tmp_path: Path) 
     assert "Query_" not in proc.stderr and out.stat().st_size > 0
 
 
-def test_blast_warnings_of_a_query_without_hits_in_a_tabular_report(site: Site, tmp_path: Path) -> None:
+def test_queries_blast_searches_are_searched_and_its_warnings_said_in_a_tabular_report(
+    site: Site, tmp_path: Path
+) -> None:
     """Item 18, tabular: BLAST+ itself warns on stderr about the all-X query (checked here) although its
     report lists nothing for it. The fragments' searches (outfmt 11) say nothing, and the report is written
     by blast_formatter from the kept alignments: the query without hits is set up once more, and BLAST+'s
-    warning reaches the user; the bytes are BLAST+'s."""
+    warning reaches the user. Item 16, queries: blastp searches a query of only A, C, G, T and N
+    (asparagine) without a word; paramedic refused it (exit 3, "looks like nucleotide"): now a warning.
+    The bytes are BLAST+'s."""
     outfmt = "6"
-    queries = tmp_path / "with-all-x.fasta"
+    queries = tmp_path / "odd-queries.fasta"
     queries.write_text(
-        (site.root / "queries.fasta").read_text() + ">allx nothing to align\n" + "X" * 60 + "\n"
-    )
+        (site.root / "queries.fasta").read_text()
+        + ">polyN asparagine repeat\n" + "N" * 60 + "\n"
+        + ">allx nothing to align\n" + "X" * 60 + "\n"
+    )  # fmt: skip
     expected = tmp_path / "blast.out"
     theirs = subprocess.run(
         ["blastp", "-query", str(queries), "-db", site.db, "-outfmt", outfmt, "-out", str(expected)],
         cwd=site.root / "ref", capture_output=True, text=True, check=True,
     )  # fmt: skip
+    assert theirs.stderr.count("\n") == 1  # about the all-X query only
     assert "allx nothing to align: Could not calculate ungapped Karlin-Altschul" in theirs.stderr
     out = tmp_path / "hits.txt"
     proc = paramedic(
@@ -184,9 +191,10 @@ def test_blast_warnings_of_a_query_without_hits_in_a_tabular_report(site: Site, 
     assert out.read_bytes() == expected.read_bytes()
     record = json.loads(out.with_name(out.name + ".run.json").read_text())
     assert sum(r["tasks"]["rendered"] for r in record["ranks_stats"]) >= 1  # the path that said nothing
-    warned = [ln for ln in proc.stderr.splitlines() if "Karlin-Altschul" in ln]
-    assert len(warned) == 1, proc.stderr  # one query, one piece: said once
-    assert warned[0].startswith("paramedic: warning: blastp: Warning: [blastp] allx nothing to align: ")
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2, proc.stderr  # one warning each: said once
+    assert lines[0].startswith("paramedic: warning: ") and "'polyN': looks like nucleotide" in lines[0]
+    assert lines[1].startswith("paramedic: warning: blastp: Warning: [blastp] allx nothing to align: ")
 
 
 class _Factory:
@@ -337,28 +345,6 @@ def test_format_accepts_a_protein_made_of_nucleotide_letters(site: Site, tmp_pat
     assert proc.stderr.startswith("paramedic: warning: ") and "acgt_protein" in proc.stderr
     manifest = json.loads((tmp_path / "p" / "db" / "manifest.json").read_text())
     assert manifest["nseq"] == 801
-
-
-def test_a_protein_query_of_nucleotide_letters_is_searched_as_blast_does(site: Site, tmp_path: Path) -> None:
-    """Item 16, queries: blastp searches a query of only A, C, G, T and N (asparagine) without a word;
-    `paramedic search` refused it (exit 3, "looks like nucleotide"). Now a warning, and BLAST+'s bytes."""
-    queries = tmp_path / "poly-n.fasta"
-    queries.write_text(
-        (site.root / "queries.fasta").read_text() + ">polyN asparagine repeat\n" + "N" * 60 + "\n"
-    )
-    expected = tmp_path / "blast.out"
-    subprocess.run(
-        ["blastp", "-query", str(queries), "-db", site.db, "-outfmt", "6", "-out", str(expected)],
-        cwd=site.root / "ref", check=True, capture_output=True,
-    )  # fmt: skip
-    out = tmp_path / "hits.tsv"
-    proc = paramedic(
-        "search", "blastp", "-query", str(queries), "-db", "uniprot", "-outfmt", "6", "-out", str(out),
-        "--np", "2", "--quiet", cwd=site.root / "p3", check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert out.read_bytes() == expected.read_bytes()
-    assert proc.stderr.count("\n") == 1 and "paramedic: warning: " in proc.stderr and "'polyN'" in proc.stderr
 
 
 def run_bounded(
