@@ -488,9 +488,10 @@ class ReplicaSet:
                 use.wasted += size
                 return False
             stripe.done_by = r
-            for other in stripe.holders:  # re-issued to us because its holder was too slow: say so
-                held = self.uses[other]
-                if other != r and held.dropped is None and held.skipped is None:
+            for other in stripe.holders:  # re-issued to us because its holder was too slow: say so,
+                held = self.uses[other]  # unless it is as fast as we are (a read of it that stalled once)
+                known_fast = held.measured() and held.rate * self.skip_ratio >= use.rate
+                if other != r and held.dropped is None and held.skipped is None and not known_fast:
                     held.skipped = f"slow: overtaken by {use.label}, which read a stripe it held first"
             self.cond.notify_all()
             return True
