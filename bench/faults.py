@@ -18,7 +18,13 @@ there is its own. Meanwhile a chaos thread, at random times:
   - floods the site with 200 to 3,000 unauthenticated connections, from 8 addresses or from the compute
     sites' own, half with a ClientHello begun (a real hello must get through: else a violation);
   - changes a volume file of the site's replica or of the compute database in place, size and times kept,
-    then puts it back (issue 23).
+    then puts it back (issue 23);
+  - stops the site's BLAST+ runs (SIGSTOP) for longer than its --regen-timeout (a regeneration that never
+    returns), then continues them (issue 23, item 7).
+
+Beside the site's clients, a local client (bench/faults_compute.py; `--no-compute-side` leaves it out)
+searches with --stage on a small disk of its own and two mirrors, into a pipe its reader may close early,
+while the stage disk fills up and the mirrors trickle or die (issue 23, items 5, 6, 9, 12).
 
 Checks (each failure is a violation; any violation makes the exit status 1):
   - a job that exited 0 has its output at the site byte-identical (sha256) to a local `paramedic search`
@@ -376,6 +382,7 @@ class Site:
             PARAMEDIC, "serve", "--replica", str(work / "site" / "replica" / "uni"), "--root", str(root),
             "--keys", str(work / "keys" / "server"), "--io-workers", "2",
             "--open-idle", str(args.open_idle_seconds / 3600), "--reserve", f"{args.reserve_mib}M",
+            "--regen-timeout", str(args.regen_timeout_seconds / 3600),
         ]  # fmt: skip
         self.logfile = work / "site.log"
         self.run_id = run_id
@@ -504,6 +511,7 @@ class Soak:
         self.shm_leftovers_after_kill = 0  # MPICH segments of jobs whose every process was killed
         self.rss_by_life: dict[int, int] = {}  # the site's process id -> its peak RSS
         self.shm: Path | None = None  # a tmpfs: each job gets a directory of it as its /dev/shm
+        self.compute: Any = None  # bench/faults_compute.ComputeFaults, with --compute-side
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     def violation(self, what: str, **detail: Any) -> None:
@@ -729,6 +737,7 @@ class Soak:
             "disk": now + self.rng.uniform(*a.disk_fill_every) if self.disk.can_fill else float("inf"),
             "flood": now + self.rng.uniform(*a.flood_every),
             "flip": now + self.rng.uniform(*a.flip_every),
+            "stuck": now + self.rng.uniform(*a.stuck_every),
         }
         busy: dict[str, threading.Thread] = {}
         while not self.stop_chaos.is_set():
@@ -737,12 +746,13 @@ class Soak:
                 if now < when or (what in busy and busy[what].is_alive()):
                     continue
                 action = {"client": self.kill_client, "site": self.kill_site, "link": self.link_fault,
-                          "disk": self.fill_disk, "flood": self.flood, "flip": self.flip_replica}[what]  # fmt: skip
+                          "disk": self.fill_disk, "flood": self.flood, "flip": self.flip_replica,
+                          "stuck": self.stop_regeneration}[what]  # fmt: skip
                 busy[what] = threading.Thread(target=self.guarded, args=(action,), daemon=True)
                 busy[what].start()
                 every = {"client": a.client_kill_every, "site": a.site_kill_every,
                          "link": a.link_fault_every, "disk": a.disk_fill_every,
-                         "flood": a.flood_every, "flip": a.flip_every}[what]  # fmt: skip
+                         "flood": a.flood_every, "flip": a.flip_every, "stuck": a.stuck_every}[what]  # fmt: skip
                 due[what] = now + self.rng.uniform(*every)
             self.stop_chaos.wait(0.2)
         for thread in busy.values():
@@ -906,6 +916,30 @@ class Soak:
                 fh.write(original)
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
+    def stop_regeneration(self) -> None:
+        """Issue 23, item 7: the site's BLAST+ runs (a regeneration's) stopped with SIGSTOP, those that start
+        meanwhile too, for longer than the site's --regen-timeout, then continued: a BLAST+ that never
+        returns. The site must fail the job (the client exits 8, one line) or finish it; nothing hangs."""
+        seconds = self.args.regen_timeout_seconds + self.rng.uniform(2.0, 10.0)
+        stopped: set[int] = set()
+        self.event("regeneration stuck", seconds=round(seconds, 1))
+        log(f"the site's BLAST+ runs stopped (SIGSTOP) for {seconds:.1f} s")
+        end = time.monotonic() + seconds
+        try:
+            while not self.stop_chaos.is_set() and time.monotonic() < end:
+                for pid in _blast_runs(self.site.pid) if self.site.pid else []:
+                    if pid not in stopped:
+                        with contextlib.suppress(OSError):
+                            os.kill(pid, signal.SIGSTOP)
+                            stopped.add(pid)
+                self.stop_chaos.wait(0.02)  # a regeneration of a small job takes a few tenths of a second
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
+        with self.lock:
+            self.counts["BLAST+ runs stopped at the site"] += len(stopped)
+
     # -- memory -----------------------------------------------------------------------------------------
     def sample_memory(self) -> None:
         while not self.stop_sampling.is_set():
@@ -932,6 +966,11 @@ class Soak:
         bound = self.rss_baseline + connections * 2 * biggest + 2 * 3 * biggest + (64 << 20)
         why = (f"idle RSS {self.rss_baseline / 2**20:.1f} MiB + {connections} connections x 2 x "
                f"{biggest / 2**20:.2f} MiB + 2 workers x 3 x {biggest / 2**20:.2f} MiB + 64 MiB")  # fmt: skip
+        if self.compute is not None:  # the mirror's replica reads: 8 read slots (site/replica_reads.py),
+            # each a read of at most one volume file here, held as read and as the frame being sent
+            largest = max(p.stat().st_size for p in (self.work / "compute" / "db" / "uni").glob("f*.p*"))
+            bound += 8 * 2 * largest
+            why += f" + 8 replica read slots x 2 x {largest / 2**20:.2f} MiB"
         return bound, why
 
     # -- the end: everything at rest, then the checks ---------------------------------------------------
@@ -1042,6 +1081,14 @@ class Soak:
             thread.start()
         chaos = threading.Thread(target=self.chaos, daemon=True)
         chaos.start()
+        compute_threads: list[threading.Thread] = []
+        if a.compute_side:  # issue 23's compute-side faults: stage disk, mirrors, closed pipes
+            import faults_compute
+
+            self.compute = faults_compute.ComputeFaults(self, sys.modules[__name__])
+            compute_threads = self.compute.start()
+            log(f"compute side: --stage on {self.compute.stage_disk.kind}, mirrors through port "
+                f"{self.compute.link.port}")  # fmt: skip
         try:
             end = self.t0 + a.minutes * 60
             while time.monotonic() < end:
@@ -1050,6 +1097,10 @@ class Soak:
             self.stop_chaos.set()
             self.stop_jobs.set()
         chaos.join(timeout=180)
+        if self.compute is not None:
+            self.compute.stop.set()
+            for thread in compute_threads:
+                thread.join(timeout=a.hang_seconds + 60)
         self.link.heal()
         self.disk.release()
         if not self.site.pid:
@@ -1117,6 +1168,8 @@ class Soak:
                 "handshake_floods": self.counts["handshake flood"],
                 "hellos_through_floods": self.counts["hello through a flood"],
                 "volume_bit_flips": self.counts["volume bit flip"],
+                "regenerations_stuck": self.counts["regeneration stuck"],
+                "blast_runs_stopped_at_the_site": self.counts["BLAST+ runs stopped at the site"],
             },
             "bytes": {
                 "output_verified": self.counts["output bytes verified"],
@@ -1141,6 +1194,7 @@ class Soak:
                 "dev_shm_segments": self.shm_leftovers_after_kill,
                 "dev_shm_private_per_job": self.shm is not None,
             },
+            "compute_side": self.compute.result() if self.compute is not None else None,
             "violations": self.violations,
             "run_list": [
                 {
@@ -1166,12 +1220,36 @@ class Soak:
         if self.site is not None:
             self.site.stop()
         kill_marked(f"{self.run_id}:site")
+        if self.compute is not None:
+            self.compute.close()
         if self.link is not None:
             self.link.close()
         if self.disk is not None:
             self.disk.close()
         if self.shm is not None:
             subprocess.run(["umount", "-l", str(self.shm)], capture_output=True)
+
+
+def _blast_runs(site: int) -> list[int]:
+    """The site's BLAST+ runs: blastp processes forked by its fork servers (its children), or started by
+    the site itself without one (a child of the site that is not a fork server: no shim preloaded)."""
+    parent: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry.name}/stat") as fh:
+                    parent[int(entry.name)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+    runs = []
+    for pid, ppid in parent.items():
+        if ppid != site and parent.get(ppid) != site:
+            continue
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "blastp":
+                continue
+            if ppid == site and b"forkserver" in Path(f"/proc/{pid}/environ").read_bytes():
+                continue  # a fork server: its children are the runs
+            runs.append(pid)
+    return runs
 
 
 def _cmdline(pid: int) -> str:
@@ -1237,6 +1315,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ship-timeout", type=float, default=30.0)
     p.add_argument("--retries", type=int, default=3, help="runs of a failed job again (default 3)")
     p.add_argument("--hang-seconds", type=float, default=300.0, help="a job running longer hangs")
+    p.add_argument(
+        "--regen-timeout-seconds", type=float, default=20.0, help="the site's --regen-timeout (in s)"
+    )
+    p.add_argument("--no-compute-side", dest="compute_side", action="store_false",
+                   help="no local client with --stage and mirrors (bench/faults_compute.py)")  # fmt: skip
+    p.add_argument("--stage-disk-mib", type=int, default=24, help="the local client's --stage file system")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "faults.json")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     args = p.parse_args(argv)
@@ -1248,6 +1332,8 @@ def main(argv: list[str] | None = None) -> int:
     args.disk_full_for = (4.0, 15.0)
     args.flood_every = (25.0, 60.0)
     args.flip_every = (45.0, 100.0)
+    args.stuck_every = (40.0, 90.0)
+    args.compute_fault_every = (8.0, 25.0)
     if not (DATA / "mmseqs2" / "DB.fasta").exists():
         raise SystemExit(f"faults: {DATA}/mmseqs2 is missing: run `make data`")
 

@@ -27,6 +27,9 @@ integrity checks into the parsers behind them):
     metadata  `load_metadata` on a metadata file, sometimes re-sealed (its SHA-256 recomputed) (issue 23)
     replica   a storage site's replies to a mirror (`TlsReplica.manifest`, `volume_files`, `read`, then
               `stripes._check_listing` under a --stage-limit) (issue 23)
+    stage     a published copy in a --stage cache (`StageCache.use`): one of its files (volume or alias)
+              rewritten in place, its size, inode and times kept, and its seal kept or replaced by mutated
+              bytes; the copy used must be the manifest's bytes, whatever the seal says (issue 23)
 
 Out of process:
 
@@ -72,7 +75,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-IN_PROCESS = ("frame", "requests", "inbox", "setup", "chunk", "journal", "metadata", "replica")
+IN_PROCESS = ("frame", "requests", "inbox", "setup", "chunk", "journal", "metadata", "replica", "stage")
 TARGETS = (*IN_PROCESS, "server")
 JOB = "0123456789abcdef0123456789abcdef"
 JOB2 = "fedcba9876543210fedcba9876543210"
@@ -918,6 +921,23 @@ class Harness:
         ]  # fmt: skip
         self.kinds = ["json", "bytes", "bytes"]
 
+    def _setup_stage(self) -> None:
+        from paramedic.db.manifest import load_manifest
+        from paramedic.db.replicas import LocalReplica
+        from paramedic.db.stripes import ReplicaSet
+
+        self.stage_manifest = load_manifest(self.world["replica"])
+        self.stage_replicas = lambda: ReplicaSet([LocalReplica(self.world["replica"])])
+        self.stage_root = self.work / "stage"
+        self._stage_build()
+        place = self.stage_root / self.stage_place
+        files = sorted(p.name for p in place.iterdir() if p.name != ".seal")
+        seal = (place / ".seal").read_bytes()
+        self.stage_files = files
+        self.pool = [pack_parts([b"", name.encode(), (place / name).read_bytes()]) for name in files]
+        self.pool += [pack_parts([seal, b"", b""]), pack_parts([b"", b"", b""])]
+        self.kinds = ["json", "bytes", "bytes"]
+
     # -- mutation ------------------------------------------------------------------------------------
     def mutate(self, data: bytes, max_size: int, seed: int) -> bytes:
         import atheris
@@ -1278,6 +1298,70 @@ class Harness:
             return f"{op[:10]} refused: " + re.sub(r"\d+|'[^']*'", "N", str(exc))[:30]
         return f"{op[:10]} accepted"
 
+    # stage: a published copy in a --stage cache, rewritten (times kept) before a search uses it
+    def _run_stage(self, data: bytes) -> str:
+        from paramedic.db.stage import SEAL_NAME, StageCache
+        from paramedic.errors import ParamedicError
+
+        parts = unpack_parts(data) + [b"", b"", b""]
+        place = self.stage_root / self.stage_place
+        name = parts[1].decode(errors="replace")
+        try:
+            if name in self.stage_files:  # one file's bytes replaced in place: same inode, times put back
+                target = place / name
+                st = target.stat()
+                with open(target, "r+b") as fh:
+                    fh.write(parts[2])
+                    fh.truncate()
+                os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+            if parts[0]:  # else the seal stays as the cache wrote it (a file changed with its times kept)
+                (place / SEAL_NAME).write_bytes(parts[0])
+            try:
+                cache = StageCache(self.stage_root)  # a new process: nothing digested yet
+                with cache.use(self.stage_manifest, 0, self.world["replica"], self.stage_replicas) as used:
+                    if used is None:
+                        return "searched in place"
+                    good = self._stage_good(used)
+            except ParamedicError as exc:
+                return "refused: " + re.sub(r"\d+|'[^']*'|/\S+", "N", str(exc))[:40]
+            if not good:
+                raise Finding("a staged copy that is not the manifest's was used")
+            return "copy used" if cache.stats.copies == 0 else "copied again, then used"
+        finally:
+            if not self._stage_good(place) or not _sealed_copy(place):
+                self._stage_build()
+
+    def _stage_good(self, place: Path) -> bool:
+        from paramedic.blast.alias import alias_bytes
+        from paramedic.db.manifest import volume_sha256
+        from paramedic.errors import ParamedicError
+
+        m, info = self.stage_manifest, self.stage_manifest.fragments[0]
+        try:
+            alias = (place / f"{info.name}.pal").read_bytes()
+            digest = volume_sha256(place, info.volume)
+        except (OSError, ValueError, ParamedicError):
+            return False
+        return digest == info.sha256 and alias == alias_bytes(
+            [info.volume], title=m.title, nseq=m.nseq, length=m.length
+        )
+
+    def _stage_build(self) -> None:
+        """A cache holding fragment 0's published copy, made by a real copy."""
+        from paramedic.db.stage import StageCache
+
+        shutil.rmtree(self.stage_root, ignore_errors=True)
+        cache = StageCache(self.stage_root)
+        with cache.use(self.stage_manifest, 0, self.world["replica"], self.stage_replicas) as place:
+            assert place is not None
+            self.stage_place = place.relative_to(self.stage_root)
+
+
+def _sealed_copy(place: Path) -> bool:
+    from paramedic.db.stage import _sealed
+
+    return _sealed(place)
+
 
 def worker(args: argparse.Namespace) -> None:
     """One target under libFuzzer (this process exits when libFuzzer is done)."""
@@ -1285,6 +1369,7 @@ def worker(args: argparse.Namespace) -> None:
 
     with atheris.instrument_imports(include=["paramedic"]):
         import paramedic.blast.options  # noqa: F401
+        import paramedic.db.stage  # noqa: F401
         import paramedic.db.stripes  # noqa: F401
         import paramedic.engine.journal  # noqa: F401
         import paramedic.engine.metadata  # noqa: F401
@@ -1556,6 +1641,7 @@ WHAT = {
         "replies accepted",
         lambda k: k.endswith("accepted"),
     ),
+    "stage": ("`StageCache.use` on a rewritten copy", "copies used as they were", lambda k: k == "copy used"),
     "server": ("real `paramedic serve`, TLS", "sessions that reached `done`", lambda k: "done" in k),
 }
 

@@ -141,8 +141,7 @@ def test_journal_search_records_from_another_search_are_redone(data_dir: Path, t
 
 def test_blast_warnings_are_passed_on_not_swallowed(site: Site, tmp_path: Path) -> None:
     """Item 18: BLAST+ warns about an all-X query and exits 0; the user sees its warning (once per worker
-    rank, not once per fragment and batch), and the search still ends in its report. (With -outfmt 6, which
-    lists no query without hits, paramedic runs no BLAST+ that warns about it: nothing is said, yet.)"""
+    rank, not once per fragment and batch), and the search still ends in its report."""
     queries = tmp_path / "with-all-x.fasta"
     queries.write_text(
         (site.root / "queries.fasta").read_text() + ">allx nothing to align\n" + "X" * 60 + "\n"
@@ -157,6 +156,45 @@ def test_blast_warnings_are_passed_on_not_swallowed(site: Site, tmp_path: Path) 
     assert 1 <= len(warned) <= 2, proc.stderr  # one per worker rank at most
     assert all(ln.startswith("paramedic: warning: blastp: ") and "allx" in ln for ln in warned), warned
     assert "Query_" not in proc.stderr and out.stat().st_size > 0
+
+
+def test_queries_blast_searches_are_searched_and_its_warnings_said_in_a_tabular_report(
+    site: Site, tmp_path: Path
+) -> None:
+    """Item 18, tabular: BLAST+ itself warns on stderr about the all-X query (checked here) although its
+    report lists nothing for it. The fragments' searches (outfmt 11) say nothing, and the report is written
+    by blast_formatter from the kept alignments: the query without hits is set up once more, and BLAST+'s
+    warning reaches the user. Item 16, queries: blastp searches a query of only A, C, G, T and N
+    (asparagine) without a word; paramedic refused it (exit 3, "looks like nucleotide"): now a warning.
+    The bytes are BLAST+'s."""
+    outfmt = "6"
+    queries = tmp_path / "odd-queries.fasta"
+    queries.write_text(
+        (site.root / "queries.fasta").read_text()
+        + ">polyN asparagine repeat\n" + "N" * 60 + "\n"
+        + ">allx nothing to align\n" + "X" * 60 + "\n"
+    )  # fmt: skip
+    expected = tmp_path / "blast.out"
+    theirs = subprocess.run(
+        ["blastp", "-query", str(queries), "-db", site.db, "-outfmt", outfmt, "-out", str(expected)],
+        cwd=site.root / "ref", capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert theirs.stderr.count("\n") == 1  # about the all-X query only
+    assert "allx nothing to align: Could not calculate ungapped Karlin-Altschul" in theirs.stderr
+    out = tmp_path / "hits.txt"
+    proc = paramedic(
+        "search", "blastp", "-query", str(queries), "-db", "uniprot", "-outfmt", outfmt, "-out", str(out),
+        "--np", "2", "--strategy", "fragments", "--traceback", "per-fragment", "--quiet",
+        cwd=site.root / "p3", check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == expected.read_bytes()
+    record = json.loads(out.with_name(out.name + ".run.json").read_text())
+    assert sum(r["tasks"]["rendered"] for r in record["ranks_stats"]) >= 1  # the path that said nothing
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2, proc.stderr  # one warning each: said once
+    assert lines[0].startswith("paramedic: warning: ") and "'polyN': looks like nucleotide" in lines[0]
+    assert lines[1].startswith("paramedic: warning: blastp: Warning: [blastp] allx nothing to align: ")
 
 
 class _Factory:

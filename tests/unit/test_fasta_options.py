@@ -40,6 +40,14 @@ def test_bad_fasta_is_a_clear_input_error(tmp_path, text, moltype, message):
         list(read_fasta(write(tmp_path, text), moltype))
 
 
+def test_a_protein_of_nucleotide_letters_is_said_once_when_a_warning_is_asked_for(tmp_path):
+    said = []
+    text = ">a\nACGTACGTACGTACGTACGTACGT\n>b\nNNNNNNNNNNNNNNNNNNNNNNNN\n"
+    records = list(read_fasta(write(tmp_path, text), "prot", said.append, "blastp"))
+    assert [r.seq_id for r in records] == ["a", "b"]
+    assert len(said) == 1 and "looks like nucleotide" in said[0] and "as blastp accepts it" in said[0]
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(InputError, match="no such file"):
         list(read_fasta(tmp_path / "nope.fa", "prot"))

@@ -179,6 +179,21 @@ def test_a_copy_that_changed_after_publication_is_copied_again_never_used(tmp_pa
     assert (cache.stats.discarded, cache.stats.copies) == (1, 2)
 
 
+@pytest.mark.parametrize("seal", [b"[" * 100_000 + b"]" * 100_000, b" " * (1 << 20) + b"{}", b"\xff{"])
+def test_a_seal_nested_too_deep_or_too_large_is_no_seal(tmp_path, seal):
+    """`make fuzz`'s stage target: a .seal nested past the JSON parser's depth was a RecursionError (exit 1,
+    "internal error") on the next search; now it is no seal: the copy is made again."""
+    manifest = make_db(tmp_path / "db")
+    source = tmp_path / "db"
+    with StageCache(tmp_path / "cache").use(manifest, 0, source, lambda: replicas(source)) as place:
+        assert place is not None
+    (place / ".seal").write_bytes(seal)
+    cache = StageCache(tmp_path / "cache")
+    with cache.use(manifest, 0, source, lambda: replicas(source)) as again:
+        assert again == place and volume_sha256(again, "f000") == manifest.fragments[0].sha256
+    assert cache.stats.copies == 1
+
+
 def test_a_replica_serving_bad_bytes_is_dropped_and_the_copy_comes_from_another(tmp_path):
     manifest = make_db(tmp_path / "db")
     mirror = tmp_path / "mirror"

@@ -71,6 +71,32 @@ def masks_queries(program: str, options: BlastOptions) -> bool:
     return default if value is None else value.strip().lower() != "no"
 
 
+def _warn_as_blast(
+    program: str,
+    options: BlastOptions,
+    queries: Sequence[tuple[str, str]],
+    alignments: Sequence[Sequence[bytes]],
+    directory: Path,
+    empty: Path,
+    db_name: str,
+) -> None:
+    """Say what BLAST+ says of the group's queries without hits in this format, as one BLAST+ run does.
+
+    No run here says it: a search in outfmt 11 (the fragments', the skeleton's) keeps BLAST+'s warnings
+    out of stderr and out of its archive, and tabular formats have no statistics run. A query BLAST+
+    cannot search (an all-X protein: "Could not calculate ungapped Karlin-Altschul parameters") has no
+    hits, so the queries without any are searched again against the empty mask (set-up only, about 0.05 s,
+    and only for a group that has such a query), in the user's format, for their warnings."""
+    lonely = [query for query, found in zip(queries, alignments, strict=True) if not found]
+    if not lonely:
+        return
+    directory.mkdir()
+    query_file = directory / "queries.fasta"
+    write_queries(query_file, lonely)
+    argv = [program, *options.without("query", "db", "out").argv(), "-query", str(query_file), "-db", db_name]
+    pass_on(program, run_tool([*argv, "-out", str(directory / "report.out")], cwd=empty).stderr)
+
+
 class Unrenderable(ValueError):
     """The group's reports did not line up: regenerate it by search instead."""
 
@@ -125,14 +151,17 @@ def render(
             ["blast_formatter", "-archive", str(archive), *formatter_options.argv(), "-out", str(report)],
             cwd=full,
         )
-        pass_on(program, formatted.stderr)  # the search's warnings are in the archive: said here
+        pass_on(program, formatted.stderr)
+        if not has_stats(options.outfmt_number()):
+            _warn_as_blast(program, options, queries, alignments, run_dir / "warnings", empty, db_name)
         data = report.read_bytes()
         if has_stats(options.outfmt_number()):
             stats_report = run_dir / "stats.out"
-            run_tool(
+            stats_run = run_tool(
                 [program, *options.without("query", "db", "out").argv(), *common, "-out", str(stats_report)],
                 cwd=empty,
             )
+            pass_on(program, stats_run.stderr)  # BLAST+'s warnings, as a run in this format says them
             try:
                 data = splice_stats(options.outfmt_number(), data, stats_report.read_bytes(), len(queries))
             except ValueError as exc:

@@ -48,12 +48,14 @@ def open_text(path: Path) -> io.TextIOBase:
         raise InputError(f"{path}: permission denied") from exc
 
 
-def read_fasta(path: Path, moltype: MolType, warn: Callable[[str], None] | None = None) -> Iterator[Record]:
+def read_fasta(
+    path: Path, moltype: MolType, warn: Callable[[str], None] | None = None, accepter: str = "makeblastdb"
+) -> Iterator[Record]:
     """Yield validated records; raise InputError on the first problem, naming the record.
 
     `warn`: a guess (a protein made of nucleotide letters) is said once through it instead of refusing:
-    `format` must accept what makeblastdb accepts for the same -dbtype, and A, C, G and T are amino
-    acids too."""
+    `format` must accept what makeblastdb accepts for the same -dbtype, a search what BLAST+ accepts as
+    a query (`accepter` names it in the warning), and A, C, G and T are amino acids too."""
     count = 0
     warned = warn is None
     try:
@@ -67,7 +69,7 @@ def read_fasta(path: Path, moltype: MolType, warn: Callable[[str], None] | None 
                         raise InputError(guess)
                     if not warned:
                         warned = True
-                        warn(f"{guess} (accepted, as makeblastdb accepts it; later ones are not listed)")
+                        warn(f"{guess} (accepted, as {accepter} accepts it; later ones are not listed)")
                 yield record
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not a text FASTA file (non-ASCII byte at offset {exc.start})") from exc

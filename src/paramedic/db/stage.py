@@ -58,6 +58,7 @@ from paramedic.durable import fsync_dir, write_durably
 from paramedic.errors import DatabaseError, OutputError, UsageError
 
 SEAL_NAME = ".seal"
+_MAX_SEAL = 64 << 10  # a volume's few files, three numbers each: a few hundred bytes
 LOCK_NAME = ".lock"
 FILL_PREFIX = ".fill-"
 EVICT_PREFIX = ".evict-"
@@ -437,8 +438,12 @@ def _seal_of(path: Path) -> dict[str, list[int]]:
 
 
 def _sealed(path: Path) -> bool:
-    """The copy's files are those published (sizes, times, inodes): not truncated, replaced or touched."""
+    """The copy's files are those published (sizes, times, inodes): not truncated, replaced or touched.
+    A seal is read as untrusted bytes: one larger than ours could be, or nested past the parser's depth
+    (`make fuzz`'s stage target: a RecursionError was exit 1), is no seal."""
     try:
-        return bool(json.loads((path / SEAL_NAME).read_text()) == _seal_of(path))
-    except (OSError, ValueError):
+        with open(path / SEAL_NAME, "rb") as fh:
+            text = fh.read(_MAX_SEAL + 1)
+        return len(text) <= _MAX_SEAL and bool(json.loads(text) == _seal_of(path))
+    except (OSError, ValueError, RecursionError):
         return False

@@ -6,7 +6,9 @@ rate, why it was skipped or dropped). A volume's files are cut into stripes (def
 live replicas at once, a few reads in flight per replica (threads), into a directory the caller owns.
 
 Steering (`policy="adaptive"`, the default): a replica pulls the next stripe whenever one of its reads is
-free, so a fast replica reads more. Each replica's throughput is measured (bytes per busy second over its
+free, so a fast replica reads more. Every live replica not known to be slow is given the first stripe
+of its own when a volume starts (a local replica reads faster than a thread starts, and would otherwise
+take every stripe before the others' readers run: they would never be measured, nor checked). Each replica's throughput is measured (bytes per busy second over its
 last few reads, lowered at once by a read that is overdue), and a replica more than `skip_ratio` times
 below the fastest live replica's stops getting stripes (hot-spot skipping: CEFT-PVFS's answer to a
 stressed disk); it gets one probe stripe every `probe_seconds`, so a replica that recovers is used again.
@@ -44,6 +46,7 @@ POLICIES = ("adaptive", "round-robin")
 _WINDOW = 8  # a replica's throughput is measured over its last this many reads
 _MIN_SAMPLES = 2  # reads before a replica's rate counts for skipping (the first pays for connecting)
 _REISSUE_FACTOR = 1.5  # re-read a held stripe when the holder needs this much longer than we would
+_MIN_STALL = 0.05  # seconds a read of a replica not yet measured is in flight before it may be re-read
 _MAX_NAME = 255
 
 
@@ -302,6 +305,12 @@ class ReplicaSet:
             for r in fetch.servers
             if k < self.uses[r].parallelism
         ]
+        with self.cond:
+            if fetch.policy == "adaptive":  # each replica's first stripe is its own (the docstring's why)
+                now = time.monotonic()
+                for r in fetch.servers:
+                    if fetch.pending and self.uses[r].dropped is None and self._slow(fetch, r, now) is None:
+                        fetch.own[r].append(fetch.pending.popleft())
         for thread in threads:
             thread.start()
         with self.cond:
@@ -391,6 +400,11 @@ class ReplicaSet:
         """The stripe replica `r` reads next, or None to wait (called under the condition)."""
         if fetch.policy == "round-robin":
             return fetch.own[r].popleft() if fetch.own[r] else None
+        if fetch.own[r]:
+            return fetch.own[r].popleft()
+        for other in fetch.servers:  # the first stripe of a replica dropped before it took it
+            if self.uses[other].dropped is not None and fetch.own[other]:
+                return fetch.own[other].popleft()
         use = self.uses[r]
         slow = self._slow(fetch, r, now)
         if slow is not None:
@@ -440,8 +454,8 @@ class ReplicaSet:
                 left = start + held.read_seconds(stripe.length) - now
                 if left <= 0:  # overdue: assume it needs as long again as it has taken
                     left = now - start
-            else:
-                left = now - start
+            else:  # nothing known yet: only a read in flight for a while says it is stuck
+                left = now - start if now - start >= _MIN_STALL else 0.0
             ours = stripe.length * use.parallelism / mine  # a read of ours, all our reads in flight
             if left > _REISSUE_FACTOR * ours and left > longest:
                 choice, longest = stripe.index, left
@@ -474,9 +488,10 @@ class ReplicaSet:
                 use.wasted += size
                 return False
             stripe.done_by = r
-            for other in stripe.holders:  # re-issued to us because its holder was too slow: say so
-                held = self.uses[other]
-                if other != r and held.dropped is None and held.skipped is None:
+            for other in stripe.holders:  # re-issued to us because its holder was too slow: say so,
+                held = self.uses[other]  # unless it is as fast as we are (a read of it that stalled once)
+                known_fast = held.measured() and held.rate * self.skip_ratio >= use.rate
+                if other != r and held.dropped is None and held.skipped is None and not known_fast:
                     held.skipped = f"slow: overtaken by {use.label}, which read a stripe it held first"
             self.cond.notify_all()
             return True
@@ -493,9 +508,9 @@ class ReplicaSet:
             ]
             for s in fetch.stripes:
                 s.holders.pop(r, None)
+            orphans += list(fetch.own[r])
+            fetch.own[r].clear()
             if fetch.policy == "round-robin":
-                orphans += list(fetch.own[r])
-                fetch.own[r].clear()
                 for k, index in enumerate(sorted(orphans)):
                     if live:
                         fetch.own[live[k % len(live)]].append(index)

@@ -110,7 +110,9 @@ def prepare_job(settings: SearchSettings, workers: int | None = None) -> Job:
     check_outfmt(program.name, options)
     cwd = settings.cwd
     query_path = _resolve(cwd, options.get("query") or "")
-    queries = [(r.header, r.sequence) for r in read_fasta(query_path, program.query_type)]
+    queries = [  # a guess of the molecule type is said, never a refusal: BLAST+ searches such a query
+        (r.header, r.sequence) for r in read_fasta(query_path, program.query_type, _warn, program.name)
+    ]
     db, manifest = resolve_database(options.get("db") or "", cwd, digest=False)
     verified = _in_background(verify_volumes, db.directory, manifest)  # while the rest is checked
     if db.dbtype != program.db_type:
@@ -340,6 +342,10 @@ def check_stage(stage: StageSettings, manifest: Manifest, where: str) -> None:
                 print(f"paramedic: warning: --mirror {use.label}: {use.dropped}; searching without it",
                       file=sys.stderr, flush=True)  # fmt: skip
         replicas.close()
+
+
+def _warn(text: str) -> None:
+    print(f"paramedic: warning: {text}", file=sys.stderr, flush=True)
 
 
 def _resolve(cwd: Path, path: str) -> Path:
