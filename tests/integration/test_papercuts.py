@@ -69,7 +69,8 @@ def test_fragments_bar_counts_tasks_and_ends_before_the_summary(work: Path) -> N
     before, after = shown[:summary], shown[summary:]
     assert b"%|" not in after, after  # no bar after the summary: neither the stale one nor a new one
     record = json.loads((work / "bar.txt.run.json").read_text())
-    tasks = record["batches"] * record["fragments"] + record["pieces"]  # searches, then report pieces
+    searches = record["fragment_groups"] or record["fragments"]  # per batch: fragments alone or grouped
+    tasks = record["batches"] * searches + record["pieces"]  # searches, then report pieces
     counts = sorted({(int(d), int(t)) for d, t in re.findall(rb"\| *(\d+)/(\d+) \[", before)})
     assert counts and all(t == tasks for _, t in counts), (counts, tasks)
     assert counts[-1] == (tasks, tasks) and b"task" in before
