@@ -474,9 +474,10 @@ class ReplicaSet:
                 use.wasted += size
                 return False
             stripe.done_by = r
-            for other in stripe.holders:  # re-issued to us because its holder was too slow: say so
-                held = self.uses[other]
-                if other != r and held.dropped is None and held.skipped is None:
+            ours = stripe.holders.get(r, now)
+            for other, since in stripe.holders.items():  # re-issued to us because its holder was too slow
+                held = self.uses[other]  # (one that re-issued it and lost the race was not overtaken)
+                if other != r and since < ours and held.dropped is None and held.skipped is None:
                     held.skipped = f"slow: overtaken by {use.label}, which read a stripe it held first"
             self.cond.notify_all()
             return True
