@@ -17,7 +17,7 @@ from paramedic.db.stripes import ReplicaSet
 from paramedic.errors import DatabaseError
 from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
 from tests.conftest import paramedic, take_fasta
-from tests.integration.site import StorageSite
+from tests.support.site import StorageSite
 
 STRIPE = 16 * 1024
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, paramedic, take_fasta
-from tests.integration.site import StorageSite
+from tests.support.site import StorageSite
 
 pytestmark = pytest.mark.integration
 

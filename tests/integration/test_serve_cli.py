@@ -10,7 +10,7 @@ import pytest
 
 from paramedic.ship.client import SiteAddress, TlsShipper
 from tests.conftest import BIN, paramedic, take_fasta
-from tests.integration.site import StorageSite
+from tests.support.site import StorageSite
 
 pytestmark = pytest.mark.integration
 

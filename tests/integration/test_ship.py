@@ -28,7 +28,7 @@ from paramedic.ship.codecs import DirectCodec
 from paramedic.ship.idcodec import encode_subjects
 from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
 from tests.conftest import BIN, paramedic, take_fasta
-from tests.integration.site import CuttingProxy, StorageSite
+from tests.support.site import CuttingProxy, StorageSite
 
 pytestmark = pytest.mark.integration
 
@@ -547,16 +547,9 @@ def test_failed_jobs_do_not_fill_the_site(sites: Sites) -> None:
 def test_inbox_transport_delivers_the_same_file(sites: Sites, tmp_path: Path, mode: str) -> None:
     inbox, root = tmp_path / "inbox", tmp_path / "root"
     root.mkdir()
-    log = tmp_path / "serve.log"
-    argv = [str(BIN / "paramedic"), "serve", "--replica", str(sites.server.replica), "--root", str(root),
-            "--inbox", str(inbox), "--io-workers", "1"]  # fmt: skip
-    with open(log, "wb") as fh:
-        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fh, start_new_session=True)
+    server = StorageSite(sites.server.replica, root, None, tmp_path / "serve.log", 1, inbox=inbox)
+    server.start()  # the site makes its inbox as it starts
     try:
-        deadline = time.monotonic() + 60  # the site makes its inbox as it starts
-        while not inbox.is_dir():
-            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.02)
         out = f"inbox/{mode}.txt"
         record = tmp_path / "record.json"
         paramedic(
@@ -570,8 +563,7 @@ def test_inbox_transport_delivers_the_same_file(sites: Sites, tmp_path: Path, mo
         assert ship["site_sha256"] == sha256(expected)
         assert ship["mode"] == ("metadata" if mode == "auto" else mode)  # no link to measure: metadata
     finally:
-        server.kill()
-        server.wait()
+        server.stop()
 
 
 @pytest.mark.parametrize("mode", ["metadata", "compressed"])

@@ -25,7 +25,7 @@ from paramedic.ship.wire import FrameDeadlines, recv_frame, send_frame
 from paramedic.site.server import Limits, ServeSettings
 from paramedic.site.store import Quota
 from tests.conftest import paramedic, take_fasta
-from tests.integration.site import Site, closed_within, sha256, ship_bytes, start_site
+from tests.support.site import Site, closed_within, sha256, ship_bytes, start_site
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from paramedic.ship.tls import client_context
 from paramedic.ship.transport import SiteAddress
 from paramedic.ship.wire import recv_frame, send_frame
 from tests.conftest import paramedic, take_fasta
-from tests.integration.site import StorageSite
+from tests.support.site import StorageSite
 
 pytestmark = pytest.mark.integration
 

@@ -381,7 +381,7 @@ def test_mirrors_down_or_serving_no_reads_are_extra_sources_lost(site: Site, tmp
     once and listed as dropped in the record."""
     import socket
 
-    from tests.integration.site import StorageSite
+    from tests.support.site import StorageSite
 
     paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
     (tmp_path / "root").mkdir()
@@ -411,7 +411,7 @@ def test_mirrors_down_or_serving_no_reads_are_extra_sources_lost(site: Site, tmp
 def test_a_trickling_mirror_and_a_damaged_volume_end_in_bounded_time(site: Site, tmp_path: Path) -> None:
     """Item 6: a mirror that trickles (200 bytes/s) while the -db's own volume is damaged (times kept):
     a one-line refusal in seconds (was: a hang until killed)."""
-    from tests.integration.site import CuttingProxy, StorageSite
+    from tests.support.site import CuttingProxy, StorageSite
 
     copy_db(site, "damaged-for-trickle")
     paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import paramedic, take_fasta
-from tests.integration.site import StorageSite
 from tests.integration.test_trust import flip_keeping_times
+from tests.support.site import StorageSite
 
 pytestmark = pytest.mark.integration
 
