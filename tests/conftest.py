@@ -18,6 +18,9 @@ hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
 
+# The shared ground of every test (tests/support): the `databases` fixture.
+pytest_plugins = ["tests.support.databases"]
+
 DATA = Path(os.environ.get("PARAMEDIC_DATA", Path.home() / ".cache/paramedic/data"))
 BIN = Path(sys.executable).parent
 # The footer line of the text reports (outfmt 0-4), indented by four spaces: "    Posted date:  Nov 21, ..."

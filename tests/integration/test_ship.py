@@ -27,7 +27,8 @@ from paramedic.ship.client import SiteAddress, SiteError, TlsShipper
 from paramedic.ship.codecs import DirectCodec
 from paramedic.ship.idcodec import encode_subjects
 from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
-from tests.conftest import BIN, paramedic, take_fasta
+from tests.conftest import BIN, paramedic
+from tests.support.databases import Databases
 from tests.support.site import CuttingProxy, StorageSite
 
 pytestmark = pytest.mark.integration
@@ -87,22 +88,15 @@ class Sites:
 
 
 @pytest.fixture(scope="module")
-def sites(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def sites(databases: Databases, tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("ship")
     compute, storage = base / "compute", base / "storage"
     for d in (compute, storage / "root", base / "records"):
         d.mkdir(parents=True)
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 3000)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", compute / "q.fasta", N_QUERIES)
-    paramedic(
-        "format", "--in", str(base / "db.fasta"), "--dbtype", "prot", "--fragments", "4",
-        "--out", "db/uni", "--quiet", cwd=compute,
-    )  # fmt: skip
+    databases.place(compute, 3000, fragments=4)
+    databases.queries(compute / "q.fasta", N_QUERIES)
     subprocess.run(["cp", "-r", str(compute / "db"), str(storage / "replica")], check=True)
-    paramedic(
-        "keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a",
-        "--client", "compute-b",
-    )  # fmt: skip
+    databases.keys(base / "keys", ("compute-a", "compute-b"))
     server = StorageSite(storage / "replica" / "uni", storage / "root", base / "keys" / "server",
                          base / "serve.log")  # fmt: skip
     server.start()

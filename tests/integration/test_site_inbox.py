@@ -23,21 +23,19 @@ from paramedic.ship.inbox_client import InboxShipper
 from paramedic.ship.signing import Signer
 from paramedic.site.inbox import InboxWatcher
 from paramedic.site.server import ServeSettings
-from tests.conftest import paramedic, take_fasta
+from tests.conftest import paramedic
+from tests.support.databases import Databases
 from tests.support.site import Site, StorageSite, sha256, start_site
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def world(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def world(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("inbox")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 40)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", base / "q.fasta", 3)
-    paramedic("format", "--in", str(base / "db.fasta"), "--dbtype", "prot", "--fragments", "2",
-              "--out", str(base / "db" / "uni"), "--quiet")  # fmt: skip
-    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a",
-              "--client", "inbox")  # fmt: skip
+    databases.place(base, 40, fragments=2)
+    databases.queries(base / "q.fasta", 3)
+    databases.keys(base / "keys", ("compute-a", "inbox"))
     paramedic("keys", "--out", str(base / "foreign"), "--server", "localhost", "--client", "compute-a")
     return {
         "replica": base / "db" / "uni",

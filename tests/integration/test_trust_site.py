@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import paramedic, take_fasta
+from tests.conftest import paramedic
 from tests.integration.test_trust import flip_keeping_times
+from tests.support.databases import Databases
 from tests.support.site import StorageSite
 
 pytestmark = pytest.mark.integration
@@ -44,18 +45,14 @@ class Sites:
 
 
 @pytest.fixture
-def sites(data_dir: Path, tmp_path: Path) -> Iterator[Sites]:
+def sites(databases: Databases, tmp_path: Path) -> Iterator[Sites]:
     compute, storage = tmp_path / "compute", tmp_path / "storage"
     for d in (compute, storage / "root"):
         d.mkdir(parents=True)
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", tmp_path / "db.fasta", 800)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", compute / "q.fasta", 8)
-    paramedic(
-        "format", "--in", str(tmp_path / "db.fasta"), "--dbtype", "prot", "--fragments", "2",
-        "--out", "db/uni", "--quiet", cwd=compute,
-    )  # fmt: skip
+    databases.place(compute, 800, fragments=2)
+    databases.queries(compute / "q.fasta", 8)
     subprocess.run(["cp", "-r", str(compute / "db"), str(storage / "replica")], check=True)
-    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    databases.keys(tmp_path / "keys")
     server = StorageSite(
         storage / "replica" / "uni", storage / "root", tmp_path / "keys" / "server", tmp_path / "serve.log"
     )

@@ -10,6 +10,7 @@ import pytest
 from paramedic.ship.client import SiteError
 from paramedic.site.store import Quota
 from tests.integration.test_site_faults import _ship_ranges, make_site, world  # noqa: F401  (fixtures)
+from tests.support.databases import Databases
 
 pytestmark = pytest.mark.integration
 
@@ -201,14 +202,10 @@ def test_an_inbox_client_waits_no_longer_than_its_timeout_whatever_progress_says
 
 
 @pytest.fixture(scope="module")
-def inbox_world(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from tests.conftest import paramedic, take_fasta
-
+def inbox_world(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("inbox-trust")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 40)
-    paramedic("format", "--in", str(base / "db.fasta"), "--dbtype", "prot", "--fragments", "2",
-              "--out", str(base / "db" / "uni"), "--quiet")  # fmt: skip
-    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
+    databases.place(base, 40, fragments=2)
+    databases.keys(base / "keys")
     return {"replica": base / "db" / "uni", "keys": base / "keys"}
 
 
