@@ -89,6 +89,7 @@ def kill_every_rank_when(
                 pass
         os.killpg(mpiexec.pid, signal.SIGKILL)
         mpiexec.wait()
+        mpiexec.stderr.close()  # type: ignore[union-attr]
     for pid in ranks:  # every rank is gone before the next run starts
         while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
             time.sleep(0.05)
