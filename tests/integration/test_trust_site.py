@@ -75,7 +75,7 @@ def test_a_replica_changed_while_serve_runs_regenerates_nothing(sites: Sites) ->
 
 
 def test_a_journal_site_job_naming_another_finished_job_is_not_believed(
-    data_dir: Path, tmp_path: Path
+    databases: Databases, tmp_path: Path
 ) -> None:
     """Item 4: a killed --site search's journal whose `site-job` record is changed to name another job
     that finished (another output): the run again must not say "the storage site already holds" and exit 0
@@ -84,7 +84,7 @@ def test_a_journal_site_job_naming_another_finished_job_is_not_believed(
     from tests.integration import test_resume as resume
     from tests.integration.test_trust import _Factory
 
-    data = resume.data.__wrapped__(data_dir, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
+    data = resume.data.__wrapped__(databases, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
     (tmp_path / "root").mkdir()
     subprocess.run(["cp", "-r", str(data.db.parent), str(tmp_path / "replica")], check=True)
     paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
