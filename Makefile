@@ -73,6 +73,18 @@ test-unit: setup
 test-integration: setup slurm chromium mpi-trace data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q tests/integration
 
+# The MPI runners tested inside real ranks, as mpi4py tests itself (tests/mpi): the test process is every
+# rank, under mpiexec -n 2, 3 and 4, with line and branch coverage of those modules (about a minute).
+MPI_RUNNERS := src/paramedic/engine/launch.py,src/paramedic/engine/ranks.py,src/paramedic/engine/partitions.py,\
+  src/paramedic/engine/roles.py,src/paramedic/engine/mpiio.py
+.PHONY: test-mpi
+test-mpi: setup data
+	rm -f .coverage.mpi .coverage.mpi.*
+	for n in 2 3 4; do COVERAGE_FILE=$(CURDIR)/.coverage.mpi PARAMEDIC_DATA=$(DATA) $(VENV)/bin/mpiexec -n $$n \
+	  $(PY) -m coverage run -m pytest -q -p no:cacheprovider tests/mpi || exit 1; done
+	COVERAGE_FILE=$(CURDIR)/.coverage.mpi $(VENV)/bin/coverage combine -q
+	COVERAGE_FILE=$(CURDIR)/.coverage.mpi $(VENV)/bin/coverage report --include='$(subst $(eval) ,,$(MPI_RUNNERS))'
+
 # Line and branch coverage of src/paramedic over the whole suite (or TESTS=tests/unit ...), every Python
 # process included: the CLI subprocesses, mpiexec's ranks and the storage-site daemons start coverage
 # from its .pth hook ([tool.coverage.run] patch = subprocess) and write .coverage.* files next to this

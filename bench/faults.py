@@ -347,12 +347,12 @@ class CuttingLink:
     """Without Toxiproxy: the tests' CuttingProxy, re-armed for every fault (cuts only: a connection is
     closed after a few more kilobytes; no outage, stall or reset)."""
 
-    backend = "CuttingProxy (tests/integration/site.py): Toxiproxy absent, faults are connection cuts only"
+    backend = "CuttingProxy (tests/support/site.py): Toxiproxy absent, faults are connection cuts only"
     version = "-"
 
     def __init__(self, upstream: int):
         sys.path.insert(0, str(REPO))
-        from tests.integration.site import CuttingProxy
+        from tests.support.site import CuttingProxy
 
         self.proxy = CuttingProxy(upstream, cut_after=2**62).__enter__()
         self.port = self.proxy.port

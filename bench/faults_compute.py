@@ -43,7 +43,7 @@ class MirrorLink:
 
     def __init__(self, repo: Path, site_port: int):
         sys.path.insert(0, str(repo))
-        from tests.integration.site import CuttingProxy
+        from tests.support.site import CuttingProxy
 
         self.site_port = site_port
         self.proxy = CuttingProxy(site_port).__enter__()

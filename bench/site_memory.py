@@ -21,7 +21,7 @@ from paramedic.ship.client import TlsShipper  # noqa: E402
 from paramedic.ship.codecs import pack_json  # noqa: E402
 from paramedic.ship.transport import SiteAddress  # noqa: E402
 from tests.conftest import paramedic, take_fasta  # noqa: E402
-from tests.integration.site import StorageSite  # noqa: E402
+from tests.support.site import StorageSite  # noqa: E402
 
 
 def status(pid: int) -> dict[str, int]:

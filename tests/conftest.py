@@ -10,6 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+# Property tests draw the same examples in CI on every run (CI=1): a red CI names a bug, not a bad draw.
+# Locally they draw afresh, to keep looking.
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
+
+# The shared ground of every test (tests/support): the `databases` fixture.
+pytest_plugins = ["tests.support.databases"]
 
 DATA = Path(os.environ.get("PARAMEDIC_DATA", Path.home() / ".cache/paramedic/data"))
 BIN = Path(sys.executable).parent

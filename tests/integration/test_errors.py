@@ -7,19 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, paramedic, take_fasta
+from tests.conftest import BIN, paramedic
+from tests.support.databases import Databases
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def small(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def small(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("errors")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 400)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "q.fasta", 3)
-    paramedic(
-        "format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "2", "--out", "dbs/small", cwd=root
-    )
+    databases.place(root, 400, fragments=2, out="dbs/small")
+    databases.queries(root / "q.fasta", 3)
     return root
 
 

@@ -14,20 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, paramedic, take_fasta
+from tests.conftest import BIN, paramedic
+from tests.support.databases import Databases
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def site(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("faults")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 2000)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "q.fasta", 3)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "q100.fasta", 100)
-    paramedic(
-        "format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "2", "--out", "dbs/db", cwd=root
-    )
+    databases.place(root, 2000, fragments=2, out="dbs/db")
+    databases.queries(root / "q.fasta", 3)
+    databases.queries(root / "q100.fasta", 100)
     return root
 
 

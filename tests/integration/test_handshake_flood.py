@@ -18,7 +18,7 @@ import pytest
 
 from paramedic.ship.wire import recv_frame, send_frame
 from paramedic.site.server import Limits, ServeSettings
-from tests.integration.site import Site, closed_within, ship_bytes, start_site
+from tests.support.site import Site, closed_within, ship_bytes, start_site
 
 pytestmark = pytest.mark.integration
 

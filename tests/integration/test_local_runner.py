@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import blast, paramedic, take_fasta
+from tests.conftest import blast, paramedic
 from tests.integration.test_faults_compute import (
     alive,
     check_journal,
@@ -22,19 +22,17 @@ from tests.integration.test_faults_compute import (
     left_behind,
     start_long_search,
 )
+from tests.support.databases import Databases
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def site(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("local")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 2000)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "q.fasta", 30)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "q100.fasta", 100)
-    paramedic(
-        "format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "4", "--out", "dbs/db", cwd=root
-    )
+    databases.place(root, 2000, fragments=4, out="dbs/db")
+    databases.queries(root / "q.fasta", 30)
+    databases.queries(root / "q100.fasta", 100)
     blast("makeblastdb", "-in", "db.fasta", "-dbtype", "prot", "-parse_seqids", "-out", "ref/db", cwd=root)
     return root
 

@@ -16,23 +16,20 @@ from paramedic.db.replicas import ReplicaError, open_replica
 from paramedic.db.stripes import ReplicaSet
 from paramedic.errors import DatabaseError
 from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
-from tests.conftest import paramedic, take_fasta
-from tests.integration.site import StorageSite
+from tests.support.databases import Databases
+from tests.support.site import StorageSite
 
 STRIPE = 16 * 1024
 
 
 @pytest.fixture(scope="module")
-def base(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def base(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("mirrors")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 2000)
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "other.fasta", 2000, start=2000)
-    for name in ("db", "other"):
-        paramedic("format", "--in", f"{name}.fasta", "--dbtype", "prot", "--fragments", "4", "--out",
-                  f"{name}/uni", "--quiet", cwd=base)  # fmt: skip
+    databases.place(base, 2000, fragments=4)
+    databases.place(base, 2000, fragments=4, out="other/uni", start=2000, fasta="other.fasta")
     shutil.copytree(base / "db", base / "copy")
     shutil.copy(base / "db" / "uni.pal", base / "copy" / "uni.pal")
-    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
+    databases.keys(base / "keys")
     return base
 
 

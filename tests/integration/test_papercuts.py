@@ -19,21 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, paramedic, take_fasta
-from tests.integration.site import StorageSite
+from tests.conftest import BIN, paramedic
+from tests.support.databases import Databases
+from tests.support.site import StorageSite
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def work(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def work(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("papercuts")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 2000)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "q.fasta", 30)
-    paramedic(
-        "format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "3", "--out", "db/uni", "--quiet",
-        cwd=root,
-    )  # fmt: skip
+    databases.place(root, 2000, fragments=3)
+    databases.queries(root / "q.fasta", 30)
     return root
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import paramedic, take_fasta
+from tests.conftest import paramedic
 from tests.integration.browser import chromium, load
+from tests.support.databases import Databases
 
 pytestmark = pytest.mark.integration
 
@@ -22,17 +23,13 @@ BASE_CHARTS = 5  # timeline, phase split, load balance, bytes, Eq. 3
 
 
 @pytest.fixture(scope="module")
-def run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def run(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real staged search of 16 queries over 3 fragments with a mirror, its page written by --report."""
     chromium()
     root = tmp_path_factory.mktemp("report")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 3000)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "q.fasta", 16)
     for name in ("db", "mirror"):
-        paramedic(
-            "format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "3", "--out", f"{name}/uni",
-            "--quiet", cwd=root,
-        )  # fmt: skip
+        databases.place(root, 3000, fragments=3, out=f"{name}/uni")
+    databases.queries(root / "q.fasta", 16)
     done = paramedic(
         "search", "blastp", "-query", "q.fasta", "-db", "db/uni", "-out", "hits.txt", "-evalue", "1e-5",
         "--strategy", "fragments", "--batch", "8", "--np", "2", "--stage", "stage", "--mirror", "mirror/uni",

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, paramedic, take_fasta
-from tests.integration.site import StorageSite
+from tests.conftest import BIN, paramedic
+from tests.support.databases import Databases
+from tests.support.site import StorageSite
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +38,10 @@ class Data:
 
 
 @pytest.fixture(scope="module")
-def data(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Data:
+def data(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Data:
     base = tmp_path_factory.mktemp("resume")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 6000)
-    queries = take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", base / "q.fasta", QUERIES)
-    paramedic(
-        "format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", str(FRAGMENTS), "--out", "db/uni",
-        "--quiet", cwd=base,
-    )  # fmt: skip
+    databases.place(base, 6000, fragments=FRAGMENTS)
+    queries = databases.queries(base / "q.fasta", QUERIES)
     paramedic(
         "search", "blastp", *blast_args(queries, base / "db/uni", base / "ref.txt"), *ENGINE, "--np", "2"
     )
@@ -92,6 +89,7 @@ def kill_every_rank_when(
                 pass
         os.killpg(mpiexec.pid, signal.SIGKILL)
         mpiexec.wait()
+        mpiexec.stderr.close()  # type: ignore[union-attr]
     for pid in ranks:  # every rank is gone before the next run starts
         while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
             time.sleep(0.05)

@@ -9,20 +9,19 @@ from pathlib import Path
 import pytest
 
 from paramedic.ship.client import SiteAddress, TlsShipper
-from tests.conftest import BIN, paramedic, take_fasta
-from tests.integration.site import StorageSite
+from tests.conftest import BIN, paramedic
+from tests.support.databases import Databases
+from tests.support.site import StorageSite
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def base(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def base(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("serve-cli")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 2000)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", base / "q.fasta", 10)
-    paramedic("format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "2", "--out", "db/uni", "--quiet",
-              cwd=base)  # fmt: skip
-    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
+    databases.place(base, 2000, fragments=2)
+    databases.queries(base / "q.fasta", 10)
+    databases.keys(base / "keys")
     return base
 
 

@@ -27,8 +27,9 @@ from paramedic.ship.client import SiteAddress, SiteError, TlsShipper
 from paramedic.ship.codecs import DirectCodec
 from paramedic.ship.idcodec import encode_subjects
 from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
-from tests.conftest import BIN, paramedic, take_fasta
-from tests.integration.site import CuttingProxy, StorageSite
+from tests.conftest import BIN, paramedic
+from tests.support.databases import Databases
+from tests.support.site import CuttingProxy, StorageSite
 
 pytestmark = pytest.mark.integration
 
@@ -87,22 +88,15 @@ class Sites:
 
 
 @pytest.fixture(scope="module")
-def sites(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def sites(databases: Databases, tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("ship")
     compute, storage = base / "compute", base / "storage"
     for d in (compute, storage / "root", base / "records"):
         d.mkdir(parents=True)
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 3000)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", compute / "q.fasta", N_QUERIES)
-    paramedic(
-        "format", "--in", str(base / "db.fasta"), "--dbtype", "prot", "--fragments", "4",
-        "--out", "db/uni", "--quiet", cwd=compute,
-    )  # fmt: skip
+    databases.place(compute, 3000, fragments=4)
+    databases.queries(compute / "q.fasta", N_QUERIES)
     subprocess.run(["cp", "-r", str(compute / "db"), str(storage / "replica")], check=True)
-    paramedic(
-        "keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a",
-        "--client", "compute-b",
-    )  # fmt: skip
+    databases.keys(base / "keys", ("compute-a", "compute-b"))
     server = StorageSite(storage / "replica" / "uni", storage / "root", base / "keys" / "server",
                          base / "serve.log")  # fmt: skip
     server.start()
@@ -547,16 +541,9 @@ def test_failed_jobs_do_not_fill_the_site(sites: Sites) -> None:
 def test_inbox_transport_delivers_the_same_file(sites: Sites, tmp_path: Path, mode: str) -> None:
     inbox, root = tmp_path / "inbox", tmp_path / "root"
     root.mkdir()
-    log = tmp_path / "serve.log"
-    argv = [str(BIN / "paramedic"), "serve", "--replica", str(sites.server.replica), "--root", str(root),
-            "--inbox", str(inbox), "--io-workers", "1"]  # fmt: skip
-    with open(log, "wb") as fh:
-        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fh, start_new_session=True)
+    server = StorageSite(sites.server.replica, root, None, tmp_path / "serve.log", 1, inbox=inbox)
+    server.start()  # the site makes its inbox as it starts
     try:
-        deadline = time.monotonic() + 60  # the site makes its inbox as it starts
-        while not inbox.is_dir():
-            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.02)
         out = f"inbox/{mode}.txt"
         record = tmp_path / "record.json"
         paramedic(
@@ -570,8 +557,7 @@ def test_inbox_transport_delivers_the_same_file(sites: Sites, tmp_path: Path, mo
         assert ship["site_sha256"] == sha256(expected)
         assert ship["mode"] == ("metadata" if mode == "auto" else mode)  # no link to measure: metadata
     finally:
-        server.kill()
-        server.wait()
+        server.stop()
 
 
 @pytest.mark.parametrize("mode", ["metadata", "compressed"])

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import paramedic
 from tests.integration.equality import cut_dna_queries, read_gz_fasta
-from tests.integration.site import StorageSite
+from tests.support.site import StorageSite
 
 pytestmark = pytest.mark.integration
 

@@ -9,18 +9,15 @@ from pathlib import Path
 import pytest
 
 from paramedic.report.record import RunRecord
-from tests.conftest import paramedic, take_fasta
+from tests.conftest import paramedic
+from tests.support.databases import Databases
 
 pytestmark = pytest.mark.integration
 
 
-def test_simulate_predicts_32768_workers_from_a_real_record(data_dir: Path, tmp_path: Path) -> None:
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", tmp_path / "db.fasta", 3000)
-    queries = take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", tmp_path / "q.fasta", 12)
-    paramedic(
-        "format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "3", "--out", "db/uni", "--quiet",
-        cwd=tmp_path,
-    )  # fmt: skip
+def test_simulate_predicts_32768_workers_from_a_real_record(databases: Databases, tmp_path: Path) -> None:
+    databases.place(tmp_path, 3000, fragments=3)
+    queries = databases.queries(tmp_path / "q.fasta", 12)
     paramedic(
         "search", "blastp", "-query", str(queries), "-db", "db/uni", "-out", "hits.txt", "-evalue", "1e-5",
         "--strategy", "fragments", "--batch", "4", "--np", "2", "--quiet", cwd=tmp_path,

@@ -24,22 +24,20 @@ from paramedic.ship.codecs import Codec, DirectCodec, Segment
 from paramedic.ship.wire import FrameDeadlines, recv_frame, send_frame
 from paramedic.site.server import Limits, ServeSettings
 from paramedic.site.store import Quota
-from tests.conftest import paramedic, take_fasta
-from tests.integration.site import Site, closed_within, sha256, ship_bytes, start_site
+from tests.conftest import paramedic
+from tests.support.databases import Databases
+from tests.support.site import Site, closed_within, sha256, ship_bytes, start_site
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def world(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def world(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A small formatted database (the replica) and keys for two compute sites."""
     base = tmp_path_factory.mktemp("faults")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 40)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", base / "q.fasta", 3)
-    paramedic("format", "--in", str(base / "db.fasta"), "--dbtype", "prot", "--fragments", "2",
-              "--out", str(base / "db" / "uni"), "--quiet")  # fmt: skip
-    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a",
-              "--client", "compute-b")  # fmt: skip
+    databases.place(base, 40, fragments=2)
+    databases.queries(base / "q.fasta", 3)
+    databases.keys(base / "keys", ("compute-a", "compute-b"))
     return {"base": base, "replica": base / "db" / "uni", "keys": base / "keys", "queries": base / "q.fasta"}
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 import uuid
 from dataclasses import replace
@@ -24,21 +23,19 @@ from paramedic.ship.inbox_client import InboxShipper
 from paramedic.ship.signing import Signer
 from paramedic.site.inbox import InboxWatcher
 from paramedic.site.server import ServeSettings
-from tests.conftest import BIN, paramedic, take_fasta
-from tests.integration.site import Site, sha256, start_site
+from tests.conftest import paramedic
+from tests.support.databases import Databases
+from tests.support.site import Site, StorageSite, sha256, start_site
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def world(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def world(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("inbox")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 40)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", base / "q.fasta", 3)
-    paramedic("format", "--in", str(base / "db.fasta"), "--dbtype", "prot", "--fragments", "2",
-              "--out", str(base / "db" / "uni"), "--quiet")  # fmt: skip
-    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a",
-              "--client", "inbox")  # fmt: skip
+    databases.place(base, 40, fragments=2)
+    databases.queries(base / "q.fasta", 3)
+    databases.keys(base / "keys", ("compute-a", "inbox"))
     paramedic("keys", "--out", str(base / "foreign"), "--server", "localhost", "--client", "compute-a")
     return {
         "replica": base / "db" / "uni",
@@ -239,13 +236,12 @@ def test_a_tls_client_named_inbox_cannot_take_over_inbox_jobs(world, inbox_site)
 
 def test_a_search_ships_through_a_signed_inbox(world, tmp_path: Path) -> None:
     """The commands as a user runs them: `serve --inbox --keys` and `search --site file:// --keys`."""
-    inbox, root, log = tmp_path / "inbox", tmp_path / "root", tmp_path / "serve.log"
+    inbox, root = tmp_path / "inbox", tmp_path / "root"
     root.mkdir()
-    argv = [str(BIN / "paramedic"), "serve", "--replica", str(world["replica"]), "--root", str(root),
-            "--inbox", str(inbox), "--keys", str(world["keys"] / "server"), "--listen", "127.0.0.1:0",
-            "--io-workers", "1"]  # fmt: skip
-    with open(log, "wb") as fh:
-        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fh, start_new_session=True)
+    server = StorageSite(
+        world["replica"], root, world["keys"] / "server", tmp_path / "serve.log", 1, inbox=inbox
+    )
+    server.start()
     try:
         search = ["search", "blastp", "-query", str(world["queries"]), "-db", str(world["replica"]),
                   "-outfmt", "6", "--strategy", "fragments", "--quiet"]  # fmt: skip
@@ -256,8 +252,7 @@ def test_a_search_ships_through_a_signed_inbox(world, tmp_path: Path) -> None:
         assert (tmp_path / "local.tsv").stat().st_size > 0
         assert (root / "signed" / "hits.tsv").read_bytes() == (tmp_path / "local.tsv").read_bytes()
         assert list(inbox.iterdir()) == []
-        assert "opened by inbox:compute-a" in log.read_text()
-        assert "signed jobs only" in log.read_text()
+        assert "opened by inbox:compute-a" in server.log()
+        assert "signed jobs only" in server.log()
     finally:
-        server.kill()
-        server.wait()
+        server.stop()

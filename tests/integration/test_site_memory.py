@@ -22,8 +22,9 @@ from paramedic.ship.codecs import pack_json
 from paramedic.ship.tls import client_context
 from paramedic.ship.transport import SiteAddress
 from paramedic.ship.wire import recv_frame, send_frame
-from tests.conftest import paramedic, take_fasta
-from tests.integration.site import StorageSite
+from tests.conftest import paramedic
+from tests.support.databases import Databases
+from tests.support.site import StorageSite
 
 pytestmark = pytest.mark.integration
 
@@ -53,12 +54,10 @@ def _setup(mib: float, checksum: str) -> tuple[dict, bytes]:
 
 
 @pytest.fixture(scope="module")
-def served(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def served(databases: Databases, tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("memory")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 40)
-    paramedic("format", "--in", str(base / "db.fasta"), "--dbtype", "prot", "--fragments", "2",
-              "--out", str(base / "db" / "uni"), "--quiet")  # fmt: skip
-    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
+    databases.place(base, 40, fragments=2)
+    databases.keys(base / "keys")
     (base / "root").mkdir()
     site = StorageSite(base / "db" / "uni", base / "root", base / "keys" / "server", base / "serve.log",
                        io_workers=1, extra=("--max-setup", "16M"))  # fmt: skip

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import paramedic, take_fasta
 from tests.integration.equality import Site
-from tests.integration.site import CuttingProxy, StorageSite
+from tests.support.site import CuttingProxy, StorageSite
 
 pytestmark = pytest.mark.integration
 

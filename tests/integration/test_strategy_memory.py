@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, take_fasta
+from tests.support.databases import Databases
 
 MiB = 1 << 20
 
@@ -53,13 +54,10 @@ def cgroup(request: pytest.FixtureRequest) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def small_db(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def small_db(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("strategy-small")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", work / "db.fasta", 2000)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", work / "q.fasta", 3)
-    run_paramedic(
-        "format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "4", "--out", "db", cwd=work
-    )
+    databases.place(work, 2000, fragments=4, out="db")
+    databases.queries(work / "q.fasta", 3)
     return work
 
 

@@ -209,7 +209,7 @@ def test_trace_ships_to_a_site_without_replica(tmp_path: Path, keys: Path, rando
     """`trace --site`: the metadata crosses real TLS to a `paramedic serve` with no database replica, which
     regenerates the trace; the site's file equals the local one byte for byte. Then `paramedic ship` of the
     same file compressed, and of a file that is no trace (refused before anything is sent)."""
-    from tests.integration.site import StorageSite
+    from tests.support.site import StorageSite
 
     root = tmp_path / "root"
     root.mkdir()
@@ -273,7 +273,7 @@ def test_site_refuses_corrupt_trace_metadata(tmp_path: Path, keys: Path, random_
     job with a clear error and writes no file; the compute site exits 8 with one line."""
     from paramedic.ship.client import SiteAddress, TlsShipper
     from paramedic.ship.transport import SiteError
-    from tests.integration.site import StorageSite
+    from tests.support.site import StorageSite
 
     trace_path = tmp_path / "t.clog2"
     paramedic(

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from paramedic.trace import clog2, codec, precision
-from tests.conftest import BIN, paramedic
-from tests.integration.site import StorageSite
+from tests.conftest import paramedic
 from tests.integration.test_trace import OMPI_ENV, RANDOM_COMM, need
+from tests.support.site import StorageSite
 
 pytestmark = pytest.mark.integration
 
@@ -132,17 +131,11 @@ def test_a_trace_ships_through_the_signed_inbox(tmp_path: Path, keys: Path, trac
     """`serve --inbox --keys` without a replica and `paramedic ship --site file://`: the trace's metadata
     crosses the shared directory signed, the site writes the identical file, the inbox is left empty; the
     same command again reaches the same (finished) job and exits 0."""
-    inbox, root, log = tmp_path / "inbox", tmp_path / "root", tmp_path / "serve.log"
+    inbox, root = tmp_path / "inbox", tmp_path / "root"
     root.mkdir()
-    argv = [str(BIN / "paramedic"), "serve", "--root", str(root), "--inbox", str(inbox), "--keys",
-            str(keys / "server"), "--listen", "127.0.0.1:0", "--io-workers", "1"]  # fmt: skip
-    with open(log, "wb") as fh:
-        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fh, start_new_session=True)
+    server = StorageSite(None, root, keys / "server", tmp_path / "serve.log", 1, inbox=inbox)
+    server.start()  # the site makes the inbox as it starts
     try:
-        deadline = time.monotonic() + 60
-        while "watching inbox" not in log.read_text():  # the site makes the inbox when it starts
-            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
         for _ in range(2):
             record = tmp_path / "inbox.json"
             paramedic("ship", str(traced), "-out", "via/inbox.clog2", "--site", f"file://{inbox}",
@@ -151,11 +144,10 @@ def test_a_trace_ships_through_the_signed_inbox(tmp_path: Path, keys: Path, trac
             section = json.loads(record.read_text())["ship"]
             assert section["mode"] == "metadata" and section["codec"] == "trace-metadata"
             assert list(inbox.iterdir()) == []
-        assert "signed jobs only" in log.read_text()
+        assert "signed jobs only" in server.log()
         stopped_runs_resume(inbox, root, keys, traced)
     finally:
-        server.kill()
-        server.wait()
+        server.stop()
 
 
 def stopped_runs_resume(inbox: Path, root: Path, keys: Path, traced: Path) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import paramedic, take_fasta
 from tests.integration.equality import Site
+from tests.support.databases import Databases
 
 pytestmark = pytest.mark.integration
 
@@ -89,12 +90,14 @@ def test_a_staged_copy_changed_with_its_times_kept_is_copied_again(site: Site, t
     assert record["stage"]["discarded"] == 3 and record["stage"]["copies"] == 3
 
 
-def test_a_killed_search_with_damaged_journal_records_redoes_them(data_dir: Path, tmp_path: Path) -> None:
+def test_a_killed_search_with_damaged_journal_records_redoes_them(
+    databases: Databases, tmp_path: Path
+) -> None:
     """Items 1 and 10: after a kill, a journal piece with one byte flipped (times kept), a truncated one, a
     garbage one and a garbage search record are dropped and their work done again: BLAST+'s bytes."""
     from tests.integration import test_resume as resume
 
-    data = resume.data.__wrapped__(data_dir, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
+    data = resume.data.__wrapped__(databases, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
     out = tmp_path / "hits.txt"
     journal = tmp_path / ".hits.txt.journal"
     command = ["search", "blastp", *resume.blast_args(data.queries, data.db, out), *resume.ENGINE]
@@ -110,12 +113,12 @@ def test_a_killed_search_with_damaged_journal_records_redoes_them(data_dir: Path
     assert "dropped" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_journal_search_records_from_another_search_are_redone(data_dir: Path, tmp_path: Path) -> None:
+def test_journal_search_records_from_another_search_are_redone(databases: Databases, tmp_path: Path) -> None:
     """Search records are bound to their journal, like pieces: records copied in from a killed search
     with another -evalue (valid records, other hits) are dropped and searched again: BLAST+'s bytes."""
     from tests.integration import test_resume as resume
 
-    data = resume.data.__wrapped__(data_dir, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
+    data = resume.data.__wrapped__(databases, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
     journals = []
     for name, evalue in (("ours", "1e-5"), ("theirs", "10")):
         work = tmp_path / name
@@ -419,7 +422,7 @@ def test_mirrors_down_or_serving_no_reads_are_extra_sources_lost(site: Site, tmp
     once and listed as dropped in the record."""
     import socket
 
-    from tests.integration.site import StorageSite
+    from tests.support.site import StorageSite
 
     paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
     (tmp_path / "root").mkdir()
@@ -449,7 +452,7 @@ def test_mirrors_down_or_serving_no_reads_are_extra_sources_lost(site: Site, tmp
 def test_a_trickling_mirror_and_a_damaged_volume_end_in_bounded_time(site: Site, tmp_path: Path) -> None:
     """Item 6: a mirror that trickles (200 bytes/s) while the -db's own volume is damaged (times kept):
     a one-line refusal in seconds (was: a hang until killed)."""
-    from tests.integration.site import CuttingProxy, StorageSite
+    from tests.support.site import CuttingProxy, StorageSite
 
     copy_db(site, "damaged-for-trickle")
     paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")

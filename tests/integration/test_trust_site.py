@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import paramedic, take_fasta
-from tests.integration.site import StorageSite
+from tests.conftest import paramedic
 from tests.integration.test_trust import flip_keeping_times
+from tests.support.databases import Databases
+from tests.support.site import StorageSite
 
 pytestmark = pytest.mark.integration
 
@@ -44,18 +45,14 @@ class Sites:
 
 
 @pytest.fixture
-def sites(data_dir: Path, tmp_path: Path) -> Iterator[Sites]:
+def sites(databases: Databases, tmp_path: Path) -> Iterator[Sites]:
     compute, storage = tmp_path / "compute", tmp_path / "storage"
     for d in (compute, storage / "root"):
         d.mkdir(parents=True)
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", tmp_path / "db.fasta", 800)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", compute / "q.fasta", 8)
-    paramedic(
-        "format", "--in", str(tmp_path / "db.fasta"), "--dbtype", "prot", "--fragments", "2",
-        "--out", "db/uni", "--quiet", cwd=compute,
-    )  # fmt: skip
+    databases.place(compute, 800, fragments=2)
+    databases.queries(compute / "q.fasta", 8)
     subprocess.run(["cp", "-r", str(compute / "db"), str(storage / "replica")], check=True)
-    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    databases.keys(tmp_path / "keys")
     server = StorageSite(
         storage / "replica" / "uni", storage / "root", tmp_path / "keys" / "server", tmp_path / "serve.log"
     )
@@ -78,7 +75,7 @@ def test_a_replica_changed_while_serve_runs_regenerates_nothing(sites: Sites) ->
 
 
 def test_a_journal_site_job_naming_another_finished_job_is_not_believed(
-    data_dir: Path, tmp_path: Path
+    databases: Databases, tmp_path: Path
 ) -> None:
     """Item 4: a killed --site search's journal whose `site-job` record is changed to name another job
     that finished (another output): the run again must not say "the storage site already holds" and exit 0
@@ -87,7 +84,7 @@ def test_a_journal_site_job_naming_another_finished_job_is_not_believed(
     from tests.integration import test_resume as resume
     from tests.integration.test_trust import _Factory
 
-    data = resume.data.__wrapped__(data_dir, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
+    data = resume.data.__wrapped__(databases, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
     (tmp_path / "root").mkdir()
     subprocess.run(["cp", "-r", str(data.db.parent), str(tmp_path / "replica")], check=True)
     paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")

@@ -10,6 +10,7 @@ import pytest
 from paramedic.ship.client import SiteError
 from paramedic.site.store import Quota
 from tests.integration.test_site_faults import _ship_ranges, make_site, world  # noqa: F401  (fixtures)
+from tests.support.databases import Databases
 
 pytestmark = pytest.mark.integration
 
@@ -100,8 +101,8 @@ def test_a_regeneration_that_never_returns_fails_its_job_and_is_killed(
     from paramedic.ship import blast_codec
     from paramedic.site.server import ServeSettings
     from tests.conftest import paramedic, take_fasta
-    from tests.integration.site import start_site
     from tests.integration.test_trust import run_bounded
+    from tests.support.site import start_site
 
     take_fasta(data_dir / "mmseqs2" / "DB.fasta", tmp_path / "db.fasta", 40)
     take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", tmp_path / "q.fasta", 3)
@@ -160,7 +161,7 @@ def test_an_inbox_client_waits_no_longer_than_its_timeout_whatever_progress_says
     from paramedic.ship.transport import SiteAddress
     from paramedic.site.inbox import InboxWatcher
     from paramedic.site.server import ServeSettings
-    from tests.integration.site import start_site
+    from tests.support.site import start_site
 
     (tmp_path / "root").mkdir()
     settings = ServeSettings(inbox_world["replica"], tmp_path / "root", "127.0.0.1:0", None, io_workers=1)
@@ -201,14 +202,10 @@ def test_an_inbox_client_waits_no_longer_than_its_timeout_whatever_progress_says
 
 
 @pytest.fixture(scope="module")
-def inbox_world(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from tests.conftest import paramedic, take_fasta
-
+def inbox_world(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("inbox-trust")
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "db.fasta", 40)
-    paramedic("format", "--in", str(base / "db.fasta"), "--dbtype", "prot", "--fragments", "2",
-              "--out", str(base / "db" / "uni"), "--quiet")  # fmt: skip
-    paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
+    databases.place(base, 40, fragments=2)
+    databases.keys(base / "keys")
     return {"replica": base / "db" / "uni", "keys": base / "keys"}
 
 
@@ -221,7 +218,7 @@ def test_one_compute_site_cannot_take_all_the_space_without_a_site_quota(make_si
     import uuid
 
     from paramedic.ship.wire import recv_frame, send_frame
-    from tests.integration.site import sha256
+    from tests.support.site import sha256
 
     disk = tmp_path / "disk"
     disk.mkdir()

@@ -136,24 +136,56 @@ def test_a_volume_in_use_is_never_evicted_and_one_that_does_not_fit_is_searched_
     assert tiny.stats.in_place == ["f000"] and tiny.stats.copies == 0
 
 
-def _copy_in_process(cache_dir: Path, db: Path, fragment: int, queue) -> None:
+class GatedReplica(LocalReplica):
+    """A real directory whose reads wait for `gate`: a copy stays under way until the test lets it go."""
+
+    def __init__(self, directory: Path, gate):
+        super().__init__(directory)
+        self.gate = gate
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        assert self.gate.wait(60), "the test never opened the gate"
+        return super().read(name, offset, length)
+
+
+def _copy_in_process(cache_dir: Path, db: Path, fragment: int, queue, gate) -> None:
     manifest = Manifest.from_json((db / MANIFEST_NAME).read_text())
     cache = StageCache(cache_dir)
-    with cache.use(manifest, fragment, db, lambda: replicas(db, delay=0.05, stripe=4096)) as place:
+    opened = lambda: ReplicaSet([GatedReplica(db, gate)], stripe_bytes=4096)  # noqa: E731
+    with cache.use(manifest, fragment, db, opened) as place:
         queue.put((str(place), cache.stats.copies, cache.stats.hits, cache.stats.wait_seconds))
 
 
+def blocked_on_flock(pids: set[int]) -> set[int]:
+    """Which of `pids` wait for a flock now (the kernel's own list: /proc/locks, "->" lines)."""
+    waiting = set()
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "->" and fields[2] == "FLOCK" and int(fields[5]) in pids:
+            waiting.add(int(fields[5]))
+    return waiting
+
+
 def test_workers_on_one_node_share_one_copy(tmp_path):
-    """Three processes ask for the same volume at once: one copies, the others wait and use its copy."""
+    """Three processes ask for the same volume at once: one copies, the others wait and use its copy.
+    The copy is held open until the kernel shows both others blocked on the volume's lock, so that they
+    waited for it whatever the machine's load (it was a race: a late process found the copy done)."""
     make_db(tmp_path / "db")
     context = multiprocessing.get_context("fork")
-    queue = context.Queue()
+    queue, gate = context.Queue(), context.Event()
     procs = [
-        context.Process(target=_copy_in_process, args=(tmp_path / "cache", tmp_path / "db", 2, queue))
+        context.Process(target=_copy_in_process, args=(tmp_path / "cache", tmp_path / "db", 2, queue, gate))
         for _ in range(3)
     ]
     for proc in procs:
         proc.start()
+    pids = {proc.pid for proc in procs if proc.pid is not None}
+    deadline = time.monotonic() + 60
+    while len(blocked_on_flock(pids)) < 2:  # two wait; the third is in its (gated) copy
+        assert time.monotonic() < deadline, "the other two never waited for the copy"
+        time.sleep(0.01)
+    time.sleep(0.15)  # they are blocked: each one's wait is now longer than the 0.1 s asserted below
+    gate.set()
     results = [queue.get(timeout=60) for _ in procs]
     for proc in procs:
         proc.join(timeout=30)

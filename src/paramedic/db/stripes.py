@@ -488,10 +488,17 @@ class ReplicaSet:
                 use.wasted += size
                 return False
             stripe.done_by = r
-            for other in stripe.holders:  # re-issued to us because its holder was too slow: say so,
-                held = self.uses[other]  # unless it is as fast as we are (a read of it that stalled once)
-                known_fast = held.measured() and held.rate * self.skip_ratio >= use.rate
-                if other != r and held.dropped is None and held.skipped is None and not known_fast:
+            ours = stripe.holders.get(r, now)
+            for other, since in stripe.holders.items():  # re-issued to us because its holder was too slow:
+                held = self.uses[other]  # say so, unless it re-issued the stripe itself and lost the race,
+                known_fast = held.measured() and held.rate * self.skip_ratio >= use.rate  # or is as fast
+                if (  # as we are (a read of it that stalled once)
+                    other != r
+                    and since < ours
+                    and held.dropped is None
+                    and held.skipped is None
+                    and not known_fast
+                ):
                     held.skipped = f"slow: overtaken by {use.label}, which read a stripe it held first"
             self.cond.notify_all()
             return True

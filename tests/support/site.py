@@ -1,10 +1,12 @@
-"""Helpers for the two-site tests: a real `paramedic serve` process, and a TCP proxy that cuts a connection.
+"""The storage site for every test that needs one: a real `paramedic serve` process, a TCP proxy that cuts
+a connection, and a `SiteServer` in the test process.
 
-`StorageSite` runs the storage-site daemon as a user would (subprocess, real TLS), logs its stderr to a file,
-and can be killed with SIGKILL and restarted on the same port. `CuttingProxy` forwards TCP bytes between a
-compute site and the server and, once, closes both sides of a connection mid-transfer. `start_site` runs a
-`SiteServer` in this process (real sockets, real TLS 1.3, real files) with limits small enough that a
-fault probe takes seconds.
+`StorageSite` runs the storage-site daemon as a user would (subprocess, real TLS and/or a shared-directory
+inbox), logs its stderr to a file, and can be killed with SIGKILL and restarted on the same port; it is
+the one `paramedic serve` harness (a test that needs another flag passes it in `extra`). `CuttingProxy`
+forwards TCP bytes between a compute site and the server and, once, closes both sides of a connection
+mid-transfer. `start_site` runs a `SiteServer` in this process (real sockets, real TLS 1.3, real files)
+with limits small enough that a fault probe takes seconds.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from paramedic.site.server import ServeSettings, SiteServer
 from tests.conftest import BIN
 
 LISTENING = re.compile(r"listening on [^ ]*:(\d+) ")
+INBOX_READY = re.compile(r"watching inbox ")
 
 
 class StorageSite:
@@ -37,15 +40,17 @@ class StorageSite:
         self,
         replica: Path | None,  # None: a site without a replica (traces and plain output only)
         root: Path,
-        keys: Path,
+        keys: Path | None,  # None: no TLS listener (an inbox site taking unsigned jobs)
         log: Path,
         io_workers: int = 2,
         extra: tuple[str, ...] = (),
+        inbox: Path | None = None,  # a shared-directory inbox the site watches (`serve --inbox`)
     ):
         self.extra = extra  # more `paramedic serve` flags
         self.replica = replica
         self.root = root
         self.keys = keys
+        self.inbox = inbox
         self.log_path = log
         self.io_workers = io_workers
         self.port = 0  # 0 until the first start: then the port it bound, kept for restarts
@@ -64,9 +69,10 @@ class StorageSite:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         argv = [
             str(BIN / "paramedic"), "serve", *(["--replica", str(self.replica)] if self.replica else []), "--root", str(self.root),
-            "--listen", f"127.0.0.1:{self.port}", "--keys", str(self.keys), "--io-workers", str(self.io_workers),
-            *self.extra,
+            *(["--listen", f"127.0.0.1:{self.port}", "--keys", str(self.keys)] if self.keys else []),
+            *(["--inbox", str(self.inbox)] if self.inbox else []), "--io-workers", str(self.io_workers), *self.extra,
         ]  # fmt: skip
+        ready = LISTENING if self.keys else INBOX_READY  # an inbox site says so before it listens, if it does
         # the daemon's BLAST+ temporary files stay beside its log: a test that kills it leaves nothing in /tmp
         tmp = self.log_path.with_name(self.log_path.name + ".tmp")
         tmp.mkdir(exist_ok=True)
@@ -77,9 +83,9 @@ class StorageSite:
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            match = LISTENING.search(self.log()[offset:])
+            match = ready.search(self.log()[offset:])
             if match:
-                self.port = int(match.group(1))
+                self.port = int(match.group(1)) if self.keys else 0
                 return
             if self.proc.poll() is not None:
                 raise AssertionError(f"paramedic serve exited {self.proc.returncode}:\n{self.log()[offset:]}")

@@ -1,0 +1,118 @@
+"""A whole search job run by the ranks of this very test process (launch.run_under_mpi, roles, ranks,
+partitions, mpiio), as `paramedic search` runs it under a user's own `mpiexec`: real BLAST+, a real
+small database, the output checked byte for byte against one BLAST+ run on the unsplit database.
+
+Every rank calls `paramedic.cli.main` with the same arguments; rank 0 prepares the job and masters it,
+the others work. The child processes a rank starts itself (makeblastdb, blastp) get an environment
+without the MPI launcher's variables, so that they are not mistaken for ranks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mpi4py import MPI
+
+from paramedic.cli import main
+from tests.conftest import DATA, take_fasta
+
+WORLD = MPI.COMM_WORLD
+
+
+def plain_env() -> dict[str, str]:
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "MPI", "HYDRA", "OMPI"))
+    }
+
+
+def run(*argv: str, cwd: Path) -> None:
+    subprocess.run(argv, cwd=cwd, env=plain_env(), check=True, capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[Path]:
+    """Rank 0 builds it: 300 proteins in 3 fragments, the reference database, 4 queries, BLAST+'s
+    tabular output; every rank gets its path (or the reason it could not be built)."""
+    made = None
+    if WORLD.Get_rank() == 0:
+        tools = all(shutil.which(t) for t in ("blastp", "makeblastdb"))
+        if tools and (DATA / ".complete").exists():
+            import tempfile
+
+            root = Path(tempfile.mkdtemp(prefix="paramedic-mpi-job-"))
+            take_fasta(DATA / "mmseqs2" / "DB.fasta", root / "db.fasta", 300)
+            take_fasta(DATA / "mmseqs2" / "QUERY.fasta", root / "q.fasta", 4)
+            paramedic = str(Path(os.sys.executable).parent / "paramedic")
+            run(paramedic, "format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "3", "--out",
+                "db/uni", "--quiet", cwd=root)  # fmt: skip
+            run(
+                "makeblastdb",
+                "-in",
+                "db.fasta",
+                "-dbtype",
+                "prot",
+                "-parse_seqids",
+                "-out",
+                "ref/db",
+                cwd=root,
+            )
+            run("blastp", "-query", "q.fasta", "-db", "ref/db", "-outfmt", "6", "-out", "ref.tsv", cwd=root)
+            made = str(root)
+    path = WORLD.bcast(made, root=0)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("BLAST+ or the data missing (make setup data)")
+        pytest.skip("BLAST+ or the data missing (make setup data)")
+    yield Path(path)
+    WORLD.Barrier()
+    if WORLD.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def search(site: Path, out: str, *flags: str) -> int:
+    argv = ["search", "blastp", "-query", str(site / "q.fasta"), "-db", str(site / "db/uni"), "-outfmt", "6",
+            "-out", str(site / out), "--quiet", *flags]  # fmt: skip
+    code = main(argv)
+    WORLD.Barrier()
+    return code
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--strategy", "fragments"),
+        ("--strategy", "queries"),
+        ("--strategy", "fragments", "--output-strategy", "worker-individual"),
+        ("--strategy", "fragments", "--output-strategy", "worker-collective"),
+        ("--strategy", "fragments", "--output-strategy", "worker-merge"),
+    ],
+    ids=lambda flags: "-".join(f.lstrip("-") for f in flags),
+)
+def test_a_job_on_these_ranks_writes_what_blast_writes(site: Path, flags: tuple[str, ...]) -> None:
+    out = "out-" + "-".join(f.lstrip("-") for f in flags) + f"-{WORLD.Get_size()}.tsv"
+    assert search(site, out, *flags) == 0
+    if WORLD.Get_rank() == 0:
+        assert (site / out).read_bytes() == (site / "ref.tsv").read_bytes()
+        assert not [p for p in site.iterdir() if p.name.startswith(".") and out in p.name]
+
+
+def test_partitions_on_these_ranks_write_what_blast_writes(site: Path) -> None:
+    """A supermaster and partition masters (--partition-size 2), when there are ranks enough."""
+    if WORLD.Get_size() < 4:
+        pytest.skip("partitions need a supermaster and two partitions of a master and a worker")
+    out = f"out-partitions-{WORLD.Get_size()}.tsv"
+    assert search(site, out, "--strategy", "fragments", "--partition-size", "2") in (0,)
+    if WORLD.Get_rank() == 0:
+        assert (site / out).read_bytes() == (site / "ref.tsv").read_bytes()
+
+
+def test_a_refused_job_is_one_exit_code_on_every_rank(site: Path) -> None:
+    """A bad request is refused by rank 0 while it prepares the job: every rank returns the code, none
+    hangs or aborts the others."""
+    code = search(site, "never.tsv", "--strategy", "fragments", "-evalue", "not-a-number")
+    assert code != 0
+    assert not (site / "never.tsv").exists()
