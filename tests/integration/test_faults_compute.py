@@ -68,7 +68,8 @@ def start_long_search(site: Path, tmp_path: Path, runner: str = "mpi") -> tuple[
     out = tmp_path / "o.txt"
     proc = subprocess.Popen(
         [str(BIN / "paramedic"), "search", "blastp", "-query", str(site / "q100.fasta"), "-db",
-         str(site / "dbs/db"), "-out", str(out), "--np", "2", "--strategy", "fragments", "--runner", runner],
+         str(site / "dbs/db"), "-out", str(out), "--np", "2", "--strategy", "fragments", "--runner", runner,
+         "--fragment-groups", "off"],  # many tasks: long enough to stop in the middle
         cwd=tmp_path, env=env_with_tmp(tmp_path / "tmp"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     deadline = time.monotonic() + 60

@@ -26,7 +26,18 @@ pytestmark = pytest.mark.integration
 QUERIES = 60
 FRAGMENTS = 6
 # Small search tasks and one query per report piece: many tasks of each kind, so a kill lands between two.
-ENGINE = ["--strategy", "fragments", "--batch", "6", "--regen-batch", "1", "--quiet"]
+# every fragment its own search (not grouped), so that a kill falls among many journaled searches
+ENGINE = [
+    "--strategy",
+    "fragments",
+    "--fragment-groups",
+    "off",
+    "--batch",
+    "6",
+    "--regen-batch",
+    "1",
+    "--quiet",
+]
 
 
 @dataclass
