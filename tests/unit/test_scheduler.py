@@ -4,6 +4,7 @@ import pytest
 
 from paramedic.blast.hits import Hit
 from paramedic.engine.plan import fragment_groups, make_plan, search_units
+from paramedic.engine.plan import grouped as group
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
 from tests.unit.fragments import searched
 
@@ -292,13 +293,13 @@ def test_fragment_groups_are_consecutive_and_even_by_residues(
     assert fragment_groups(residues, units) == groups
 
 
-def test_grouping_is_asked_for_and_follows_the_batches() -> None:
+def test_grouping_follows_the_batches() -> None:
     common = dict(
         program="blastp", query_lengths=[300] * 40, fragment_residues=[10**7] * 8, workers=2, hitlist_size=500,
         startup_seconds=0.05, stitchable=True, blast_batches=[range(0, 34), range(34, 40)], traceback_once=True,
     )  # fmt: skip
     plain = make_plan(**common)  # type: ignore[arg-type]
-    grouped = make_plan(**common, group_fragments=True)  # type: ignore[arg-type]
+    grouped = group(plain, [10**7] * 8, 2)
     assert plain.n_fragments == 8 and not plain.groups
     assert grouped.batches == plain.batches and grouped.pieces == plain.pieces
     assert grouped.n_fragments == search_units(8, len(plain.batches), 2) == len(grouped.groups)

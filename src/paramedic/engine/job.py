@@ -34,7 +34,7 @@ from paramedic.db.seqids import SeqIdTable
 from paramedic.db.stage import StageCache, check_stageable
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata
-from paramedic.engine.plan import DEFAULT_REGEN_GROUP, make_plan
+from paramedic.engine.plan import DEFAULT_REGEN_GROUP, grouped, make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings, StageSettings
 from paramedic.engine.staging import open_replicas
@@ -81,7 +81,10 @@ class Job:
     stage_nodes: tuple[tuple[str, tuple[int, ...]], ...] | None = None
 
     def plan(self, workers: int) -> Plan:
-        return make_plan(workers=workers, **self.plan_inputs)  # type: ignore[arg-type]
+        inputs = dict(self.plan_inputs)
+        group = inputs.pop("group_fragments", False)
+        plan = make_plan(workers=workers, **inputs)  # type: ignore[arg-type]
+        return grouped(plan, inputs["fragment_residues"], workers) if group else plan  # type: ignore[arg-type]
 
     def journal_identity(self) -> dict[str, object]:
         """What the journaled work depends on: a journal made with anything else is not continued."""

@@ -51,7 +51,6 @@ def make_plan(
     blast_batches: Sequence[range] = (),
     search_filled_again: bool = True,
     traceback_once: bool = False,
-    group_fragments: bool = False,
 ) -> Plan:
     """The plan; every search batch and every piece (a BLAST+ run that writes part of the report) is cut
     only where BLAST+ itself starts a batch of the user's query file (`blast_batches`,
@@ -60,78 +59,7 @@ def make_plan(
 
     With `traceback_once` a piece's regeneration is the only traceback of its queries, against the union
     of their whole preliminary lists: pieces are as small as BLAST+'s batches allow (one batch each), so
-    that union stays small.
-
-    With `group_fragments` (the whole database fits in each worker's memory) consecutive fragments are
-    searched together (`fragment_groups`)."""
-    plan = _aligned_plan(
-        program,
-        query_lengths,
-        fragment_residues,
-        workers,
-        hitlist_size,
-        startup_seconds,
-        stitchable,
-        batch,
-        piece_queries,
-        query_segmentation,
-        keep_alignments,
-        blast_batches,
-        search_filled_again,
-        traceback_once,
-    )
-    if not group_fragments or plan.query_segmentation:
-        return plan
-    groups = fragment_groups(
-        fragment_residues, search_units(len(fragment_residues), len(plan.batches), workers)
-    )
-    if len(groups) == plan.n_fragments:
-        return plan
-    return dataclasses.replace(plan, n_fragments=len(groups), groups=groups)
-
-
-def search_units(fragments: int, batches: int, workers: int) -> int:
-    """How many searches a batch's fragments are grouped into: enough that every worker has a search of
-    every batch, and twice as many searches as workers over the job (so a slow worker's share moves to
-    the others), never more than the fragments. Each search pays a BLAST+ start and the lookup table of
-    its batch's queries (0.2 s for 12 proteins); a fragment searched alone pays them once per fragment."""
-    return max(1, min(fragments, max(workers, math.ceil(2 * workers / max(1, batches)))))
-
-
-def fragment_groups(fragment_residues: Sequence[int], units: int) -> tuple[tuple[int, ...], ...]:
-    """`units` groups of consecutive fragments, cut where the residues reach each unit's even share."""
-    total = sum(fragment_residues)
-    groups: list[tuple[int, ...]] = []
-    current: list[int] = []
-    done = 0
-    for fragment, residues in enumerate(fragment_residues):
-        current.append(fragment)
-        done += residues
-        left_fragments = len(fragment_residues) - fragment - 1
-        left_units = units - len(groups) - 1
-        if left_units > 0 and (done >= total * (len(groups) + 1) / units or left_fragments == left_units):
-            groups.append(tuple(current))
-            current = []
-    groups.append(tuple(current))
-    return tuple(g for g in groups if g)
-
-
-def _aligned_plan(
-    program: str,
-    query_lengths: Sequence[int],
-    fragment_residues: Sequence[int],
-    workers: int,
-    hitlist_size: int,
-    startup_seconds: float,
-    stitchable: bool,
-    batch: int | None,
-    piece_queries: int | None,
-    query_segmentation: bool,
-    keep_alignments: bool,
-    blast_batches: Sequence[range],
-    search_filled_again: bool,
-    traceback_once: bool,
-) -> Plan:
+    that union stays small."""
     if traceback_once and blast_batches and piece_queries is None:
         piece_queries = 1  # each cut moves forward to the next BLAST+ batch: one piece per batch
     plan = _make_plan(
@@ -168,6 +96,45 @@ def _aligned_plan(
         search_filled_again,
         traceback_once and not plan.query_segmentation,
     )
+
+
+def grouped(plan: Plan, fragment_residues: Sequence[int], workers: int) -> Plan:
+    """`plan` with consecutive fragments searched together (`fragment_groups`; the whole database fits in
+    each worker's memory), as few searches as keep the workers busy (`search_units`)."""
+    if plan.query_segmentation:
+        return plan
+    groups = fragment_groups(
+        fragment_residues, search_units(len(fragment_residues), len(plan.batches), workers)
+    )
+    if len(groups) == plan.n_fragments:
+        return plan
+    return dataclasses.replace(plan, n_fragments=len(groups), groups=groups)
+
+
+def search_units(fragments: int, batches: int, workers: int) -> int:
+    """How many searches a batch's fragments are grouped into: enough that every worker has a search of
+    every batch, and twice as many searches as workers over the job (so a slow worker's share moves to
+    the others), never more than the fragments. Each search pays a BLAST+ start and the lookup table of
+    its batch's queries (0.2 s for 12 proteins); a fragment searched alone pays them once per fragment."""
+    return max(1, min(fragments, max(workers, math.ceil(2 * workers / max(1, batches)))))
+
+
+def fragment_groups(fragment_residues: Sequence[int], units: int) -> tuple[tuple[int, ...], ...]:
+    """`units` groups of consecutive fragments, cut where the residues reach each unit's even share."""
+    total = sum(fragment_residues)
+    groups: list[tuple[int, ...]] = []
+    current: list[int] = []
+    done = 0
+    for fragment, residues in enumerate(fragment_residues):
+        current.append(fragment)
+        done += residues
+        left_fragments = len(fragment_residues) - fragment - 1
+        left_units = units - len(groups) - 1
+        if left_units > 0 and (done >= total * (len(groups) + 1) / units or left_fragments == left_units):
+            groups.append(tuple(current))
+            current = []
+    groups.append(tuple(current))
+    return tuple(g for g in groups if g)
 
 
 def aligned(pieces: Sequence[range], blast_batches: Sequence[range]) -> tuple[range, ...]:
