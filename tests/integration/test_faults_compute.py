@@ -64,10 +64,15 @@ def alive(pid: int) -> bool:
 
 
 def start_long_search(site: Path, tmp_path: Path, runner: str = "mpi") -> tuple[subprocess.Popen, Path]:
-    """A search that runs for several seconds; returns once its partial output exists."""
+    """A search that runs for several seconds; returns once its partial output exists. Its queries are
+    the 100 test queries three times over (ids made unique): the engine got fast enough that 100 could
+    end before the test stopped them."""
     out = tmp_path / "o.txt"
+    queries = tmp_path / "q300.fasta"
+    records = (site / "q100.fasta").read_text().split(">")[1:]
+    queries.write_text("".join(f">r{copy}_{record}" for copy in range(3) for record in records))
     proc = subprocess.Popen(
-        [str(BIN / "paramedic"), "search", "blastp", "-query", str(site / "q100.fasta"), "-db",
+        [str(BIN / "paramedic"), "search", "blastp", "-query", str(queries), "-db",
          str(site / "dbs/db"), "-out", str(out), "--np", "2", "--strategy", "fragments", "--runner", runner,
          "--fragment-groups", "off"],  # many tasks: long enough to stop in the middle
         cwd=tmp_path, env=env_with_tmp(tmp_path / "tmp"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
