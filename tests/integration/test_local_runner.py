@@ -84,7 +84,7 @@ def test_options_that_need_mpi_ranks_are_refused_with_runner_local(site: Path, t
 def test_a_stopped_local_job_stops_its_blast_runs_and_leaves_nothing(
     site: Path, tmp_path: Path, signum: int
 ) -> None:
-    proc, out = start_long_search(site, tmp_path, runner="local")
+    proc, out = start_long_search(site, tmp_path, runner="local", settle=0.0)
     runs = descendants(proc.pid)
     assert runs, "no BLAST+ run under the launcher: nothing to check"
     proc.send_signal(signum)
