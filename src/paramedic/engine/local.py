@@ -48,6 +48,8 @@ from paramedic.report.record import RankStats, RunRecord
 
 # How often the master looks up from waiting for a result (an interrupt is raised between looks).
 WAIT_SECONDS = 0.5
+# How long a stopped job waits for each worker thread to end once its BLAST+ runs are killed.
+STOP_SECONDS = 10.0
 
 
 def run_local_job(job: Job, workers: int, command: list[str]) -> RunRecord:
@@ -66,7 +68,12 @@ def run_local_job(job: Job, workers: int, command: list[str]) -> RunRecord:
             else thread_runner(job, plan, workdir, store, workers)
         )
         # ranks as an MPI job of the same workers counts them: the master and one per worker
-        record = run_master(job, plan, workers + 1, runner, command, journal, replay, store)
+        try:
+            record = run_master(job, plan, workers + 1, runner, command, journal, replay, store)
+        except Exception:
+            if job.verified is not None:
+                job.verified()  # a damaged database is the error to say, whatever a BLAST+ run met
+            raise
         record.runner = "local"
         return record
     finally:
@@ -116,11 +123,15 @@ def thread_runner(job: Job, plan: Plan, workdir: Path, store: Store | None, work
         try:
             _drive(master, inboxes, results)
         except BaseException:
-            stop_children()  # the workers' BLAST+ runs, so no thread outlives the job by much
-            raise
-        finally:
+            stop_children()  # the workers' BLAST+ runs, so that each thread ends at once
             for inbox in inboxes.values():
                 inbox.put(None)
+            for t in threads:  # before the job's directories go: no thread outlives the job
+                t.join(timeout=STOP_SECONDS)
+            stop_children()  # a fork server a thread started meanwhile
+            raise
+        for inbox in inboxes.values():
+            inbox.put(None)
         for t in threads:
             t.join()
         return [figures[w] for w in sorted(figures)]
@@ -160,7 +171,7 @@ def _drive(
                 worker, outcome = results.get(timeout=WAIT_SECONDS)
                 break
             except queue.Empty:
-                continue
+                master.confirm_if_failed()  # a damaged database ends the job now, not at a result
         busy -= 1
         idle.append(worker)
         if isinstance(outcome, BaseException):
@@ -179,14 +190,13 @@ def _work(
     stats: RankStats,
 ) -> None:
     """A worker thread: tasks from its inbox until None; a failure goes to the master, which raises it."""
-    workdir.mkdir()
-    warm_up(job.program)  # this thread's plain BLAST+ fork server starts now, ready for its first piece
-    while (task := inbox.get()) is not None:
-        try:
+    try:
+        workdir.mkdir()
+        warm_up(job.program)  # this thread's plain BLAST+ fork server starts now, ready for its first piece
+        while (task := inbox.get()) is not None:
             results.put((worker, execute(task, job, plan, workdir, stats, store)))
-        except BaseException as exc:  # the master ends the job with it
-            results.put((worker, exc))
-            break
+    except BaseException as exc:  # the master ends the job with it (or has ended it already)
+        results.put((worker, exc))
     stats.python_cpu_seconds = round(time.thread_time(), 3)  # this thread's own
     stats.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's
     stats.peak_blast_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
