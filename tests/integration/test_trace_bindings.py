@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from paramedic.trace import clog2
-from tests.conftest import paramedic
+from tests.conftest import BIN, paramedic
 from tests.integration.test_trace import OMPI_ENV, ROOT, check_structure, need, state_counts
 
 pytestmark = pytest.mark.integration
@@ -106,3 +106,41 @@ def test_fortran_2008_bindings_are_refused(tmp_path: Path) -> None:
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("paramedic: error: this program") and "Fortran 2008 bindings" in last
     assert list(run.iterdir()) == []
+
+
+MPI4PY = """from mpi4py import MPI
+import numpy as np
+c = MPI.COMM_WORLD
+a = np.zeros(4)
+for i in range(5):
+    if c.rank == 0:
+        c.Send(a, dest=1, tag=i)
+    elif c.rank == 1:
+        c.Recv(a, source=0, tag=i)
+c.Allreduce(MPI.IN_PLACE, a)
+"""
+
+
+def test_large_count_calls_are_traced(tmp_path: Path) -> None:
+    """mpi4py 4 on an MPI-4 library (the mpich wheel) calls MPI_Send_c, MPI_Recv_c, MPI_Allreduce_c: without
+    the large-count wrappers its trace held only MPI_Finalize. (Its pickle-based `recv` goes through
+    MPI_Mprobe and MPI_Mrecv, which the tracer does not wrap yet.)"""
+    (tmp_path / "p.py").write_text(MPI4PY)
+    out = tmp_path / "p.clog2"
+    paramedic(
+        "trace",
+        "-out",
+        str(out),
+        "--",
+        str(BIN / "mpiexec"),
+        "-n",
+        "2",
+        str(BIN / "python"),
+        str(tmp_path / "p.py"),
+    )
+    trace = clog2.read(out.read_bytes())
+    check_structure(trace, 2)
+    both = {STATES["Allreduce"]: 1, STATES["Finalize"]: 1}
+    assert state_counts(trace, 0) == Counter({STATES["Send"]: 5, **both})
+    assert state_counts(trace, 1) == Counter({STATES["Recv"]: 5, **both})
+    assert int((trace.records.head[:, 3] == 7).sum()) == 10

@@ -22,6 +22,7 @@ SOURCE = NATIVE / "clogtrace.c"
 STATES = NATIVE / "clogtrace_states.h"
 MERGE = NATIVE / "clogtrace_merge.h"
 FORTRAN = NATIVE / "clogtrace_fortran.h"
+BIGCOUNT = NATIVE / "clogtrace_bigcount.h"
 AUDIT = NATIVE / "clogaudit.c"
 FALLBACK_COMPILERS = {"openmpi": "mpicc.openmpi", "mpich": "mpicc.mpich"}
 
@@ -73,7 +74,7 @@ def library(mpiexec: str) -> tuple[Path, str]:
         SOURCE,
         compiler=compiler,
         flags=(f"-I{NATIVE}", "-lm", "-ldl"),
-        depends=(STATES, MERGE, FORTRAN),
+        depends=(STATES, MERGE, FORTRAN, BIGCOUNT),
         variant=kind,
     )
     if lib is None:

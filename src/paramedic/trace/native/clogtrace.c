@@ -485,3 +485,4 @@ int MPI_Comm_free(MPI_Comm *comm) {
 }
 
 #include "clogtrace_fortran.h"
+#include "clogtrace_bigcount.h"
