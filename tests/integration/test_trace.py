@@ -246,6 +246,8 @@ def test_trace_ships_to_a_site_without_replica(tmp_path: Path, keys: Path, rando
         assert (
             decision["mode"] in ("metadata", "compressed")
             and decision["link"]["bandwidth_bytes_per_second"] > 0
+            and decision["c_compress_seconds"] >= 0
+            and "B*(f+g-c)" in decision["reason"]
         )
         assert json.loads(auto.read_text())["ship"]["mode"] == decision["mode"]
 

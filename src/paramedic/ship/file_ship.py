@@ -9,7 +9,8 @@ modes:
     --ship compressed  the file zstd-compressed, in ranges
     --ship direct      the file as it is, in ranges
     --ship auto        measure the link, then the ParaMEDIC rule (ship.auto.ship_metadata) on this file's
-                       real sizes and times: metadata when D - x > B * (f + g), g estimated by decoding here
+                       real sizes and times: metadata when D - x > B * (f + g - c), g estimated by decoding
+                       here, c the compressed path's own zstd
 
 The site job's id is derived from `-out`, the codec and the file's digest: the same command run again
 reopens a stopped run's job (the site keeps what it acknowledged) or learns that the file is there.
@@ -30,6 +31,7 @@ from paramedic.report.record import ShipReport
 from paramedic.ship.apps import Application
 from paramedic.ship.auto import COMPRESSED, METADATA, measure_link, ship_metadata
 from paramedic.ship.client import SiteError, finished_job
+from paramedic.ship.codecs import CompressedCodec
 from paramedic.ship.destination import Shipping, ShipSettings
 from paramedic.ship.inbox_client import finished_inbox_job
 from paramedic.ship.registry import codec_for_mode, make_codec
@@ -53,8 +55,16 @@ def _auto(
 ) -> tuple[str, dict[str, Any], Metadata, float]:
     """The mode `auto` picks for this file, the record of why, and the metadata made on the way. g is
     measured by regenerating the file here as the site would, which also checks the metadata (f is the
-    encoding alone, as the metadata path spends it)."""
-    link, _ = measure_link(settings.site, settings.keys)
+    encoding alone, as the metadata path spends it). The link is measured on a thread meanwhile (the
+    probes wait on the network, the encoding on the CPU). The compressed path's own cost, c (zstd at the
+    compressed codec's level, timed here on the way to D), is weighed too: metadata when
+    D - x > B * (f + g - c)."""
+    measured: list[Any] = [None]
+
+    def measure() -> None:
+        measured[0] = measure_link(settings.site, settings.keys)[0]
+
+    probing = _Background(measure)
     codec = _metadata_codec(app, precision)
     made, check, f = _encode_overlapped(codec, data)
     start = time.perf_counter()
@@ -66,13 +76,20 @@ def _auto(
     if rebuilt != data and check is not None:  # a layout the codec does not model: the general codec's
         made = check() or made
     meta = made[1]
-    compressed = len(zstandard.ZstdCompressor(level=3).compress(data))
+    start = time.perf_counter()
+    compressed = len(zstandard.ZstdCompressor(level=CompressedCodec.level).compress(data))
+    c = time.perf_counter() - start
+    failure = probing.wait()[1]
+    if failure is not None:
+        raise failure
+    link = measured[0]
     decision: dict[str, Any] = {
         "D_output_bytes": len(data),
         "D_compressed_bytes": compressed,
         "x_metadata_bytes": len(meta),
         "f_seconds": round(f, 4),
         "g_seconds": round(g, 4),
+        "c_compress_seconds": round(c, 4),
     }
     if link is None:
         mode, reason = (
@@ -81,9 +98,10 @@ def _auto(
         )
     else:
         bandwidth = link.bandwidth_bytes_per_second
-        mode = METADATA if ship_metadata(compressed, len(meta), bandwidth, f, g) else COMPRESSED
+        added = max(f + g - c, 0.0)
+        mode = METADATA if ship_metadata(compressed, len(meta), bandwidth, added, 0.0) else COMPRESSED
         decision["link"] = {"rtt_seconds": link.rtt_seconds, "bandwidth_bytes_per_second": bandwidth}
-        reason = f"D-x = {compressed - len(meta)} bytes vs B*(f+g) = {bandwidth * (f + g):.0f} bytes"
+        reason = f"D-x = {compressed - len(meta)} bytes vs B*(f+g-c) = {bandwidth * added:.0f} bytes"
     decision.update({"mode": mode, "reason": reason})
     return mode, decision, made, f
 
