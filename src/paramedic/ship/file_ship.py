@@ -34,7 +34,6 @@ from paramedic.ship.client import SiteError, finished_job
 from paramedic.ship.codecs import CompressedCodec
 from paramedic.ship.destination import Shipping, ShipSettings
 from paramedic.ship.inbox_client import finished_inbox_job
-from paramedic.ship.registry import codec_for_mode, make_codec
 from paramedic.ship.transport import Opening, open_transport
 from paramedic.ship.wire import MAX_PAYLOAD_BYTES, ProtocolError
 
@@ -43,8 +42,9 @@ OPEN_WAIT_ON_FAILURE = 1.0  # seconds a failed encoding waits for the site's job
 # still opening then idles out at the site, or the same command run again reopens it: its id is the same)
 
 
-def _metadata_codec(app: Application, precision: str) -> Any:
-    codec = make_codec(app.metadata_codec)
+def _codec(app: Application, mode: str, precision: str) -> Any:
+    """The application's codec for `mode` (ship.apps), told the precision of a trace's times."""
+    codec = app.codec_for(mode)
     if hasattr(codec, "precision"):
         codec.precision = precision
     return codec
@@ -65,7 +65,7 @@ def _auto(
         measured[0] = measure_link(settings.site, settings.keys)[0]
 
     probing = _Background(measure)
-    codec = _metadata_codec(app, precision)
+    codec = _codec(app, METADATA, precision)
     made, check, f = _encode_overlapped(codec, data)
     start = time.perf_counter()
     try:
@@ -119,7 +119,7 @@ def ship_file(
     encode_seconds = 0.0
     if mode == "auto":
         mode, decision, made, encode_seconds = _auto(settings, app, data, precision)
-    codec = _metadata_codec(app, precision) if mode == METADATA else codec_for_mode(mode)
+    codec = _codec(app, mode, precision)
     sha = hashlib.sha256(data)  # once: 0.03 s of CPU for a 28 MB trace each time it is not done again
     job_id = resumable_job_id(settings.out or "", codec.name, data, sha.digest())
     # an earlier run's file may have gone as the general codec's metadata: its job id is asked too
@@ -196,7 +196,7 @@ def _reship(
 ) -> ShipReport:
     """Ship `made` (checked metadata) in a new job at the site (the first one failed): an id of its own, which
     the same command run again also asks about."""
-    codec = _metadata_codec(app, precision)
+    codec = _codec(app, METADATA, precision)
     transport = open_transport(
         _opening(settings, codec.name, resumable_job_id(settings.out or "", "general", data, sha.digest()))
     )

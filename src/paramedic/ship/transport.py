@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from paramedic.errors import ParamedicError, UsageError
+from paramedic.ship.plugins import Registry
 
 
 class SiteError(ParamedicError):
@@ -107,13 +108,12 @@ class Transport(Protocol):
 
 
 TransportFactory = Callable[[Opening], Transport]
-TRANSPORTS: dict[str, TransportFactory] = {}
+TRANSPORTS: Registry[TransportFactory] = Registry("transport")
 
 
 def register_transport(scheme: str) -> Callable[[TransportFactory], TransportFactory]:
     def register(factory: TransportFactory) -> TransportFactory:
-        TRANSPORTS[scheme] = factory
-        return factory
+        return TRANSPORTS.add(scheme, factory)
 
     return register
 
