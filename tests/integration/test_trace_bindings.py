@@ -49,8 +49,9 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
-STATES = {"Send": 10, "Isend": 14, "Recv": 16, "Irecv": 17, "Sendrecv": 18, "Waitall": 21, "Barrier": 30,
-          "Bcast": 31, "Allreduce": 33, "Finalize": 2}  # fmt: skip
+STATES = {"Send": 10, "Isend": 14, "Recv": 16, "Irecv": 17, "Sendrecv": 18, "Waitall": 21, "Waitsome": 27,
+          "Barrier": 30, "Bcast": 31, "Allreduce": 33, "Gatherv": 40, "Alltoallv": 42, "Mprobe": 62, "Mrecv": 64,
+          "Finalize": 2}  # fmt: skip
 
 
 def test_fortran_program_is_traced_call_by_call(tmp_path: Path) -> None:
@@ -112,19 +113,30 @@ MPI4PY = """from mpi4py import MPI
 import numpy as np
 c = MPI.COMM_WORLD
 a = np.zeros(4)
+b = np.zeros(4 * c.size)
 for i in range(5):
     if c.rank == 0:
         c.Send(a, dest=1, tag=i)
+        c.send(i, dest=1, tag=i)
     elif c.rank == 1:
         c.Recv(a, source=0, tag=i)
+        c.recv(source=0, tag=i)
 c.Allreduce(MPI.IN_PLACE, a)
+reqs = [c.Irecv(b[4 * j : 4 * j + 4], source=j, tag=9) for j in range(c.size)]
+reqs += [c.Isend(a, dest=j, tag=9) for j in range(c.size)]
+done = 0
+while done < len(reqs):
+    done += len(MPI.Request.Waitsome(reqs))
+c.Gatherv(a, [b, [4] * c.size], root=0)
+c.Alltoallv([b, [4] * c.size], [b.copy(), [4] * c.size])
 """
 
 
-def test_large_count_calls_are_traced(tmp_path: Path) -> None:
-    """mpi4py 4 on an MPI-4 library (the mpich wheel) calls MPI_Send_c, MPI_Recv_c, MPI_Allreduce_c: without
-    the large-count wrappers its trace held only MPI_Finalize. (Its pickle-based `recv` goes through
-    MPI_Mprobe and MPI_Mrecv, which the tracer does not wrap yet.)"""
+def test_mpi4py_calls_are_traced(tmp_path: Path) -> None:
+    """mpi4py 4 on an MPI-4 library (the mpich wheel) calls the large-count functions (MPI_Send_c,
+    MPI_Recv_c, MPI_Allreduce_c, MPI_Gatherv_c, ...), receives a pickled object with MPI_Mprobe and
+    MPI_Mrecv_c, and here completes its requests with MPI_Waitsome: the trace held only MPI_Finalize before
+    the large-count wrappers, and no receive of a pickled object or of a Waitsome before the others."""
     (tmp_path / "p.py").write_text(MPI4PY)
     out = tmp_path / "p.clog2"
     paramedic(
@@ -139,8 +151,14 @@ def test_large_count_calls_are_traced(tmp_path: Path) -> None:
         str(tmp_path / "p.py"),
     )
     trace = clog2.read(out.read_bytes())
-    check_structure(trace, 2)
-    both = {STATES["Allreduce"]: 1, STATES["Finalize"]: 1}
-    assert state_counts(trace, 0) == Counter({STATES["Send"]: 5, **both})
-    assert state_counts(trace, 1) == Counter({STATES["Recv"]: 5, **both})
-    assert int((trace.records.head[:, 3] == 7).sum()) == 10
+    check_structure(trace, 2)  # every receive (Mrecv's and Waitsome's too) pairs with its send
+    both = {STATES["Allreduce"]: 1, STATES["Isend"]: 2, STATES["Irecv"]: 2, STATES["Gatherv"]: 1,
+            STATES["Alltoallv"]: 1, STATES["Finalize"]: 1}  # fmt: skip
+    for rank, own in (
+        (0, {STATES["Send"]: 10}),
+        (1, {STATES["Recv"]: 5, STATES["Mprobe"]: 5, STATES["Mrecv"]: 5}),
+    ):
+        counts = state_counts(trace, rank)
+        assert counts.pop(STATES["Waitsome"]) >= 1
+        assert counts == Counter({**own, **both})
+    assert int((trace.records.head[:, 3] == 7).sum()) == 2 * (10 + 4)  # sends and receives, each once

@@ -23,6 +23,7 @@ STATES = NATIVE / "clogtrace_states.h"
 MERGE = NATIVE / "clogtrace_merge.h"
 FORTRAN = NATIVE / "clogtrace_fortran.h"
 BIGCOUNT = NATIVE / "clogtrace_bigcount.h"
+MORE = NATIVE / "clogtrace_more.h"
 AUDIT = NATIVE / "clogaudit.c"
 FALLBACK_COMPILERS = {"openmpi": "mpicc.openmpi", "mpich": "mpicc.mpich"}
 
@@ -74,7 +75,7 @@ def library(mpiexec: str) -> tuple[Path, str]:
         SOURCE,
         compiler=compiler,
         flags=(f"-I{NATIVE}", "-lm", "-ldl"),
-        depends=(STATES, MERGE, FORTRAN, BIGCOUNT),
+        depends=(STATES, MERGE, FORTRAN, BIGCOUNT, MORE),
         variant=kind,
     )
     if lib is None:
