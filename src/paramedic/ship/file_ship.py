@@ -67,6 +67,14 @@ def _auto(
     probing = _Background(measure)
     codec = _codec(app, METADATA, precision)
     made, check, f = _encode_overlapped(codec, data)
+    sizes: list[float] = []
+
+    def compress() -> None:  # zstd releases the GIL: on a thread while the metadata is decoded here
+        start = time.perf_counter()
+        sizes.append(len(zstandard.ZstdCompressor(level=CompressedCodec.level).compress(data)))
+        sizes.append(time.perf_counter() - start)
+
+    compressing = _Background(compress)
     start = time.perf_counter()
     try:
         rebuilt = b"".join(s.data for s in codec.decode(made[0], made[1], None))
@@ -76,12 +84,11 @@ def _auto(
     if rebuilt != data and check is not None:  # a layout the codec does not model: the general codec's
         made = check() or made
     meta = made[1]
-    start = time.perf_counter()
-    compressed = len(zstandard.ZstdCompressor(level=CompressedCodec.level).compress(data))
-    c = time.perf_counter() - start
-    failure = probing.wait()[1]
-    if failure is not None:
-        raise failure
+    for job in (compressing, probing):
+        failure = job.wait()[1]
+        if failure is not None:
+            raise failure
+    compressed, c = int(sizes[0]), sizes[1]
     link = measured[0]
     decision: dict[str, Any] = {
         "D_output_bytes": len(data),
