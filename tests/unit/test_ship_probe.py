@@ -56,3 +56,18 @@ def test_probes_are_sized_to_the_link_and_measure_it(link: Any, mbit: int) -> No
     assert spent < 0.6  # the 1 MiB probe alone took 0.84 s at 10 Mbit/s
     if mbit >= 100:
         assert max(simulated.sent) == auto.LARGE_PROBE  # fast links: the large probe, timed well above noise
+
+
+@pytest.mark.parametrize("mbit", [10, 100])
+def test_probes_stay_within_a_small_files_budget(link: Any, mbit: int) -> None:
+    """Deciding about a 1.2 MB trace (320 KB compressed), the probes cost at most a quarter of it."""
+    simulated = link(SimulatedLink(mbit * 1e6 / 8))
+    measured, _ = auto.measure_link(SiteAddress.parse("tls://site:7700"), Path("keys"), budget_bytes=311_563)
+    assert measured is not None and sum(simulated.sent) <= 311_563
+    assert measured.bandwidth_bytes_per_second == pytest.approx(simulated.rate, rel=0.25)
+
+
+def test_a_tiny_budget_leaves_the_first_probe_alone(link: Any) -> None:
+    simulated = link(SimulatedLink(10e6 / 8))
+    auto.measure_link(SiteAddress.parse("tls://site:7700"), Path("keys"), budget_bytes=100_000)
+    assert [s for s in simulated.sent if s] == [auto.SMALL_PROBE]

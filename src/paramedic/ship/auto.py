@@ -44,8 +44,12 @@ class Link:
     probe_bytes: int
 
 
-def measure_link(address: SiteAddress, keys: Path | None) -> tuple[Link | None, str | None]:
-    """Round trip and bandwidth to the site, and the replica's manifest checksum (None for an inbox)."""
+def measure_link(
+    address: SiteAddress, keys: Path | None, budget_bytes: int | None = None
+) -> tuple[Link | None, str | None]:
+    """Round trip and bandwidth to the site, and the replica's manifest checksum (None for an inbox).
+    `budget_bytes`: at most about this many bytes of probes (deciding about a small file, the probes
+    must not cost what sending it would): below 4 small probes' worth, the first probe alone."""
     if address.scheme == "file":
         return None, None
     assert keys is not None
@@ -57,7 +61,7 @@ def measure_link(address: SiteAddress, keys: Path | None) -> tuple[Link | None, 
             probe = SMALL_PROBE
             seconds = _timed(tls, os.urandom(probe))
             bandwidth = probe / max(seconds - rtt, 1e-6)
-            if seconds - rtt < PROBE_SECONDS:
+            if seconds - rtt < PROBE_SECONDS and (budget_bytes is None or budget_bytes >= 4 * probe):
                 # not a slow link: a second probe sized to take about PROBE_SECONDS (a 1 MiB one took 0.84 s
                 # at 10 Mbit/s, more than the file it was deciding about). The first transfer of a connection
                 # can stall on TCP's delayed acknowledgement (40 ms on Linux, whatever the rate), so the
@@ -69,6 +73,8 @@ def measure_link(address: SiteAddress, keys: Path | None) -> tuple[Link | None, 
                 large = (
                     LARGE_PROBE if quick else int(min(LARGE_PROBE, max(2 * probe, bandwidth * PROBE_SECONDS)))
                 )
+                if budget_bytes is not None:
+                    large = max(min(large, budget_bytes - 2 * probe), 2 * probe)
                 more = _timed(tls, os.urandom(large))
                 bandwidth = large / max(more - rtt, 1e-6)
                 if more > 2 * seconds:
