@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
-STATES = {"Send": 10, "Isend": 14, "Recv": 16, "Irecv": 17, "Sendrecv": 18, "Waitall": 21, "Waitsome": 27,
+STATES = {"Send": 10, "Isend": 14, "Recv": 16, "Irecv": 17, "Sendrecv": 18, "Waitall": 21, "Testall": 24, "Waitsome": 27,
           "Barrier": 30, "Bcast": 31, "Allreduce": 33, "Gatherv": 40, "Alltoallv": 42, "Mprobe": 62, "Mrecv": 64,
           "Finalize": 2}  # fmt: skip
 
@@ -73,6 +73,57 @@ def test_fortran_program_is_traced_call_by_call(tmp_path: Path) -> None:
         assert state_counts(trace, rank) == expected
     messages = trace.records.head[:, 3] == 7
     assert int(messages.sum()) == 2 * (3 * (30 + 30) + 1)  # sends and receives, each logged once
+
+
+SOME_F90 = """program some
+  use mpi
+  implicit none
+  integer :: rank, nranks, ierr, i, outcount, done, left, right
+  integer :: reqs(2), idx(2), st(MPI_STATUS_SIZE, 2)
+  double precision :: sbuf(4), rbuf(4)
+  logical :: flag
+  call MPI_Init(ierr)
+  call MPI_Comm_rank(MPI_COMM_WORLD, rank, ierr)
+  call MPI_Comm_size(MPI_COMM_WORLD, nranks, ierr)
+  right = mod(rank + 1, nranks)
+  left = mod(rank + nranks - 1, nranks)
+  sbuf = rank
+  do i = 1, 5
+    call MPI_Irecv(rbuf, 4, MPI_DOUBLE_PRECISION, left, i, MPI_COMM_WORLD, reqs(1), ierr)
+    call MPI_Isend(sbuf, 4, MPI_DOUBLE_PRECISION, right, i, MPI_COMM_WORLD, reqs(2), ierr)
+    done = 0
+    do while (done < 2)
+      call MPI_Waitsome(2, reqs, outcount, idx, st, ierr)
+      done = done + outcount
+    end do
+    call MPI_Irecv(rbuf, 4, MPI_DOUBLE_PRECISION, left, 100 + i, MPI_COMM_WORLD, reqs(1), ierr)
+    call MPI_Isend(sbuf, 4, MPI_DOUBLE_PRECISION, right, 100 + i, MPI_COMM_WORLD, reqs(2), ierr)
+    flag = .false.
+    do while (.not. flag)
+      call MPI_Testall(2, reqs, flag, MPI_STATUSES_IGNORE, ierr)
+    end do
+  end do
+  call MPI_Finalize(ierr)
+end program some
+"""
+
+
+def test_fortran_completions_by_waitsome_and_testall_are_traced(tmp_path: Path) -> None:
+    """Open MPI's Fortran MPI_Waitsome and MPI_Testall call PMPI_* directly: without their Fortran wrappers
+    the receives they completed had no message event (and check_structure found unpaired sends)."""
+    need("mpif90.openmpi", "gfortran", "mpiexec.openmpi")
+    (tmp_path / "some.f90").write_text(SOME_F90)
+    program = tmp_path / "some"
+    subprocess.run(["mpif90.openmpi", "-O1", "-o", str(program), str(tmp_path / "some.f90")], check=True)
+    out = tmp_path / "some.clog2"
+    paramedic("trace", "-out", str(out), "--", "mpiexec.openmpi", "-n", "2", str(program), env=OMPI_ENV)
+    trace = clog2.read(out.read_bytes())
+    check_structure(trace, 2)
+    for rank in range(2):
+        counts = state_counts(trace, rank)
+        assert counts.pop(STATES["Waitsome"]) >= 5 and counts.pop(STATES["Testall"]) >= 5
+        assert counts == Counter({STATES["Isend"]: 10, STATES["Irecv"]: 10, STATES["Finalize"]: 1})
+    assert int((trace.records.head[:, 3] == 7).sum()) == 2 * 2 * 10  # each rank's sends and receives
 
 
 def test_calls_taken_with_dlsym_are_traced(tmp_path: Path) -> None:
