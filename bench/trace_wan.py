@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -80,7 +81,18 @@ def traces(work: Path) -> dict[str, Path]:
     return out
 
 
-def serve(stack: contextlib.ExitStack, work: Path, keys: Path) -> tuple[Path, int]:
+def cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) of a running process, from /proc (the site's share of a ship)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def serve(stack: contextlib.ExitStack, work: Path, keys: Path) -> tuple[Path, int, int]:
     root = work / "site"
     root.mkdir()
     log = open(work / "serve.log", "w")  # noqa: SIM115 (closed by the stack)
@@ -95,7 +107,7 @@ def serve(stack: contextlib.ExitStack, work: Path, keys: Path) -> tuple[Path, in
     while time.monotonic() < deadline:
         match = LISTENING.search((work / "serve.log").read_text())
         if match:
-            return root, int(match.group(1))
+            return root, int(match.group(1)), proc.pid
         time.sleep(0.1)
     raise SystemExit("paramedic serve did not start: " + (work / "serve.log").read_text())
 
@@ -116,7 +128,7 @@ def main() -> int:
         work = Path(tmp)
         files = traces(work)
         paramedic("keys", "--out", str(work / "keys"), "--server", "localhost", "--client", "compute")
-        root, port = serve(stack, work, work / "keys")
+        root, port, site_pid = serve(stack, work, work / "keys")
         link = SharedLink(stack)
         relay = link.relay(port)
         for name, path in files.items():
@@ -126,6 +138,7 @@ def main() -> int:
             for rate in rates:
                 link.set_rate(rate)
                 row: dict[str, object] = {"trace": name, "bytes": path.stat().st_size, "rate_mbit": rate}
+                row["load"] = round(os.getloadavg()[0], 1)
                 modes = ["metadata", "compressed", "auto"] + (["lossy"] if args.precision else [])
                 for mode in modes:
                     best = float("inf")
@@ -136,11 +149,13 @@ def main() -> int:
                         if mode == "lossy":
                             flags = ["--ship", "metadata", "--trace-precision", args.precision]
                         start = time.monotonic()
+                        cpu_client, cpu_site = children_cpu(), cpu_of(site_pid)
                         paramedic(
                             "ship", str(path), "-out", out, "--site", f"tls://localhost:{relay}",
                             "--keys", str(work / "keys/compute"), *flags, "--record", str(record),
                         )  # fmt: skip
                         seconds = time.monotonic() - start
+                        cpu = (round(children_cpu() - cpu_client, 2), round(cpu_of(site_pid) - cpu_site, 2))
                         site_digest = hashlib.sha256((root / out).read_bytes()).hexdigest()
                         (root / out).unlink()
                         if mode != "lossy":
@@ -148,6 +163,7 @@ def main() -> int:
                         ship = json.loads(record.read_text())["ship"]
                         if seconds < best:
                             best = seconds
+                            row[f"{mode}_cpu"] = cpu
                             row[f"{mode}_split"] = (
                                 ship["f_encode_seconds"],
                                 ship["finish_wait_seconds"],
@@ -170,17 +186,23 @@ def main() -> int:
         "Seconds are the whole command (encode, transfer, the site's regeneration and check), the fastest of",
         f"{args.repeat} run(s); every lossless site file was identical to the local trace. Metadata split: the",
         "record's f (encode; the rebuild check included), the wait for the site after sending, g (site decode).",
+        "CPU: seconds of CPU of the `paramedic ship` command / of the site's `paramedic serve` during it, for",
+        "the run counted. Load: the 1-minute load average before the row's first command (2 cores).",
         "",
-        "| trace | CLOG2 bytes | Mbit/s | metadata s | payload | compressed s | payload | compressed/metadata | auto picks | auto s | metadata split f / wait / g"
-        + lossy
-        + " |",
-        "|---|---|---|---|---|---|---|---|---|---|---" + lossy_rule + "|",
+        "| trace | CLOG2 bytes | Mbit/s | load | metadata s | CPU | payload | compressed s | CPU | payload "
+        "| compressed/metadata | auto picks | auto s | CPU | metadata split f / wait / g" + lossy + " |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---" + lossy_rule + "|",
     ]
+
+    def cpu(pair: object) -> str:
+        return " / ".join(str(x) for x in pair)  # type: ignore[attr-defined]
+
     for r in rows:
         lines.append(
-            f"| {r['trace']} | {r['bytes']:,} | {r['rate_mbit']:g} | {r['metadata']} | {r['metadata_payload']:,} "
-            f"| {r['compressed']} | {r['compressed_payload']:,} | {float(r['compressed']) / float(r['metadata']):.1f}x "  # type: ignore[arg-type]
-            f"| {r['auto_mode']} | {r['auto']} | {' / '.join(str(x) for x in r['metadata_split'])} |"  # type: ignore[attr-defined]
+            f"| {r['trace']} | {r['bytes']:,} | {r['rate_mbit']:g} | {r['load']} | {r['metadata']} | {cpu(r['metadata_cpu'])} "
+            f"| {r['metadata_payload']:,} | {r['compressed']} | {cpu(r['compressed_cpu'])} | {r['compressed_payload']:,} "
+            f"| {float(r['compressed']) / float(r['metadata']):.1f}x "  # type: ignore[arg-type]
+            f"| {r['auto_mode']} | {r['auto']} | {cpu(r['auto_cpu'])} | {' / '.join(str(x) for x in r['metadata_split'])} |"  # type: ignore[attr-defined]
             + (f" {r['lossy']} | {r['lossy_payload']:,} |" if args.precision else "")
         )
     text = "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
 """The tracer and the ways a program reaches MPI, with real Open MPI ranks: a Fortran program (`use mpi`;
 Open MPI's Fortran functions call PMPI_* directly, so only the tracer's Fortran wrappers see its calls) is
-traced call by call, messages paired; a Fortran 2008 program (`use mpi_f08`, not wrapped) and a C program
-that takes MPI_Init from the library's handle with dlsym are refused with one line (exit 2), no file."""
+traced call by call, messages paired; a C program that takes its MPI functions from the library's handle with
+dlsym (which LD_PRELOAD does not see) is traced call by call all the same, through the audit library; a
+Fortran 2008 program (`use mpi_f08`, not wrapped) is refused with one line (exit 2), no file."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from paramedic.trace import clog2
-from tests.conftest import paramedic
+from tests.conftest import BIN, paramedic
 from tests.integration.test_trace import OMPI_ENV, ROOT, check_structure, need, state_counts
 
 pytestmark = pytest.mark.integration
@@ -26,19 +27,31 @@ F08 = """program f08
 end program f08
 """
 DLSYM = r"""#include <dlfcn.h>
+#include <mpi.h>
 #include <stdio.h>
+typedef int (*send_t)(const void *, int, MPI_Datatype, int, int, MPI_Comm);
+typedef int (*recv_t)(void *, int, MPI_Datatype, int, int, MPI_Comm, MPI_Status *);
 int main(int argc, char **argv) {
-    void *h = dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL);
+    void *h = dlopen(argv[1], RTLD_NOW | RTLD_NOLOAD);
     if (!h) { fprintf(stderr, "%s\n", dlerror()); return 1; }
     int (*init)(int *, char ***) = (int (*)(int *, char ***))dlsym(h, "MPI_Init");
     int (*fin)(void) = (int (*)(void))dlsym(h, "MPI_Finalize");
+    send_t send = (send_t)dlsym(h, "MPI_Send");
+    recv_t recv = (recv_t)dlsym(h, "MPI_Recv");
+    int rank, x = 7;
     init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    for (int i = 0; i < 5; i++) {
+        if (rank == 0) send(&x, 1, MPI_INT, 1, i, MPI_COMM_WORLD);
+        else if (rank == 1) recv(&x, 1, MPI_INT, 0, i, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
     fin();
     return 0;
 }
 """
-STATES = {"Send": 10, "Isend": 14, "Recv": 16, "Irecv": 17, "Sendrecv": 18, "Waitall": 21, "Barrier": 30,
-          "Bcast": 31, "Allreduce": 33, "Finalize": 2}  # fmt: skip
+STATES = {"Send": 10, "Isend": 14, "Recv": 16, "Irecv": 17, "Sendrecv": 18, "Waitall": 21, "Testall": 24, "Waitsome": 27,
+          "Barrier": 30, "Bcast": 31, "Allreduce": 33, "Gatherv": 40, "Alltoallv": 42, "Mprobe": 62, "Mrecv": 64,
+          "Finalize": 2}  # fmt: skip
 
 
 def test_fortran_program_is_traced_call_by_call(tmp_path: Path) -> None:
@@ -62,25 +75,141 @@ def test_fortran_program_is_traced_call_by_call(tmp_path: Path) -> None:
     assert int(messages.sum()) == 2 * (3 * (30 + 30) + 1)  # sends and receives, each logged once
 
 
-@pytest.mark.parametrize("kind", ["f08", "dlsym"])
-def test_unwrapped_bindings_are_refused(tmp_path: Path, kind: str) -> None:
-    need("mpiexec.openmpi", "gfortran" if kind == "f08" else "cc")
-    program = tmp_path / kind
-    if kind == "f08":
-        (tmp_path / "f08.f90").write_text(F08)
-        subprocess.run(["mpif90.openmpi", "-o", str(program), str(tmp_path / "f08.f90")], check=True)
-        command, reason = [str(program)], "Fortran 2008 bindings"
-    else:
-        (tmp_path / "dl.c").write_text(DLSYM)
-        subprocess.run(["cc", "-o", str(program), str(tmp_path / "dl.c"), "-ldl"], check=True)
-        command, reason = [str(program), "libmpi.so.40"], "through dlsym"
+SOME_F90 = """program some
+  use mpi
+  implicit none
+  integer :: rank, nranks, ierr, i, outcount, done, left, right
+  integer :: reqs(2), idx(2), st(MPI_STATUS_SIZE, 2)
+  double precision :: sbuf(4), rbuf(4)
+  logical :: flag
+  call MPI_Init(ierr)
+  call MPI_Comm_rank(MPI_COMM_WORLD, rank, ierr)
+  call MPI_Comm_size(MPI_COMM_WORLD, nranks, ierr)
+  right = mod(rank + 1, nranks)
+  left = mod(rank + nranks - 1, nranks)
+  sbuf = rank
+  do i = 1, 5
+    call MPI_Irecv(rbuf, 4, MPI_DOUBLE_PRECISION, left, i, MPI_COMM_WORLD, reqs(1), ierr)
+    call MPI_Isend(sbuf, 4, MPI_DOUBLE_PRECISION, right, i, MPI_COMM_WORLD, reqs(2), ierr)
+    done = 0
+    do while (done < 2)
+      call MPI_Waitsome(2, reqs, outcount, idx, st, ierr)
+      done = done + outcount
+    end do
+    call MPI_Irecv(rbuf, 4, MPI_DOUBLE_PRECISION, left, 100 + i, MPI_COMM_WORLD, reqs(1), ierr)
+    call MPI_Isend(sbuf, 4, MPI_DOUBLE_PRECISION, right, 100 + i, MPI_COMM_WORLD, reqs(2), ierr)
+    flag = .false.
+    do while (.not. flag)
+      call MPI_Testall(2, reqs, flag, MPI_STATUSES_IGNORE, ierr)
+    end do
+  end do
+  call MPI_Finalize(ierr)
+end program some
+"""
+
+
+def test_fortran_completions_by_waitsome_and_testall_are_traced(tmp_path: Path) -> None:
+    """Open MPI's Fortran MPI_Waitsome and MPI_Testall call PMPI_* directly: without their Fortran wrappers
+    the receives they completed had no message event (and check_structure found unpaired sends)."""
+    need("mpif90.openmpi", "gfortran", "mpiexec.openmpi")
+    (tmp_path / "some.f90").write_text(SOME_F90)
+    program = tmp_path / "some"
+    subprocess.run(["mpif90.openmpi", "-O1", "-o", str(program), str(tmp_path / "some.f90")], check=True)
+    out = tmp_path / "some.clog2"
+    paramedic("trace", "-out", str(out), "--", "mpiexec.openmpi", "-n", "2", str(program), env=OMPI_ENV)
+    trace = clog2.read(out.read_bytes())
+    check_structure(trace, 2)
+    for rank in range(2):
+        counts = state_counts(trace, rank)
+        assert counts.pop(STATES["Waitsome"]) >= 5 and counts.pop(STATES["Testall"]) >= 5
+        assert counts == Counter({STATES["Isend"]: 10, STATES["Irecv"]: 10, STATES["Finalize"]: 1})
+    assert int((trace.records.head[:, 3] == 7).sum()) == 2 * 2 * 10  # each rank's sends and receives
+
+
+def test_calls_taken_with_dlsym_are_traced(tmp_path: Path) -> None:
+    """MPI_Init, MPI_Send, MPI_Recv and MPI_Finalize taken with dlsym from libmpi's own handle: without the
+    audit library none of them reached the tracer (the sends were silently missing from the trace)."""
+    need("mpicc.openmpi", "mpiexec.openmpi")
+    (tmp_path / "dl.c").write_text(DLSYM)
+    program = tmp_path / "dl"
+    subprocess.run(["mpicc.openmpi", "-o", str(program), str(tmp_path / "dl.c"), "-ldl"], check=True)
+    out = tmp_path / "dl.clog2"
+    command = ["mpiexec.openmpi", "-n", "2", str(program), "libmpi.so.40"]
+    paramedic("trace", "-out", str(out), "--", *command, env=OMPI_ENV)
+    trace = clog2.read(out.read_bytes())
+    check_structure(trace, 2)
+    assert state_counts(trace, 0) == Counter({STATES["Send"]: 5, STATES["Finalize"]: 1})
+    assert state_counts(trace, 1) == Counter({STATES["Recv"]: 5, STATES["Finalize"]: 1})
+    assert int((trace.records.head[:, 3] == 7).sum()) == 10  # five sends, five receives
+
+
+def test_fortran_2008_bindings_are_refused(tmp_path: Path) -> None:
+    need("mpiexec.openmpi", "gfortran")
+    program = tmp_path / "f08"
+    (tmp_path / "f08.f90").write_text(F08)
+    subprocess.run(["mpif90.openmpi", "-o", str(program), str(tmp_path / "f08.f90")], check=True)
     run = tmp_path / "run"
     run.mkdir()
     proc = paramedic(
-        "trace", "-out", str(run / "t.clog2"), "--", "mpiexec.openmpi", "-n", "2", *command,
+        "trace", "-out", str(run / "t.clog2"), "--", "mpiexec.openmpi", "-n", "2", str(program),
         env=OMPI_ENV, check=False,
     )  # fmt: skip
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("paramedic: error: this program") and reason in last
+    assert last.startswith("paramedic: error: this program") and "Fortran 2008 bindings" in last
     assert list(run.iterdir()) == []
+
+
+MPI4PY = """from mpi4py import MPI
+import numpy as np
+c = MPI.COMM_WORLD
+a = np.zeros(4)
+b = np.zeros(4 * c.size)
+for i in range(5):
+    if c.rank == 0:
+        c.Send(a, dest=1, tag=i)
+        c.send(i, dest=1, tag=i)
+    elif c.rank == 1:
+        c.Recv(a, source=0, tag=i)
+        c.recv(source=0, tag=i)
+c.Allreduce(MPI.IN_PLACE, a)
+reqs = [c.Irecv(b[4 * j : 4 * j + 4], source=j, tag=9) for j in range(c.size)]
+reqs += [c.Isend(a, dest=j, tag=9) for j in range(c.size)]
+done = 0
+while done < len(reqs):
+    done += len(MPI.Request.Waitsome(reqs))
+c.Gatherv(a, [b, [4] * c.size], root=0)
+c.Alltoallv([b, [4] * c.size], [b.copy(), [4] * c.size])
+"""
+
+
+def test_mpi4py_calls_are_traced(tmp_path: Path) -> None:
+    """mpi4py 4 on an MPI-4 library (the mpich wheel) calls the large-count functions (MPI_Send_c,
+    MPI_Recv_c, MPI_Allreduce_c, MPI_Gatherv_c, ...), receives a pickled object with MPI_Mprobe and
+    MPI_Mrecv_c, and here completes its requests with MPI_Waitsome: the trace held only MPI_Finalize before
+    the large-count wrappers, and no receive of a pickled object or of a Waitsome before the others."""
+    (tmp_path / "p.py").write_text(MPI4PY)
+    out = tmp_path / "p.clog2"
+    paramedic(
+        "trace",
+        "-out",
+        str(out),
+        "--",
+        str(BIN / "mpiexec"),
+        "-n",
+        "2",
+        str(BIN / "python"),
+        str(tmp_path / "p.py"),
+    )
+    trace = clog2.read(out.read_bytes())
+    check_structure(trace, 2)  # every receive (Mrecv's and Waitsome's too) pairs with its send
+    both = {STATES["Allreduce"]: 1, STATES["Isend"]: 2, STATES["Irecv"]: 2, STATES["Gatherv"]: 1,
+            STATES["Alltoallv"]: 1, STATES["Finalize"]: 1}  # fmt: skip
+    for rank, own in (
+        (0, {STATES["Send"]: 10}),
+        (1, {STATES["Recv"]: 5, STATES["Mprobe"]: 5, STATES["Mrecv"]: 5}),
+    ):
+        counts = state_counts(trace, rank)
+        assert counts.pop(STATES["Waitsome"]) >= 1
+        assert counts == Counter({**own, **both})
+    assert int((trace.records.head[:, 3] == 7).sum()) == 2 * (10 + 4)  # sends and receives, each once

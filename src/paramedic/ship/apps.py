@@ -2,9 +2,12 @@
 
 An application says what it produces, which codec carries its metadata, which `--ship` modes it offers
 and what a storage site needs to regenerate its output. BLAST regenerates reports from the site's replica
-of the database; traces regenerate from the metadata alone. The CLI, the storage site and the automatic
-choice take their choices from here. A third application is one module with its codec
-(`@register_codec`, imported by `ship.registry`) and one `register_app(Application(...))` below.
+of the database; traces regenerate from the metadata alone. The CLI (`search --ship` and `paramedic ship`
+alike), the storage site and the automatic choice take their choices from here: `Application.codec_for`
+is the one place a `--ship` mode becomes a codec ("metadata": the application's own codec; the others:
+the generic codecs of ship.codecs, which know nothing of the application). A third application is one
+module with its codec (`@register_codec`), imported below, and one `register_app(Application(...))`
+(docs/CONTRIBUTING.md).
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import paramedic.ship.registry  # noqa: F401  (every codec registered)
+import paramedic.ship.blast_codec  # noqa: F401  (registers BlastMetadataCodec)
 import paramedic.ship.trace_codec  # noqa: F401  (registers TraceMetadataCodec)
-from paramedic.ship.codecs import CODECS
+from paramedic.ship.codecs import CODECS, Codec
+from paramedic.ship.plugins import Registry
+
+METADATA = "metadata"  # the `--ship` mode of an application's own codec
 
 
 @dataclass(frozen=True)
@@ -27,21 +33,35 @@ class Application:
     needs_replica: bool  # a storage site must hold a replica of the database to regenerate it
     recognises: Callable[[bytes], bool] | None = None  # from a file's first KiB: is it this one's output?
 
+    def codec_class(self, mode: str) -> type[Codec]:
+        """The codec that carries this application's output for the `--ship` choice `mode`."""
+        if mode not in self.ship_modes:
+            raise ValueError(f"{self.name} does not ship {mode!r} (it ships {', '.join(self.ship_modes)})")
+        if mode == METADATA:
+            return CODECS[self.metadata_codec]
+        for cls in CODECS.values():
+            if cls.ship_mode == mode:  # the generic codecs (ship.codecs): the output itself
+                return cls
+        raise ValueError(f"no codec ships {mode!r}")
 
-APPS: dict[str, Application] = {}
+    def codec_for(self, mode: str) -> Codec:
+        """A new codec for the `--ship` choice `mode`."""
+        return self.codec_class(mode)()
+
+
+APPS: Registry[Application] = Registry("application")
 
 
 def register_app(app: Application) -> Application:
     if app.metadata_codec not in CODECS:
         raise ValueError(f"application {app.name}: no codec {app.metadata_codec!r}")
-    APPS[app.name] = app
-    return app
+    for mode in app.ship_modes:  # every mode it offers has a codec: refused at import, not at a user's run
+        app.codec_class(mode)
+    return APPS.add(app.name, app)
 
 
 def app_named(name: str) -> Application:
-    if name not in APPS:
-        raise KeyError(f"unknown application {name!r} (known: {', '.join(APPS)})")
-    return APPS[name]
+    return APPS.named(name)
 
 
 def codec_needs_replica(codec_name: str) -> bool:
@@ -57,13 +77,14 @@ def app_for_file(head: bytes) -> Application | None:
     return None
 
 
-register_app(
+# `paramedic search --ship`: BLAST (its choices in this order in the CLI's help and messages)
+SEARCH = register_app(
     Application(
         name="blast",
         summary="BLAST+ reports, regenerated from the subject ids of each query's hits",
         command="search",
         metadata_codec="blast-metadata",
-        ship_modes=("metadata", "compressed", "direct"),
+        ship_modes=("direct", "compressed", METADATA),
         needs_replica=True,
     )
 )
@@ -73,7 +94,7 @@ register_app(
         summary="MPI communication traces (CLOG2), regenerated from their first period and differences",
         command="trace",
         metadata_codec="trace-metadata",
-        ship_modes=("metadata", "compressed", "direct"),
+        ship_modes=(METADATA, "compressed", "direct"),
         needs_replica=False,
         recognises=lambda head: head.startswith(b"CLOG-02."),
     )

@@ -28,6 +28,8 @@ from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
 PINGS = 5
 SMALL_PROBE = 64 * 1024
 LARGE_PROBE = 1024 * 1024
+PROBE_SECONDS = 0.25  # what the second probe may take
+QUICK_PROBE_SECONDS = 0.04
 
 # The two `--ship` choices the ParaMEDIC rule weighs: the metadata (the storage site writes the output)
 # against the output itself, compressed (the generic codec).
@@ -42,8 +44,12 @@ class Link:
     probe_bytes: int
 
 
-def measure_link(address: SiteAddress, keys: Path | None) -> tuple[Link | None, str | None]:
-    """Round trip and bandwidth to the site, and the replica's manifest checksum (None for an inbox)."""
+def measure_link(
+    address: SiteAddress, keys: Path | None, budget_bytes: int | None = None
+) -> tuple[Link | None, str | None]:
+    """Round trip and bandwidth to the site, and the replica's manifest checksum (None for an inbox).
+    `budget_bytes`: at most about this many bytes of probes (deciding about a small file, the probes
+    must not cost what sending it would): below 4 small probes' worth, the first probe alone."""
     if address.scheme == "file":
         return None, None
     assert keys is not None
@@ -54,12 +60,30 @@ def measure_link(address: SiteAddress, keys: Path | None) -> tuple[Link | None, 
             rtt = min(_timed(tls, b"") for _ in range(PINGS))
             probe = SMALL_PROBE
             seconds = _timed(tls, os.urandom(probe))
-            if seconds - rtt < 0.2:
-                probe = LARGE_PROBE
-                seconds = _timed(tls, os.urandom(probe))
+            bandwidth = probe / max(seconds - rtt, 1e-6)
+            if seconds - rtt < PROBE_SECONDS and (budget_bytes is None or budget_bytes >= 4 * probe):
+                # not a slow link: a second probe sized to take about PROBE_SECONDS (a 1 MiB one took 0.84 s
+                # at 10 Mbit/s, more than the file it was deciding about). The first transfer of a connection
+                # can stall on TCP's delayed acknowledgement (40 ms on Linux, whatever the rate), so the
+                # small probe is timed again first; one that still crosses within QUICK_PROBE_SECONDS may
+                # have gone in a burst, and the second probe is then LARGE_PROBE.
+                seconds = min(seconds, _timed(tls, os.urandom(probe)))
+                bandwidth = probe / max(seconds - rtt, 1e-6)
+                quick = seconds - rtt < QUICK_PROBE_SECONDS
+                large = (
+                    LARGE_PROBE if quick else int(min(LARGE_PROBE, max(2 * probe, bandwidth * PROBE_SECONDS)))
+                )
+                if budget_bytes is not None:
+                    large = max(min(large, budget_bytes - 2 * probe), 2 * probe)
+                more = _timed(tls, os.urandom(large))
+                bandwidth = large / max(more - rtt, 1e-6)
+                if more > 2 * seconds:
+                    # from the difference of the two when it is clear of the first's noise: it cancels what
+                    # both pay alike (the request, a link's burst allowance)
+                    bandwidth = (large - probe) / (more - seconds)
+                probe = large
     except (OSError, ProtocolError) as exc:
         raise tls_refusal(address, exc) or SiteError(f"cannot measure the link to {address}: {exc}") from exc
-    bandwidth = probe / max(seconds - rtt, 1e-6)
     return Link(round(rtt, 6), round(bandwidth, 1), probe), hello.get("manifest_sha256")
 
 

@@ -104,7 +104,7 @@ def _return_freed_memory() -> None:
 class BlastMetadataCodec(Codec):
     name = "blast-metadata"
     layout = "pieces"
-    ship_mode = "metadata"
+    ship_mode = None  # its `--ship` mode is the application's (ship.apps: "metadata" of blast)
     ordered = True  # a query's ids are coded against earlier queries' ids (idcodec.IdHistory)
 
     def __init__(self) -> None:

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import zstandard
 
+from paramedic.ship.plugins import Registry
 from paramedic.ship.wire import ProtocolError
 
 # The largest output range one chunk carries (the generic codecs split bigger pieces).
@@ -102,13 +103,12 @@ class Codec(ABC):
         raise NotImplementedError
 
 
-CODECS: dict[str, type[Codec]] = {}
+CODECS: Registry[type[Codec]] = Registry("codec")
 
 
 def register_codec(cls: type[Codec]) -> type[Codec]:
     """Make a codec known to both sites by its `name` (a class decorator)."""
-    CODECS[cls.name] = cls
-    return cls
+    return CODECS.add(cls.name, cls)
 
 
 @register_codec

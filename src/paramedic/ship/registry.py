@@ -1,35 +1,34 @@
-"""The codecs both ends of the link know, found by name: importing this module registers every one.
+"""What both ends of the link know, found by name: importing this module registers every codec and every
+application (ship.apps, which imports each application's codec module).
 
-`ship.codecs` holds the plugin interface, the registry itself (`CODECS`, `@register_codec`) and the generic
-codecs; an application's codec is a module of its own that registers itself when imported and imports
-`ship.codecs` (never the reverse). The storage site looks a job's codec up here by the name in the job's
-header, so a new codec is one module plus its import below.
+`ship.plugins` holds the registry pattern; `ship.codecs` the codec plugin interface, its registry
+(`CODECS`, `@register_codec`) and the generic codecs; `ship.apps` the applications and the one mapping
+from a `--ship` choice to a codec (`Application.codec_for`). The functions here answer for `paramedic
+search --ship` (the BLAST application, `apps.SEARCH`), which the engine asks; the storage site looks a
+job's codec up by the name in the job's header (`make_codec`).
 """
 
 from __future__ import annotations
 
-import paramedic.ship.blast_codec  # noqa: F401  (registers BlastMetadataCodec)
+from paramedic.ship.apps import SEARCH
 from paramedic.ship.codecs import CODECS, Codec
 from paramedic.ship.wire import ProtocolError
 
 
 def ship_modes() -> tuple[str, ...]:
-    """The `--ship` choices the codecs offer, in registration order (`auto` chooses among them)."""
-    return tuple(c.ship_mode for c in CODECS.values() if c.ship_mode is not None)
+    """The `paramedic search --ship` choices (`auto` chooses among them)."""
+    return SEARCH.ship_modes
 
 
 def ships_pieces(mode: str) -> bool:
     """Whether the `--ship` choice `mode` ships the merged subjects of pieces (the storage site writes the
     output) rather than output bytes: such a job needs the fragments strategy, which merges."""
-    return any(c.ship_mode == mode and c.layout == "pieces" for c in CODECS.values())
+    return mode in SEARCH.ship_modes and SEARCH.codec_class(mode).layout == "pieces"
 
 
 def codec_for_mode(mode: str) -> Codec:
-    """A new codec for the `--ship` choice `mode`."""
-    for cls in CODECS.values():
-        if cls.ship_mode == mode:
-            return cls()
-    raise ValueError(f"no codec ships {mode!r}")
+    """A new codec for the `paramedic search --ship` choice `mode`."""
+    return SEARCH.codec_for(mode)
 
 
 def make_codec(name: str) -> Codec:

@@ -27,7 +27,7 @@ class TraceMetadataCodec(Codec):
 
     name = "trace-metadata"
     layout = "ranges"
-    ship_mode = None  # not a `search --ship` choice: `paramedic trace` / `paramedic ship` choose it
+    ship_mode = None  # its `--ship` mode is the application's (ship.apps: "metadata" of trace)
 
     precision = "lossless"  # the precision of the files it is given (trace.precision), recorded
 

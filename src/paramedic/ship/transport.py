@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from paramedic.errors import ParamedicError, UsageError
+from paramedic.ship.plugins import Registry
 
 
 class SiteError(ParamedicError):
@@ -108,7 +109,7 @@ class Transport(Protocol):
 
 
 TransportFactory = Callable[[Opening], Transport]
-TRANSPORTS: dict[str, TransportFactory] = {}
+TRANSPORTS: Registry[TransportFactory] = Registry("transport")
 # The module that registers each scheme's transport, imported when a site of that scheme is first
 # opened: a search that ships nothing does not import TLS and its client at start.
 PLUGINS = {"tls": "paramedic.ship.client", "file": "paramedic.ship.inbox_client"}
@@ -116,8 +117,7 @@ PLUGINS = {"tls": "paramedic.ship.client", "file": "paramedic.ship.inbox_client"
 
 def register_transport(scheme: str) -> Callable[[TransportFactory], TransportFactory]:
     def register(factory: TransportFactory) -> TransportFactory:
-        TRANSPORTS[scheme] = factory
-        return factory
+        return TRANSPORTS.add(scheme, factory)
 
     return register
 

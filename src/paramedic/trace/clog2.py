@@ -393,10 +393,11 @@ def write(trace: Trace, max_size: int | None = None, order: np.ndarray | None = 
         raise TraceFormatError("CLOG2 file would exceed its recorded size")
     if trace.tails and len(trace.tails) != nblocks:
         raise TraceFormatError("CLOG2 block tails do not match the blocks")
-    out = np.zeros(total, np.uint8)
+    out = np.zeros(total + len(trace.commtable), np.uint8)  # the table in place: one copy of the file less
+    out[total:] = np.frombuffer(trace.commtable, np.uint8)
     out[:PREAMBLE_SIZE] = np.frombuffer(trace.preamble, np.uint8)
     # offsets and sizes are multiples of 8: records are placed as 8-byte words, not bytes
-    out_words = out.view(np.uint64)
+    out_words = out[:total].view(np.uint64)
     word_at = at // 8
     for size in np.unique(sizes).tolist():
         places = np.flatnonzero(sizes == size)
@@ -418,7 +419,7 @@ def write(trace: Trace, max_size: int | None = None, order: np.ndarray | None = 
             if len(tail) != room:
                 raise TraceFormatError("CLOG2 block tail does not fit its block")
             out[offset + HEADER_SIZE : offset + HEADER_SIZE + room] = np.frombuffer(tail, np.uint8)
-    return out.tobytes() + trace.commtable
+    return out.tobytes()
 
 
 def world_comm_table(big_endian: bool = True) -> bytes:

@@ -232,13 +232,15 @@ def _encode_stream(
 
 
 def _decode_stream(
-    info: dict[str, Any], key: int, blobs: list[bytes], time_mode: str, unit: int
-) -> clog2.Records:
+    info: dict[str, Any], key: int, blobs: list[bytes], time_mode: str, unit: int, into: clog2.Records
+) -> None:
+    """A process's records, written into `into` (its rows of the whole trace's arrays, zeroed: the streams
+    are decoded in place, with no copy of the whole trace to join them)."""
     n, period = info["n"], info["period"]
     common = _unpack(blobs[0], (COMMON, n), np.int32)
     if info["word_period"]:
         common = _period_undiff(common, period)
-    head = np.zeros((n, 4), np.int32)
+    head = into.head
     head[:, 0] = common[0]
     head[:, 1] = key
     head[:, 2] = common[1]
@@ -246,7 +248,7 @@ def _decode_stream(
     if n and (head[:, 3].min() < 2 or head[:, 3].max() >= len(clog2.BODY_SIZE)):
         raise MetadataError("trace metadata: a record type out of range")
     rare = RARE_TYPES[head[:, 3]]
-    body = np.zeros((n, clog2.BODY_WORDS), np.int32)
+    body = into.body
     body[:, : COMMON - 3] = common[3:].T
     body[rare, COMMON - 3 :] = _unpack(blobs[1], (WORDS - COMMON, int(rare.sum())), np.int32).T
     kinds = head[:, 3].astype(np.int64) * (1 << 32) + body[:, 0].astype(np.int64)
@@ -260,7 +262,7 @@ def _decode_stream(
         if n and float(np.abs(times).max()) * unit >= 2.0**62:
             raise MetadataError("trace metadata: a time out of range")
         times = times * unit
-    return clog2.Records(_time_bits(time_mode, times), head, body)
+    into.time[:] = _time_bits(time_mode, times)
 
 
 # -- the file -----------------------------------------------------------------------------------------------
@@ -471,10 +473,21 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
         pos = 1
     jobs = [(info, blobs[pos + 3 * i : pos + 3 * i + 3]) for i, info in enumerate(infos)]
     pos += 3 * len(infos)
+    records = clog2.Records(
+        np.zeros(total, np.uint64),
+        np.zeros((total, 4), np.int32),
+        np.zeros((total, clog2.BODY_WORDS), np.int32),
+    )
+    firsts = np.concatenate([[0], np.cumsum([i["n"] for i in infos], dtype=np.int64)]).tolist()
+
+    def one(s: int) -> None:
+        info, parts = jobs[s]
+        rows = slice(firsts[s], firsts[s + 1])
+        into = clog2.Records(records.time[rows], records.head[rows], records.body[rows])
+        _decode_stream(info, info["key"], parts, time_mode, unit, into)
+
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
-        parts = list(
-            pool.map(lambda job: _decode_stream(job[0], job[0]["key"], job[1], time_mode, unit), jobs)
-        )
+        list(pool.map(one, range(len(jobs))))
     try:
         fixed = zstandard.ZstdDecompressor().decompress(
             blobs[pos], max_output_size=clog2.PREAMBLE_SIZE + table_len
@@ -495,7 +508,6 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
         for t in tails:
             tail_bytes.append(joined[at : at + t])
             at += t
-    records = clog2.Records.concat(parts)
     if order == "merge":
         keys = (
             np.concatenate([np.full(i["n"], s, np.int64) for s, i in enumerate(infos)])

@@ -22,6 +22,9 @@ SOURCE = NATIVE / "clogtrace.c"
 STATES = NATIVE / "clogtrace_states.h"
 MERGE = NATIVE / "clogtrace_merge.h"
 FORTRAN = NATIVE / "clogtrace_fortran.h"
+BIGCOUNT = NATIVE / "clogtrace_bigcount.h"
+MORE = NATIVE / "clogtrace_more.h"
+AUDIT = NATIVE / "clogaudit.c"
 FALLBACK_COMPILERS = {"openmpi": "mpicc.openmpi", "mpich": "mpicc.mpich"}
 
 
@@ -72,9 +75,18 @@ def library(mpiexec: str) -> tuple[Path, str]:
         SOURCE,
         compiler=compiler,
         flags=(f"-I{NATIVE}", "-lm", "-ldl"),
-        depends=(STATES, MERGE, FORTRAN),
+        depends=(STATES, MERGE, FORTRAN, BIGCOUNT, MORE),
         variant=kind,
     )
     if lib is None:
         raise UsageError(f"cannot build the tracer library with {compiler}")
     return lib, kind
+
+
+def audit_library() -> Path:
+    """The rtld-audit library (native/clogaudit.c) that sends MPI calls bound around the tracer (dlsym on
+    the MPI library's handle, RTLD_DEEPBIND) to its wrappers; MPI-independent, built with the C compiler."""
+    lib = compiled(AUDIT, flags=(), variant="audit")
+    if lib is None:
+        raise UsageError("cannot build the tracer's audit library with the system C compiler (cc)")
+    return lib

@@ -44,6 +44,7 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
     try:
         env = {
             "LD_PRELOAD": str(lib),
+            "LD_AUDIT": str(native.audit_library()),
             "PARAMEDIC_TRACE_DIR": str(logs),
             "PARAMEDIC_TRACE_BUFFER": str(buffer_bytes),
         }

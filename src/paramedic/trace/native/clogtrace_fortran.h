@@ -201,6 +201,82 @@ void mpi_waitany_(F *count, F *reqs, F *index, F *status, F *ierr) {
     FINAL();
 }
 
+/* The Fortran status array's stride: MPI_STATUS_SIZE integers. */
+static size_t f_status_stride(void) {
+#ifdef MPI_F_STATUS_SIZE
+    return MPI_F_STATUS_SIZE;
+#elif defined(OMPI_MAJOR_VERSION)
+    return 6;
+#else
+    return sizeof(MPI_Status) / sizeof(int);
+#endif
+}
+
+/* The requests of a Fortran array call, converted before it (MPI sets completed ones to MPI_REQUEST_NULL),
+   and the statuses to use (`own`, allocated, when the program ignores them); NULL when out of memory. */
+static MPI_Request *f_requests(int n, const F *reqs) {
+    MPI_Request *c = malloc(sizeof(MPI_Request) * (size_t)(n ? n : 1));
+    if (c)
+        for (int i = 0; i < n; i++) c[i] = PMPI_Request_f2c(reqs[i]);
+    return c;
+}
+
+static F *f_statuses(int n, F *statuses, F **own) {
+    *own = NULL;
+    if (statuses == NULL || statuses == MPI_F_STATUSES_IGNORE)
+        statuses = *own = malloc(sizeof(F) * FSTATUS_WORDS * (size_t)(n ? n : 1));
+    return statuses;
+}
+
+void mpi_testall_(F *count, F *reqs, F *flag, F *statuses, F *ierr) {
+    REAL(pmpi_testall_, (F *, F *, F *, F *, F *));
+    START(S_Testall);
+    int n = *count > 0 ? *count : 0;
+    MPI_Request *c = f_requests(n, reqs);
+    F *own;
+    statuses = f_statuses(n, statuses, &own);
+    CALL(real(count, reqs, flag, statuses, ierr));
+    if (_logging && FOK(ierr) && *flag && c && statuses)
+        for (int i = 0; i < n; i++) f_completed(c[i], statuses + (size_t)i * f_status_stride());
+    free(c);
+    free(own);
+    FINAL();
+}
+
+void mpi_testany_(F *count, F *reqs, F *index, F *flag, F *status, F *ierr) {
+    REAL(pmpi_testany_, (F *, F *, F *, F *, F *, F *));
+    START(S_Testany);
+    int n = *count > 0 ? *count : 0;
+    F own[FSTATUS_WORDS];
+    status = fstatus_or(status, own);
+    MPI_Request *c = f_requests(n, reqs);
+    CALL(real(count, reqs, index, flag, status, ierr));
+    if (_logging && FOK(ierr) && *flag && c && *index >= 1 && *index <= n) f_completed(c[*index - 1], status);
+    free(c);
+    FINAL();
+}
+
+/* Testsome and Waitsome: `outcount` requests completed, their 1-based indices, their statuses in order. */
+#define F_SOME(name, state)                                                                               \
+    void mpi_##name##_(F *count, F *reqs, F *outcount, F *indices, F *statuses, F *ierr) {               \
+        REAL(pmpi_##name##_, (F *, F *, F *, F *, F *, F *));                                             \
+        START(state);                                                                                     \
+        int n = *count > 0 ? *count : 0;                                                                  \
+        MPI_Request *c = f_requests(n, reqs);                                                             \
+        F *own;                                                                                           \
+        statuses = f_statuses(n, statuses, &own);                                                         \
+        CALL(real(count, reqs, outcount, indices, statuses, ierr));                                       \
+        if (_logging && FOK(ierr) && c && statuses && *outcount != MPI_UNDEFINED)                         \
+            for (int k = 0; k < *outcount && k < n; k++)                                                  \
+                if (indices[k] >= 1 && indices[k] <= n)                                                   \
+                    f_completed(c[indices[k] - 1], statuses + (size_t)k * f_status_stride());              \
+        free(c);                                                                                          \
+        free(own);                                                                                        \
+        FINAL();                                                                                          \
+    }
+F_SOME(testsome, S_Testsome)
+F_SOME(waitsome, S_Waitsome)
+
 void mpi_barrier_(F *comm, F *ierr) {
     REAL(pmpi_barrier_, (F *, F *));
     START(S_Barrier);
