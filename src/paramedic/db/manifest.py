@@ -108,7 +108,7 @@ def volume_blake3(db_dir: Path, volume: str) -> str:
 
 
 class _Digest(Protocol):
-    def update(self, data: bytes, /) -> object: ...
+    def update(self, data: bytes | memoryview, /) -> object: ...
 
     def hexdigest(self) -> str: ...
 
@@ -120,12 +120,19 @@ def volume_digest(db_dir: Path, volume: str, digest: _Digest) -> str:
     )
     if not files:
         raise DatabaseError(f"{db_dir}: volume {volume} is missing")
+    # One buffer, read into and hashed in place: a new 4 MB bytes object per read cost page faults and
+    # a copy more (the whole 311 MB protein volume: 0.08 s of CPU against 0.12 s)
+    buffer = bytearray(_READ_BYTES)
+    view = memoryview(buffer)
     for path in files:
         digest.update(path.name.encode() + b"\0")
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                digest.update(chunk)
+        with open(path, "rb", buffering=0) as fh:
+            while n := fh.readinto(buffer):
+                digest.update(view[:n])
     return digest.hexdigest()
+
+
+_READ_BYTES = 1 << 20
 
 
 def verify_volumes(db_dir: Path, manifest: Manifest) -> None:
