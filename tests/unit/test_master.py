@@ -7,7 +7,8 @@ import heapq
 from dataclasses import dataclass, field
 
 from paramedic.blast.hits import Hit
-from paramedic.engine.master import Master, PieceResult, Result, SearchResult, run_serial
+from paramedic.engine.master import Master, PieceResult, Result, SearchResult
+from paramedic.engine.runner import run_serial
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask, Task
 from paramedic.engine.sinks import WriterSink
 from paramedic.report.progress import Progress
