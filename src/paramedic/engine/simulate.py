@@ -47,8 +47,10 @@ from paramedic.db.fasta import read_fasta
 from paramedic.engine.hierarchy import PartitionMaster, Supermaster, partitions
 from paramedic.engine.master import Master, PieceResult, SearchResult
 from paramedic.engine.plan import make_plan
+from paramedic.engine.runner import Arrival, drive
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask, Task
-from paramedic.errors import InputError, UsageError
+from paramedic.engine.virtual import VirtualTransport
+from paramedic.errors import InputError, ParamedicError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.output.strategies import ROUND_BYTES
 from paramedic.report.progress import Progress
@@ -407,6 +409,93 @@ class _Sink:
     def abort(self) -> None: ...
 
 
+class MasterClock(VirtualTransport):
+    """One master as a server in virtual time, over the runner's own loop (paramedic.engine.runner): each
+    message it handles costs it `message_seconds` and messages wait while it is busy; a search result
+    also costs the merge, a piece its write on rank 0 (the output strategy's); a task reaches its worker
+    `latency_seconds` after it is sent; with collective output rounds no task starts before the round
+    under way ends."""
+
+    def __init__(
+        self,
+        workers: int,
+        execute: Callable[[Task], SearchResult | PieceResult],
+        cost: Callable[[Task], float],
+        model: CostModel,
+        output: OutputCost,
+        plan: Plan,
+        message: float,
+        latency: float,
+    ):
+        super().__init__(workers, execute, cost, log=False)
+        self.model = model
+        self.output = output
+        self.plan = plan
+        self.message = message
+        self.latency = latency
+        self.free = 0.0  # the master's next free moment
+        self.busy = 0.0
+        self.end = 0.0
+        self.work = 0.0  # BLAST+ seconds of every task
+        self.worker_busy = 0.0
+        self.tasks = 0
+        self.unwritten = 0  # collective rounds: placed bytes not yet written
+        self.round_until = 0.0  # ... no task starts before the round under way ends
+        self.rounds = 0
+        self.scheduler_seconds = 0.0  # real seconds in the master's code (the loop between arrivals)
+        self._mark = time.perf_counter()
+
+    def due(self, task: Task) -> float:
+        self.free += self.message
+        self.busy += self.message
+        seconds = self.seconds(task)
+        written = 0.0
+        if isinstance(task, PieceTask):
+            size = round(task.n_queries * self.model.output_per_query)
+            written = self.output.on_worker(size, self.model.write_per_byte)
+        self.work += seconds
+        self.worker_busy += seconds + written
+        self.tasks += 1
+        return max(self.free, self.round_until) + self.latency + seconds + written
+
+    def receive(self) -> Arrival:
+        self.scheduler_seconds += time.perf_counter() - self._mark
+        arrival = super().receive()
+        self._mark = time.perf_counter()
+        return arrival
+
+    def arrived(self, task: Task) -> None:
+        self.end = max(self.end, self.now)
+        self.free = max(self.now, self.free) + self.message
+        self.busy += self.message
+        if isinstance(task, SearchTask):
+            per_query = self.model.merge_per_query + self.model.keys_per_query * KEY_SECONDS
+            merge = per_query * len(self.plan.batches[task.batch])
+            self.free += merge
+            self.busy += merge
+        if self.output.round_bytes is not None and isinstance(task, PieceTask):
+            self.unwritten += round(task.n_queries * self.model.output_per_query)
+            if self.unwritten >= self.output.round_bytes:  # after the last task in flight
+                self.write_round(max([self.now, *self.running]))
+
+    def piece_written(self, index: int) -> None:
+        """A piece the master wrote (its sink): rank 0's time, with the `master` strategy."""
+        size = round(len(self.plan.pieces[index]) * self.model.output_per_query)
+        work = self.output.on_rank0(size, self.model.write_per_byte)
+        self.free += work
+        self.busy += work
+
+    def write_round(self, barrier: float) -> None:
+        """Collective rounds: every worker writes its share of the unwritten bytes once all are in."""
+        self.round_until = barrier + self.unwritten * self.model.write_per_byte / self.count
+        self.worker_busy += self.unwritten * self.model.write_per_byte
+        self.unwritten = 0
+        self.rounds += 1
+
+    def stall_error(self) -> ParamedicError:
+        return UsageError("internal: the simulated job stalled (the scheduler handed out no task)")
+
+
 def simulate(settings: SimulateSettings) -> Prediction:
     """Predict the job: load the record, build the plan, run the scheduler objects in virtual time."""
     try:
@@ -477,8 +566,44 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
             return SearchResult(task, nothing[n], stored=model.alignments_stored)
         return PieceResult(task, b"", 0.0)
 
-    # the ranks: rank 0 (master or supermaster), partitions of a master and its workers
     ranks = settings.workers + 1
+    if settings.partition_size is None:  # one master: the runner's own loop over a costed clock
+        shared = max(1.0, settings.workers / settings.cores) if settings.cores else 1.0
+        clock = MasterClock(settings.workers, result, cost, model, output, plan, message, latency)
+        scheduler = Scheduler(
+            plan,
+            keep_alignments=model.keep_alignments,
+            alignments_stored=model.alignments_stored,
+            replica_group=settings.replica_group_size,
+        )
+        sink = _Sink(plan, clock.piece_written)
+        drive(Master(scheduler, sink, Progress(0, quiet=True), RankStats(0, "master")), clock)
+        end = max(clock.end, clock.free)
+        if output.round_bytes is not None and clock.unwritten:
+            clock.write_round(end)
+        wall = max(end, clock.round_until) + model.fixed_seconds
+        return Prediction(
+            settings=settings,
+            queries=n,
+            wall_seconds=wall,
+            work_seconds=clock.work,
+            ranks=ranks,
+            partitions=0,
+            plan_batches=len(plan.batches),
+            plan_pieces=len(plan.pieces),
+            fragments=plan.n_fragments,
+            tasks=clock.tasks,
+            roles={
+                "master": Role(1, clock.busy),
+                "workers": Role(settings.workers, clock.worker_busy),
+            },
+            fixed_seconds=model.fixed_seconds,
+            scheduler_seconds=clock.scheduler_seconds,
+            simulate_seconds=time.perf_counter() - started,
+            output_rounds=clock.rounds,
+        )
+
+    # partitions of a master and its workers, rank 0 the supermaster
     if settings.partition_size is None:
         groups = [list(range(1, ranks))]
     else:
