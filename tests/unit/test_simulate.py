@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from paramedic.cli import main
-from paramedic.engine.master import Master, PieceResult, SearchResult
+from paramedic.engine.master import Master, PieceResult, Result, SearchResult
 from paramedic.engine.runner import Arrival, Transport
 from paramedic.engine.runner import drive as runner_drive
 from paramedic.engine.scheduler import Plan, Scheduler, SearchTask, Task
@@ -224,7 +224,7 @@ class ScanningScheduler(Scheduler):
         raise AssertionError("an open batch with nothing pending")
 
 
-class RandomOrder(Transport):
+class RandomOrder(Transport[Task, Result]):
     """Workers whose results come back in a random order, asked for in a random order, with a
     partition's segments given one by one at random moments; keeps every task sent."""
 
@@ -257,7 +257,7 @@ class RandomOrder(Transport):
         self.sent.append((worker, task))
         self.running.append((worker, task))
 
-    def receive(self) -> Arrival | None:
+    def receive(self) -> Arrival[Result] | None:
         if not self.running:
             return None  # every worker waits for the next segment
         worker, task = self.running.pop(self.rng.randrange(len(self.running)))

@@ -135,7 +135,7 @@ def _read_members(job: Job) -> None:
         pass
 
 
-class ThreadTransport(Transport):
+class ThreadTransport(Transport[Task, Result]):
     """Worker threads: a task goes into the worker's inbox, results come back on one queue; the master
     looks up every WAIT_SECONDS so that an interrupt is raised between looks."""
 
@@ -157,7 +157,7 @@ class ThreadTransport(Transport):
     def send(self, worker: int, task: Task) -> None:
         self.inboxes[worker].put(task)
 
-    def receive(self) -> Arrival:
+    def receive(self) -> Arrival[Result]:
         while True:
             try:
                 worker, outcome = self.results.get(timeout=WAIT_SECONDS)

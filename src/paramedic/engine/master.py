@@ -171,6 +171,11 @@ class Master:
     def finished(self) -> bool:
         return self.scheduler.finished
 
+    @property
+    def per_worker(self) -> bool:
+        """Whether the task handed out depends on which idle worker asks (--stage)."""
+        return self.scheduler.per_worker
+
     def commit(self) -> None:
         """Every piece is written or shipped: the output is made final; the journal goes."""
         assert self.sink is not None

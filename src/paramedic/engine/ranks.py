@@ -20,9 +20,9 @@ from mpi4py import MPI
 from paramedic.blast.forkserver import close_fork_servers
 from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
-from paramedic.engine.master import Master, PieceHeld, PieceResult
+from paramedic.engine.master import Master, PieceHeld, PieceResult, Result
 from paramedic.engine.mpiio import Holder, OutputFile
-from paramedic.engine.runner import Arrival, Transport, drive
+from paramedic.engine.runner import Arrival, Driven, Transport, drive
 from paramedic.engine.scheduler import Plan, Task
 from paramedic.engine.sinks import WorkerSink
 from paramedic.engine.store import Store
@@ -317,7 +317,7 @@ class StrategyConductor:
         return self.strategy.start_round(self.ranks)
 
 
-class RankTransport(Transport):
+class RankTransport(Transport[Task, Result]):
     """A master's workers as the ranks 1.. of `comm`. When the workers write the report (a `holder`: the
     file is open on every rank) it also sends them the orders the conductor makes (a worker reads them
     between tasks); a collective round: every worker is told, and the master joins the round once all
@@ -353,7 +353,7 @@ class RankTransport(Transport):
     def send(self, worker: int, task: Task) -> None:
         self.comm.send(task, dest=worker, tag=TAG_TASK)
 
-    def ended(self, master: Master) -> bool:
+    def ended(self, master: Driven[Task, Result]) -> bool:
         return self.conductor.ended
 
     @property
@@ -395,7 +395,7 @@ class RankTransport(Transport):
     def _poll(self) -> bool:
         return self.conductor.poll() | (self.upstream.poll() if self.upstream is not None else False)
 
-    def receive(self) -> Arrival | None:
+    def receive(self) -> Arrival[Result] | None:
         got = patient_recv_or(self.comm, also=self._poll)
         if got is None:
             return None

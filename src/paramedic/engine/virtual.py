@@ -19,7 +19,7 @@ from paramedic.engine.runner import Arrival, Transport
 from paramedic.engine.scheduler import Task
 
 
-class VirtualTransport(Transport):
+class VirtualTransport(Transport[Task, Result]):
     """`workers` workers (1..workers) on a virtual clock `now`; `log` keeps every (time, "start" or
     "done", task), in order, unless told not to."""
 
@@ -51,7 +51,7 @@ class VirtualTransport(Transport):
             self.log.append((self.now, "start", task))
         heapq.heappush(self._running, (self.due(task), next(self._order), worker, task))
 
-    def receive(self) -> Arrival:
+    def receive(self) -> Arrival[Result]:
         self.now, _, worker, task = heapq.heappop(self._running)
         if self.logging:
             self.log.append((self.now, "done", task))
