@@ -549,7 +549,11 @@ def simulate(settings: SimulateSettings) -> Prediction:
     return predict(CostModel.from_record(record), settings)
 
 
-def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
+def predict(
+    model: CostModel, settings: SimulateSettings, scheduler: type[Scheduler] = Scheduler
+) -> Prediction:
+    """The job of `settings` in virtual time; `scheduler`: the scheduling policy (a subclass of the
+    engine's, docs/CONTRIBUTING.md "Add a scheduler policy")."""
     started = time.perf_counter()
     rng = random.Random(settings.seed)
     if settings.query_file is not None:
@@ -632,7 +636,7 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
     masters: list[Master] = []
     for group in groups:
         link = MasterCosts(costs, len(group) - 1, result, cost, zero)
-        scheduler = Scheduler(
+        policy = scheduler(
             plan,
             keep_alignments=model.keep_alignments,
             alignments_stored=model.alignments_stored,
@@ -640,7 +644,7 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
             replica_group=settings.replica_group_size,
         )
         sink: Sink = ForwardSink(link) if partitioned else _Sink(plan, link.piece_written)
-        master = Master(scheduler, sink, Progress(0, quiet=True), RankStats(group[0], "master"))
+        master = Master(policy, sink, Progress(0, quiet=True), RankStats(group[0], "master"))
         if partitioned:
             link.partition = PartitionMaster(master, len(group) - 1)
         network.join(master, link)
