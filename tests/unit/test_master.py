@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from paramedic.blast.hits import Hit
 from paramedic.engine.master import Master, PieceResult, Result, SearchResult
 from paramedic.engine.runner import drive, run_serial
@@ -172,3 +174,59 @@ def test_a_plan_may_start_past_query_zero() -> None:
             assert task.first_query in (10, 11)
             scheduler.piece_done(task)
     assert [scheduler.metadata(q) for q in (10, 11, 12)] == [[1000, 1001], [1100, 1101], [1200, 1201]]
+
+
+class Digest:
+    """The database's digest as prepare_job(digest="later") hands it over: still running until `finish`."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.refusal: Exception | None = None
+        self.waited = 0
+
+    def finish(self, refusal: Exception | None = None) -> None:
+        self.done, self.refusal = True, refusal
+
+    @property
+    def failed(self) -> bool:
+        return self.done and self.refusal is not None
+
+    def __call__(self) -> None:
+        self.waited += 1
+        assert self.done, "the master took a result before the digest had passed"
+        if self.refusal is not None:
+            raise self.refusal
+
+
+def test_no_result_is_taken_before_the_digest_has_passed() -> None:
+    """The local runner's workers search while the digest runs; the master waits for it at the first
+    result, and not again."""
+    sink, memory = writer()
+    digest = Digest()
+    m = Master(Scheduler(PLAN), sink, Progress(PLAN.n_queries, quiet=True), RankStats(0, "master"),
+               verified=digest)  # fmt: skip
+    m.start()
+    task = m.next_task(1)
+    assert task is not None
+    with pytest.raises(AssertionError, match="before the digest had passed"):
+        m.accept(run_task(task))
+    digest.finish()
+    m.accept(run_task(task))
+    while not m.finished:
+        nxt = m.next_task(1)
+        assert nxt is not None
+        m.accept(run_task(nxt))
+    m.commit()
+    assert digest.waited == 2 and bytes(memory.data) == expected_output()
+
+
+def test_a_failed_digest_is_raised_at_the_next_look_and_at_the_first_result() -> None:
+    refusal = ValueError("corrupt database")
+    digest = Digest()
+    m = Master(Scheduler(PLAN), writer()[0], Progress(PLAN.n_queries, quiet=True), RankStats(0, "master"),
+               verified=digest)  # fmt: skip
+    m.confirm_if_failed()  # still running: no wait
+    assert digest.waited == 0
+    digest.finish(refusal)
+    with pytest.raises(ValueError, match="corrupt database"):
+        m.confirm_if_failed()

@@ -86,16 +86,31 @@ def test_default_query_filters(program: str, args: list[str], masked: bool) -> N
 
 
 # -- whole lists and the lists a piece aligns (PARAMEDIC_HSPS=1, PARAMEDIC_PRELIM=3) -----------------
-def hsp(score: int) -> bytes:
-    """One HspRecord (72 bytes): only the score varies, which is enough to tell HSPs apart."""
-    return struct.pack("=dd14i", 1.0, 1e-5, score, *range(13))
+def hsp(score: int, context: int = 0) -> bytes:
+    """One HspRecord (72 bytes): the score tells HSPs apart; the context is its query's in its batch."""
+    return struct.pack("=dd14i", 1.0, 1e-5, score, 0, context, *range(11))
 
 
-def lists_batch(n_queries: int, lists: list[tuple[int, int, list[int]]], flags: int = 0) -> bytes:
+def lists_batch(
+    n_queries: int, lists: list[tuple[int, int, list[int]]], flags: int = 0, per: int = 1
+) -> bytes:
+    """A batch's lists as the shim writes them; the i-th HSP of a list is on its query's context i % per
+    (a strand or frame)."""
     out = struct.pack("=Iiii", 0x50524C48, n_queries, len(lists), flags)
     for query, oid, scores in lists:
-        out += struct.pack("=iiii", query, oid, 500, len(scores)) + b"".join(hsp(s) for s in scores)
+        out += struct.pack("=iiii", query, oid, 500, len(scores))
+        out += b"".join(hsp(s, query * per + i % per) for i, s in enumerate(scores))
     return out
+
+
+def contexts(data: bytes, at: int = 0) -> list[list[int]]:
+    """Each list's HSPs' contexts, in a run of list records."""
+    found = []
+    while at < len(data):
+        n = struct.unpack_from("=i", data, at + 12)[0]
+        found.append([struct.unpack_from("=i", data, at + 16 + 72 * h + 24)[0] for h in range(n)])
+        at += 16 + 72 * n
+    return found
 
 
 def heads(data: bytes, at: int = 0) -> list[tuple[int, int, int]]:
@@ -110,14 +125,16 @@ def heads(data: bytes, at: int = 0) -> list[tuple[int, int, int]]:
 
 def test_whole_lists_are_keyed_by_the_query_in_the_search_and_the_global_id() -> None:
     data = lists_batch(2, [(1, 3, [70, 60])]) + lists_batch(1, [(0, 4, [50])])
-    lists = whole_lists(data, 3, GIDS)
+    lists = whole_lists(data, 3, GIDS, "blastp")
     assert heads(lists) == [(1, 103, 70), (2, 104, 50)]
 
 
 def test_a_batch_with_an_edit_script_gives_no_lists() -> None:
     """An HSP that holds a pointer cannot be written back: its pieces scan for their lists."""
-    assert whole_lists(lists_batch(1, [(0, 3, [70])], flags=1), 1, GIDS) is None
-    assert whole_lists(lists_batch(2, []), 2, GIDS) == b""  # no list kept: nothing to align, not missing
+    assert whole_lists(lists_batch(1, [(0, 3, [70])], flags=1), 1, GIDS, "blastp") is None
+    assert (
+        whole_lists(lists_batch(2, []), 2, GIDS, "blastp") == b""
+    )  # no list kept: nothing to align, not missing
 
 
 @pytest.mark.parametrize(
@@ -128,21 +145,26 @@ def test_a_batch_with_an_edit_script_gives_no_lists() -> None:
         lists_batch(1, [(0, 100, [70])]),  # subject outside the fragment
         lists_batch(2, [(0, 3, [70])]),  # more queries than searched
         struct.pack("=Iiii", 0x50524C31, 1, 0, 0),  # another record's magic
+        lists_batch(1, [(0, 3, [70, 60])], per=2),  # an HSP on a context beyond its query's
     ],
 )
 def test_malformed_whole_lists_are_refused(data: bytes) -> None:
     with pytest.raises(BlastError, match="preliminary hit list could not be read"):
-        whole_lists(data, 1, GIDS)
+        whole_lists(data, 1, GIDS, "blastp")
 
 
 def test_a_piece_gets_exactly_its_queries_subjects_per_blast_batch() -> None:
     """Two fragments' lists of a search batch starting at global query 10; the piece holds queries 11-13
     in two BLAST+ batches ([0, 1] and [2] of the piece). Each query gets its own subjects only, the
     query index is the one in its BLAST+ batch, lists in subject order."""
-    frag0 = whole_lists(lists_batch(4, [(1, 5, [90]), (1, 2, [80]), (2, 5, [70]), (3, 7, [60])]), 4, GIDS)
-    frag1 = whole_lists(lists_batch(4, [(1, 50, [55]), (0, 51, [40]), (3, 52, [30])]), 4, range(1000, 1100))
+    frag0 = whole_lists(
+        lists_batch(4, [(1, 5, [90]), (1, 2, [80]), (2, 5, [70]), (3, 7, [60])]), 4, GIDS, "blastp"
+    )
+    frag1 = whole_lists(
+        lists_batch(4, [(1, 50, [55]), (0, 51, [40]), (3, 52, [30])]), 4, range(1000, 1100), "blastp"
+    )
     given = injection(
-        [(10, frag0), (10, frag1)], 11, [[1050, 105], [105], [1052]], [range(0, 2), range(2, 3)]
+        [(10, frag0), (10, frag1)], 11, [[1050, 105], [105], [1052]], [range(0, 2), range(2, 3)], "blastp"
     )
     assert given is not None
     magic, batches = struct.unpack_from("=Ii", given)
@@ -157,8 +179,22 @@ def test_a_piece_gets_exactly_its_queries_subjects_per_blast_batch() -> None:
 
 
 def test_a_subject_missing_from_every_fragment_gives_no_injection() -> None:
-    frag0 = whole_lists(lists_batch(1, [(0, 5, [90])]), 1, GIDS)
-    assert injection([(0, frag0)], 0, [[105, 106]], [range(0, 1)]) is None
+    frag0 = whole_lists(lists_batch(1, [(0, 5, [90])]), 1, GIDS, "blastp")
+    assert injection([(0, frag0)], 0, [[105, 106]], [range(0, 1)], "blastp") is None
+
+
+@pytest.mark.parametrize(("program", "per"), [("blastn", 2), ("blastx", 6), ("tblastx", 6), ("tblastn", 1)])
+def test_contexts_follow_their_query_into_the_pieces_batch(program: str, per: int) -> None:
+    """A search batched queries 0-2 as [0, 1] and [2] (blastn's app batches as it goes); the piece of
+    queries 1-2 batches them together. An HSP keeps its strand or frame and moves to its query's first
+    context in the piece's batch."""
+    searched = lists_batch(2, [(1, 5, [90, 80])], per=per) + lists_batch(1, [(0, 6, [70, 60])], per=per)
+    whole = whole_lists(searched, 3, GIDS, program)
+    assert whole is not None
+    assert contexts(whole) == [[0, 1 % per], [0, 1 % per]]  # each its query's own
+    given = injection([(0, whole)], 1, [[105], [106]], [range(0, 2)], program)
+    assert given is not None
+    assert contexts(given, 16) == [[0, 1 % per], [per, per + 1 % per]]
 
 
 def test_the_note_counts_injected_batches() -> None:

@@ -45,9 +45,16 @@ _LISTS_BATCH = struct.Struct("=Iiii")  # magic, queries, lists, flags
 _HEAD = struct.Struct("=iiii")  # query, oid, hsp_max, HSPs
 _HSP_BYTES = 72  # struct HspRecord in native/prelim.c
 _INJECT_BATCH = struct.Struct("=ii")  # queries, lists
+_CONTEXT = struct.Struct("=i")
+_CONTEXT_AT = 24  # HspRecord's context: after bit_score, evalue, score and num_ident
+# Contexts per query in a batch (BLAST_GetNumberOfContexts): a strand each for blastn, a frame each for
+# translated queries. An HSP's context is its query's first context plus its strand or frame.
+CONTEXTS = {"blastp": 1, "tblastn": 1, "blastn": 2, "blastx": 6, "tblastx": 6}
 # Programs whose pieces align the fragments' lists as given (PARAMEDIC_PRELIM=3) instead of finding
-# them again: BLAST+ fixes their batches in advance, so a piece's batches are the fragment searches'.
-INJECTABLE = BATCHED
+# them again. The shim hands a batch its lists only when the batch holds the queries the engine
+# expected, so a piece's batches must be known: BLAST+ fixes them in advance for BATCHED programs, and
+# blastn keeps to the size its BATCH_SIZE variable forces (`piece_batch_residues`).
+INJECTABLE = BATCHED | {"blastn"}
 
 # GetQueryBatchSize (BLAST+ 2.12, blast_input_aux.cpp): residues per batch, by program and task.
 _BATCH_RESIDUES = {"blastp": 10000, "blastx": 10002, "tblastx": 10002, "tblastn": 20000}
@@ -80,21 +87,26 @@ def environment(prelim_only: bool = False, whole_lists: bool = False) -> dict[st
     return env
 
 
-def inject_environment() -> dict[str, str]:
+def inject_environment(program: str, options: BlastOptions) -> dict[str, str]:
     """Extra environment for a search that aligns the lists in `INJECT_NAME` of its working directory
-    (written by `injection`) instead of finding them: its preliminary stage sees no subject. The same for
-    every such search, so that one fork server runs them all."""
+    (written by `injection`) instead of finding them: its preliminary stage sees no subject. blastn's
+    batches are fixed by BATCH_SIZE (`piece_batch_residues`)."""
     library = shim()
     if library is None:
         raise BlastError("no C compiler to build the preliminary-list shim")
-    return {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "3"}
+    env = {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "3"}
+    if program not in BATCHED:
+        env["BATCH_SIZE"] = str(piece_batch_residues(program, options))
+    return env
 
 
-def whole_lists(data: bytes, queries: int, gids: Sequence[int]) -> bytes | None:
+def whole_lists(data: bytes, queries: int, gids: Sequence[int], program: str) -> bytes | None:
     """A search's kept lists whole (the shim's `LISTS_NAME`), each keyed by the query's index in the
-    search and the subject's global id, for the piece that aligns them (`injection`). None when a batch
-    holds what cannot be written back (an HSP with an edit script): its pieces then find their lists
-    again. Anything malformed raises BlastError."""
+    search and the subject's global id, each HSP's context made its query's own (a piece batches its
+    queries otherwise), for the piece that aligns them (`injection`). None when a batch holds what
+    cannot be written back (an HSP with an edit script): its pieces then find their lists again.
+    Anything malformed raises BlastError."""
+    per = CONTEXTS[program]
     out: list[bytes] = []
     at = start = 0
     while at < len(data):
@@ -114,7 +126,13 @@ def whole_lists(data: bytes, queries: int, gids: Sequence[int]) -> bytes | None:
             if not 0 <= index < n_queries or not 0 <= oid < len(gids) or hsps <= 0 or end > len(data):
                 raise _unexpected("a malformed list")
             out.append(_HEAD.pack(start + index, gids[oid], hsp_max, hsps))
-            out.append(data[at + _HEAD.size : end])
+            records = bytearray(data[at + _HEAD.size : end])
+            for hsp in range(0, len(records), _HSP_BYTES):
+                (context,) = _CONTEXT.unpack_from(records, hsp + _CONTEXT_AT)
+                if not 0 <= context - index * per < per:
+                    raise _unexpected("an HSP of another query's context")
+                _CONTEXT.pack_into(records, hsp + _CONTEXT_AT, context - index * per)
+            out.append(bytes(records))
             at = end
         if flags:
             return None
@@ -127,11 +145,14 @@ def injection(
     first: int,
     subjects: Sequence[Sequence[int]],
     batches: Sequence[range],
+    program: str,
 ) -> bytes | None:
     """The file a piece aligns (`inject_environment`): per BLAST+ batch of the piece (`batches`, query
     indices from 0 at global query `first`), each query's lists of exactly its `subjects`, taken from
     the fragment searches' `whole_lists` (`searched`: the global index of each one's first query, its
-    lists). None when a subject's list is in none of them."""
+    lists), each HSP's context placed at its query's in the batch. None when a subject's list is in
+    none of them."""
+    per = CONTEXTS[program]
     wanted = {first + i: set(s) for i, s in enumerate(subjects)}
     found: dict[tuple[int, int], bytes] = {}
     for start, data in searched:
@@ -150,8 +171,12 @@ def injection(
         lists = sorted(k for k in found if first + batch.start <= k[1] < first + batch.stop)
         out.append(_INJECT_BATCH.pack(len(batch), len(lists)))
         for gid, query in lists:
-            record = found[(gid, query)]
-            out.append(struct.pack("=i", query - first - batch.start) + record[4:])
+            record = bytearray(found[(gid, query)])
+            position = query - first - batch.start
+            for hsp in range(_HEAD.size, len(record), _HSP_BYTES):
+                (context,) = _CONTEXT.unpack_from(record, hsp + _CONTEXT_AT)
+                _CONTEXT.pack_into(record, hsp + _CONTEXT_AT, position * per + context)
+            out.append(struct.pack("=i", position) + record[4:])
     return b"".join(out)
 
 
@@ -172,6 +197,20 @@ def batch_residues(program: str, options: BlastOptions) -> int | None:
         except ValueError as exc:
             raise BlastError(f"BATCH_SIZE={forced!r} is not an integer") from exc
     return _BATCH_RESIDUES.get(program, 10000)
+
+
+def piece_batch_residues(program: str, options: BlastOptions) -> int:
+    """The query batch size of a search that aligns given lists. blastn's app sizes its batches by the
+    extensions the last batch made (CBatchSizeMixer), and a search that scans nothing makes none, so
+    BATCH_SIZE fixes them: a quarter of its query chunk, well under the batches of up to a chunk that
+    the app makes itself (and under the size at which a batch is split into chunks). Its reports do not
+    depend on how its queries are batched: each query's lists are aligned on their own, which the
+    conformance tests check against BLAST+ for every batch its pieces make."""
+    residues = batch_residues(program, options)
+    if residues is not None:
+        return residues
+    task = options.get("task") or "megablast"
+    return _CHUNK_RESIDUES.get(task, 1_000_000) // 4
 
 
 def split_query(program: str, options: BlastOptions, lengths: Sequence[int]) -> int | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import random
 import subprocess
 import tempfile
 from pathlib import Path
@@ -27,6 +28,7 @@ from paramedic.blast.prelim import (
     inject_environment,
     injected,
     injection,
+    piece_batch_residues,
     query_batches,
     read_dump,
     whole_lists,
@@ -88,53 +90,89 @@ def _refused(why: str) -> BlastError:
 
 
 @functools.cache
-def injection_works() -> bool:
-    """Whether a search aligns given preliminary lists as the scan that found them would (the
+def injection_works(program: str = "blastp") -> bool:
+    """Whether `program` aligns given preliminary lists as the scan that found them would (the
     "Traceback once" pieces): the check's lists, written whole by a search stopped after its
     preliminary stage, aligned by a search that does not scan, must give the plain search's report.
-    False (pieces then scan for their lists) when they do not; cached as `check_shim` is."""
-    blastp = require_tool("blastp")
-    key = hashlib.sha256(f"{file_key(blastp)}:{inject_environment()['LD_PRELOAD']}".encode()).hexdigest()[:16]
-    cached = read_cached("inject-check", key)
+    blastp checks the programs of protein databases' layout, blastn its own (megablast, and a batch
+    size it is given). False (pieces then scan for their lists) when they do not; cached as
+    `check_shim` is."""
+    tool = "blastn" if program == "blastn" else "blastp"
+    executable = require_tool(tool)
+    preload = inject_environment(tool, BlastOptions({}))["LD_PRELOAD"]
+    key = hashlib.sha256(f"{file_key(executable)}:{preload}".encode()).hexdigest()[:16]
+    cached = read_cached(f"inject-check-{tool}", key)
     if cached in (b"yes\n", b"no\n"):
         return cached == b"yes\n"
-    works = _injection_check(blastp)
-    write_cached("inject-check", key, b"yes\n" if works else b"no\n")
+    works = _injection_check(tool, executable)
+    write_cached(f"inject-check-{tool}", key, b"yes\n" if works else b"no\n")
     return works
 
 
-def _injection_check(blastp: str) -> bool:
+def _check_sequences(tool: str) -> tuple[list[str], str]:
+    """The check's database and its kind. For blastn: made-up DNA, the queries' subjects carrying a
+    substitution every 50 bases and a deletion, so that their alignments are gapped."""
+    if tool == "blastp":
+        return list(_PROTEINS), "prot"
+    rng = random.Random(21)
+    subjects = ["".join(rng.choice("ACGT") for _ in range(600)) for _ in range(4)]
+    for i in (0, 1):
+        bases = list(subjects[i])
+        for at in range(25, len(bases), 50):
+            bases[at] = "A" if bases[at] != "A" else "C"
+        subjects[i] = "".join(bases[:300] + bases[303:])
+    return subjects + [_dna(rng) for _ in range(2)], "nucl"
+
+
+def _dna(rng: random.Random) -> str:
+    return "".join(rng.choice("ACGT") for _ in range(600))
+
+
+def _injection_check(tool: str, executable: str) -> bool:
+    subjects, dbtype = _check_sequences(tool)
+    # the queries: the first two subjects as they were before their changes (blastn), or as they are
+    queries = list(_PROTEINS[:2]) if tool == "blastp" else _dna_queries()
+    options = BlastOptions({})
     with tempfile.TemporaryDirectory(prefix="paramedic-inject-check-") as tmp:
         work = Path(tmp)
-        (work / "db.fasta").write_text("".join(f">s{i}\n{p}\n" for i, p in enumerate(_PROTEINS)))
-        (work / "q.fasta").write_text("".join(f">q{i}\n{p}\n" for i, p in enumerate(_PROTEINS[:2])))
-        lengths = [len(p) for p in _PROTEINS[:2]]
+        (work / "db.fasta").write_text("".join(f">s{i}\n{p}\n" for i, p in enumerate(subjects)))
+        (work / "q.fasta").write_text("".join(f">q{i}\n{p}\n" for i, p in enumerate(queries)))
+        lengths = [len(p) for p in queries]
+        batches = query_batches(lengths, piece_batch_residues(tool, options))
 
         def search(out: str, env: dict[str, str]) -> bytes:
             subprocess.run(
-                [blastp, "-query", "q.fasta", "-db", "db", "-outfmt", "0", "-out", out],
+                [executable, "-query", "q.fasta", "-db", "db", "-outfmt", "0", "-out", out],
                 cwd=work, check=True, capture_output=True, timeout=60, env={**os.environ, **env},
             )  # fmt: skip
             return (work / out).read_bytes()
 
         try:
             subprocess.run(
-                [require_tool("makeblastdb"), "-in", "db.fasta", "-dbtype", "prot", "-out", "db"],
+                [require_tool("makeblastdb"), "-in", "db.fasta", "-dbtype", dbtype, "-out", "db"],
                 cwd=work, check=True, capture_output=True, timeout=60,
             )  # fmt: skip
             plain = search("plain.out", {})
             search("prelim.out", environment(prelim_only=True, whole_lists=True))
-            lists = whole_lists((work / LISTS_NAME).read_bytes(), 2, range(len(_PROTEINS)))
-            dump = read_dump((work / DUMP_NAME).read_bytes(), lengths, 10000, range(len(_PROTEINS)))
-            subjects = [[c.gid for c in (p.candidates if p else ())] for p in dump]
+            gids = range(len(subjects))
+            lists = whole_lists((work / LISTS_NAME).read_bytes(), len(queries), gids, tool)
+            residues = 10000 if tool == "blastp" else None  # blastn's app sizes its own batches
+            dump = read_dump((work / DUMP_NAME).read_bytes(), lengths, residues, gids)
+            found = [[c.gid for c in (p.candidates if p else ())] for p in dump]
             if lists is None:
                 return False
-            given = injection([(0, lists)], 0, subjects, query_batches(lengths, 10000))
-            if given is None or not all(subjects):
+            given = injection([(0, lists)], 0, found, batches, tool)
+            if given is None or not all(found):
                 return False
             (work / INJECT_NAME).write_bytes(given)
-            aligned = search("inject.out", inject_environment())
+            aligned = search("inject.out", inject_environment(tool, options))
             note = (work / INJECT_NOTE).read_text()
         except (OSError, subprocess.SubprocessError, BlastError):
             return False
-    return injected(note) == 1 and aligned == plain
+    return injected(note) == len(batches) and aligned == plain
+
+
+def _dna_queries() -> list[str]:
+    """The blastn check's queries: its first two subjects before their changes."""
+    rng = random.Random(21)
+    return ["".join(rng.choice("ACGT") for _ in range(600)) for _ in range(2)]

@@ -139,7 +139,7 @@ def search_fragment(
     whole = None
     if lists:
         try:
-            whole = whole_lists(lists_file.read_bytes(), len(queries), ids)
+            whole = whole_lists(lists_file.read_bytes(), len(queries), ids, program)
             lists_file.unlink()
         except FileNotFoundError:
             # no file: no batch kept a list (the shim writes a batch's record even when it is empty),
@@ -212,7 +212,7 @@ def regenerate(
     env = None
     if lists is not None:
         (run_dir / INJECT_NAME).write_bytes(lists)
-        env = inject_environment()
+        env = inject_environment(program, options)
     start = time.perf_counter()
     pass_on(program, run_tool(argv, cwd=run_dir, extra_env=env).stderr)
     data = as_user_db(out_file.read_bytes(), db, db_name)

@@ -135,7 +135,8 @@ def verify_volumes(db_dir: Path, manifest: Manifest) -> None:
     all three, so nothing is remembered between jobs. The cost is one read of the database per job (the
     page cache usually holds it for the search that follows): under 1% of a search, bench/RESULTS.md.
     The volumes are digested on every core at once (hashlib releases the GIL): rank 0 does it before the
-    search while the workers wait, and 1.2 GB of a 420,000-protein database took 1.1 s on one core."""
+    search while the workers wait (worker threads search meanwhile, and their results wait for it:
+    paramedic.engine.job `Job.verified`); 1.2 GB of a 420,000-protein database took 1.1 s on one core."""
     volumes = [(manifest.whole, manifest.whole_sha256)]
     if manifest.tools.get("digests") == FRAGMENT_DIGESTS:
         volumes += [(f.volume, f.sha256) for f in manifest.fragments]

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from paramedic.blast.prelim import INJECTABLE, batch_residues, injection, query_batches
+from paramedic.blast.prelim import INJECTABLE, injection, piece_batch_residues, query_batches
 from paramedic.blast.prelim_check import injection_works
 from paramedic.blast.render import Unrenderable, render
 from paramedic.blast.run import Database, regenerate, search_fragment
@@ -139,7 +139,7 @@ def _injects(job: Job, plan: Plan) -> bool:
     makes pieces scan for their lists, to measure the two side by side."""
     if os.environ.get(PIECE_LISTS_VARIABLE) == "scan":
         return False
-    return plan.traceback_once and job.program in INJECTABLE and injection_works()
+    return plan.traceback_once and job.program in INJECTABLE and injection_works(job.program)
 
 
 def _lists(task: PieceTask, job: Job, plan: Plan, store: Store | None) -> bytes | None:
@@ -156,9 +156,8 @@ def _lists(task: PieceTask, job: Job, plan: Plan, store: Store | None) -> bytes 
     except RecordError:
         return None
     lengths = [len(sequence) for _, sequence in job.queries[first : first + n]]
-    residues = batch_residues(job.program, job.options)
-    assert residues is not None  # INJECTABLE programs have their batches modelled
-    return injection(searched, first, task.subjects, query_batches(lengths, residues))
+    residues = piece_batch_residues(job.program, job.options)
+    return injection(searched, first, task.subjects, query_batches(lengths, residues), job.program)
 
 
 def _residues(queries: list[tuple[str, str]]) -> int:

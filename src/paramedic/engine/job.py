@@ -11,8 +11,9 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from paramedic.blast.options import BlastOptions, check_values
 from paramedic.blast.prelim import (
@@ -79,6 +80,10 @@ class Job:
     # With --stage, per rank of the job: its node's name and the fragments already staged there, as
     # every rank reported at start (paramedic.engine.staging; set in paramedic.engine.roles)
     stage_nodes: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    # prepare_job(digest="later"): waits for the database's digest and raises its refusal. The local
+    # runner calls it before any result is taken (paramedic.engine.master), so the digest overlaps
+    # the first searches and still comes before any byte of output.
+    verified: Digest | None = field(default=None, compare=False, repr=False)
 
     def plan(self, workers: int) -> Plan:
         inputs = dict(self.plan_inputs)
@@ -100,9 +105,13 @@ class Job:
         }
 
 
-def prepare_job(settings: SearchSettings, workers: int | None = None) -> Job:
+def prepare_job(
+    settings: SearchSettings, workers: int | None = None, digest: Literal["now", "later"] = "now"
+) -> Job:
     """The checked job; `workers`: how many worker ranks it will have (the launcher's; default: one
-    per local core, as `paramedic search` starts them), which `--strategy auto` weighs."""
+    per local core, as `paramedic search` starts them), which `--strategy auto` weighs. With
+    `digest="later"` the database's digest is still running when the job is returned: the caller must
+    call `Job.verified` before it takes any result."""
     program = PROGRAMS.get(settings.program)
     if program is None:
         raise UsageError(f"unknown program {settings.program!r}: choose one of {', '.join(PROGRAMS)}")
@@ -217,7 +226,8 @@ def prepare_job(settings: SearchSettings, workers: int | None = None) -> Job:
     preloaded = None
     if settings.from_metadata is not None:
         preloaded = load_metadata(_resolve(cwd, str(settings.from_metadata)), identity, len(queries), db.nseq)
-    verified()  # every job digests its database before any search: sizes and times are not a digest
+    if digest == "now":
+        verified()  # every job digests its database: sizes and times are not a digest
     return Job(
         program=program.name,
         options=options,
@@ -241,30 +251,42 @@ def prepare_job(settings: SearchSettings, workers: int | None = None) -> Job:
         traceback_reason=None if query_segmentation else traceback_reason,
         output_strategy=settings.output_strategy,
         stage=settings.stage,
+        verified=verified if digest == "later" else None,
     )
 
 
-def _in_background(work: Callable[..., None], *args: object) -> Callable[[], None]:
-    """Start `work(*args)` on a thread of its own; the function returned waits for it and raises what it
-    raised. The database's digest (I/O and hashing that release the interpreter's lock) runs while the
-    job's other checks do: a one-query search of a large database spends a tenth of its time on it."""
-    failure: list[BaseException] = []
+def _in_background(work: Callable[..., None], *args: object) -> Digest:
+    """Start `work(*args)` on a thread of its own. The database's digest (I/O and hashing that release
+    the interpreter's lock) runs while the job's other checks do, and with `prepare_job(digest="later")`
+    while the first searches run: a one-query search of a large database spends a tenth of its time on
+    it."""
+    return Digest(work, args)
 
-    def run() -> None:
-        try:
-            work(*args)
-        except BaseException as exc:  # handed to the waiter
-            failure.append(exc)
 
-    thread = threading.Thread(target=run, name="paramedic-digest", daemon=True)
-    thread.start()
+class Digest:
+    """Work on a thread of its own; calling the object waits for it and raises what it raised."""
 
-    def wait() -> None:
-        thread.join()
-        if failure:
-            raise failure[0]
+    def __init__(self, work: Callable[..., None], args: tuple[object, ...]):
+        self._failure: list[BaseException] = []
 
-    return wait
+        def run() -> None:
+            try:
+                work(*args)
+            except BaseException as exc:  # handed to the waiter
+                self._failure.append(exc)
+
+        self._thread = threading.Thread(target=run, name="paramedic-digest", daemon=True)
+        self._thread.start()
+
+    def __call__(self) -> None:
+        self._thread.join()
+        if self._failure:
+            raise self._failure[0]
+
+    @property
+    def failed(self) -> bool:
+        """Finished with a refusal (without waiting): a runner looks while its workers search."""
+        return bool(self._failure)
 
 
 def _ship_data_when_inexact(settings: SearchSettings, inexact: str | None) -> SearchSettings:

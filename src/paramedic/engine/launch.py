@@ -145,7 +145,8 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
     os.environ[LOCAL_WORKERS_VARIABLE] = str(workers)
     try:
         with job_directory(JOB_ID_VARIABLE):
-            job = prepare_job(settings, workers=workers)
+            # with worker threads the digest overlaps the first searches (their loop looks at it)
+            job = prepare_job(settings, workers=workers, digest="later" if workers > 1 else "now")
             record = run_local_job(job, workers, ["paramedic", *argv])
             conclude(record, job, settings.report)
         return 0

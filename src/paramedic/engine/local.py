@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,8 @@ from paramedic.report.record import RankStats, RunRecord
 
 # How often the master looks up from waiting for a result (an interrupt is raised between looks).
 WAIT_SECONDS = 0.5
+# How long a stopped job waits for each worker thread to end once its BLAST+ runs are killed.
+STOP_SECONDS = 10.0
 
 
 def run_local_job(job: Job, workers: int, command: list[str]) -> RunRecord:
@@ -65,7 +67,12 @@ def run_local_job(job: Job, workers: int, command: list[str]) -> RunRecord:
             else thread_runner(job, plan, workdir, store, workers)
         )
         # ranks as an MPI job of the same workers counts them: the master and one per worker
-        record = run_master(job, plan, workers + 1, runner, command, journal, replay, store)
+        try:
+            record = run_master(job, plan, workers + 1, runner, command, journal, replay, store)
+        except Exception:
+            if job.verified is not None:
+                job.verified()  # a damaged database is the error to say, whatever a BLAST+ run met
+            raise
         record.runner = "local"
         return record
     finally:
@@ -113,13 +120,17 @@ def thread_runner(job: Job, plan: Plan, workdir: Path, store: Store | None, work
         for t in threads:
             t.start()
         try:
-            drive(master, ThreadTransport(inboxes, results))
+            drive(master, ThreadTransport(inboxes, results, master.confirm_if_failed))
         except BaseException:
-            stop_children()  # the workers' BLAST+ runs, so no thread outlives the job by much
-            raise
-        finally:
+            stop_children()  # the workers' BLAST+ runs, so that each thread ends at once
             for inbox in inboxes.values():
                 inbox.put(None)
+            for t in threads:  # before the job's directories go: no thread outlives the job
+                t.join(timeout=STOP_SECONDS)
+            stop_children()  # a fork server a thread started meanwhile
+            raise
+        for inbox in inboxes.values():
+            inbox.put(None)
         for t in threads:
             t.join()
         return [figures[w] for w in sorted(figures)]
@@ -137,15 +148,17 @@ def _read_members(job: Job) -> None:
 
 class ThreadTransport(Transport[Task, Result]):
     """Worker threads: a task goes into the worker's inbox, results come back on one queue; the master
-    looks up every WAIT_SECONDS so that an interrupt is raised between looks."""
+    looks up every WAIT_SECONDS so that an interrupt is raised between looks, and calls `looking` there."""
 
     def __init__(
         self,
         inboxes: dict[int, queue.SimpleQueue[Task | None]],
         results: queue.SimpleQueue[tuple[int, Result | BaseException]],
+        looking: Callable[[], None] = lambda: None,
     ):
         self.inboxes = inboxes
         self.results = results
+        self.looking = looking
 
     def ready(self) -> list[int]:
         return sorted(self.inboxes)
@@ -163,7 +176,7 @@ class ThreadTransport(Transport[Task, Result]):
                 worker, outcome = self.results.get(timeout=WAIT_SECONDS)
                 break
             except queue.Empty:
-                continue
+                self.looking()  # e.g. a damaged database ends the job now, not at a result
         if isinstance(outcome, BaseException):
             raise outcome
         return Arrival(worker, outcome)
@@ -180,14 +193,13 @@ def _work(
     stats: RankStats,
 ) -> None:
     """A worker thread: tasks from its inbox until None; a failure goes to the master, which raises it."""
-    workdir.mkdir()
-    warm_up(job.program)  # this thread's plain BLAST+ fork server starts now, ready for its first piece
-    while (task := inbox.get()) is not None:
-        try:
+    try:
+        workdir.mkdir()
+        warm_up(job.program)  # this thread's plain BLAST+ fork server starts now, ready for its first piece
+        while (task := inbox.get()) is not None:
             results.put((worker, execute(task, job, plan, workdir, stats, store)))
-        except BaseException as exc:  # the master ends the job with it
-            results.put((worker, exc))
-            break
+    except BaseException as exc:  # the master ends the job with it (or has ended it already)
+        results.put((worker, exc))
     stats.python_cpu_seconds = round(time.thread_time(), 3)  # this thread's own
     stats.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's
     stats.peak_blast_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024

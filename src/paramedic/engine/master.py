@@ -16,7 +16,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from paramedic.blast.hits import FragmentSearch
 from paramedic.engine.journal import NOTHING, Journal, Replay
@@ -24,6 +24,9 @@ from paramedic.engine.scheduler import PieceTask, Scheduler, SearchTask, Task
 from paramedic.output.stitch import Agreement
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats
+
+if TYPE_CHECKING:
+    from paramedic.engine.job import Digest
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class Master:
         journal: Journal | None = None,
         replay: Replay = NOTHING,
         choose_sink: ChooseSink | None = None,
+        verified: Digest | None = None,
     ):
         if (sink is None) == (choose_sink is None):
             raise ValueError("a master needs a sink, or a way to choose one (--ship auto)")
@@ -119,11 +123,26 @@ class Master:
         self.probe: PieceTask | None = None  # --ship auto: the piece that decides, once released
         self.probe_handed_out = False
         self.scheduler.hold_pieces = sink is None or sink.holds_pieces
+        # The database's digest, when it still runs (paramedic.engine.job `Job.verified`): waited for
+        # before anything the workers found is taken, journaled or written.
+        self._verified = verified
+
+    def confirm(self) -> None:
+        """Wait for the database's digest if it still runs; raises its refusal."""
+        if self._verified is not None:
+            self._verified()
+            self._verified = None
+
+    def confirm_if_failed(self) -> None:
+        """Raise the digest's refusal if it has already come (a runner's look while it waits)."""
+        if self._verified is not None and self._verified.failed:
+            self.confirm()
 
     # -- the runner's calls -------------------------------------------------------------------------
     def start(self) -> None:
         """Before the first task: what an earlier run of the job finished (the journal)."""
         if self.journal is not None:
+            self.confirm()  # what the journal holds is written from here
             # alignments travel with the tasks only when the workers cannot read them in the store
             inline = self.scheduler.keep_alignments and not self.scheduler.alignments_stored
             for task in self.replay.searches:
@@ -145,6 +164,7 @@ class Master:
 
     def accept(self, result: Result) -> None:
         """A worker's result. Recorded in the journal before it counts."""
+        self.confirm()
         start = time.perf_counter()
         if isinstance(result, SearchResult):
             if self.journal is not None and not result.stored:
@@ -178,6 +198,7 @@ class Master:
 
     def commit(self) -> None:
         """Every piece is written or shipped: the output is made final; the journal goes."""
+        self.confirm()
         assert self.sink is not None
         self.sink.commit()
 

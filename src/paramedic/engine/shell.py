@@ -85,6 +85,7 @@ def run_master(
             journal,
             replay,
             auto_chooser(job, plan, link, journal) if auto else None,
+            job.verified,
         )
         if published is not None:  # an earlier run's job finished at the site: nothing is left to do
             for piece in range(len(plan.pieces)):

@@ -29,8 +29,6 @@ from paramedic.output.stitch import AgreementCheck, stitch_alone
 from paramedic.output.strategies import output_strategy
 from paramedic.output.writer import ByteSink, LocalFile, OrderedWriter
 from paramedic.report.record import ShipReport
-from paramedic.ship.auto import METADATA, Link, decide, measure_link
-from paramedic.ship.client import finished_job
 from paramedic.ship.codecs import JobSpec
 from paramedic.ship.destination import Shipping, cancel_site_job, start_shipping
 from paramedic.ship.registry import codec_for_mode, ships_pieces
@@ -38,6 +36,7 @@ from paramedic.ship.transport import SiteError
 
 if TYPE_CHECKING:  # MPI is started by whoever imports mpi4py.MPI: only the ranks do (paramedic.engine.mpiio)
     from paramedic.engine.mpiio import Holder, OutputFile
+    from paramedic.ship.auto import Link
 
 
 class WriterSink:
@@ -232,6 +231,8 @@ def auto_chooser(job: Job, plan: Plan, link: Link | None, journal: Journal | Non
     """--ship auto: the function that, given the probe's regenerated output and cost, decides by the
     ParaMEDIC rule (paramedic.ship.auto) and opens the sink."""
 
+    from paramedic.ship.auto import METADATA, decide  # TLS and the link's rule: only when shipping
+
     def choose(probe: PieceTask, result: PieceResult) -> Sink:
         start = time.perf_counter()
         _, payload = codec_for_mode(METADATA).encode((probe.first_query, probe.subjects or (), job.db.nseq))
@@ -274,6 +275,8 @@ def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = Non
 
 def measure_site(job: Job) -> Link | None:
     """--ship auto: measure the link before the search (and check the replica early)."""
+    from paramedic.ship.auto import measure_link
+
     assert job.ship is not None
     link, manifest = measure_link(job.ship.site, job.ship.keys)
     if manifest is not None and manifest != job.manifest_checksum:
@@ -293,6 +296,8 @@ def published_earlier(job: Job, journal: Journal | None) -> dict[str, Any] | Non
     earlier = journal.earlier_site_job()
     if earlier is None or job.ship.site.scheme != "tls":
         return None
+    from paramedic.ship.client import finished_job
+
     return finished_job(job.ship.site, job.ship.keys, earlier, job.ship.out)
 
 

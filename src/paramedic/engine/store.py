@@ -56,7 +56,7 @@ from paramedic.errors import OutputError
 ALIGNMENTS_VARIABLE = "PARAMEDIC_ALIGNMENTS"
 
 MAGIC = b"paramedic-search 3\n"
-LISTS_MAGIC = b"paramedic-lists 1\n"
+LISTS_MAGIC = b"paramedic-lists 2\n"  # 2: HSP contexts relative to their query (1 was ignored)
 LISTS_SUFFIX = ".lists"
 TAG_BYTES = 32
 _LENGTH = struct.Struct(">Q")

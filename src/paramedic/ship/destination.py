@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import paramedic.ship.client  # noqa: F401  (registers the tls:// transport)
-import paramedic.ship.inbox_client  # noqa: F401  (registers the file:// transport)
 from paramedic.blast.options import BlastOptions
 from paramedic.errors import UsageError
 from paramedic.report.record import ShipReport

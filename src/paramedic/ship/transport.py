@@ -4,11 +4,12 @@ address, and the registry of transports by URL scheme.
 A transport carries one job's setup, chunks and final request to the storage site (`ship.client`: TLS
 streams, `tls://`; `ship.inbox_client`: files in a shared directory, `file://`) and brings back its
 answers. It registers itself for its scheme with `@register_transport`; `ship.destination` opens the one
-a `--site` URL names. A new transport is one module plus its import in `ship.destination`.
+a `--site` URL names. A new transport is one module plus its line in `PLUGINS`.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +109,9 @@ class Transport(Protocol):
 
 TransportFactory = Callable[[Opening], Transport]
 TRANSPORTS: dict[str, TransportFactory] = {}
+# The module that registers each scheme's transport, imported when a site of that scheme is first
+# opened: a search that ships nothing does not import TLS and its client at start.
+PLUGINS = {"tls": "paramedic.ship.client", "file": "paramedic.ship.inbox_client"}
 
 
 def register_transport(scheme: str) -> Callable[[TransportFactory], TransportFactory]:
@@ -120,7 +124,10 @@ def register_transport(scheme: str) -> Callable[[TransportFactory], TransportFac
 
 def open_transport(opening: Opening) -> Transport:
     """The transport for the opening's address (not started)."""
-    factory = TRANSPORTS.get(opening.address.scheme)
+    scheme = opening.address.scheme
+    if scheme not in TRANSPORTS and scheme in PLUGINS:
+        importlib.import_module(PLUGINS[scheme])
+    factory = TRANSPORTS.get(scheme)
     if factory is None:
         raise UsageError(f"no transport for {opening.address.scheme}:// sites")
     return factory(opening)

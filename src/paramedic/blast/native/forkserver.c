@@ -18,6 +18,11 @@
  *            shim preloaded with the server reads its mode from the child's environment.)
  *   reply:   int32 exit status (the exit code, or 128 + signal number).
  * End of input ends the server. Without PARAMEDIC_FORKSERVER_FDS the program runs normally.
+ *
+ * Large allocations (16 MB and more) are marked for transparent huge pages (madvise MADV_HUGEPAGE, which
+ * the kernel honours when its THP mode is "madvise" or "always"). Why: megablast's lookup table is a
+ * 64 MB hash that every search allocates and touches all over, 16,000 page faults (a third of a small
+ * fragment search's CPU); 2 MB pages make that about 40. The bytes are the same, so are the results.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -27,10 +32,36 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 typedef int (*main_fn)(int, char **, char **);
+
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+
+#define HUGE_PAGE ((uintptr_t)2 << 20)
+#define HUGE_FROM ((size_t)16 << 20)
+
+/* The whole 2 MB pages inside [p, p + size): glibc gives such blocks pages of their own (mmap). */
+static void advise_huge(void *p, size_t size) {
+    uintptr_t start = ((uintptr_t)p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    uintptr_t end = ((uintptr_t)p + size) & ~(HUGE_PAGE - 1);
+    if (end > start) madvise((void *)start, end - start, MADV_HUGEPAGE);
+}
+
+void *malloc(size_t size) {
+    void *p = __libc_malloc(size);
+    if (p != NULL && size >= HUGE_FROM) advise_huge(p, size);
+    return p;
+}
+
+void *calloc(size_t n, size_t size) {
+    void *p = __libc_calloc(n, size);
+    if (p != NULL && size != 0 && n >= HUGE_FROM / size) advise_huge(p, n * size);
+    return p;
+}
 typedef int (*start_fn)(main_fn, int, char **, main_fn, void (*)(void), void (*)(void), void *);
 
 extern char **environ;

@@ -388,6 +388,11 @@ Int4 BLAST_PreliminarySearchEngine(int program, void *query, void *query_info, c
                 inject.pending = hsp_stream;
                 inject.batch_at = inject.at + sizeof counts;
                 inject.batch_lists = counts[1];
+            } else {
+                /* Not the batch the engine expected: this and every later batch scan, for the
+                 * records that follow would be matched against the wrong queries. */
+                free(inject.data);
+                inject.data = NULL;
             }
         }
         if (inject.pending == NULL) {
