@@ -76,7 +76,7 @@ test-integration: setup slurm chromium mpi-trace data
 # The MPI runners tested inside real ranks, as mpi4py tests itself (tests/mpi): the test process is every
 # rank, under mpiexec -n 2, 3 and 4, with line and branch coverage of those modules (about a minute).
 MPI_RUNNERS := src/paramedic/engine/launch.py,src/paramedic/engine/ranks.py,src/paramedic/engine/partitions.py,\
-  src/paramedic/engine/roles.py,src/paramedic/engine/mpiio.py
+  src/paramedic/engine/roles.py,src/paramedic/engine/mpiio.py,src/paramedic/engine/runner.py
 .PHONY: test-mpi
 test-mpi: setup data
 	rm -f .coverage.mpi .coverage.mpi.*

@@ -1,49 +1,37 @@
 """Two-level scheduling without MPI (paramedic.engine.hierarchy): a supermaster and partition masters
-driven in virtual time; the output equals one master's, segments flow to the fastest partition."""
+driven in virtual time by the engine's runner loop; the output equals one master's, segments flow to the fastest partition."""
 
 from __future__ import annotations
 
-import heapq
-
 import pytest
 
-from paramedic.engine.hierarchy import PartitionMaster, Segment, Supermaster, partitions
+from paramedic.engine.hierarchy import PartitionMaster, Segment, SegmentMaster, Supermaster, partitions
 from paramedic.engine.master import Master
-from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
+from paramedic.engine.scheduler import Plan, Scheduler, SearchTask, Task
+from paramedic.engine.virtual import ForwardSink, PartitionsLink, VirtualNetwork, WorkersLink
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats
 from tests.unit.test_master import PLAN, expected_output, run_task, writer
 
 
-class Forward:
-    """A partition master's sink: pieces go to the supermaster's writer (over MPI in the real runner)."""
+class Speeds(WorkersLink):
+    """A partition's workers in virtual time, each at its own speed: a task takes 1 / speed."""
 
-    holds_pieces = False
+    def __init__(self, plan: Plan, speeds: list[float], up: PartitionsLink):
+        super().__init__(len(speeds), lambda task: run_task(task, plan), up=up)
+        self.speeds = speeds
 
-    def __init__(self, supermaster: Supermaster, sink) -> None:
-        self.supermaster = supermaster
-        self.sink = sink
-
-    def add(self, index: int, data: bytes) -> int:
-        self.supermaster.piece_done(index)
-        return self.sink.add(index, data)
-
-    def ship(self, tasks: list[PieceTask]) -> int:
-        raise AssertionError("pieces are written here")
-
-    def commit(self) -> None: ...
-
-    def abort(self) -> None: ...
+    def due(self, worker: int, task: Task) -> float:
+        return self.now + 1 / self.speeds[worker - 1]
 
 
 def run(
     plan: Plan, speeds: list[list[float]], done_pieces: tuple[int, ...] = ()
 ) -> tuple[bytes, dict[int, list[int]]]:
-    """Partitions with workers of the given speeds (task seconds = 1 / speed); returns the output and,
-    per partition, the batches it got."""
+    """Partitions with workers of the given speeds, every master on the engine's runner loop in one
+    virtual time (paramedic.engine.virtual); returns the output and, per partition, the batches it got."""
     sink, memory = writer(plan)
     supermaster = Supermaster(plan, done_pieces)
-    forward = Forward(supermaster, sink)
     for index in done_pieces:  # an earlier run wrote them (the journal)
         sink.add(
             index,
@@ -53,39 +41,24 @@ def run(
                 if int(line[1 : line.index(b"\t")]) in plan.pieces[index]
             ),
         )
-    masters = []
+    network = VirtualNetwork()
+    rank0 = PartitionsLink()
+    links = []
     for workers in speeds:
-        scheduler = Scheduler(plan, assigned=set())
-        masters.append(
-            PartitionMaster(
-                Master(scheduler, forward, Progress(0, quiet=True), RankStats(0, "master")), len(workers)
-            )
-        )
-    events: list[tuple[float, int, int, object]] = []  # (time, partition, worker, task)
-    idle = [list(range(len(w))) for w in speeds]
-    now = 0.0
+        link = Speeds(plan, workers, rank0)
+        master = Master(Scheduler(plan, assigned=set()), ForwardSink(link), Progress(0, quiet=True),
+                        RankStats(0, "master"))  # fmt: skip
+        link.partition = PartitionMaster(master, len(workers))
+        network.join(master, link)
+        links.append(link)
+    network.join(
+        SegmentMaster(supermaster, sink, Progress(0, quiet=True), RankStats(0, "supermaster")), rank0
+    )
+    network.run()
+    assert supermaster.finished and all(link.partition.finished for link in links)
     got: dict[int, list[int]] = {p: [] for p in range(len(speeds))}
-    while not supermaster.finished:
-        for p, pm in enumerate(masters):
-            while pm.wants_segment():
-                pm.requested = True
-                segment = supermaster.next_segment(p)
-                if segment is not None:
-                    got[p].append(segment.batch)
-                pm.receive(segment)
-            while idle[p]:
-                task = pm.master.next_task(idle[p][0])
-                if task is None:
-                    break
-                worker = idle[p].pop(0)
-                heapq.heappush(events, (now + 1 / speeds[p][worker], p, worker, task))
-        if supermaster.finished:
-            break
-        assert events, "stalled"
-        now, p, worker, task = heapq.heappop(events)
-        masters[p].master.accept(run_task(task, plan))
-        idle[p].append(worker)
-    assert all(pm.finished or not pm.exhausted for pm in masters)
+    for batch, p in sorted(supermaster.handed.items()):
+        got[p].append(batch)
     sink.commit()
     return bytes(memory.data), got
 

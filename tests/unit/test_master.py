@@ -1,17 +1,18 @@
-"""The master without MPI (paramedic.engine.master), driven in virtual time by simulated workers: tasks
-out, results in, output in order; --ship auto's probe is an ordinary task while the others search."""
+"""The master without MPI (paramedic.engine.master), driven in virtual time by the engine's own runner
+loop (paramedic.engine.runner over paramedic.engine.virtual): tasks out, results in, output in order; --ship auto's probe is an ordinary task while the others search."""
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
 import pytest
 
 from paramedic.blast.hits import Hit
-from paramedic.engine.master import Master, PieceResult, Result, SearchResult, run_serial
+from paramedic.engine.master import Master, PieceResult, Result, SearchResult
+from paramedic.engine.runner import drive, run_serial
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask, Task
 from paramedic.engine.sinks import WriterSink
+from paramedic.engine.virtual import VirtualTransport
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats
 from tests.unit.fragments import searched
@@ -97,28 +98,11 @@ def master(sink=None, choose=None, plan: Plan = PLAN) -> Master:
 
 
 def simulate(m: Master, workers: int, seconds=lambda task: 1.0) -> list[tuple[float, str, Task]]:
-    """Workers in virtual time: each idle worker gets a task, results come back when their time is up.
-    Returns the events (time, "start"/"done", task)."""
-    m.start()
-    events: list[tuple[float, str, Task]] = []
-    running: list[tuple[float, int, int, Task]] = []  # (end time, order, worker, task)
-    idle = list(range(1, workers + 1))
-    now, order = 0.0, 0
-    while not m.finished:
-        while idle:
-            task = m.next_task(idle[0])
-            if task is None:
-                break
-            worker = idle.pop(0)
-            events.append((now, "start", task))
-            order += 1
-            heapq.heappush(running, (now + seconds(task), order, worker, task))
-        assert running, "stalled: no task running and none to hand out"
-        now, _, worker, task = heapq.heappop(running)
-        events.append((now, "done", task))
-        m.accept(run_task(task))
-        idle.append(worker)
-    return events
+    """Workers in virtual time, over the engine's own runner loop: each idle worker gets a task, results
+    come back when their time is up. Returns the events (time, "start"/"done", task)."""
+    clock = VirtualTransport(workers, run_task, seconds)
+    drive(m, clock)
+    return clock.log
 
 
 def started(events, kind) -> list:

@@ -8,12 +8,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections import deque
 from pathlib import Path
 
 import pytest
 
 from paramedic.cli import main
-from paramedic.engine.master import Master, PieceResult, SearchResult
+from paramedic.engine.master import Master, PieceResult, Result, SearchResult
+from paramedic.engine.runner import Arrival, Transport
+from paramedic.engine.runner import drive as runner_drive
 from paramedic.engine.scheduler import Plan, Scheduler, SearchTask, Task
 from paramedic.engine.simulate import CostModel, SimulateSettings, predict
 from paramedic.errors import UsageError
@@ -221,36 +224,55 @@ class ScanningScheduler(Scheduler):
         raise AssertionError("an open batch with nothing pending")
 
 
-def drive(scheduler: Scheduler, rng: random.Random, workers: int, segments: list[int] | None) -> list:
-    """Hand out tasks to random idle workers, finish them in random order, give segments one by one;
-    returns every decision."""
-    plan = scheduler.plan
-    master = Master(scheduler, writer(plan)[0], Progress(0, quiet=True), RankStats(0, "m"))
-    master.start()
-    decisions: list = []
-    running: list = []
-    idle = list(range(1, workers + 1))
-    while not scheduler.finished:
-        if segments and (rng.random() < 0.3 or not running):
-            scheduler.assign(segments.pop(0))
-        rng.shuffle(idle)
-        while idle:
-            task = master.next_task(idle[-1])
-            decisions.append((idle[-1], task))
-            if task is None:
-                break
-            running.append((idle.pop(), task))
-        if not running:
-            assert segments, "stalled"
-            continue
-        worker, task = running.pop(rng.randrange(len(running)))
-        idle.append(worker)
+class RandomOrder(Transport[Task, Result]):
+    """Workers whose results come back in a random order, asked for in a random order, with a
+    partition's segments given one by one at random moments; keeps every task sent."""
+
+    def __init__(self, scheduler: Scheduler, rng: random.Random, workers: int, segments: list[int] | None):
+        self.scheduler = scheduler
+        self.rng = rng
+        self.count = workers
+        self.segments = segments
+        self.running: list[tuple[int, Task]] = []
+        self.sent: list[tuple[int, Task]] = []
+
+    def ready(self) -> range:
+        return range(1, self.count + 1)
+
+    @property
+    def workers(self) -> int:
+        return self.count
+
+    def between(self, idle: deque[int]) -> bool:
+        if self.segments and (self.rng.random() < 0.3 or not self.running):
+            self.scheduler.assign(self.segments.pop(0))
+        self.rng.shuffle(idle)
+        return False
+
+    @property
+    def may_stall(self) -> bool:
+        return not self.segments
+
+    def send(self, worker: int, task: Task) -> None:
+        self.sent.append((worker, task))
+        self.running.append((worker, task))
+
+    def receive(self) -> Arrival[Result] | None:
+        if not self.running:
+            return None  # every worker waits for the next segment
+        worker, task = self.running.pop(self.rng.randrange(len(self.running)))
         if isinstance(task, SearchTask):
-            hits = [[] for _ in plan.batches[task.batch]]
-            master.accept(SearchResult(task, searched(hits)))
-        else:
-            master.accept(PieceResult(task, b"", 0.0))
-    return decisions
+            hits = [[] for _ in self.scheduler.plan.batches[task.batch]]
+            return Arrival(worker, SearchResult(task, searched(hits)))
+        return Arrival(worker, PieceResult(task, b"", 0.0))
+
+
+def drive(scheduler: Scheduler, rng: random.Random, workers: int, segments: list[int] | None) -> list:
+    """The engine's runner loop over `RandomOrder`; returns every task handed out, to whom."""
+    master = Master(scheduler, writer(scheduler.plan)[0], Progress(0, quiet=True), RankStats(0, "m"))
+    transport = RandomOrder(scheduler, rng, workers, segments)
+    runner_drive(master, transport)
+    return transport.sent
 
 
 @pytest.mark.parametrize("replica_group", [None, 2])

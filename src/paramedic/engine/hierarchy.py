@@ -10,18 +10,25 @@ tasks it could still hand out fall below its number of workers), so segments flo
 work fastest: dynamic balancing at both levels.
 
 Pure objects, events in and decisions out: the MPI runner (paramedic.engine.partitions) and the
-predictor drive the same ones.
+predictor drive the same ones, each master with the one runner loop (paramedic.engine.runner): a
+partition master's Master over its workers, and rank 0's `SegmentMaster` over the partition masters,
+whose tasks are segments (the answer to a partition's request) and whose results are finished pieces.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from paramedic.blast.hits import FragmentSearch
-from paramedic.engine.master import Master
-from paramedic.engine.scheduler import Plan, SearchTask
+from paramedic.engine.journal import Journal
+from paramedic.engine.master import HoldingSink, Master, PieceHeld, Sink
+from paramedic.engine.scheduler import PieceTask, Plan, SearchTask
+from paramedic.report.progress import Progress
+from paramedic.report.record import RankStats
 
 
 @dataclass(frozen=True)
@@ -120,3 +127,79 @@ class PartitionMaster:
     @property
     def finished(self) -> bool:
         return self.exhausted and self.master.scheduler.idle
+
+
+@dataclass(frozen=True)
+class NoSegment:
+    """The supermaster's answer to a request when no segment is left (the partition then ends)."""
+
+
+NO_SEGMENT = NoSegment()
+Answer = Segment | NoSegment  # what rank 0 hands a partition master that asked
+
+
+@dataclass(frozen=True)
+class PieceUp:
+    """A partition's regenerated piece, for rank 0 to write (and journal)."""
+
+    index: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class PiecesShipped:
+    """A partition's released pieces, for rank 0 to ship as metadata."""
+
+    tasks: list[PieceTask]
+
+
+PartitionResult = PieceUp | PiecesShipped | PieceHeld
+
+
+class SegmentMaster:
+    """Rank 0 with partitions, as the runner loop drives it: a partition master that asks is an idle
+    worker, and its task is the answer (the next segment, or none left); a finished piece is its result,
+    written or shipped here (journaled first when written), as one master does with its own."""
+
+    per_worker = False
+
+    def __init__(
+        self,
+        supermaster: Supermaster,
+        sink: Sink,
+        progress: Progress,
+        stats: RankStats,
+        journal: Journal | None = None,
+    ):
+        self.supermaster = supermaster
+        self.sink = sink
+        self.progress = progress
+        self.stats = stats
+        self.journal = journal
+
+    def start(self) -> None:
+        pass
+
+    def next_task(self, partition: int) -> Answer:
+        return self.supermaster.next_segment(partition) or NO_SEGMENT
+
+    def accept(self, result: PartitionResult) -> None:
+        if isinstance(result, PieceHeld):  # a worker holds the bytes: only placed here
+            self.supermaster.piece_done(result.task.piece)
+            self.progress.advance(cast(HoldingSink, self.sink).held(result))
+            return
+        written = time.perf_counter()  # the journal and the writing count as writing, as under one master
+        if isinstance(result, PieceUp):
+            if self.journal is not None:
+                self.journal.piece_done(result.index, result.data)
+            self.supermaster.piece_done(result.index)
+            self.progress.advance(self.sink.add(result.index, result.data))
+        else:
+            for task in result.tasks:
+                self.supermaster.piece_done(task.piece)
+            self.progress.advance(self.sink.ship(result.tasks))
+        self.stats.add("write", time.perf_counter() - written)
+
+    @property
+    def finished(self) -> bool:
+        return self.supermaster.finished

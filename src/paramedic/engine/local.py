@@ -28,8 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -39,11 +38,11 @@ from paramedic.db.manifest import fragment_members
 from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
 from paramedic.engine.journal import NOTHING, Journal, Replay
-from paramedic.engine.master import Master, Result, next_for_idle
+from paramedic.engine.master import Master, Result
+from paramedic.engine.runner import Arrival, Transport, drive
 from paramedic.engine.scheduler import Plan, Task
 from paramedic.engine.shell import Runner, run_master, serial_runner
 from paramedic.engine.store import ALIGNMENTS_VARIABLE, Store
-from paramedic.errors import InternalError
 from paramedic.report.record import RankStats, RunRecord
 
 # How often the master looks up from waiting for a result (an interrupt is raised between looks).
@@ -121,7 +120,7 @@ def thread_runner(job: Job, plan: Plan, workdir: Path, store: Store | None, work
         for t in threads:
             t.start()
         try:
-            _drive(master, inboxes, results)
+            drive(master, ThreadTransport(inboxes, results, master.confirm_if_failed))
         except BaseException:
             stop_children()  # the workers' BLAST+ runs, so that each thread ends at once
             for inbox in inboxes.values():
@@ -147,36 +146,40 @@ def _read_members(job: Job) -> None:
         pass
 
 
-def _drive(
-    master: Master,
-    inboxes: dict[int, queue.SimpleQueue[Task | None]],
-    results: queue.SimpleQueue[tuple[int, Result | BaseException]],
-) -> None:
-    """The master's loop: idle workers get tasks, results go to the master, until the job is done."""
-    master.start()
-    idle: deque[int] = deque(sorted(inboxes))
-    busy = 0
-    while not master.finished:
-        while idle:
-            handed = next_for_idle(master, idle)
-            if handed is None:
-                break
-            worker, task = handed
-            inboxes[worker].put(task)
-            busy += 1
-        if not busy:
-            raise InternalError("internal: the scheduler stalled with every worker idle")
+class ThreadTransport(Transport[Task, Result]):
+    """Worker threads: a task goes into the worker's inbox, results come back on one queue; the master
+    looks up every WAIT_SECONDS so that an interrupt is raised between looks, and calls `looking` there."""
+
+    def __init__(
+        self,
+        inboxes: dict[int, queue.SimpleQueue[Task | None]],
+        results: queue.SimpleQueue[tuple[int, Result | BaseException]],
+        looking: Callable[[], None] = lambda: None,
+    ):
+        self.inboxes = inboxes
+        self.results = results
+        self.looking = looking
+
+    def ready(self) -> list[int]:
+        return sorted(self.inboxes)
+
+    @property
+    def workers(self) -> int:
+        return len(self.inboxes)
+
+    def send(self, worker: int, task: Task) -> None:
+        self.inboxes[worker].put(task)
+
+    def receive(self) -> Arrival[Result]:
         while True:
             try:
-                worker, outcome = results.get(timeout=WAIT_SECONDS)
+                worker, outcome = self.results.get(timeout=WAIT_SECONDS)
                 break
             except queue.Empty:
-                master.confirm_if_failed()  # a damaged database ends the job now, not at a result
-        busy -= 1
-        idle.append(worker)
+                self.looking()  # e.g. a damaged database ends the job now, not at a result
         if isinstance(outcome, BaseException):
             raise outcome
-        master.accept(outcome)
+        return Arrival(worker, outcome)
 
 
 def _work(

@@ -1,7 +1,7 @@
 """Rank 0's part of a job as a plain object: results in, tasks and output out. No MPI, no BLAST+.
 
-A runner (paramedic.engine.roles: over MPI, or the single rank doing its own tasks) asks the Master for
-a task whenever a worker is idle and hands it every result. The Master merges through the scheduler,
+The runner loop (paramedic.engine.runner, over MPI ranks, threads, the single rank or virtual time) asks
+the Master for a task whenever a worker is idle and hands it every result. The Master merges through the scheduler,
 keeps the journal (durable before a result counts), and sends released pieces to the output sink:
 regenerated pieces to a writer, or, when pieces ship as metadata, the pieces themselves. With `--ship
 auto` there is no sink at first: the first released piece goes to a worker as the probe, an ordinary
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
@@ -22,7 +21,6 @@ from typing import TYPE_CHECKING, Protocol, cast
 from paramedic.blast.hits import FragmentSearch
 from paramedic.engine.journal import NOTHING, Journal, Replay
 from paramedic.engine.scheduler import PieceTask, Scheduler, SearchTask, Task
-from paramedic.errors import InternalError
 from paramedic.output.stitch import Agreement
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats
@@ -193,6 +191,11 @@ class Master:
     def finished(self) -> bool:
         return self.scheduler.finished
 
+    @property
+    def per_worker(self) -> bool:
+        """Whether the task handed out depends on which idle worker asks (--stage)."""
+        return self.scheduler.per_worker
+
     def commit(self) -> None:
         """Every piece is written or shipped: the output is made final; the journal goes."""
         self.confirm()
@@ -244,24 +247,3 @@ class Master:
             if data is not None:
                 self.scheduler.mark_piece_done(index)
                 self.progress.advance(self.sink.add(index, data))
-
-
-def run_serial(master: Master, execute: Callable[[Task], Result]) -> None:
-    """The single-rank runner: the master's own rank does every task, in the order handed out."""
-    master.start()
-    while not master.finished:
-        task = master.next_task(0)
-        if task is None:
-            raise InternalError("internal: the scheduler stalled with no task for the only rank")
-        master.accept(execute(task))
-
-
-def next_for_idle(master: Master, idle: deque[int]) -> tuple[int, Task] | None:
-    """The first idle worker the master has a task for, taken off `idle`. Only the first is asked unless
-    the answer depends on the worker (--stage: paramedic.engine.scheduler `per_worker`)."""
-    for worker in list(idle) if master.scheduler.per_worker else [idle[0]]:
-        task = master.next_task(worker)
-        if task is not None:
-            idle.remove(worker)
-            return worker, task
-    return None

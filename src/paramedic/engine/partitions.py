@@ -20,15 +20,25 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 from mpi4py import MPI
 
 from paramedic.blast.forkserver import close_fork_servers
 from paramedic.blast.hits import FragmentSearch
-from paramedic.engine.hierarchy import PartitionMaster, Segment, Supermaster, partitions
+from paramedic.engine.hierarchy import (
+    Answer,
+    PartitionMaster,
+    PartitionResult,
+    PiecesShipped,
+    PieceUp,
+    Segment,
+    SegmentMaster,
+    Supermaster,
+    partitions,
+)
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal, Replay
 from paramedic.engine.master import Master, PieceHeld
@@ -43,6 +53,7 @@ from paramedic.engine.ranks import (
     run_worker,
     run_workers,
 )
+from paramedic.engine.runner import Arrival, Driven, Transport, drive
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler
 from paramedic.engine.sinks import WorkerSink, open_sink
 from paramedic.engine.staging import scheduling
@@ -301,6 +312,78 @@ class Placing:
 
 
 # -- the supermaster ---------------------------------------------------------------------------------
+class PartitionTransport(Transport[Answer, PartitionResult]):
+    """Rank 0's partition masters, as the runner loop's workers: a request (TAG_WANT) makes one idle,
+    its answer goes down as TAG_SEGMENT (None: no segment left); pieces come up as results that leave
+    the partition at work. A partition's end (TAG_DONE) brings its ranks' figures and merged subjects;
+    the work is over when every partition has ended. With workers writing the report, rank 0's placing
+    steps after every message."""
+
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        groups: list[list[int]],
+        stats: RankStats,
+        segments: SegmentMaster,
+        placing: Placing | None,
+    ):
+        self.comm = comm
+        self.count = len(groups)
+        self.running = len(groups)
+        self.stats = stats
+        self.segments = segments
+        self.placing = placing
+        self.heard = False  # placing steps after each message, not before the first
+        self.stats_of: list[RankStats] = []
+        self.merged: dict[int, list[int]] = {}
+        self.searched_again = 0
+
+    def ready(self) -> list[int]:
+        return []  # a partition master asks (TAG_WANT)
+
+    @property
+    def workers(self) -> int:
+        return self.count
+
+    def ended(self, master: Driven[Answer, PartitionResult]) -> bool:
+        return self.running == 0
+
+    def between(self, idle: deque[int]) -> bool:
+        if self.placing is not None and self.running and self.heard:
+            self.placing.step(self.segments.finished)
+        return False
+
+    def send(self, worker: int, task: Answer) -> None:
+        segment = task if isinstance(task, Segment) else None
+        self.comm.send(segment, dest=worker, tag=TAG_SEGMENT)
+
+    def receive(self) -> Arrival[PartitionResult] | None:
+        message, source, tag, nbytes = patient_recv(self.comm)
+        self.stats.received_bytes += nbytes
+        self.heard = True
+        if tag == TAG_WANT:
+            return Arrival(source, None)
+        if tag == TAG_PIECE:
+            return Arrival(source, PieceUp(*message), idle=False)
+        if tag == TAG_SHIP:
+            return Arrival(source, PiecesShipped(message), idle=False)
+        if tag == TAG_HELD:
+            return Arrival(source, message, idle=False)
+        if tag == TAG_JOINED and self.placing is not None:
+            self.placing.joined_round(source)
+        elif tag == TAG_DONE:
+            figures, part, again, written = message
+            self.stats_of.extend(figures)
+            self.merged.update(part)
+            self.searched_again += again
+            if self.placing is not None:
+                self.placing.sink.acknowledge(*written)
+            self.running -= 1
+        elif tag == TAG_ERROR:  # a partition master's own failure travels as an abort, not here
+            raise JobError(f"rank {source}: {message[0]}", message[1])
+        return None
+
+
 def _supermaster(
     job: Job,
     plan: Plan,
@@ -331,46 +414,10 @@ def _supermaster(
         placing = Placing(sink, comm, groups) if isinstance(sink, WorkerSink) else None
         if journal is not None:
             journal.kept_searches = sum(len(f) for b, f in kept.items())
-        stats_of: list[RankStats] = []
-        merged: dict[int, list[int]] = {}
-        searched_again = 0
-        running = len(groups)
-        while running:
-            message, source, tag, nbytes = patient_recv(comm)
-            stats.received_bytes += nbytes
-            if tag == TAG_WANT:
-                comm.send(supermaster.next_segment(source), dest=source, tag=TAG_SEGMENT)
-            elif tag == TAG_PIECE:  # the journal and the writing count as writing, as under one master
-                written = time.perf_counter()
-                index, data = message
-                if journal is not None:
-                    journal.piece_done(index, data)
-                supermaster.piece_done(index)
-                progress.advance(sink.add(index, data))
-                stats.add("write", time.perf_counter() - written)
-            elif tag == TAG_SHIP:
-                written = time.perf_counter()
-                for task in message:
-                    supermaster.piece_done(task.piece)
-                progress.advance(sink.ship(message))
-                stats.add("write", time.perf_counter() - written)
-            elif tag == TAG_HELD:
-                supermaster.piece_done(message.task.piece)
-                progress.advance(cast(WorkerSink, sink).held(message))
-            elif tag == TAG_JOINED and placing is not None:
-                placing.joined_round(source)
-            elif tag == TAG_DONE:
-                figures, part, again, written = message
-                stats_of.extend(figures)
-                merged.update(part)
-                searched_again += again
-                if placing is not None:
-                    placing.sink.acknowledge(*written)
-                running -= 1
-            elif tag == TAG_ERROR:  # a partition master's own failure travels as an abort, not here
-                raise JobError(f"rank {source}: {message[0]}", message[1])
-            if placing is not None and running:
-                placing.step(supermaster.finished)
+        segments = SegmentMaster(supermaster, sink, progress, stats, journal)
+        transport = PartitionTransport(comm, groups, stats, segments, placing)
+        drive(segments, transport)
+        merged, searched_again, stats_of = transport.merged, transport.searched_again, transport.stats_of
         if not supermaster.finished:
             raise InternalError("internal: the partitions finished with pieces left unwritten")
         if placing is not None:

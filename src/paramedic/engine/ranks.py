@@ -20,8 +20,9 @@ from mpi4py import MPI
 from paramedic.blast.forkserver import close_fork_servers
 from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
-from paramedic.engine.master import Master, PieceHeld, PieceResult, next_for_idle
+from paramedic.engine.master import Master, PieceHeld, PieceResult, Result
 from paramedic.engine.mpiio import Holder, OutputFile
+from paramedic.engine.runner import Arrival, Driven, Transport, drive
 from paramedic.engine.scheduler import Plan, Task
 from paramedic.engine.sinks import WorkerSink
 from paramedic.engine.store import Store
@@ -316,6 +317,130 @@ class StrategyConductor:
         return self.strategy.start_round(self.ranks)
 
 
+class RankTransport(Transport[Task, Result]):
+    """A master's workers as the ranks 1.. of `comm`. When the workers write the report (a `holder`: the
+    file is open on every rank) it also sends them the orders the conductor makes (a worker reads them
+    between tasks); a collective round: every worker is told, and the master joins the round once all
+    are in it (so it never blocks while a worker still has a result to send). A partition master's
+    `upstream` (its supermaster) is polled while it waits."""
+
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        stats: RankStats,
+        conductor: Conductor,
+        holder: Holder | None,
+        upstream: Upstream | None = None,
+        ranks: Sequence[int] | None = None,
+    ):
+        self.comm = comm
+        self.size = comm.Get_size()
+        self.stats = stats
+        self.conductor = conductor
+        self.holder = holder
+        self.upstream = upstream
+        self.names = list(ranks) if ranks is not None else list(range(self.size))
+        self.round_shares: dict[int, Round] | None = None  # the round under way
+        self.joined: set[int] = set()
+
+    def ready(self) -> list[int]:
+        return []  # each worker says it is ready (TAG_READY)
+
+    @property
+    def workers(self) -> int:
+        return self.size - 1
+
+    def send(self, worker: int, task: Task) -> None:
+        self.comm.send(task, dest=worker, tag=TAG_TASK)
+
+    def ended(self, master: Driven[Task, Result]) -> bool:
+        return self.conductor.ended
+
+    @property
+    def holding(self) -> bool:
+        return self.round_shares is not None
+
+    @property
+    def may_stall(self) -> bool:
+        return self.conductor.decides and not (self.upstream is not None and self.upstream.waiting)
+
+    def stall_error(self) -> ParamedicError:
+        return JobError("internal: scheduler stalled with every worker idle")
+
+    def send_orders(self) -> None:
+        for rank, orders in self.conductor.orders().items():
+            if rank == 0:
+                assert self.holder is not None
+                self.holder.run(orders)
+            else:
+                self.comm.send(orders, dest=rank, tag=TAG_WRITE)
+
+    def between(self, idle: deque[int]) -> bool:
+        self.send_orders()
+        if self.round_shares is None:
+            self.round_shares = self.conductor.start_round()
+            if self.round_shares is not None:
+                self.joined = set()
+                idle.clear()
+                for worker in range(1, self.size):
+                    self.comm.send(self.round_shares[worker], dest=worker, tag=TAG_ROUND)
+        if self.round_shares is not None and len(self.joined) == self.size - 1:
+            assert self.holder is not None
+            self.conductor.entering_round()
+            self.holder.round(self.round_shares[0])  # every worker is in the round: this returns
+            self.round_shares = None
+            return True
+        return False
+
+    def _poll(self) -> bool:
+        return self.conductor.poll() | (self.upstream.poll() if self.upstream is not None else False)
+
+    def receive(self) -> Arrival[Result] | None:
+        got = patient_recv_or(self.comm, also=self._poll)
+        if got is None:
+            return None
+        message, source, tag, nbytes = got
+        self.stats.received_bytes += nbytes
+        if tag == TAG_ERROR:
+            text, code = message
+            raise JobError(f"rank {self.names[source]}: {text}", code)
+        if tag == TAG_JOINED:
+            self.joined.add(source)
+            return None
+        # in a round a worker says it is ready once the round is over
+        result = message if tag == TAG_RESULT else None
+        return Arrival(source, result, idle=self.round_shares is None)
+
+    def stop(self) -> tuple[list[RankStats], tuple[int, int]]:
+        """The last orders and round with the stop, then every rank syncs and closes the file; the
+        workers' figures and the pieces and bytes written by this master and its workers."""
+        comm, holder = self.comm, self.holder
+        self.send_orders()
+        final = self.conductor.final()
+        for worker in range(1, self.size):
+            comm.send(final[worker] if final is not None else None, dest=worker, tag=TAG_STOP)
+        pieces = nbytes = 0
+        if holder is not None:
+            if final is not None:
+                holder.round(final[0])
+            holder.drain()
+            holder.file.close()
+            self.stats.add("write", holder.file.seconds)
+            pieces, nbytes = holder.written_pieces, holder.written_bytes
+        worker_stats: list[RankStats] = []
+        while len(worker_stats) < self.size - 1:
+            message, source, tag, _ = patient_recv(comm)
+            if tag == TAG_ERROR:
+                text, code = message
+                raise JobError(f"rank {self.names[source]}: {text}", code)
+            if tag == TAG_WRITTEN:
+                pieces += message[0]
+                nbytes += message[1]
+            elif tag == TAG_STATS:
+                worker_stats.append(message)
+        return sorted(worker_stats, key=lambda s: s.rank), (pieces, nbytes)
+
+
 def run_tasks(
     master: Master,
     comm: MPI.Comm,
@@ -325,92 +450,9 @@ def run_tasks(
     upstream: Upstream | None = None,
     ranks: Sequence[int] | None = None,
 ) -> tuple[list[RankStats], tuple[int, int]]:
-    """A master's runner: hands tasks to idle workers and their results to the master. When the workers
-    write the report (a `holder`: the file is open on every rank) it also sends them the orders the
-    conductor makes (a worker reads them between tasks); a collective round: every worker is told, and
-    the master joins the round once all are in it (so it never blocks while a worker still has a result
-    to send). At the end: the last orders and round with the stop, then every rank syncs and closes the
-    file. Returns the workers' figures and the pieces and bytes written by this master and its workers."""
-    size = comm.Get_size()
-    names = list(ranks) if ranks is not None else list(range(size))
-    master.start()
-    idle: deque[int] = deque()
-    busy: dict[int, Task] = {}
-    round_shares: dict[int, Round] | None = None  # the round under way
-    joined: set[int] = set()
-
-    def poll() -> bool:
-        return conductor.poll() | (upstream.poll() if upstream is not None else False)
-
-    def send_orders() -> None:
-        for rank, orders in conductor.orders().items():
-            if rank == 0:
-                assert holder is not None
-                holder.run(orders)
-            else:
-                comm.send(orders, dest=rank, tag=TAG_WRITE)
-
-    while not conductor.ended or round_shares is not None:
-        send_orders()
-        if round_shares is None:
-            round_shares = conductor.start_round()
-            if round_shares is not None:
-                joined = set()
-                idle.clear()
-                for worker in range(1, size):
-                    comm.send(round_shares[worker], dest=worker, tag=TAG_ROUND)
-        if round_shares is not None and len(joined) == size - 1:
-            assert holder is not None
-            conductor.entering_round()
-            holder.round(round_shares[0])  # every worker is in the round: this returns
-            round_shares = None
-            continue
-        while idle and round_shares is None:
-            handed = next_for_idle(master, idle)
-            if handed is None:
-                break
-            worker, task = handed
-            busy[worker] = task
-            comm.send(task, dest=worker, tag=TAG_TASK)
-        stalled = not busy and round_shares is None and len(idle) == size - 1 and not conductor.ended
-        if stalled and conductor.decides and not (upstream is not None and upstream.waiting):
-            raise JobError("internal: scheduler stalled with every worker idle")
-        got = patient_recv_or(comm, also=poll)
-        if got is None:
-            continue
-        message, source, tag, nbytes = got
-        stats.received_bytes += nbytes
-        if tag == TAG_ERROR:
-            text, code = message
-            raise JobError(f"rank {names[source]}: {text}", code)
-        if tag == TAG_RESULT:
-            busy.pop(source, None)
-            master.accept(message)
-        if tag == TAG_JOINED:
-            joined.add(source)
-        elif round_shares is None:  # in a round a worker says it is ready once the round is over
-            idle.append(source)
-    send_orders()
-    final = conductor.final()
-    for worker in range(1, size):
-        comm.send(final[worker] if final is not None else None, dest=worker, tag=TAG_STOP)
-    pieces = nbytes = 0
-    if holder is not None:
-        if final is not None:
-            holder.round(final[0])
-        holder.drain()
-        holder.file.close()
-        stats.add("write", holder.file.seconds)
-        pieces, nbytes = holder.written_pieces, holder.written_bytes
-    worker_stats: list[RankStats] = []
-    while len(worker_stats) < size - 1:
-        message, source, tag, _ = patient_recv(comm)
-        if tag == TAG_ERROR:
-            text, code = message
-            raise JobError(f"rank {names[source]}: {text}", code)
-        if tag == TAG_WRITTEN:
-            pieces += message[0]
-            nbytes += message[1]
-        elif tag == TAG_STATS:
-            worker_stats.append(message)
-    return sorted(worker_stats, key=lambda s: s.rank), (pieces, nbytes)
+    """A master's runner over MPI ranks: the one loop (paramedic.engine.runner) over `RankTransport`,
+    then the stop. Returns the workers' figures and the pieces and bytes written by this master and its
+    workers."""
+    transport = RankTransport(comm, stats, conductor, holder, upstream, ranks)
+    drive(master, transport)
+    return transport.stop()

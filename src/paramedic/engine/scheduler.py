@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import functools
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from paramedic.blast.hits import FragmentSearch, Hit, PrelimList
@@ -313,13 +313,7 @@ class Scheduler:
         held_by_others = {f for f, n in self._holders.items() if n > (f in held)}
         choice = None
         home = self.home(worker)
-        for prefer in (
-            lambda f: f in held,
-            lambda f: f in on_node,
-            lambda f: f in home,
-            lambda f: f not in held_by_others,
-            lambda f: True,
-        ):
+        for prefer in self.preferences(held, on_node, home, held_by_others):
             for batch in open_batches:
                 fragments = sorted(
                     f
@@ -341,6 +335,22 @@ class Scheduler:
             if choice.fragment not in on_node:
                 self._copying.add((node, choice.fragment))
         return choice
+
+    def preferences(
+        self, held: set[int], on_node: set[int], home: set[int], held_by_others: set[int]
+    ) -> tuple[Callable[[int], bool], ...]:
+        """The scheduling policy: an idle worker's search is the first pending fragment (of the open
+        batches, in order) that the first preference accepts, else the second's, and so on; the last must
+        accept any fragment. Here cache affinity: what the worker holds, what is staged on its node, its
+        share of a replica group, what no other worker holds. A policy is a subclass that overrides this
+        (docs/CONTRIBUTING.md "Add a scheduler policy")."""
+        return (
+            lambda f: f in held,
+            lambda f: f in on_node,
+            lambda f: f in home,
+            lambda f: f not in held_by_others,
+            lambda f: True,
+        )
 
     def _in_tail(self) -> bool:
         """Only the last batch has searches left to hand out (and no segment can still be assigned, no

@@ -159,7 +159,7 @@ def _write_page(record: RunRecord, page: Path, source: Path | None, quiet: bool)
 def serial_runner(job: Job, plan: Plan, workdir: Path, store: Store | None) -> Runner:
     """The runner of a job of one rank: the master's own rank does every task."""
     from paramedic.engine.execute import execute
-    from paramedic.engine.master import run_serial
+    from paramedic.engine.runner import run_serial
 
     def run(master: Master, stats: RankStats) -> list[RankStats]:
         run_serial(master, lambda task: execute(task, job, plan, workdir, stats, store))

@@ -25,15 +25,12 @@ partition masters and workers.
 
 from __future__ import annotations
 
-import functools
-import heapq
 import itertools
 import json
 import math
 import random
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,11 +41,19 @@ from paramedic.blast.options import BlastOptions
 from paramedic.blast.prelim import batch_residues, query_batches
 from paramedic.blast.programs import PROGRAMS
 from paramedic.db.fasta import read_fasta
-from paramedic.engine.hierarchy import PartitionMaster, Supermaster, partitions
-from paramedic.engine.master import Master, PieceResult, SearchResult
+from paramedic.engine.hierarchy import (
+    Answer,
+    PartitionMaster,
+    Segment,
+    SegmentMaster,
+    Supermaster,
+    partitions,
+)
+from paramedic.engine.master import Master, PieceResult, Result, SearchResult, Sink
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask, Task
-from paramedic.errors import InputError, UsageError
+from paramedic.engine.virtual import ForwardSink, PartitionsLink, VirtualNetwork, WorkersLink
+from paramedic.errors import InputError, ParamedicError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.output.strategies import ROUND_BYTES
 from paramedic.report.progress import Progress
@@ -407,6 +412,132 @@ class _Sink:
     def abort(self) -> None: ...
 
 
+@dataclass
+class _Shared:
+    """What every master's costs share in one prediction: the cost model, the BLAST+ work handed out,
+    and the collective output rounds (a round waits for the last task in flight anywhere)."""
+
+    model: CostModel
+    output: OutputCost
+    plan: Plan
+    message: float
+    latency: float
+    searching: int  # the ranks running BLAST+
+    work: float = 0.0  # BLAST+ seconds of every task
+    worker_busy: float = 0.0
+    tasks: int = 0
+    unwritten: int = 0  # collective rounds: placed bytes not yet written
+    round_until: float = 0.0  # ... no task starts before the round under way ends
+    rounds: int = 0
+
+    def write_round(self, barrier: float) -> None:
+        """Every worker writes its share of the unwritten bytes once all are in."""
+        self.round_until = barrier + self.unwritten * self.model.write_per_byte / self.searching
+        self.worker_busy += self.unwritten * self.model.write_per_byte
+        self.unwritten = 0
+        self.rounds += 1
+
+
+class MasterCosts(WorkersLink):
+    """A master (the only one, or a partition's) as a server in virtual time: each message it handles
+    costs it `message_seconds` and messages wait while it is busy; a search result also costs the merge,
+    and the only master's written piece its write (the output strategy's); a task reaches its worker
+    `latency_seconds` after it is sent, and no task starts before a collective round under way ends."""
+
+    def __init__(
+        self,
+        shared: _Shared,
+        workers: int,
+        execute: Callable[[Task], Result],
+        cost: Callable[[Task], float],
+        up: RankZeroCosts | None = None,
+    ):
+        super().__init__(workers, execute, cost, up)
+        self.shared = shared
+        self.free = 0.0  # the master's next free moment
+        self.busy = 0.0
+
+    def _handle(self, seconds: float, at: float | None = None) -> None:
+        """The master handles something that came at `at` (None: right after what it does now)."""
+        self.free = (self.free if at is None else max(at, self.free)) + seconds
+        self.busy += seconds
+
+    def due(self, worker: int, task: Task) -> float:
+        s = self.shared
+        self._handle(s.message)
+        seconds = self.seconds(task)
+        written = 0.0
+        if isinstance(task, PieceTask):
+            size = round(task.n_queries * s.model.output_per_query)
+            written = s.output.on_worker(size, s.model.write_per_byte)
+        s.work += seconds
+        s.worker_busy += seconds + written
+        s.tasks += 1
+        return max(self.free, s.round_until) + s.latency + seconds + written
+
+    def arrived(self, task: Task) -> None:
+        s = self.shared
+        self._handle(s.message, at=self.now)
+        if isinstance(task, SearchTask):
+            per_query = s.model.merge_per_query + s.model.keys_per_query * KEY_SECONDS
+            self._handle(per_query * len(s.plan.batches[task.batch]))
+        if s.output.round_bytes is not None and isinstance(task, PieceTask):
+            s.unwritten += round(task.n_queries * s.model.output_per_query)
+            if s.unwritten >= s.output.round_bytes:  # after the last task in flight anywhere
+                s.write_round(max([self.now, *self.network.due("done")]))
+
+    def asking(self) -> float:
+        self._handle(self.shared.message)
+        return self.free + self.shared.latency
+
+    def answered(self) -> None:
+        self._handle(self.shared.message, at=self.now)
+
+    def forwarding(self, index: int) -> float:
+        return self.free + self.shared.latency
+
+    def piece_written(self, index: int) -> None:
+        """The only master wrote a piece (its sink): rank 0's time, with the `master` strategy."""
+        s = self.shared
+        size = round(len(s.plan.pieces[index]) * s.model.output_per_query)
+        self._handle(s.output.on_rank0(size, s.model.write_per_byte))
+
+    def stall_error(self) -> ParamedicError:
+        return UsageError("internal: the simulated job stalled (the scheduler handed out no task)")
+
+
+class RankZeroCosts(PartitionsLink):
+    """Rank 0 over partitions in virtual time: a request and its answer cost it one message, a piece one
+    message and its write (the output strategy's); messages wait while it is busy."""
+
+    def __init__(self, shared: _Shared):
+        super().__init__()
+        self.shared = shared
+        self.free = 0.0
+        self.busy = 0.0
+        self.last_segment: float | None = None  # when the last segment was handed out
+
+    def _handle(self, seconds: float) -> None:
+        self.free = max(self.now, self.free) + seconds
+        self.busy += seconds
+
+    def requested(self, partition: int) -> None:
+        self._handle(self.shared.message)
+
+    def answer_due(self, answer: Answer) -> float:
+        if isinstance(answer, Segment):
+            self.last_segment = self.free
+        return self.free + self.shared.latency
+
+    def piece_arrived(self, index: int) -> None:
+        s = self.shared
+        size = round(len(s.plan.pieces[index]) * s.model.output_per_query)
+        self._handle(s.message + s.output.on_rank0(size, s.model.write_per_byte))
+
+    def stall_error(self) -> ParamedicError:
+        return UsageError("internal: the simulated job stalled (the scheduler handed out no task)")
+
+
 def simulate(settings: SimulateSettings) -> Prediction:
     """Predict the job: load the record, build the plan, run the scheduler objects in virtual time."""
     try:
@@ -418,7 +549,11 @@ def simulate(settings: SimulateSettings) -> Prediction:
     return predict(CostModel.from_record(record), settings)
 
 
-def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
+def predict(
+    model: CostModel, settings: SimulateSettings, scheduler: type[Scheduler] = Scheduler
+) -> Prediction:
+    """The job of `settings` in virtual time; `scheduler`: the scheduling policy (a subclass of the
+    engine's, docs/CONTRIBUTING.md "Add a scheduler policy")."""
     started = time.perf_counter()
     rng = random.Random(settings.seed)
     if settings.query_file is not None:
@@ -449,8 +584,6 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
     )
     whole_residues = sum(fragment_residues)
     output = OUTPUT_COSTS[settings.output_strategy]
-    message = settings.message_seconds
-    latency = settings.latency_seconds
 
     def cost(task: Task) -> float:
         return shared * blast_seconds(task)
@@ -477,185 +610,82 @@ def predict(model: CostModel, settings: SimulateSettings) -> Prediction:
             return SearchResult(task, nothing[n], stored=model.alignments_stored)
         return PieceResult(task, b"", 0.0)
 
-    # the ranks: rank 0 (master or supermaster), partitions of a master and its workers
+    # the ranks: rank 0 (the only master, or the supermaster over partitions of a master and workers),
+    # each master's loop the runner's own (paramedic.engine.runner) on one virtual clock
     ranks = settings.workers + 1
-    if settings.partition_size is None:
-        groups = [list(range(1, ranks))]
-    else:
+    partitioned = settings.partition_size is not None
+    groups = [list(range(ranks))]  # rank 0 the master, then its workers
+    if settings.partition_size is not None:
         try:
             groups = partitions(ranks, settings.partition_size)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    partitioned = settings.partition_size is not None
-    try:
-        supermaster = Supermaster(plan) if partitioned else None
-    except ValueError:
-        raise UsageError(
-            "--partition-size: the pilot's -outfmt is written in one piece (not stitched), which cannot "
-            "be cut into query segments"
-        ) from None
-    unwritten = 0  # worker-collective: placed bytes not yet written in a round
-    round_until = 0.0  # ... no task starts before the round under way ends
-    rounds = 0
-    free0 = 0.0  # rank 0's next free moment (the supermaster, or the only master)
-    busy0 = 0.0
-    end = 0.0
-    last_segment: float | None = None
-    scheduler_seconds = 0.0
-
-    def piece_written(p: int, index: int) -> None:
-        """A partition's piece reaches rank 0 (its bytes with the master strategy): rank 0's time."""
-        nonlocal free0, busy0, end
-        size = round(len(plan.pieces[index]) * model.output_per_query)
-        if supermaster is not None:
-            supermaster.piece_done(index)
-            work = message + output.on_rank0(size, model.write_per_byte)
-            start = max(free[p] + latency, free0)
-            free0 = start + work
-            busy0 += work
-            end = max(end, free0)
-        else:  # the only master writes: charged to its own time (rank 0)
-            work = output.on_rank0(size, model.write_per_byte)
-            free[p] += work
-            busy[p] += work
-
+        try:
+            supermaster = Supermaster(plan)
+        except ValueError:
+            raise UsageError(
+                "--partition-size: the pilot's -outfmt is written in one piece (not stitched), which "
+                "cannot be cut into query segments"
+            ) from None
+    searching = sum(len(group) - 1 for group in groups)  # the ranks running BLAST+
+    shared = max(1.0, searching / settings.cores) if settings.cores else 1.0
+    costs = _Shared(model, output, plan, settings.message_seconds, settings.latency_seconds, searching)
+    network = VirtualNetwork()
+    zero = RankZeroCosts(costs) if partitioned else None
+    links: list[MasterCosts] = []
     masters: list[Master] = []
-    pms: list[PartitionMaster] = []
-    for p, group in enumerate(groups):
-        scheduler = Scheduler(
+    for group in groups:
+        link = MasterCosts(costs, len(group) - 1, result, cost, zero)
+        policy = scheduler(
             plan,
             keep_alignments=model.keep_alignments,
             alignments_stored=model.alignments_stored,
             assigned=set() if partitioned else None,
             replica_group=settings.replica_group_size,
         )
-        sink = _Sink(plan, functools.partial(piece_written, p))
-        master = Master(scheduler, sink, Progress(0, quiet=True), RankStats(group[0], "master"))
-        masters.append(master)
+        sink: Sink = ForwardSink(link) if partitioned else _Sink(plan, link.piece_written)
+        master = Master(policy, sink, Progress(0, quiet=True), RankStats(group[0], "master"))
         if partitioned:
-            pms.append(PartitionMaster(master, len(group) - 1))
-    worker_ranks = [group[1:] if partitioned else group for group in groups]
-    searching = sum(len(ws) for ws in worker_ranks)  # the ranks running BLAST+ (masters use little CPU)
-    shared = max(1.0, searching / settings.cores) if settings.cores else 1.0
-    free = [0.0] * len(groups)  # each master's next free moment
-    busy = [0.0] * len(groups)
-    # a master numbers its workers from 1 (their ranks in its communicator), as the engine's runners do
-    idle: list[deque[int]] = [deque(range(1, len(ws) + 1)) for ws in worker_ranks]
-    events: list[tuple[float, int, int, int, Any]] = []  # (time, sequence, kind, partition, payload)
-    DONE, SEGMENT, REQUEST = 0, 1, 2
-    sequence = itertools.count()
-    work = 0.0
-    worker_busy = 0.0
-    tasks = 0
-
-    def write_round(barrier: float) -> None:
-        """worker-collective: every worker writes its share of the unwritten bytes once all are in."""
-        nonlocal unwritten, round_until, rounds, worker_busy
-        seconds = unwritten * model.write_per_byte / searching
-        round_until = barrier + seconds
-        worker_busy += unwritten * model.write_per_byte
-        unwritten = 0
-        rounds += 1
-
-    def dispatch(p: int) -> None:
-        nonlocal scheduler_seconds, work, worker_busy, tasks
-        master = masters[p]
-        t0 = time.perf_counter()
-        while idle[p]:
-            task = master.next_task(idle[p][0])
-            if task is None:
-                break
-            worker = idle[p].popleft()
-            free[p] += message
-            busy[p] += message
-            seconds = cost(task)
-            written = 0.0
-            if isinstance(task, PieceTask):
-                size = round(task.n_queries * model.output_per_query)
-                written = output.on_worker(size, model.write_per_byte)
-            work += seconds
-            worker_busy += seconds + written
-            tasks += 1
-            done = max(free[p], round_until) + latency + seconds + written
-            heapq.heappush(events, (done, next(sequence), DONE, p, (worker, task)))
-        if partitioned and pms[p].wants_segment():
-            pms[p].requested = True
-            free[p] += message
-            busy[p] += message
-            heapq.heappush(events, (free[p] + latency, next(sequence), REQUEST, p, None))
-        scheduler_seconds += time.perf_counter() - t0
-
-    for master in masters:
-        master.start()
-    for p in range(len(groups)):
-        dispatch(p)
-    while events:
-        now, _, kind, p, payload = heapq.heappop(events)
-        end = max(end, now)
-        if kind == REQUEST:  # at rank 0: the next segment for partition p
-            assert supermaster is not None
-            start = max(now, free0)
-            free0 = start + message
-            busy0 += message
-            t0 = time.perf_counter()
-            segment = supermaster.next_segment(groups[p][0])
-            scheduler_seconds += time.perf_counter() - t0
-            if segment is not None:
-                last_segment = free0
-            heapq.heappush(events, (free0 + latency, next(sequence), SEGMENT, p, segment))
-            continue
-        start = max(now, free[p])
-        free[p] = start + message
-        busy[p] += message
-        t0 = time.perf_counter()
-        if kind == SEGMENT:
-            pms[p].receive(payload)
-        else:
-            worker, task = payload
-            if isinstance(task, SearchTask):
-                per_query = model.merge_per_query + model.keys_per_query * KEY_SECONDS
-                merge = per_query * len(plan.batches[task.batch])
-                free[p] += merge
-                busy[p] += merge
-            masters[p].accept(result(task))  # a piece: its output costs (piece_written)
-            idle[p].append(worker)
-            if output.round_bytes is not None and isinstance(task, PieceTask):
-                unwritten += round(task.n_queries * model.output_per_query)
-                if unwritten >= output.round_bytes:  # after the last task in flight anywhere
-                    write_round(max([now, *(t for t, _, k, _, _ in events if k == DONE)]))
-        scheduler_seconds += time.perf_counter() - t0
-        dispatch(p)
-        end = max(end, free[p])
-    finished = supermaster.finished if supermaster is not None else masters[0].finished
-    if not finished:
+            link.partition = PartitionMaster(master, len(group) - 1)
+        network.join(master, link)
+        links.append(link)
+        masters.append(master)
+    segments = None
+    if zero is not None:
+        rank0 = _Sink(plan, lambda index: None)  # its cost is charged as the piece arrives
+        segments = SegmentMaster(supermaster, rank0, Progress(0, quiet=True), RankStats(0, "supermaster"))
+        network.join(segments, zero)
+    network.run()
+    if not (segments.finished if segments is not None else masters[0].finished):
         raise UsageError("internal: the simulated job stalled (the scheduler handed out no task)")
-    if output.round_bytes is not None and unwritten:
-        write_round(max(end, free0))
-    wall = max(end, free0, round_until) + model.fixed_seconds
+    end = max(network.now, *(link.free for link in links), zero.free if zero is not None else 0.0)
+    if output.round_bytes is not None and costs.unwritten:
+        costs.write_round(end)
+    wall = max(end, costs.round_until) + model.fixed_seconds
     roles: dict[str, Role] = {}
-    if partitioned:
-        roles["supermaster"] = Role(1, busy0)
-        roles["partition masters"] = Role(len(groups), sum(busy))
+    if zero is not None:
+        roles["supermaster"] = Role(1, zero.busy)
+        roles["partition masters"] = Role(len(groups), sum(link.busy for link in links))
     else:
-        roles["master"] = Role(1, sum(busy))
-    roles["workers"] = Role(sum(len(ws) for ws in worker_ranks), worker_busy)
+        roles["master"] = Role(1, links[0].busy)
+    roles["workers"] = Role(searching, costs.worker_busy)
     return Prediction(
         settings=settings,
         queries=n,
         wall_seconds=wall,
-        work_seconds=work,
+        work_seconds=costs.work,
         ranks=ranks,
         partitions=len(groups) if partitioned else 0,
         plan_batches=len(plan.batches),
         plan_pieces=len(plan.pieces),
         fragments=plan.n_fragments,
-        tasks=tasks,
+        tasks=costs.tasks,
         roles=roles,
         fixed_seconds=model.fixed_seconds,
-        scheduler_seconds=scheduler_seconds,
+        scheduler_seconds=network.loop_seconds,
         simulate_seconds=time.perf_counter() - started,
-        last_segment_seconds=last_segment,
-        output_rounds=rounds,
+        last_segment_seconds=zero.last_segment if zero is not None else None,
+        output_rounds=costs.rounds,
     )
 
 

@@ -140,7 +140,7 @@ class WorkerSink(WriterSink):
 
     # -- the end ------------------------------------------------------------------------------------
     def commit(self) -> None:
-        if not self.closed:  # a one-rank job (paramedic.engine.master.run_serial): rank 0 wrote every piece
+        if not self.closed:  # a one-rank job (paramedic.engine.runner.run_serial): rank 0 wrote every piece
             from mpi4py import MPI
 
             from paramedic.engine.mpiio import OutputFile
