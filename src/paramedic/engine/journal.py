@@ -107,8 +107,8 @@ class Journal:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)  # a --site job's journal mirrors the remote path
             path.mkdir(exist_ok=True)
-            (path / "search").mkdir(exist_ok=True)
-            (path / "piece").mkdir(exist_ok=True)
+            for part in ("search", "piece"):
+                _own_directory(path / part)
             lock = open(path / "lock", "ab")
         except OSError as exc:
             raise OutputError(f"cannot keep the search's journal {path}: {exc.strerror}") from exc
@@ -384,6 +384,15 @@ def _names(directory: Path) -> Iterator[str]:
         yield from (n for n in os.listdir(directory) if not n.startswith("."))
     except OSError:
         return
+
+
+def _own_directory(path: Path) -> None:
+    """A directory of the journal's own: anything else at its name (a file, a link) is junk in the
+    journal, dropped as a bad record is (it failed every run, exit 6, before)."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        _warn(f"journal entry {path.name} dropped (not a directory): its work is done again")
+        path.unlink()
+    path.mkdir(exist_ok=True)
 
 
 def _remove_tree(path: Path) -> None:
