@@ -77,6 +77,40 @@ def test_a_volume_changed_with_its_times_kept_is_refused(site: Site) -> None:
     assert proc.stderr.count("\n") == 1 and not out.exists()
 
 
+def test_a_volume_changed_during_the_search_is_refused_and_its_work_not_kept(site: Site) -> None:
+    """Item 1, probed again: the volume rewritten in place (times kept) while the search runs, after the
+    job's digest: exit 0 with another report before. The volumes' inodes, sizes and times (ctime, which
+    no user sets back) are taken before the digest and compared before the output is made final: exit
+    4, no output, and no journal (its work was done on other bytes)."""
+    import time
+
+    from tests.conftest import BIN
+
+    copy_db(site, "midway")
+    out = site.root / "midway.out"
+    journal = site.root / ".midway.out.journal"
+    argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db",
+            "uniprot", "-out", str(out), "--np", "2", "--quiet", "--strategy", "fragments", "--batch", "1",
+            "--fragment-groups", "off"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=site.root / "midway", stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(journal.glob("search/[0-9]*-[0-9]*")):  # a search has ended: the digest is long done
+        assert proc.poll() is None and time.monotonic() < deadline, "the search ended first"
+        time.sleep(0.01)
+    volume = site.root / "midway" / "uniprot" / "f001.psq"
+    st = volume.stat()
+    data = bytearray(volume.read_bytes())
+    for i in range(len(data) // 2, len(data), 97):  # residues swapped for other residues: BLAST+ runs on
+        data[i] = data[i] and 1 + data[i] % 24  # (sentinels kept: random bytes can crash it, exit 139)
+    with open(volume, "r+b") as fh:
+        fh.write(data)
+    os.utime(volume, ns=(st.st_atime_ns, st.st_mtime_ns))
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 4, stderr
+    assert "the database changed while this search ran (f001.psq" in stderr and "Traceback" not in stderr
+    assert not out.exists() and not journal.exists()
+
+
 def test_a_staged_copy_changed_with_its_times_kept_is_copied_again(site: Site, tmp_path: Path) -> None:
     """Item 1: a copy in the stage cache rewritten in place after it was sealed: never searched."""
     cache = tmp_path / "cache"

@@ -29,7 +29,7 @@ from paramedic.blast.run import Database
 from paramedic.blast.tools import startup_seconds
 from paramedic.db.fasta import read_fasta
 from paramedic.db.locate import resolve_database
-from paramedic.db.manifest import Manifest, verify_volumes
+from paramedic.db.manifest import Manifest, Stamp, verify_volumes, volume_stamps
 from paramedic.db.seqids import SeqIdTable
 from paramedic.db.stage import StageCache, check_stageable
 from paramedic.engine.journal import journal_path
@@ -79,6 +79,8 @@ class Job:
     # With --stage, per rank of the job: its node's name and the fragments already staged there, as
     # every rank reported at start (paramedic.engine.staging; set in paramedic.engine.roles)
     stage_nodes: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    # The -db volumes' files as they were digested (paramedic.db.manifest.volume_stamps)
+    volume_stamps: tuple[Stamp, ...] = ()
 
     def plan(self, workers: int) -> Plan:
         inputs = dict(self.plan_inputs)
@@ -117,6 +119,7 @@ def prepare_job(settings: SearchSettings, workers: int | None = None) -> Job:
         (r.header, r.sequence) for r in read_fasta(query_path, program.query_type, _warn, program.name)
     ]
     db, manifest = resolve_database(options.get("db") or "", cwd, digest=False)
+    stamps = volume_stamps(db.directory, manifest)  # checked again before the output is made final
     verified = _in_background(verify_volumes, db.directory, manifest)  # while the rest is checked
     if db.dbtype != program.db_type:
         kind = {"prot": "protein", "nucl": "nucleotide"}
@@ -228,6 +231,7 @@ def prepare_job(settings: SearchSettings, workers: int | None = None) -> Job:
         plan_inputs=plan_inputs,
         quiet=settings.quiet,
         manifest_checksum=manifest.checksum(),
+        volume_stamps=stamps,
         identity=identity,
         save_metadata=save_path,
         preloaded=preloaded,

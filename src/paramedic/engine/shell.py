@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from paramedic.blast.forkserver import close_fork_servers
+from paramedic.db.manifest import check_stamps
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal, Replay
 from paramedic.engine.master import Master, Sink
@@ -98,6 +99,9 @@ def run_master(
         if job.preloaded is not None:
             master.scheduler.preload(job.preloaded)
         worker_stats = runner(master, stats)
+        check_stamps(
+            job.db.directory, job.volume_stamps, journal
+        )  # the volumes searched are the ones digested
         master.commit()
         progress.finish()
         merged = [master.scheduler.metadata(q) or [] for q in range(len(job.queries))]
