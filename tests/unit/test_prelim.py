@@ -44,8 +44,15 @@ def test_records_must_match_the_fixed_batches_when_modelled() -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [batch(2, {}), batch(2, {}) + batch(2, {}), batch(3, {0: [(999, 1, 1.0)]}), batch(3, {})[:-1] + b"x"],
-    ids=["too-few", "too-many", "foreign-oid", "garbage"],
+    [
+        batch(2, {}),
+        batch(2, {}) + batch(2, {}),
+        batch(3, {0: [(999, 1, 1.0)]}),
+        batch(3, {})[:-1] + b"x",
+        batch(3, {0: [(1, 1, 1.0)]})[:-20],  # bench/fuzz.py's prelim target: struct.error, exit 1
+        batch(3, {0: [(1, 1, 1.0)]})[:14],
+    ],
+    ids=["too-few", "too-many", "foreign-oid", "garbage", "truncated-entries", "truncated-list"],
 )
 def test_records_that_do_not_fit_are_refused(data: bytes) -> None:
     with pytest.raises(BlastError):

@@ -263,10 +263,14 @@ def read_dump(
         if magic != _MAGIC or n_queries <= 0 or batch.stop > len(lengths) or not 0 <= n_lists <= n_queries:
             raise _unexpected(f"a batch of {n_queries} queries at query {start + 1}")
         for _ in range(n_lists):
+            if len(data) - at < _LIST.size:
+                raise _unexpected("a truncated query list")
             index, limit, count = _LIST.unpack_from(data, at)
             at += _LIST.size
             if not 0 <= index < n_queries or limit <= 0 or not 0 <= count <= limit:
                 raise _unexpected("a malformed query list")
+            if len(data) - at < count * _ENTRY.size:
+                raise _unexpected("a truncated query list")
             candidates = []
             for oid, score, evalue in _ENTRY.iter_unpack(data[at : at + count * _ENTRY.size]):
                 if not 0 <= oid < len(gids) or not evalue >= 0:
