@@ -103,6 +103,30 @@ def test_a_file_or_link_where_a_journal_directory_should_be_is_dropped(
     journal.close(complete=False)
 
 
+def test_a_journal_written_while_the_volumes_were_otherwise_starts_afresh(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23, item 1: a volume rewritten (and put back: its ctime moved) while a search ran that then
+    failed (BLAST+ crashed on the bytes, exit 5) left records done on other bytes; the next run redid
+    none of them. The journal keeps the volumes' stamps; other stamps, its work is done again."""
+    path = tmp_path / ".out.journal"
+    before = (("f000.psq", 1, 10, 5, 6),)
+    journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False, volumes=before)
+    journal.search_done(SearchTask(1, 0), result(1, 3))
+    journal.close(complete=False)
+    journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False, volumes=before)
+    assert replay.searches == (SearchTask(1, 0),)
+    journal.close(complete=False)
+    after = (("f000.psq", 1, 10, 5, 7),)  # the ctime moved
+    journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False, volumes=after)
+    assert replay.empty and "its finished work is done again" in capsys.readouterr().err
+    journal.search_done(SearchTask(1, 1), result(1, 3))
+    journal.close(complete=False)
+    journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False, volumes=after)
+    assert replay.searches == (SearchTask(1, 1),)
+    journal.close(complete=True)
+
+
 def test_another_search_is_refused_and_restart_discards(tmp_path: Path) -> None:
     path = tmp_path / ".out.journal"
     journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
