@@ -261,12 +261,13 @@ def test_a_search_ships_through_a_signed_inbox(world, tmp_path: Path) -> None:
         server.stop()
 
 
-def test_the_same_ship_twice_in_a_row_finishes_both_times(world, inbox_site) -> None:
+def test_the_same_ship_twice_in_a_row_finishes_both_times(world, inbox_site, monkeypatch) -> None:
     """`paramedic ship` run again at once with the same -out and file makes a job directory of the same
     (deterministic) name; the site used to hold that name as finished and ignore the new directory (exit 8
     after --ship-timeout, 1 run in 4 through the command, nearly always in one process). The site tells a
     new directory from the finished one, and the client renames its directory out of the job-name pattern
     before removing it, so the site never reads a half-removed directory."""
+    monkeypatch.setattr("paramedic.site.inbox.POLL_SECONDS", 0.1)  # the watcher's round: 20 ships in 5 s
     site, watcher, inbox = inbox_site(signed=True)
     keys = world["keys"] / "compute-a"
     for i in range(10):

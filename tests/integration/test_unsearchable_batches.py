@@ -47,11 +47,16 @@ def work(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Path
 CASES = {"alone": {}, "among": {"BATCH_SIZE": "1"}}
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("case", CASES)
+# The formats that differed (7: "# 0 hits found"; 5: the warning in the query's message) and the pairwise
+# one, where the engine merges and writes; the queries strategy runs BLAST+ whole (one format suffices).
+FORMATS = {"among": ("0", "5", "7"), "alone": ("7",)}
+RUNS = [(c, s) for c in CASES for s in STRATEGIES if (c, s) != ("alone", "queries")]
+
+
+@pytest.mark.parametrize(("case", "strategy"), RUNS, ids=[f"{c}-{s}" for c, s in RUNS])
 def test_a_batch_blast_cannot_search_gives_blasts_bytes(work: Path, case: str, strategy: str) -> None:
     env = CASES[case]
-    for outfmt in ("0", "5", "7"):
+    for outfmt in FORMATS[case] if strategy != "queries" else ("5",):
         blast = subprocess.run(
             ["blastp", "-query", f"{case}.fasta", "-db", "db/uni", "-outfmt", outfmt],
             cwd=work, capture_output=True, check=True, env={**os.environ, **env},
