@@ -99,17 +99,17 @@ def run_master(
         if job.preloaded is not None:
             master.scheduler.preload(job.preloaded)
         worker_stats = runner(master, stats)
-        check_stamps(
-            job.db.directory, job.volume_stamps, journal
-        )  # the volumes searched are the ones digested
+        check_stamps(job.db.directory, job.volume_stamps, journal)  # the volumes searched: the digested
         master.commit()
         progress.finish()
         merged = [master.scheduler.metadata(q) or [] for q in range(len(job.queries))]
         if job.save_metadata is not None:
             save_metadata(job.save_metadata, job.identity, merged)
-    except BaseException:
+    except BaseException as exc:
         if master is not None:
             master.abort()
+        if isinstance(exc, ParamedicError):  # a BLAST+ run that failed on a volume being rewritten, say:
+            check_stamps(job.db.directory, job.volume_stamps, journal)  # then that is the error to tell
         raise
     finally:
         progress.close()
