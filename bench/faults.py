@@ -18,7 +18,8 @@ there is its own. Meanwhile a chaos thread, at random times:
   - floods the site with 200 to 3,000 unauthenticated connections, from 8 addresses or from the compute
     sites' own, half with a ClientHello begun (a real hello must get through: else a violation);
   - changes a volume file of the site's replica or of the compute database in place, size and times kept,
-    then puts it back (issue 23);
+    then puts it back (issue 23): a search that read it mid-way must refuse (exit 4), never exit 0;
+  - among the query sets, one BLAST+ cannot search at all (all-X proteins: no preliminary stage) (issue 23);
   - stops the site's BLAST+ runs (SIGSTOP) for longer than its --regen-timeout (a regeneration that never
     returns), then continues them (issue 23, item 7).
 
@@ -549,6 +550,28 @@ class Soak:
                  "-out", str(ref), "-outfmt", kind.outfmt, "--np", str(a.np), "--quiet"], cwd=w / "reference")  # fmt: skip
             kind.sha256, kind.size = sha256_file(ref), ref.stat().st_size
             self.kinds.append(kind)
+        # a query set BLAST+ cannot search at all (one batch of all-X proteins: no preliminary stage, issue
+        # 23), in the commented tabular format whose report differs when its warning is lost
+        queries = w / "queries" / "unsearchable.fasta"
+        queries.write_text("".join(f">allx{i} nothing to search\n{'X' * 60}\n" for i in range(2)))
+        kind = Kind(len(self.kinds), queries, "7")
+        ref = w / "reference" / "unsearchable.out"
+        run(
+            [
+                "blastp",
+                "-query",
+                str(queries),
+                "-db",
+                str(w / "compute" / "db" / "uni"),
+                "-out",
+                str(ref),
+                "-outfmt",
+                kind.outfmt,
+            ],
+            cwd=w / "reference",
+        )  # fmt: skip  (BLAST+'s own bytes)
+        kind.sha256, kind.size = sha256_file(ref), ref.stat().st_size
+        self.kinds.append(kind)
         shutil.rmtree(w / "reference")
         log(f"{len(self.kinds)} references: {', '.join(f'{k.size:,} B' for k in self.kinds)}")
 

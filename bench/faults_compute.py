@@ -279,12 +279,12 @@ def _refused_damaged_db(stderr: str, db: Path) -> bool:
     """The one line that refuses a -db whose volume the soak's chaos changed in place (not a mirror's
     fault: the -db is what the manifest is checked against, and a damaged one is refused, exit 4)."""
     lines = [line for line in stderr.splitlines() if line.strip()]
-    return (
-        len(lines) >= 1
-        and lines[-1].startswith(f"paramedic: error: {db}: corrupt database: volume ")
-        and "does not match the manifest" in lines[-1]
-        and all(line.startswith("paramedic: warning: ") for line in lines[:-1])
+    last = lines[-1] if lines else ""
+    digest = (
+        last.startswith(f"paramedic: error: {db}: corrupt database: volume ") and "does not match the" in last
     )
+    midway = last.startswith(f"paramedic: error: {db}: the database changed while this search ran (")
+    return (digest or midway) and all(line.startswith("paramedic: warning: ") for line in lines[:-1])
 
 
 def _published_bytes(stage: Path) -> int:

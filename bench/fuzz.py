@@ -30,6 +30,9 @@ integrity checks into the parsers behind them):
     stage     a published copy in a --stage cache (`StageCache.use`): one of its files (volume or alias)
               rewritten in place, its size, inode and times kept, and its seal kept or replaced by mutated
               bytes; the copy used must be the manifest's bytes, whatever the seal says (issue 23)
+    prelim    the preliminary-list shim's records as the engine reads them (`prelim.read_dump` against
+              BLAST+'s batch model, `prelim.whole_lists`): batches, lists, split and skipped records (a
+              batch BLAST+ did not search, issue 23); anything malformed must be a BlastError
 
 Out of process:
 
@@ -75,7 +78,18 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-IN_PROCESS = ("frame", "requests", "inbox", "setup", "chunk", "journal", "metadata", "replica", "stage")
+IN_PROCESS = (
+    "frame",
+    "requests",
+    "inbox",
+    "setup",
+    "chunk",
+    "journal",
+    "metadata",
+    "replica",
+    "stage",
+    "prelim",
+)
 TARGETS = (*IN_PROCESS, "server")
 JOB = "0123456789abcdef0123456789abcdef"
 JOB2 = "fedcba9876543210fedcba9876543210"
@@ -938,6 +952,31 @@ class Harness:
         self.pool += [pack_parts([seal, b"", b""]), pack_parts([b"", b"", b""])]
         self.kinds = ["json", "bytes", "bytes"]
 
+    def _setup_prelim(self) -> None:
+        """Valid shim records for queries of 60, 6000, 6000 and 60 residues (blastp batches [0-2], [3])."""
+
+        def batch(magic: int, queries: int, lists: list[tuple[int, list[tuple[int, int, float]]]]) -> bytes:
+            out = struct.pack("=Iii", magic, queries, len(lists))
+            for q, entries in lists:
+                out += struct.pack("=iii", q, 1050, len(entries))
+                out += b"".join(struct.pack("=iid", *e) for e in entries)
+            return out
+
+        def lists(queries: int, heads: list[tuple[int, int, int]]) -> bytes:
+            out = struct.pack("=Iiii", 0x50524C48, queries, len(heads), 0)
+            for q, oid, hsps in heads:
+                out += struct.pack("=iiii", q, oid, 10, hsps) + bytes(72 * hsps)
+            return out
+
+        found = batch(0x50524C31, 3, [(0, [(3, 50, 1e-5), (7, 40, 0.1)]), (2, [(9, 30, 2.0)])])
+        skipped = struct.pack("=Iii", 0x50524C4B, 1, 0)
+        self.pool = [
+            pack_parts([found + skipped, lists(3, [(0, 3, 1), (2, 9, 2)]) + lists(1, [])]),
+            pack_parts([struct.pack("=Iii", 0x50524C4B, 3, 0) + batch(0x50524C31, 1, []), lists(3, [])]),
+            pack_parts([struct.pack("=Iii", 0x50524C53, 0, 0) + found, b""]),
+        ]
+        self.kinds = ["bytes", "bytes"]
+
     # -- mutation ------------------------------------------------------------------------------------
     def mutate(self, data: bytes, max_size: int, seed: int) -> bytes:
         import atheris
@@ -1243,6 +1282,29 @@ class Harness:
             outcome.append("piece refused")
         return ", ".join(outcome)
 
+    # prelim: the shim's records of a fragment search, read back (issue 23: skipped batches)
+    def _run_prelim(self, data: bytes) -> str:
+        from paramedic.blast.prelim import read_dump, whole_lists
+        from paramedic.errors import BlastError
+
+        parts = unpack_parts(data) + [b"", b""]
+        outcome = []
+        try:
+            read = read_dump(parts[0], [60, 6000, 6000, 60], 10000, range(50))
+            if len(read) != 4 or any(
+                p is not None and not all(0 <= c.gid < 50 for c in p.candidates) for p in read
+            ):
+                raise Finding("a list outside the queries or the database")
+            outcome.append("dump read")
+        except BlastError as exc:
+            outcome.append("dump refused: " + re.sub(r"\d+", "N", str(exc))[:40])
+        try:
+            whole_lists(parts[1], 4, range(50))
+            outcome.append("lists read")
+        except BlastError:
+            outcome.append("lists refused")
+        return ", ".join(outcome)
+
     # metadata: a metadata file as --from-metadata reads it
     def _run_metadata(self, data: bytes) -> str:
         from paramedic.engine.metadata import DIGEST, _digest, load_metadata
@@ -1369,6 +1431,7 @@ def worker(args: argparse.Namespace) -> None:
 
     with atheris.instrument_imports(include=["paramedic"]):
         import paramedic.blast.options  # noqa: F401
+        import paramedic.blast.prelim  # noqa: F401
         import paramedic.db.stage  # noqa: F401
         import paramedic.db.stripes  # noqa: F401
         import paramedic.engine.journal  # noqa: F401
@@ -1642,6 +1705,7 @@ WHAT = {
         lambda k: k.endswith("accepted"),
     ),
     "stage": ("`StageCache.use` on a rewritten copy", "copies used as they were", lambda k: k == "copy used"),
+    "prelim": ("`prelim.read_dump`, `whole_lists`", "dumps read", lambda k: k.startswith("dump read")),
     "server": ("real `paramedic serve`, TLS", "sessions that reached `done`", lambda k: "done" in k),
 }
 

@@ -209,8 +209,11 @@ def test_idle_and_finished_inbox_directories_are_removed(world, inbox_site) -> N
     failed = inbox / uuid.uuid4().hex
     failed.mkdir()
     (failed / "open.json").write_bytes(b"[]")
+    left = inbox / f".{uuid.uuid4().hex}.gone-{uuid.uuid4().hex}"  # a remover killed after its rename
+    (left / "sub").mkdir(parents=True)
+    os.utime(left, (time.time() - 60, time.time() - 60))
     deadline = time.monotonic() + 10
-    while junk.exists() or failed.exists():
+    while junk.exists() or failed.exists() or left.exists():
         assert time.monotonic() < deadline, sorted(p.name for p in inbox.iterdir())
         time.sleep(0.05)
 
@@ -256,3 +259,29 @@ def test_a_search_ships_through_a_signed_inbox(world, tmp_path: Path) -> None:
         assert "signed jobs only" in server.log()
     finally:
         server.stop()
+
+
+def test_the_same_ship_twice_in_a_row_finishes_both_times(world, inbox_site, monkeypatch) -> None:
+    """`paramedic ship` run again at once with the same -out and file makes a job directory of the same
+    (deterministic) name; the site used to hold that name as finished and ignore the new directory (exit 8
+    after --ship-timeout, 1 run in 4 through the command, nearly always in one process). The site tells a
+    new directory from the finished one, and the client renames its directory out of the job-name pattern
+    before removing it, so the site never reads a half-removed directory."""
+    monkeypatch.setattr("paramedic.site.inbox.POLL_SECONDS", 0.1)  # the watcher's round: 20 ships in 5 s
+    site, watcher, inbox = inbox_site(signed=True)
+    keys = world["keys"] / "compute-a"
+    for i in range(10):
+        data = f"twice {i}".encode()
+        job = uuid.uuid4().hex
+        for _ in range(2):
+            client = InboxShipper(SiteAddress("file", path=inbox), "direct", {"out": f"d/{i}.bin"}, b"", 10.0,
+                                  keys, job_id=job)  # fmt: skip
+            try:
+                client.start()
+                client.send(*DirectCodec().encode((0, data)))
+                assert client.finish({"size": len(data), "sha256": sha256(data)})["sha256"] == sha256(data)
+            finally:
+                client.close()
+            assert list(inbox.iterdir()) == []
+        assert (site.root / "d" / f"{i}.bin").read_bytes() == data
+    assert watcher.thread.is_alive() and "Traceback" not in site.log()

@@ -227,6 +227,25 @@ def test_blastn(nucl: Setup, outfmt: str) -> None:
     nucl.check(outfmt, sizes=(2, 8, 2))
 
 
+@pytest.mark.parametrize("outfmt", ["0", "5", "7", "15", "16"])
+@pytest.mark.parametrize("extra", [(), ("-parse_deflines",)], ids=["positional", "parse_deflines"])
+def test_a_query_blast_cannot_search_is_stitched(
+    prot: Setup, outfmt: str, extra: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A protein of X alone: XML, JSON and XML2 carry BLAST+'s warning in the query's message, naming it
+    "Query_N id:", which moves with the query like its id (issue 23). BLAST+ reports such a query
+    differently when its batch holds other queries, so here every query is a batch (as pieces follow
+    BLAST+'s batches)."""
+    monkeypatch.setenv("BATCH_SIZE", "1")
+    queries = [*prot.queries[:2], ("allx nothing to search", "X" * 60)]
+    whole = Setup(prot.program, prot.workdir, prot.db, queries, prot.options).check(outfmt, (2, 1), extra)
+    if outfmt in ("5", "15", "16"):
+        said = b"allx nothing to search: Could not"
+        assert (
+            b"allx nothing to search:  " if extra else b"Query_3 allx nothing to search:  Query_3 "
+        ) + said in whole
+
+
 def test_one_piece_is_the_run_itself(prot: Setup) -> None:
     data = prot.run("5", prot.queries)
     assert Stitcher("5", 1).piece(0, data, 0, len(prot.queries)) == data

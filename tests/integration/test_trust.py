@@ -77,6 +77,36 @@ def test_a_volume_changed_with_its_times_kept_is_refused(site: Site) -> None:
     assert proc.stderr.count("\n") == 1 and not out.exists()
 
 
+def test_a_volume_changed_during_the_search_is_refused_and_its_work_not_kept(site: Site) -> None:
+    """Item 1, probed again: the volume rewritten in place (times kept) while the search runs, after the
+    job's digest: exit 0 with another report before. The volumes' inodes, sizes and times (ctime, which
+    no user sets back) are taken before the digest and compared before the output is made final: exit
+    4, no output, and no journal (its work was done on other bytes); also when BLAST+ failed on the bytes
+    (exit 5 before, "NCBI C++ Exception")."""
+    import time
+
+    from tests.conftest import BIN
+
+    copy_db(site, "midway")
+    out = site.root / "midway.out"
+    journal = site.root / ".midway.out.journal"
+    argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db",
+            "uniprot", "-out", str(out), "--np", "2", "--quiet", "--strategy", "fragments", "--batch", "1",
+            "--fragment-groups", "off"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=site.root / "midway", stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(journal.glob("search/[0-9]*-[0-9]*")):  # a search has ended: the digest is long done
+        assert proc.poll() is None and time.monotonic() < deadline, "the search ended first"
+        time.sleep(0.01)
+    # bytes changed in place, times kept: BLAST+ may search them (another report) or fail on them (exit
+    # 139 or 255): either way the refusal names the database
+    flip_keeping_times(site.root / "midway" / "uniprot" / "f001.psq")
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 4, stderr
+    assert "the database changed while this search ran (f001.psq" in stderr and "Traceback" not in stderr
+    assert not out.exists() and not journal.exists()
+
+
 def test_a_staged_copy_changed_with_its_times_kept_is_copied_again(site: Site, tmp_path: Path) -> None:
     """Item 1: a copy in the stage cache rewritten in place after it was sealed: never searched."""
     cache = tmp_path / "cache"
@@ -90,50 +120,42 @@ def test_a_staged_copy_changed_with_its_times_kept_is_copied_again(site: Site, t
     assert record["stage"]["discarded"] == 3 and record["stage"]["copies"] == 3
 
 
-def test_a_killed_search_with_damaged_journal_records_redoes_them(
+def test_a_killed_search_with_damaged_or_foreign_journal_records_redoes_them(
     databases: Databases, tmp_path: Path
 ) -> None:
     """Items 1 and 10: after a kill, a journal piece with one byte flipped (times kept), a truncated one, a
-    garbage one and a garbage search record are dropped and their work done again: BLAST+'s bytes."""
-    from tests.integration import test_resume as resume
-
-    data = resume.data.__wrapped__(databases, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
-    out = tmp_path / "hits.txt"
-    journal = tmp_path / ".hits.txt.journal"
-    command = ["search", "blastp", *resume.blast_args(data.queries, data.db, out), *resume.ENGINE]
-    resume.kill_every_rank_when(command, tmp_path, journal, resume.pieces_done(3))
-    pieces = sorted(journal.glob("piece/[0-9]*"), key=lambda p: int(p.name))
-    flip_keeping_times(pieces[0], every=1 << 30)
-    pieces[1].write_bytes(pieces[1].read_bytes()[:30])
-    pieces[2].write_bytes(b"garbage")
-    next(journal.glob("search/[0-9]*-[0-9]*")).write_bytes(b"\x00garbage")
-    proc = resume.paramedic(*command, "--np", "1", cwd=tmp_path, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert out.read_bytes() == data.reference
-    assert "dropped" in proc.stderr and "Traceback" not in proc.stderr
-
-
-def test_journal_search_records_from_another_search_are_redone(databases: Databases, tmp_path: Path) -> None:
-    """Search records are bound to their journal, like pieces: records copied in from a killed search
-    with another -evalue (valid records, other hits) are dropped and searched again: BLAST+'s bytes."""
+    garbage one, a garbage search record, and search records copied in from a killed search with another
+    -evalue (valid records, other hits: records are bound to their journal, like pieces) are dropped and
+    their work done again: BLAST+'s bytes. (One test for both: they shared the data, the reference and a
+    kill, 24 s as two tests.)"""
     from tests.integration import test_resume as resume
 
     data = resume.data.__wrapped__(databases, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
     journals = []
-    for name, evalue in (("ours", "1e-5"), ("theirs", "10")):
+    for name, evalue, ready in (
+        ("ours", "1e-5", resume.pieces_done(3)),
+        ("theirs", "10", resume.searches_done(4)),
+    ):
         work = tmp_path / name
         work.mkdir()
         out = work / "hits.txt"
         args = [*resume.blast_args(data.queries, data.db, out)[:-1], evalue]
         command = ["search", "blastp", *args, *resume.ENGINE]
-        resume.kill_every_rank_when(command, work, work / ".hits.txt.journal", resume.searches_done(4))
+        resume.kill_every_rank_when(command, work, work / ".hits.txt.journal", ready)
         journals.append((work, command))
     (ours, command), (theirs, _) = journals
+    journal = ours / ".hits.txt.journal"
+    pieces = sorted(journal.glob("piece/[0-9]*"), key=lambda p: int(p.name))
+    flip_keeping_times(pieces[0], every=1 << 30)
+    pieces[1].write_bytes(pieces[1].read_bytes()[:30])
+    pieces[2].write_bytes(b"garbage")
+    records = sorted(journal.glob("search/[0-9]*-[0-9]*"))
+    records[0].write_bytes(b"\x00garbage")
     copied = 0
-    for record in (theirs / ".hits.txt.journal" / "search").glob("[0-9]*-[0-9]*"):
-        target = ours / ".hits.txt.journal" / "search" / record.name
-        if target.exists():
-            target.write_bytes(record.read_bytes())
+    for record in records[1:]:
+        foreign = theirs / ".hits.txt.journal" / "search" / record.name
+        if foreign.exists():
+            record.write_bytes(foreign.read_bytes())
             copied += 1
     assert copied > 0
     proc = resume.paramedic(*command, "--np", "1", cwd=ours, check=False)

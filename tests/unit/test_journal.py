@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 import zlib
 from pathlib import Path
 
@@ -74,6 +75,56 @@ def test_a_record_that_does_not_decode_is_dropped_and_searched_again(tmp_path: P
     assert not any((path / "search").iterdir())
     assert not journal.close(complete=False)  # nothing finished left: removed
     assert not path.exists()
+
+
+@pytest.mark.parametrize("part", ["search", "piece"])
+@pytest.mark.parametrize("what", ["file", "link"])
+def test_a_file_or_link_where_a_journal_directory_should_be_is_dropped(
+    tmp_path: Path, part: str, what: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23, item 11 in the journal: a file (or a link, here to a directory outside) where the journal's
+    `search` or `piece` directory should be failed every run (exit 6, "File exists"); it is junk, dropped."""
+    path = tmp_path / ".out.journal"
+    journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
+    journal.search_done(SearchTask(1, 0), result(1, 3))
+    journal.close(complete=False)
+    outside = tmp_path / "outside"
+    (outside / "1-1").mkdir(parents=True)
+    shutil.rmtree(path / part)
+    if what == "file":
+        (path / part).write_bytes(b"junk")
+    else:
+        (path / part).symlink_to(outside)
+    journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False)
+    assert (path / part).is_dir() and not (path / part).is_symlink()
+    assert replay.searches == (() if part == "search" else (SearchTask(1, 0),))
+    assert f"journal entry {part} dropped" in capsys.readouterr().err
+    assert (outside / "1-1").is_dir()  # nothing outside the journal is touched
+    journal.close(complete=False)
+
+
+def test_a_journal_written_while_the_volumes_were_otherwise_starts_afresh(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23, item 1: a volume rewritten (and put back: its ctime moved) while a search ran that then
+    failed (BLAST+ crashed on the bytes, exit 5) left records done on other bytes; the next run redid
+    none of them. The journal keeps the volumes' stamps; other stamps, its work is done again."""
+    path = tmp_path / ".out.journal"
+    before = (("f000.psq", 1, 10, 5, 6),)
+    journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False, volumes=before)
+    journal.search_done(SearchTask(1, 0), result(1, 3))
+    journal.close(complete=False)
+    journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False, volumes=before)
+    assert replay.searches == (SearchTask(1, 0),)
+    journal.close(complete=False)
+    after = (("f000.psq", 1, 10, 5, 7),)  # the ctime moved
+    journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False, volumes=after)
+    assert replay.empty and "its finished work is done again" in capsys.readouterr().err
+    journal.search_done(SearchTask(1, 1), result(1, 3))
+    journal.close(complete=False)
+    journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False, volumes=after)
+    assert replay.searches == (SearchTask(1, 1),)
+    journal.close(complete=True)
 
 
 def test_another_search_is_refused_and_restart_discards(tmp_path: Path) -> None:

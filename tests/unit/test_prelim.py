@@ -44,12 +44,36 @@ def test_records_must_match_the_fixed_batches_when_modelled() -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [batch(2, {}), batch(2, {}) + batch(2, {}), batch(3, {0: [(999, 1, 1.0)]}), batch(3, {})[:-1] + b"x"],
-    ids=["too-few", "too-many", "foreign-oid", "garbage"],
+    [
+        batch(2, {}),
+        batch(2, {}) + batch(2, {}),
+        batch(3, {0: [(999, 1, 1.0)]}),
+        batch(3, {})[:-1] + b"x",
+        batch(3, {0: [(1, 1, 1.0)]})[:-20],  # bench/fuzz.py's prelim target: struct.error, exit 1
+        batch(3, {0: [(1, 1, 1.0)]})[:14],
+    ],
+    ids=["too-few", "too-many", "foreign-oid", "garbage", "truncated-entries", "truncated-list"],
 )
 def test_records_that_do_not_fit_are_refused(data: bytes) -> None:
     with pytest.raises(BlastError):
         read_dump(data, [10, 10, 10], None, GIDS)
+
+
+def skipped(n_queries: int, lists: int = 0) -> bytes:
+    return struct.pack("=Iii", 0x50524C4B, n_queries, lists)
+
+
+def test_a_batch_blast_skipped_has_no_candidates_and_keeps_the_batches_in_step() -> None:
+    """A batch of queries BLAST+ cannot search (60 X) gets no preliminary stage: the shim writes a
+    skipped record, read as lists of no candidate (before: "lists for 0 of 1 queries", exit 5)."""
+    lengths = [6000, 6000, 60, 6000]  # blastp batches: [0, 1], [2, 3]
+    data = batch(2, {0: [(3, 50, 1e-5)]}) + skipped(2)
+    lists = read_dump(data, lengths, 10000, GIDS)
+    assert lists[1:] == [None, None, None] and [c.gid for c in lists[0].candidates] == [103]
+    with pytest.raises(BlastError, match="another"):  # a skipped record is held to the batch model too
+        read_dump(batch(2, {}) + skipped(1) + batch(1, {}), lengths, 10000, GIDS)
+    with pytest.raises(BlastError):  # a skipped batch names no list
+        read_dump(batch(2, {}) + skipped(2, 1), lengths, 10000, GIDS)
 
 
 def test_a_split_query_is_refused() -> None:

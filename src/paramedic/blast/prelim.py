@@ -33,6 +33,7 @@ INJECT_NAME = "paramedic-inject.bin"  # the lists a piece aligns (PARAMEDIC_PREL
 INJECT_NOTE = "paramedic-inject.txt"  # what the shim did with each of the piece's batches
 _MAGIC = 0x50524C31
 _SPLIT_MAGIC = 0x50524C53
+_SKIPPED_MAGIC = 0x50524C4B  # a batch BLAST+ did not search: none of its queries could be (no hits)
 _LISTS_MAGIC = 0x50524C48
 _INJECT_MAGIC = 0x50524C49
 # Programs whose query batches BLAST+ fixes in advance (GetQueryBatchSize); blastn's app sizes them as
@@ -296,13 +297,19 @@ def read_dump(
         batch = range(start, start + n_queries)
         if expected is not None and (batches >= len(expected) or expected[batches] != batch):
             raise _unexpected(f"a batch of {n_queries} queries where BLAST+ 2.12 makes another")
+        if magic == _SKIPPED_MAGIC and n_lists == 0 and 0 < n_queries and batch.stop <= len(lengths):
+            magic = _MAGIC  # its queries have no candidate, as in BLAST+'s own report
         if magic != _MAGIC or n_queries <= 0 or batch.stop > len(lengths) or not 0 <= n_lists <= n_queries:
             raise _unexpected(f"a batch of {n_queries} queries at query {start + 1}")
         for _ in range(n_lists):
+            if len(data) - at < _LIST.size:
+                raise _unexpected("a truncated query list")
             index, limit, count = _LIST.unpack_from(data, at)
             at += _LIST.size
             if not 0 <= index < n_queries or limit <= 0 or not 0 <= count <= limit:
                 raise _unexpected("a malformed query list")
+            if len(data) - at < count * _ENTRY.size:
+                raise _unexpected("a truncated query list")
             candidates = []
             for oid, score, evalue in _ENTRY.iter_unpack(data[at : at + count * _ENTRY.size]):
                 if not 0 <= oid < len(gids) or not evalue >= 0:

@@ -65,7 +65,7 @@ def check_shim() -> None:
             )  # fmt: skip
             subprocess.run(
                 [blastp, "-query", "q.fasta", "-db", "db", "-outfmt", "6", "-out", os.devnull],
-                cwd=work, check=True, capture_output=True, timeout=60, env={**os.environ, **env},
+                cwd=work, check=True, capture_output=True, timeout=60, env=_check_env(env),
             )  # fmt: skip
             dump = (work / DUMP_NAME).read_bytes()
         except (OSError, subprocess.SubprocessError) as exc:
@@ -80,6 +80,13 @@ def check_shim() -> None:
         if best.gid != query or any(c.gid == 2 for c in found.candidates):
             raise _refused(f"query {query + 1} of the check has another list than BLAST+ 2.12 keeps")
     write_cached("prelim-check", key, b"ok\n")
+
+
+def _check_env(extra: dict[str, str]) -> dict[str, str]:
+    """The check searches' environment: the user's, without a BATCH_SIZE (the check models BLAST+'s own
+    batches; the user's variable made the first search after an installation refuse the shim, exit 5,
+    or cache "no" for pieces handed their lists), plus `extra`."""
+    return {**{k: v for k, v in os.environ.items() if k != "BATCH_SIZE"}, **extra}
 
 
 def _refused(why: str) -> BlastError:
@@ -143,7 +150,7 @@ def _injection_check(tool: str, executable: str) -> bool:
         def search(out: str, env: dict[str, str]) -> bytes:
             subprocess.run(
                 [executable, "-query", "q.fasta", "-db", "db", "-outfmt", "0", "-out", out],
-                cwd=work, check=True, capture_output=True, timeout=60, env={**os.environ, **env},
+                cwd=work, check=True, capture_output=True, timeout=60, env=_check_env(env),
             )  # fmt: skip
             return (work / out).read_bytes()
 

@@ -113,11 +113,15 @@ class _Digest(Protocol):
     def hexdigest(self) -> str: ...
 
 
-def volume_digest(db_dir: Path, volume: str, digest: _Digest) -> str:
-    """`digest` fed each of the volume's files (name, NUL, bytes) in name order."""
-    files = sorted(
+def _volume_files(db_dir: Path, volume: str) -> list[Path]:
+    return sorted(
         p for p in db_dir.iterdir() if p.name.startswith(volume + ".") and p.suffix not in (".pal", ".nal")
     )
+
+
+def volume_digest(db_dir: Path, volume: str, digest: _Digest) -> str:
+    """`digest` fed each of the volume's files (name, NUL, bytes) in name order."""
+    files = _volume_files(db_dir, volume)
     if not files:
         raise DatabaseError(f"{db_dir}: volume {volume} is missing")
     # One buffer, read into and hashed in place: a new 4 MB bytes object per read cost page faults and
@@ -162,6 +166,48 @@ def verify_volumes(db_dir: Path, manifest: Manifest) -> None:
             raise DatabaseError(
                 f"{db_dir}: corrupt database: volume {volume} does not match the manifest's checksum "
                 "(changed or damaged since `paramedic format`; format it again)"
+            )
+
+
+Stamp = tuple[str, int, int, int, int]  # a volume file's name, inode, size, mtime and ctime (ns)
+
+
+def volume_stamps(db_dir: Path, manifest: Manifest) -> tuple[Stamp, ...]:
+    """Every volume file's identity, taken before the job's digest (`verify_volumes`) and compared again
+    by `check_stamps` once the searches are done, before the output is made final. A file written in
+    place changes its ctime, which no user can set back (setting the times sets it to now), and a file
+    replaced has another inode: so the volumes the searches read are the ones digested. A volume
+    rewritten during a search, times restored, gave another report, exit 0 (issue 23, item 1)."""
+    stamps = []
+    for volume in {manifest.whole, *(f.volume for f in manifest.fragments)}:
+        for path in _volume_files(db_dir, volume):
+            try:
+                info = path.stat()
+            except OSError as exc:
+                raise DatabaseError(f"{path}: unreadable ({exc.strerror})") from exc
+            stamps.append((path.name, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+    return tuple(sorted(stamps))
+
+
+class _Discardable(Protocol):
+    def close(self, complete: bool) -> object: ...
+
+
+def check_stamps(db_dir: Path, stamps: tuple[Stamp, ...], journal: _Discardable | None = None) -> None:
+    """DatabaseError unless every volume file is the one stamped (`volume_stamps`). A `journal` (an
+    engine Journal) is then discarded: its work was done on bytes that were not the digested ones."""
+    for name, *stamp in stamps:
+        try:
+            info = (db_dir / name).stat()
+            now = [info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+        except OSError:
+            now = []
+        if now != stamp:
+            if journal is not None:
+                journal.close(complete=True)
+            raise DatabaseError(
+                f"{db_dir}: the database changed while this search ran ({name} was written or replaced): "
+                "its report is not kept; search again once the database is whole"
             )
 
 

@@ -30,7 +30,7 @@ from paramedic.blast.run import Database
 from paramedic.blast.tools import startup_seconds
 from paramedic.db.fasta import read_fasta
 from paramedic.db.locate import resolve_database
-from paramedic.db.manifest import Manifest, verify_volumes
+from paramedic.db.manifest import Manifest, Stamp, verify_volumes, volume_stamps
 from paramedic.db.seqids import SeqIdTable
 from paramedic.db.stage import StageCache, check_stageable
 from paramedic.engine.journal import journal_path
@@ -84,6 +84,8 @@ class Job:
     # runner calls it before any result is taken (paramedic.engine.master), so the digest overlaps
     # the first searches and still comes before any byte of output.
     verified: Digest | None = field(default=None, compare=False, repr=False)
+    # The -db volumes' files as they were digested (paramedic.db.manifest.volume_stamps)
+    volume_stamps: tuple[Stamp, ...] = ()
 
     def plan(self, workers: int) -> Plan:
         inputs = dict(self.plan_inputs)
@@ -126,6 +128,7 @@ def prepare_job(
         (r.header, r.sequence) for r in read_fasta(query_path, program.query_type, _warn, program.name)
     ]
     db, manifest = resolve_database(options.get("db") or "", cwd, digest=False)
+    stamps = volume_stamps(db.directory, manifest)  # checked again before the output is made final
     verified = _in_background(verify_volumes, db.directory, manifest)  # while the rest is checked
     if db.dbtype != program.db_type:
         kind = {"prot": "protein", "nucl": "nucleotide"}
@@ -238,6 +241,7 @@ def prepare_job(
         plan_inputs=plan_inputs,
         quiet=settings.quiet,
         manifest_checksum=manifest.checksum(),
+        volume_stamps=stamps,
         identity=identity,
         save_metadata=save_path,
         preloaded=preloaded,

@@ -45,7 +45,7 @@ import os
 import secrets
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -94,21 +94,30 @@ class Journal:
         self.kept_pieces = 0
         self._closed = False
         self.key: bytes | None = None  # job.json's: binds each piece to this journal
+        self.volumes: list[list[object]] = []  # the -db volume files' stamps this journal's work read
 
     # -- opening ------------------------------------------------------------------------------------
     @classmethod
     def open(
-        cls, path: Path, identity: dict[str, Any], plan: Plan, restart: bool
+        cls,
+        path: Path,
+        identity: dict[str, Any],
+        plan: Plan,
+        restart: bool,
+        volumes: Sequence[Sequence[object]] = (),
     ) -> tuple[Journal, Plan, Replay]:
         """Take the journal at `path` (creating it), check it belongs to this search, and return it with
-        the plan to follow (the journal's, when it resumes) and what to replay."""
+        the plan to follow (the journal's, when it resumes) and what to replay. `volumes`: the -db volume
+        files' stamps (paramedic.db.manifest.volume_stamps); a journal written while they were otherwise
+        (a volume rewritten, even put back: its ctime moved) holds work done on other bytes, and is
+        started afresh."""
         if restart and path.exists():
             _remove_tree(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)  # a --site job's journal mirrors the remote path
             path.mkdir(exist_ok=True)
-            (path / "search").mkdir(exist_ok=True)
-            (path / "piece").mkdir(exist_ok=True)
+            for part in ("search", "piece"):
+                _own_directory(path / part)
             lock = open(path / "lock", "ab")
         except OSError as exc:
             raise OutputError(f"cannot keep the search's journal {path}: {exc.strerror}") from exc
@@ -120,6 +129,7 @@ class Journal:
                 f"another search is writing this output now (its journal {path} is in use)"
             ) from exc
         journal = cls(path, lock)
+        journal.volumes = [list(v) for v in volumes]
         try:
             plan = journal._agree(identity, plan)
             assert journal.key is not None  # its search records are bound to it, like its pieces
@@ -144,6 +154,7 @@ class Journal:
                         "identity": identity,
                         "plan": _plan_json(plan),
                         "key": key.hex(),
+                        "volumes": self.volumes,
                     }
                 ).encode(),
             )
@@ -170,6 +181,18 @@ class Journal:
             raise UsageError(
                 f"the journal {self.path} does not fit this search; add --restart to start afresh"
             )
+        if data.get("volumes") != self.volumes:
+            _warn(
+                "the database's files changed since this journal was written (a volume rewritten or "
+                "replaced): its finished work is done again"
+            )
+            for part in ("search", "piece"):
+                _remove_tree(self.path / part)
+                (self.path / part).mkdir()
+            for name in ("output.partial", "site-job"):
+                (self.path / name).unlink(missing_ok=True)
+            job_file.unlink()
+            return self._agree(identity, plan)  # a new journal
         if isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key):
             self.key = bytes.fromhex(key)
         else:  # an older paramedic's journal: a key from now on, its untagged pieces are written again
@@ -384,6 +407,15 @@ def _names(directory: Path) -> Iterator[str]:
         yield from (n for n in os.listdir(directory) if not n.startswith("."))
     except OSError:
         return
+
+
+def _own_directory(path: Path) -> None:
+    """A directory of the journal's own: anything else at its name (a file, a link) is junk in the
+    journal, dropped as a bad record is (it failed every run, exit 6, before)."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        _warn(f"journal entry {path.name} dropped (not a directory): its work is done again")
+        path.unlink()
+    path.mkdir(exist_ok=True)
 
 
 def _remove_tree(path: Path) -> None:

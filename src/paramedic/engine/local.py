@@ -57,7 +57,9 @@ def run_local_job(job: Job, workers: int, command: list[str]) -> RunRecord:
     journal: Journal | None = None
     replay: Replay = NOTHING
     if job.journal is not None:  # resuming: the journal's plan, whatever the workers are this time
-        journal, plan, replay = Journal.open(job.journal, job.journal_identity(), plan, job.restart)
+        journal, plan, replay = Journal.open(
+            job.journal, job.journal_identity(), plan, job.restart, job.volume_stamps
+        )
     workdir = Path(tempfile.mkdtemp(prefix="paramedic-local-"))
     try:
         store = _store(job, plan, workdir, journal)

@@ -28,6 +28,7 @@ from mpi4py import MPI
 
 from paramedic.blast.forkserver import close_fork_servers
 from paramedic.blast.hits import FragmentSearch
+from paramedic.db.manifest import check_stamps
 from paramedic.engine.hierarchy import (
     Answer,
     PartitionMaster,
@@ -422,6 +423,9 @@ def _supermaster(
             raise InternalError("internal: the partitions finished with pieces left unwritten")
         if placing is not None:
             placing.sink.closed_by_ranks()
+        check_stamps(
+            job.db.directory, job.volume_stamps, journal
+        )  # the volumes searched are the ones digested
         sink.commit()
         progress.finish()
         metadata = [merged.get(q, []) for q in range(len(job.queries))]

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from paramedic.blast.forkserver import close_fork_servers
+from paramedic.db.manifest import check_stamps
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal, Replay
 from paramedic.engine.master import Master, Sink
@@ -99,14 +100,17 @@ def run_master(
         if job.preloaded is not None:
             master.scheduler.preload(job.preloaded)
         worker_stats = runner(master, stats)
+        check_stamps(job.db.directory, job.volume_stamps, journal)  # the volumes searched: the digested
         master.commit()
         progress.finish()
         merged = [master.scheduler.metadata(q) or [] for q in range(len(job.queries))]
         if job.save_metadata is not None:
             save_metadata(job.save_metadata, job.identity, merged)
-    except BaseException:
+    except BaseException as exc:
         if master is not None:
             master.abort()
+        if isinstance(exc, ParamedicError):  # a BLAST+ run that failed on a volume being rewritten, say:
+            check_stamps(job.db.directory, job.volume_stamps, journal)  # then that is the error to tell
         raise
     finally:
         progress.close()

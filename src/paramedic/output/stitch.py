@@ -13,6 +13,8 @@ internally and prints the FASTA id only in deflines and tabular columns):
 
 * XML (5): `<Iteration_iter-num>` and `<Iteration_query-ID>Query_N`; the header names the first query.
 * JSON (15) and XML2 (16): the `query_id` / `<query-id>` of each report.
+* XML, JSON and XML2: a warning BLAST+ writes into the query's message ("Query_N id: Could not
+  calculate ungapped Karlin-Altschul parameters ..." for a query it cannot search) starts with `Query_N`.
 * Query-anchored reports (1-4): the query's row label `Query_N`, and the label column is as wide as the
   longest label of the alignment plus two, so `Query_9` -> `Query_10` may widen every line of the block.
 * Commented tabular (7): the closing `# BLAST processed N queries` line.
@@ -325,7 +327,9 @@ class Stitcher:
         if not (self._ids.decide(ids, index) and offset):
             return units
         return [
-            _replace_once(index, unit, template % pos, template % (pos + offset))
+            _renumber_message(
+                _replace_once(index, unit, template % pos, template % (pos + offset)), pos, pos + offset
+            )
             for pos, unit in enumerate(units, 1)
         ]
 
@@ -409,7 +413,18 @@ def _renumber_xml(unit: bytes, pos: int, number: int, renumber_id: bool) -> byte
             b"  <Iteration_query-ID>Query_%d</Iteration_query-ID>\n" % number,
             1,
         )
+        unit = _renumber_message(unit, pos, number)
     return unit
+
+
+# A query's message line (XML 5, JSON 15, XML2 16), where BLAST+ writes its warnings about the query.
+_MESSAGE = re.compile(rb'^ *(?:<Iteration_message>|"message": "|<message>).*$', re.M)
+
+
+def _renumber_message(unit: bytes, pos: int, number: int) -> bytes:
+    """The query's warnings name it `Query_<pos> <id>:`, at the message's start and after two blanks."""
+    prefix = re.compile(rb"(>|\"|  )Query_%d (?=\S)" % pos)
+    return _MESSAGE.sub(lambda m: prefix.sub(rb"\1Query_%d " % number, m.group(0)), unit)
 
 
 # --- query-anchored reports (outfmt 1-4) ---

@@ -23,13 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from paramedic.durable import write_durably
+from paramedic.ship.inbox_dirs import remove_job_directory
 from paramedic.ship.transport import Opening, ShipStats, SiteAddress, SiteError, register_transport
 from paramedic.ship.wire import MAX_HEADER_BYTES, ProtocolError, loads_json
 
@@ -140,7 +140,7 @@ class InboxShipper:
                 raise
         if self._reply("error.json", "error") is not None or self.unverified is not None:
             self.unverified = None
-            shutil.rmtree(self.directory)
+            remove_job_directory(self.directory)
             self.directory.mkdir()
 
     def _keepalive(self) -> None:
@@ -225,9 +225,10 @@ class InboxShipper:
         time.sleep(POLL_SECONDS)
 
     def _remove(self) -> None:
-        """The answer is in: the job's directory (with the queries) goes."""
+        """The answer is in: the job's directory (with the queries) goes, renamed out of the job-name
+        pattern first (`ship.inbox_dirs`): the same command run again at once makes one of the same name."""
         self.stopping.set()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        remove_job_directory(self.directory)
 
     def cancel(self) -> None:
         """The compute job failed: ask the site to drop the job (best effort)."""

@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import threading
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from paramedic.errors import ParamedicError
+from paramedic.ship.inbox_dirs import GONE, remove_job_directory
 from paramedic.ship.wire import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, ProtocolError, field_int, loads_json
 from paramedic.site.store import DEFAULT_OPEN_IDLE_SECONDS, JOB_ID, JobFailed, JobStore, SiteJob
 
@@ -98,13 +98,18 @@ class InboxWatcher:
         now = time.time()
         info = os.stat(self.inbox)
         if (info.st_mtime_ns, True) != (self.listed[0], now - self.listed[1] < RESCAN_SECONDS):
-            self.names = {n for n in os.listdir(self.inbox) if JOB_ID.match(n)}
+            listing = os.listdir(self.inbox)
+            self.names = {n for n in listing if JOB_ID.match(n)}
+            for gone in filter(GONE.match, listing):  # a remover stopped between its rename and delete
+                self._remove_left(gone, now)
             self.listed = (info.st_mtime_ns, now)
             for table in (self.seen, self.progress, self.next_look, self.looked):
                 for name in [n for n in table if n not in self.names]:
                     del table[name]
             self.waiting &= self.names
             self.finished &= self.names
+            for name in self.finished:  # the listing changed: one of them may be a new directory already
+                self.next_look[name] = 0.0
         for name in list(self.names):
             due = self.next_look.get(name, 0.0)
             if name not in self.waiting and now < due:
@@ -118,9 +123,11 @@ class InboxWatcher:
             if not stat.S_ISDIR(info.st_mode):
                 continue
             if name in self.finished:
-                if idle > self.keep_seconds:
-                    self._remove(name)
-                continue
+                if self._replied(name):
+                    if idle > self.keep_seconds:
+                        self._remove(name)
+                    continue
+                self._forget(name)  # the same job id again at once: a new directory, not the finished one
             last = self.seen.get(name)
             changed = name in self.waiting or last is None or last != info.st_mtime_ns
             if not changed:
@@ -134,12 +141,43 @@ class InboxWatcher:
             if self._look_into(name, changed):
                 self.next_look[name] = now  # a job in progress: stat it every round, its files come often
 
-    def _remove(self, name: str) -> None:
-        shutil.rmtree(self.inbox / name, ignore_errors=True)  # never follows a symbolic link
-        self.names.discard(name)
+    def _remove_left(self, gone: str, now: float) -> None:
+        """A directory renamed out of the job-name pattern to be deleted (`ship.inbox_dirs`), once it has
+        been idle for YOUNG_SECONDS: its remover was stopped between the rename and the delete."""
+        try:
+            idle = now - os.stat(self.inbox / gone, follow_symlinks=False).st_mtime
+        except OSError:
+            return
+        if idle > YOUNG_SECONDS:
+            remove_job_directory(self.inbox / gone)
+
+    def _replied(self, name: str) -> bool:
+        """Whether the job directory holds the site's answer (done.json or error.json). A finished job's
+        directory keeps it until it is removed, and removers rename it away first (`ship.inbox_dirs`): so
+        a directory under a finished job's name without one is a new directory (`paramedic ship` run again
+        at once, its job id the same), never the finished one half-removed. Its inode number and times
+        cannot tell that: a new directory may reuse both."""
+        try:
+            dfd = os.open(self.inbox / name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return True  # gone, or not a directory: nothing new to look into
+        try:
+            return _exists(dfd, "done.json") or _exists(dfd, "error.json")
+        finally:
+            os.close(dfd)
+
+    def _forget(self, name: str) -> None:
+        """Drop what the watcher knew of a job directory: the next look treats it as new."""
         self.seen.pop(name, None)
+        self.looked.pop(name, None)
+        self.progress.pop(name, None)
         self.finished.discard(name)
         self.waiting.discard(name)
+
+    def _remove(self, name: str) -> None:
+        remove_job_directory(self.inbox / name)  # renamed away first; never follows a symbolic link
+        self.names.discard(name)
+        self._forget(name)
 
     def _look_into(self, name: str, changed: bool = True) -> bool:
         """Take what a job's directory holds; True while it is a job in progress."""

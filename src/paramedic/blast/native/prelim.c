@@ -23,8 +23,16 @@
  * lists with BlastHSPStreamMerge; those lists are not a top-N the merge can reproduce, so the shim also
  * interposes BlastHSPStreamMerge and writes a split record, on which the engine refuses the search.
  *
+ * A batch made only of queries BLAST+ cannot search (say, a protein of X alone: "Could not calculate
+ * ungapped Karlin-Altschul parameters") gets a stream (BlastHSPStreamNew) that BLAST+ frees without a
+ * preliminary stage or a close; its queries have no hits in BLAST+'s report. The shim interposes
+ * BlastHSPStreamFree and writes a skipped record for such a stream (and an empty batch to the whole
+ * lists), so that the engine's batches stay in step with BLAST+'s; when aligning given lists, the
+ * skipped batch's (empty) entry is passed over ("skipped Q").
+ *
  * Record, native byte order:
  *   split:  uint32 magic 0x50524c53 ("PRLS"), int32 0, int32 0
+ *   skipped: uint32 magic 0x50524c4b ("PRLK"), int32 number of queries, int32 0
  *   batch:  uint32 magic 0x50524c31 ("PRL1"), int32 number of queries, int32 number of query lists
  *   list:   int32 query index in the batch, int32 hsplist_max (BLAST+'s N), int32 entries
  *   entry:  int32 subject oid, int32 score of the best HSP, double best e-value
@@ -146,6 +154,7 @@ typedef struct ListHead {
 
 #define MAGIC 0x50524c31u
 #define SPLIT_MAGIC 0x50524c53u
+#define SKIPPED_MAGIC 0x50524c4bu
 #define HSPS_MAGIC 0x50524c48u
 #define INJECT_MAGIC 0x50524c49u
 #define TINY_EVALUE 1.0e-180 /* s_EvalueComp: two e-values below this are equal */
@@ -299,6 +308,7 @@ static struct {
     size_t size, at;
     Int4 batches, done;
     BlastHSPStream *pending;
+    BlastHSPStream *searched; /* the last stream a preliminary stage ran on (any mode) */
     size_t batch_at; /* where the pending batch's lists begin */
     Int4 batch_lists;
 } inject;
@@ -377,6 +387,7 @@ Int4 BLAST_PreliminarySearchEngine(int program, void *query, void *query_info, c
                                    void *diagnostics, void *interrupt_search, void *progress_info) {
     static prelim_fn real_prelim;
     if (real_prelim == NULL) real_prelim = (prelim_fn)dlsym(RTLD_NEXT, "BLAST_PreliminarySearchEngine");
+    inject.searched = hsp_stream;
     if (injecting() && hsp_stream != NULL && hsp_stream->results != NULL && inject.pending == NULL) {
         if (!inject.loaded) load_injection();
         char line[64];
@@ -489,4 +500,56 @@ void BlastHSPStreamClose(BlastHSPStream *stream) {
     }
     if (inject.pending != NULL && inject.pending == stream) write_injected(stream);
     real_close(stream);
+}
+
+typedef BlastHSPStream *(*free_fn)(BlastHSPStream *);
+
+/* A stream freed that no preliminary stage ran on: BLAST+ skipped the batch (no query it could search). */
+static void skipped(const BlastHSPStream *stream) {
+    Int4 queries = stream->results->num_queries;
+    if (active()) {
+        FILE *out = fopen("paramedic-prelim.bin", "ab");
+        if (out != NULL) {
+            uint32_t record[3] = {SKIPPED_MAGIC, (uint32_t)queries, 0};
+            fwrite(record, sizeof record, 1, out);
+            fclose(out);
+        }
+        if (dump_whole()) {
+            out = fopen("paramedic-hsps.bin", "ab");
+            if (out != NULL) {
+                Int4 head[4] = {(Int4)HSPS_MAGIC, queries, 0, 0};
+                fwrite(head, sizeof(Int4), 4, out);
+                fclose(out);
+            }
+        }
+    }
+    if (injecting()) {
+        if (!inject.loaded) load_injection();
+        if (inject.data != NULL && inject.done < inject.batches) {
+            Int4 counts[2];
+            memcpy(counts, inject.data + inject.at, sizeof counts);
+            if (counts[0] == queries && counts[1] == 0) { /* its entry, empty: the next batch's is next */
+                inject.at += sizeof counts;
+                inject.done++;
+            } else { /* not the batch the engine expected: every later batch scans */
+                free(inject.data);
+                inject.data = NULL;
+            }
+        }
+        char line[64];
+        snprintf(line, sizeof line, "skipped %d\n", (int)queries);
+        note(line);
+    }
+}
+
+BlastHSPStream *BlastHSPStreamFree(BlastHSPStream *stream) {
+    static free_fn real_free;
+    if (real_free == NULL) real_free = (free_fn)dlsym(RTLD_NEXT, "BlastHSPStreamFree");
+    if (stream != NULL && stream == inject.searched) {
+        inject.searched = NULL;
+    } else if (stream != NULL && stream->results != NULL && !stream->results_sorted &&
+               (active() || injecting())) {
+        skipped(stream);
+    }
+    return real_free(stream);
 }
