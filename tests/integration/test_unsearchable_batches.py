@@ -85,4 +85,5 @@ def test_the_shim_checks_ignore_a_users_batch_size(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("BATCH_SIZE", "1")
     check_shim.__wrapped__()
-    assert _injection_check(require_tool("blastp"))
+    assert _injection_check("blastp", require_tool("blastp"))
+    assert _injection_check("blastn", require_tool("blastn"))
