@@ -145,7 +145,8 @@ def _injection_check(tool: str, executable: str) -> bool:
         (work / "db.fasta").write_text("".join(f">s{i}\n{p}\n" for i, p in enumerate(subjects)))
         (work / "q.fasta").write_text("".join(f">q{i}\n{p}\n" for i, p in enumerate(queries)))
         lengths = [len(p) for p in queries]
-        batches = query_batches(lengths, piece_batch_residues(tool, options))
+        # BLAST+'s own blastp batches (a user's BATCH_SIZE is not passed to the check), blastn's forced
+        batches = query_batches(lengths, 10000 if tool == "blastp" else piece_batch_residues(tool, options))
 
         def search(out: str, env: dict[str, str]) -> bytes:
             subprocess.run(
