@@ -142,7 +142,8 @@ class Master:
     def start(self) -> None:
         """Before the first task: what an earlier run of the job finished (the journal)."""
         if self.journal is not None:
-            self.confirm()  # what the journal holds is written from here
+            if not self.replay.empty:
+                self.confirm()  # what an earlier run found is taken and written from here
             # alignments travel with the tasks only when the workers cannot read them in the store
             inline = self.scheduler.keep_alignments and not self.scheduler.alignments_stored
             for task in self.replay.searches:

@@ -10,12 +10,12 @@ supported yet.
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from paramedic.errors import ParamedicError
 from paramedic.ship.codecs import RANGE_CHUNK_BYTES, Codec, Segment, register_codec
 from paramedic.ship.wire import ProtocolError
-from paramedic.trace import codec as trace_codec
 
 # The largest trace a storage site regenerates from one metadata payload.
 MAX_TRACE_BYTES = 1 << 34
@@ -33,7 +33,7 @@ class TraceMetadataCodec(Codec):
 
     def encode(self, unit: tuple[int, bytes]) -> tuple[dict[str, Any], bytes]:
         offset, data = unit
-        encoded = trace_codec.encode(data, precision=self.precision)
+        encoded = _trace().encode(data, precision=self.precision)
         return {"offset": offset, "size": len(data), "mode": encoded.mode}, encoded.data
 
     def encode_unchecked(
@@ -43,10 +43,10 @@ class TraceMetadataCodec(Codec):
         metadata regenerates: None when the metadata rebuilds the file (the refusal is another matter),
         else the general codec's metadata to ship instead."""
         offset, data = unit
-        made = trace_codec.encode(data, check=False, precision=self.precision)
+        made = _trace().encode(data, check=False, precision=self.precision)
 
         def check() -> tuple[dict[str, Any], bytes] | None:
-            final = trace_codec.checked(made, data)
+            final = _trace().checked(made, data)
             if final is made:
                 return None
             return {"offset": offset, "size": len(data), "mode": final.mode}, final.data
@@ -61,9 +61,17 @@ class TraceMetadataCodec(Codec):
         if offset != 0:
             raise ProtocolError("trace chunk: a trace ships whole, at offset 0")
         try:
-            data = trace_codec.decode(payload, max_size=size)
+            data = _trace().decode(payload, max_size=size)
         except ParamedicError as exc:
             raise ProtocolError(f"trace chunk: {exc}") from exc
         if len(data) != size:
             raise ProtocolError("trace chunk: regenerated size differs from the header")
         return [Segment(s, data[s : s + RANGE_CHUNK_BYTES]) for s in range(0, size, RANGE_CHUNK_BYTES)]
+
+
+def _trace() -> ModuleType:
+    """paramedic.trace.codec, imported when a trace is first encoded or decoded: it brings numpy, which a
+    search (whose --ship choices come from the same registry) does not need at start."""
+    from paramedic.trace import codec
+
+    return codec
