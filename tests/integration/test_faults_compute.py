@@ -63,6 +63,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _interruptible() -> None:
+    """In the search's process before it starts: SIGINT at its default, so that Python turns it into an
+    interrupt. A test run started in the background by a shell (`cmd &`, as a CI script may) inherits
+    SIGINT ignored, and Python then keeps ignoring it: the stop tests' SIGINT was lost and the job ran
+    to its end (exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_long_search(
     site: Path, tmp_path: Path, runner: str = "mpi", settle: float = 0.5
 ) -> tuple[subprocess.Popen, Path]:
@@ -78,6 +86,7 @@ def start_long_search(
          str(site / "dbs/db"), "-out", str(out), "--np", "2", "--strategy", "fragments", "--runner", runner,
          "--fragment-groups", "off"],  # many tasks: long enough to stop in the middle
         cwd=tmp_path, env=env_with_tmp(tmp_path / "tmp"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=_interruptible,
     )  # fmt: skip
     deadline = time.monotonic() + 60
     while not (tmp_path / ".o.txt.journal" / "output.partial").exists():
