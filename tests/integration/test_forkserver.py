@@ -82,3 +82,42 @@ def test_a_requests_environment_reaches_its_child_only(data_dir: Path, tmp_path:
             server.run(argv, str(tmp_path), str(tmp_path / "c.out"), "", {"A=B": "1"})
     finally:
         server.close()
+
+
+def test_prestarted_servers_go_one_to_each_thread_that_asks(tmp_path: Path) -> None:
+    """`prestart` starts servers before the worker threads exist; each thread that then asks gets one of
+    them (not a new one), no two threads share one, and they run BLAST+ like any other; closing stops
+    the spares too."""
+    import threading
+
+    from paramedic.blast import forkserver
+
+    if shim_path() is None:
+        pytest.skip("no C compiler: the engine starts BLAST+ normally")
+    blastp = shutil.which("blastp")
+    assert blastp is not None
+    forkserver.close_fork_servers()
+    forkserver.prestart(blastp, None, 2)
+    spares = list(forkserver._spares[(blastp, None)])
+    got: dict[str, forkserver.ForkServer | None] = {}
+
+    def ask(name: str) -> None:
+        server = forkserver.server_for(blastp, None)
+        got[name] = server
+        assert server is not None
+        assert server.run(["blastp", "-version"], str(tmp_path), str(tmp_path / f"{name}.out"), "") == 0
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {id(got["a"]), id(got["b"])} == {id(s) for s in spares}
+    assert not forkserver._spares[(blastp, None)]
+    assert (tmp_path / "a.out").read_bytes() == subprocess.run(
+        [blastp, "-version"], capture_output=True
+    ).stdout
+    forkserver.prestart(blastp, None, 1)
+    spare = forkserver._spares[(blastp, None)][0]
+    forkserver.close_fork_servers()
+    assert spare._proc.poll() is not None and not forkserver._spares

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from paramedic.blast.forkserver import ForkServer, prelim_shim, server_for
+from paramedic.blast.forkserver import prestart as prestart_servers
 from paramedic.cache import file_key, read_cached, write_cached
 from paramedic.errors import BlastError
 
@@ -75,6 +76,17 @@ def startup_seconds(program: str) -> float:
     value = max(0.04, min(seconds))
     write_cached("startup", key, f"{time.time():.0f} {value:.6f}\n".encode())
     return value
+
+
+def prestart(program: str, count: int) -> None:
+    """Start `count` fork servers for `program` before the threads that will use them exist (see
+    forkserver.prestart); a problem is left for the first real run to report."""
+    if program not in FORK_SERVED:
+        return
+    try:
+        prestart_servers(require_tool(program), _preload(None), count)
+    except (BlastError, OSError):
+        pass
 
 
 def warm_up(program: str) -> None:

@@ -137,6 +137,7 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
     """The job as threads of this process (paramedic.engine.local): no MPI, no other interpreter. Ends
     as the MPI launcher's job does: one line for an error or an interrupt, then whether finished work is
     kept in the journal."""
+    from paramedic.blast.tools import prestart
     from paramedic.engine.job import prepare_job
     from paramedic.engine.local import job_directory, run_local_job
     from paramedic.engine.shell import conclude
@@ -144,7 +145,8 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
 
     os.environ[LOCAL_WORKERS_VARIABLE] = str(workers)
     try:
-        with job_directory(JOB_ID_VARIABLE):
+        with job_directory(JOB_ID_VARIABLE):  # TMPDIR is the job's from here, for every BLAST+ run
+            prestart(settings.program, workers)  # the workers' fork servers start while the job is prepared
             # with worker threads the digest overlaps the first searches (their loop looks at it)
             job = prepare_job(settings, workers=workers, digest="later" if workers > 1 else "now")
             record = run_local_job(job, workers, ["paramedic", *argv])
