@@ -116,29 +116,25 @@ def injection_works(program: str = "blastp") -> bool:
     return works
 
 
-def _check_sequences(tool: str) -> tuple[list[str], str]:
-    """The check's database and its kind. For blastn: made-up DNA, the queries' subjects carrying a
-    substitution every 50 bases and a deletion, so that their alignments are gapped."""
+def _check_set(tool: str) -> tuple[list[str], list[str], str]:
+    """The check's queries, its database's subjects and their kind. For blastn: made-up DNA; the queries
+    are the first two subjects as they were before each got a substitution every 50 bases and a
+    deletion, so that their alignments are gapped."""
     if tool == "blastp":
-        return list(_PROTEINS), "prot"
+        return list(_PROTEINS[:2]), list(_PROTEINS), "prot"
     rng = random.Random(21)
-    subjects = ["".join(rng.choice("ACGT") for _ in range(600)) for _ in range(4)]
+    subjects = ["".join(rng.choice("ACGT") for _ in range(600)) for _ in range(6)]
+    queries = subjects[:2]
     for i in (0, 1):
         bases = list(subjects[i])
         for at in range(25, len(bases), 50):
             bases[at] = "A" if bases[at] != "A" else "C"
         subjects[i] = "".join(bases[:300] + bases[303:])
-    return subjects + [_dna(rng) for _ in range(2)], "nucl"
-
-
-def _dna(rng: random.Random) -> str:
-    return "".join(rng.choice("ACGT") for _ in range(600))
+    return queries, subjects, "nucl"
 
 
 def _injection_check(tool: str, executable: str) -> bool:
-    subjects, dbtype = _check_sequences(tool)
-    # the queries: the first two subjects as they were before their changes (blastn), or as they are
-    queries = list(_PROTEINS[:2]) if tool == "blastp" else _dna_queries()
+    queries, subjects, dbtype = _check_set(tool)
     options = BlastOptions({})
     with tempfile.TemporaryDirectory(prefix="paramedic-inject-check-") as tmp:
         work = Path(tmp)
@@ -178,9 +174,3 @@ def _injection_check(tool: str, executable: str) -> bool:
         except (OSError, subprocess.SubprocessError, BlastError):
             return False
     return injected(note) == len(batches) and aligned == plain
-
-
-def _dna_queries() -> list[str]:
-    """The blastn check's queries: its first two subjects before their changes."""
-    rng = random.Random(21)
-    return ["".join(rng.choice("ACGT") for _ in range(600)) for _ in range(2)]

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from paramedic.blast.forkserver import ForkServer, prelim_shim, server_for
-from paramedic.blast.forkserver import prestart as prestart_servers
+from paramedic.blast.forkserver import prestart as prestart_servers  # tools.prestart: by program
 from paramedic.cache import file_key, read_cached, write_cached
 from paramedic.errors import BlastError
 

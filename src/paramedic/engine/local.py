@@ -197,7 +197,7 @@ def _work(
     """A worker thread: tasks from its inbox until None; a failure goes to the master, which raises it."""
     try:
         workdir.mkdir()
-        warm_up(job.program)  # this thread's plain BLAST+ fork server starts now, ready for its first piece
+        warm_up(job.program)  # this thread takes its fork server (prestarted) before its first task
         while (task := inbox.get()) is not None:
             results.put((worker, execute(task, job, plan, workdir, stats, store)))
     except BaseException as exc:  # the master ends the job with it (or has ended it already)
