@@ -22,9 +22,13 @@ def write_alias(
     nseq: int,
     length: int,
     oidlist: str | None = None,
+    sync: bool = True,
 ) -> None:
-    """Write an alias file (path ends in .pal or .nal); written whole, then renamed into place."""
-    write_durably(path, alias_bytes(dblist, title=title, nseq=nseq, length=length, oidlist=oidlist))
+    """Write an alias file (path ends in .pal or .nal); written whole, then renamed into place.
+    `sync=False` for a search's scratch alias, which does not outlive the job (two fsyncs each, on the
+    way to every fragment search and piece)."""
+    data = alias_bytes(dblist, title=title, nseq=nseq, length=length, oidlist=oidlist)
+    write_durably(path, data, sync=sync)
 
 
 def alias_bytes(

@@ -163,6 +163,7 @@ def _searched(db: Database, fragments: Sequence[int], workdir: Path) -> str:
             title=db.title,
             nseq=db.nseq,
             length=db.length,
+            sync=False,
         )
     return str(alias.with_suffix(""))
 
@@ -253,6 +254,7 @@ def place_database(run_dir: Path, db: Database, db_name: str, subjects: set[int]
         nseq=db.nseq,
         length=db.length,
         oidlist=str(mask) if mask else None,
+        sync=False,
     )
 
 

@@ -135,7 +135,8 @@ def prepare_job(
         raise UsageError(
             f"{program.name} searches a {kind[program.db_type]} database; {db.arg} is {kind[db.dbtype]}"
         )
-    check_values(program.name, options, str(db.directory))  # BLAST+ checks the values (skipped if done)
+    # BLAST+ checks the values (skipped if done, or passed before for this database)
+    check_values(program.name, options, str(db.directory), manifest.checksum())
     out = options.get("out")
     if settings.ship is not None:
         # -out names the file under the storage site's root; the run record stays here, at the same

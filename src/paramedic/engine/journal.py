@@ -2,8 +2,12 @@
 
 A search killed at any point (every rank SIGKILLed, a node lost, a batch system's time limit) and run
 again with the same command continues where it stopped: rank 0 writes each finished task to the journal
-before it counts (file fsynced, renamed, directory fsynced), and a new run replays the journal into the
-scheduler and the writer, so only unfinished work is searched again. The replayed run's output is the
+before it counts (written whole under a temporary name, then renamed), and a new run replays the journal
+into the scheduler and the writer, so only unfinished work is searched again. Only job.json is fsynced:
+a record survives the death of every process of the job (the kernel holds it), and after a crash of the
+machine itself a record that was lost or cut short is dropped when it does not verify (every record is
+tagged) and its task is run again. An fsync per record cost every task a round trip to the disk, on a
+cluster's shared filesystem to its server, on the way to the worker's next task. The replayed run's output is the
 bytes an uninterrupted run writes: a fragment search's result is its exact merge keys (e-values at full
 precision), a piece is BLAST+'s own report bytes, and the plan (query batches, pieces, fragments) is the
 journal's, whatever the number of ranks this time.
@@ -88,7 +92,7 @@ class Journal:
 
     def __init__(self, path: Path, lock: IO[bytes]):
         self.path = path
-        self.store = Store(path / "search", durable=True)
+        self.store = Store(path / "search", durable=False)  # tagged records, not fsynced (module doc)
         self._lock = lock
         self.kept_searches = 0
         self.kept_pieces = 0
@@ -281,7 +285,8 @@ class Journal:
         self.store.put(task.batch, task.fragment, result)
 
     def piece_done(self, index: int, data: bytes) -> None:
-        self._write(self.path / "piece" / str(index), PIECE_MAGIC + self._piece_tag(index, data) + data)
+        data = PIECE_MAGIC + self._piece_tag(index, data) + data
+        self._write(self.path / "piece" / str(index), data, sync=False)
 
     def earlier_site_job(self) -> str | None:
         """The storage-site job an earlier run of this search opened (to be cancelled, or asked whether
@@ -324,10 +329,11 @@ class Journal:
     def _holds_work(self) -> bool:
         return any(any(True for _ in _names(self.path / d)) for d in ("search", "piece"))
 
-    def _write(self, path: Path, data: bytes) -> None:
-        """Durable before it counts: the file fsynced, renamed into place, its directory fsynced."""
+    def _write(self, path: Path, data: bytes, sync: bool = True) -> None:
+        """Whole before it counts (a temporary name, renamed into place); `sync`: also fsynced, with its
+        directory (job.json)."""
         try:
-            write_durably(path, data)
+            write_durably(path, data, sync=sync)
         except OSError as exc:
             raise OutputError(f"cannot write the search's journal {self.path}: {exc.strerror}") from exc
 

@@ -214,10 +214,10 @@ def check_before_launch(settings: SearchSettings) -> None:
     check_outfmt(program.name, options)
     if not options.get("db"):
         return
-    db, _ = resolve_database(options.get("db") or "", settings.cwd, digest=False)  # rank 0 digests it
+    db, manifest = resolve_database(options.get("db") or "", settings.cwd, digest=False)  # rank 0 digests
     if db.dbtype != program.db_type:
         return
-    check_values(program.name, options, str(db.directory))
+    check_values(program.name, options, str(db.directory), manifest.checksum())
     os.environ[CHECKED_VARIABLE] = "1"
 
 
