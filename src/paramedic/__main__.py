@@ -1,5 +1,3 @@
-import sys
+from paramedic.cli import run
 
-from paramedic.cli import main
-
-sys.exit(main())
+run()

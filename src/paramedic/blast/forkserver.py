@@ -15,11 +15,13 @@ import atexit
 import functools
 import hashlib
 import os
+import select
 import shutil
 import struct
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -134,15 +136,34 @@ class ForkServer:
         return struct.unpack("=i", reply)[0]
 
     def close(self) -> None:
+        self.hang_up()
+        self.reap(time.monotonic() + 5)
+
+    def hang_up(self) -> None:
+        """End of input: the server exits (a run in progress ends first)."""
         for fd in (self._requests, self._replies):
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+    def reap(self, deadline: float) -> None:
+        """Wait for the server to exit (killed at `deadline`), woken by its exit, not by polling
+        (Popen.wait with a timeout sleeps 1, 2, 4 ... 50 ms between looks)."""
         try:
-            self._proc.wait(timeout=5)
+            pidfd = os.pidfd_open(self._proc.pid)
+        except OSError:  # already reaped, or a kernel without pidfds
+            pidfd = None
+        if pidfd is not None:
+            try:
+                select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))
+            finally:
+                os.close(pidfd)
+        try:
+            self._proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self._proc.kill()
+            self._proc.wait()
 
 
 def _read_exactly(fd: int, n: int) -> bytes:
@@ -194,7 +215,11 @@ def prestart(executable: str, preload: str | None, count: int) -> None:
 def close_fork_servers() -> None:
     """Stop this process's fork servers, spares included (they restart on next use)."""
     with _servers_lock:
-        for server in [*_servers.values(), *(s for spares in _spares.values() for s in spares)]:
-            server.close()
+        servers = [*_servers.values(), *(s for spares in _spares.values() for s in spares)]
+        for server in servers:  # all told first, so that they exit side by side
+            server.hang_up()
+        deadline = time.monotonic() + 5
+        for server in servers:
+            server.reap(deadline)
         _servers.clear()
         _spares.clear()

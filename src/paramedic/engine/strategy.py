@@ -241,16 +241,16 @@ def choose_strategy(
             raise UsageError(f"--stage stages fragments, and the fragments strategy {inexact}")
         chosen = decide(
             "fragments",
-            database_bytes=volume_bytes(db.directory, db.whole),
-            fragment_bytes=[volume_bytes(db.directory, f.volume) for f in manifest.fragments],
+            database_bytes=(sizes := VolumeSizes(db.directory)).of(db.whole),
+            fragment_bytes=[sizes.of(f.volume) for f in manifest.fragments],
             memory=worker_memory(),
         )
         reason = "--stage is asked: staging copies fragments, which only the fragments strategy searches"
         return dataclasses.replace(chosen, asked="auto", reason=reason)
     return decide(
         settings.strategy,
-        database_bytes=volume_bytes(db.directory, db.whole),
-        fragment_bytes=[volume_bytes(db.directory, f.volume) for f in manifest.fragments],
+        database_bytes=(sizes := VolumeSizes(db.directory)).of(db.whole),
+        fragment_bytes=[sizes.of(f.volume) for f in manifest.fragments],
         memory=worker_memory(),
         inexact=inexact,
         needs_metadata=needs_metadata,
@@ -258,13 +258,20 @@ def choose_strategy(
     )
 
 
-def volume_bytes(directory: Path, volume: str) -> int:
-    """The size of a makeblastdb volume's files (what a search of it reads, at most)."""
-    return sum(
-        p.stat().st_size
-        for p in directory.glob(volume + ".*")
-        if p.suffix not in (".pal", ".nal") and p.is_file()
-    )
+class VolumeSizes:
+    """The sizes of makeblastdb volumes' files (what a search of a volume reads, at most), from one
+    listing of the database directory (a glob per volume read it again for each of them)."""
+
+    def __init__(self, directory: Path):
+        self.files: list[tuple[str, int]] = []
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_file() and not entry.name.endswith((".pal", ".nal")):
+                    self.files.append((entry.name, entry.stat().st_size))
+
+    def of(self, volume: str) -> int:
+        prefix = volume + "."
+        return sum(size for name, size in self.files if name.startswith(prefix))
 
 
 # -- measuring ----------------------------------------------------------------------------------------
