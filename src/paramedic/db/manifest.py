@@ -15,7 +15,6 @@ import sys
 import threading
 from array import array
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -154,6 +153,8 @@ def verify_volumes(db_dir: Path, manifest: Manifest) -> None:
     if manifest.volume_blake3:  # the cheaper digest, of every volume, when the manifest has it
         volumes = [(v, manifest.volume_blake3.get(v, "")) for v, _ in volumes]
     digest = volume_blake3 if manifest.volume_blake3 else volume_sha256
+    from concurrent.futures import ThreadPoolExecutor  # (and logging): imported by the jobs that digest
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     with ThreadPoolExecutor(max_workers=max(1, min(cores, len(volumes)))) as pool:
         digests = {v: pool.submit(digest, db_dir, v) for v, _ in volumes}

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from paramedic.blast.options import BlastOptions, check_values
 from paramedic.blast.prelim import (
@@ -32,18 +32,17 @@ from paramedic.db.fasta import read_fasta
 from paramedic.db.locate import resolve_database
 from paramedic.db.manifest import Manifest, Stamp, verify_volumes, volume_stamps
 from paramedic.db.seqids import SeqIdTable
-from paramedic.db.stage import StageCache, check_stageable
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import DEFAULT_REGEN_GROUP, grouped, make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings, StageSettings
-from paramedic.engine.staging import open_replicas
 from paramedic.engine.strategy import StrategyChoice, choose_strategy, local_workers, query_balance
 from paramedic.errors import OutputError, UsageError
 from paramedic.output.stitch import can_stitch
-from paramedic.ship.destination import ShipSettings, check_shippable
-from paramedic.ship.registry import ships_pieces
+
+if TYPE_CHECKING:
+    from paramedic.ship.destination import ShipSettings
 
 COMPRESSED_MODE = "compressed"  # the --ship mode that sends the output itself, zstd-compressed
 
@@ -141,6 +140,8 @@ def prepare_job(
     if settings.ship is not None:
         # -out names the file under the storage site's root; the run record stays here, at the same
         # relative path (one record per output path, as for a local -out)
+        from paramedic.ship.destination import check_shippable
+
         check_shippable(options)
         out_path = None
         record: Path | None = settings.record or cwd / (settings.ship.out + ".run.json")
@@ -178,7 +179,7 @@ def prepare_job(
         check_stage(settings.stage, manifest, db.arg)
     if not query_segmentation and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
-    ships_metadata = settings.ship is not None and ships_pieces(settings.ship.mode)
+    ships_metadata = settings.ship is not None and _ships_pieces(settings.ship.mode)
     blast_batches = (
         query_batches(lengths, residues) if (residues := batch_residues(program.name, options)) else []
     )
@@ -360,9 +361,18 @@ def choose_traceback(
     return False, f"{numbers} (over {TRACEBACK_ONCE_SHARE:.0%}): each fragment search aligns its hits"
 
 
+def _ships_pieces(mode: str) -> bool:
+    from paramedic.ship.registry import ships_pieces  # the shipping side only when it ships
+
+    return ships_pieces(mode)
+
+
 def check_stage(stage: StageSettings, manifest: Manifest, where: str) -> None:
     """Before MPI starts: the database can be staged, the cache directory used, and every --mirror
     holds this very database (manifest checksum), or one line and a refusal now."""
+    from paramedic.db.stage import StageCache, check_stageable
+    from paramedic.engine.staging import open_replicas
+
     check_stageable(manifest, where)
     StageCache(stage.directory, stage.limit)
     if stage.mirrors:  # one down is an extra source lost (said once), another database a mistake

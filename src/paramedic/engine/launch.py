@@ -19,6 +19,7 @@ import contextlib
 import functools
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -26,7 +27,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import IO, Any
 
@@ -104,7 +104,7 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
 
     remove_leftovers(Path(tempfile.gettempdir()))  # what launchers killed outright left
     job_dir = Path(tempfile.mkdtemp(prefix=JOB_PREFIX))
-    job_id = uuid.uuid4().hex[:12]
+    job_id = secrets.token_hex(6)
     try:
         note_launcher(job_dir)
         (job_dir / "tmp").mkdir()

@@ -22,12 +22,12 @@ from __future__ import annotations
 import os
 import queue
 import resource
+import secrets
 import shutil
 import signal
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -251,7 +251,7 @@ def job_directory(job_id_variable: str) -> Iterator[Path]:
         note_launcher(job_dir)
         (job_dir / "tmp").mkdir()
         os.environ["TMPDIR"] = str(job_dir / "tmp")
-        os.environ[job_id_variable] = uuid.uuid4().hex[:12]
+        os.environ[job_id_variable] = secrets.token_hex(6)
         tempfile.tempdir = None  # read TMPDIR again
         previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
         yield job_dir

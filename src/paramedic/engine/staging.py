@@ -11,19 +11,18 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paramedic.blast.run import Database
 from paramedic.db.manifest import Manifest, load_manifest
-from paramedic.db.replicas import MAX_READ_BYTES
-from paramedic.db.stage import StageCache
-from paramedic.db.stripes import ReplicaSet
 from paramedic.engine.settings import StageSettings
 from paramedic.errors import DatabaseError, UsageError
+
+if TYPE_CHECKING:  # the cache and the replicas are imported by the ranks that stage (sockets, TLS)
+    from paramedic.db.stripes import ReplicaSet
 
 # (node name, fragments already staged there): what each rank reports at start
 Hello = tuple[str, tuple[int, ...]]
@@ -31,7 +30,7 @@ Hello = tuple[str, tuple[int, ...]]
 
 def node_name() -> str:
     """This rank's node, as the ranks on it share a --stage directory."""
-    return socket.gethostname()
+    return os.uname().nodename  # gethostname(), without importing socket in every search
 
 
 class Stager:
@@ -41,6 +40,8 @@ class Stager:
         self.settings = stage
         self.db = db
         self.manifest: Manifest = load_manifest(db.directory)
+        from paramedic.db.stage import StageCache
+
         self.cache = StageCache(stage.directory, stage.limit)
         self.trimmed = False
         self.replicas: ReplicaSet | None = None
@@ -104,6 +105,8 @@ def open_replicas(
     `required`: the first so many must be reachable (the -db directory); the mirrors after them are extra
     sources, dropped (with why, in the record) when down or serving no reads."""
     import paramedic.ship.replica_client  # noqa: F401  (registers the tls:// replica transport)
+    from paramedic.db.replicas import MAX_READ_BYTES
+    from paramedic.db.stripes import ReplicaSet
 
     stripe = os.environ.get(STRIPE_VARIABLE)
     if not stripe:

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 from paramedic.errors import UsageError
 from paramedic.report.record import StrategyReason
-from paramedic.ship.registry import ships_pieces
 
 if TYPE_CHECKING:
     from paramedic.blast.run import Database
@@ -229,6 +228,8 @@ def choose_strategy(
     balance: QueryBalance | None = None,
 ) -> StrategyChoice:
     """The strategy for this search (rank 0, before the work starts), measured on this node."""
+    from paramedic.ship.registry import ships_pieces  # the shipping side only when it ships
+
     ships_metadata = settings.ship is not None and (
         ships_pieces(settings.ship.mode) or settings.ship.mode == "auto"
     )
