@@ -7,7 +7,16 @@ import struct
 import pytest
 
 from paramedic.blast.options import BlastOptions
-from paramedic.blast.prelim import injected, injection, query_batches, read_dump, split_query, whole_lists
+from paramedic.blast.prelim import (
+    environment,
+    inject_environment,
+    injected,
+    injection,
+    query_batches,
+    read_dump,
+    split_query,
+    whole_lists,
+)
 from paramedic.blast.render import masks_queries
 from paramedic.errors import BlastError
 
@@ -119,11 +128,11 @@ def lists_batch(
     n_queries: int, lists: list[tuple[int, int, list[int]]], flags: int = 0, per: int = 1
 ) -> bytes:
     """A batch's lists as the shim writes them; the i-th HSP of a list is on its query's context i % per
-    (a strand or frame)."""
-    out = struct.pack("=Iiii", 0x50524C48, n_queries, len(lists), flags)
+    (a strand or frame), written relative to the query's first context (PARAMEDIC_CONTEXTS)."""
+    out = struct.pack("=Iiii", 0x50524C52, n_queries, len(lists), flags)
     for query, oid, scores in lists:
         out += struct.pack("=iiii", query, oid, 500, len(scores))
-        out += b"".join(hsp(s, query * per + i % per) for i, s in enumerate(scores))
+        out += b"".join(hsp(s, i % per) for i, s in enumerate(scores))
     return out
 
 
@@ -169,7 +178,7 @@ def test_a_batch_with_an_edit_script_gives_no_lists() -> None:
         lists_batch(1, [(0, 100, [70])]),  # subject outside the fragment
         lists_batch(2, [(0, 3, [70])]),  # more queries than searched
         struct.pack("=Iiii", 0x50524C31, 1, 0, 0),  # another record's magic
-        lists_batch(1, [(0, 3, [70, 60])], per=2),  # an HSP on a context beyond its query's
+        struct.pack("=Iiii", 0x50524C48, 1, 0, 0),  # an older shim's lists (contexts of the batch)
     ],
 )
 def test_malformed_whole_lists_are_refused(data: bytes) -> None:
@@ -192,7 +201,7 @@ def test_a_piece_gets_exactly_its_queries_subjects_per_blast_batch() -> None:
     )
     assert given is not None
     magic, batches = struct.unpack_from("=Ii", given)
-    assert (magic, batches) == (0x50524C49, 2)
+    assert (magic, batches) == (0x50524C51, 2)
     queries, n = struct.unpack_from("=ii", given, 8)
     assert (queries, n) == (2, 3)
     first = heads(given, 16)[:3]
@@ -210,15 +219,20 @@ def test_a_subject_missing_from_every_fragment_gives_no_injection() -> None:
 @pytest.mark.parametrize(("program", "per"), [("blastn", 2), ("blastx", 6), ("tblastx", 6), ("tblastn", 1)])
 def test_contexts_follow_their_query_into_the_pieces_batch(program: str, per: int) -> None:
     """A search batched queries 0-2 as [0, 1] and [2] (blastn's app batches as it goes); the piece of
-    queries 1-2 batches them together. An HSP keeps its strand or frame and moves to its query's first
-    context in the piece's batch."""
+    queries 1-2 batches them together. An HSP keeps its strand or frame, relative to its query's first
+    context (the shim places it at the query's in the piece's batch: PARAMEDIC_CONTEXTS), and its list
+    moves to the query's position in that batch."""
     searched = lists_batch(2, [(1, 5, [90, 80])], per=per) + lists_batch(1, [(0, 6, [70, 60])], per=per)
     whole = whole_lists(searched, 3, GIDS, program)
     assert whole is not None
-    assert contexts(whole) == [[0, 1 % per], [0, 1 % per]]  # each its query's own
+    assert contexts(whole) == [[0, 1 % per], [0, 1 % per]]
+    assert [q for q, _, _ in heads(whole)] == [1, 2]
     given = injection([(0, whole)], 1, [[105], [106]], [range(0, 2)], program)
     assert given is not None
-    assert contexts(given, 16) == [[0, 1 % per], [per, per + 1 % per]]
+    assert contexts(given, 16) == [[0, 1 % per], [0, 1 % per]]
+    assert [q for q, _, _ in heads(given, 16)] == [0, 1]
+    assert inject_environment(program, BlastOptions({}))["PARAMEDIC_CONTEXTS"] == str(per)
+    assert environment(True, True, program)["PARAMEDIC_CONTEXTS"] == str(per)
 
 
 def test_the_note_counts_injected_batches() -> None:

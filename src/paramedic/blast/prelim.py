@@ -34,8 +34,8 @@ INJECT_NOTE = "paramedic-inject.txt"  # what the shim did with each of the piece
 _MAGIC = 0x50524C31
 _SPLIT_MAGIC = 0x50524C53
 _SKIPPED_MAGIC = 0x50524C4B  # a batch BLAST+ did not search: none of its queries could be (no hits)
-_LISTS_MAGIC = 0x50524C48
-_INJECT_MAGIC = 0x50524C49
+_LISTS_MAGIC = 0x50524C52  # contexts relative to their query (PARAMEDIC_CONTEXTS)
+_INJECT_MAGIC = 0x50524C51
 # Programs whose query batches BLAST+ fixes in advance (GetQueryBatchSize); blastn's app sizes them as
 # it goes (CBatchSizeMixer). Every program's preliminary lists are read.
 BATCHED = frozenset({"blastp", "blastx", "tblastn", "tblastx"})
@@ -46,8 +46,6 @@ _LISTS_BATCH = struct.Struct("=Iiii")  # magic, queries, lists, flags
 _HEAD = struct.Struct("=iiii")  # query, oid, hsp_max, HSPs
 _HSP_BYTES = 72  # struct HspRecord in native/prelim.c
 _INJECT_BATCH = struct.Struct("=ii")  # queries, lists
-_CONTEXT = struct.Struct("=i")
-_CONTEXT_AT = 24  # HspRecord's context: after bit_score, evalue, score and num_ident
 # Contexts per query in a batch (BLAST_GetNumberOfContexts): a strand each for blastn, a frame each for
 # translated queries. An HSP's context is its query's first context plus its strand or frame.
 CONTEXTS = {"blastp": 1, "tblastn": 1, "blastn": 2, "blastx": 6, "tblastx": 6}
@@ -72,10 +70,13 @@ _CHUNK_RESIDUES = {
 shim = prelim_shim  # the compiled preload library, or None without a C compiler
 
 
-def environment(prelim_only: bool = False, whole_lists: bool = False) -> dict[str, str]:
+def environment(
+    prelim_only: bool = False, whole_lists: bool = False, program: str = "blastp"
+) -> dict[str, str]:
     """Extra environment for a search whose preliminary lists are to be read; with `prelim_only` the
     search stops after its preliminary stage (no traceback, an empty report); with `whole_lists` the
-    kept lists are written whole too (`LISTS_NAME`), for `injection`."""
+    kept lists are written whole too (`LISTS_NAME`), for `injection`, each HSP's context relative to
+    its query's (the shim is told `program`'s contexts per query)."""
     library = shim()
     if library is None:
         raise BlastError(
@@ -85,6 +86,7 @@ def environment(prelim_only: bool = False, whole_lists: bool = False) -> dict[st
     env = {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "2" if prelim_only else "1"}
     if whole_lists:
         env["PARAMEDIC_HSPS"] = "1"
+        env["PARAMEDIC_CONTEXTS"] = str(CONTEXTS[program])
     return env
 
 
@@ -95,7 +97,7 @@ def inject_environment(program: str, options: BlastOptions) -> dict[str, str]:
     library = shim()
     if library is None:
         raise BlastError("no C compiler to build the preliminary-list shim")
-    env = {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "3"}
+    env = {"LD_PRELOAD": str(library), "PARAMEDIC_PRELIM": "3", "PARAMEDIC_CONTEXTS": str(CONTEXTS[program])}
     if program not in BATCHED:
         env["BATCH_SIZE"] = str(piece_batch_residues(program, options))
     return env
@@ -103,11 +105,12 @@ def inject_environment(program: str, options: BlastOptions) -> dict[str, str]:
 
 def whole_lists(data: bytes, queries: int, gids: Sequence[int], program: str) -> bytes | None:
     """A search's kept lists whole (the shim's `LISTS_NAME`), each keyed by the query's index in the
-    search and the subject's global id, each HSP's context made its query's own (a piece batches its
-    queries otherwise), for the piece that aligns them (`injection`). None when a batch holds what
-    cannot be written back (an HSP with an edit script): its pieces then find their lists again.
-    Anything malformed raises BlastError."""
-    per = CONTEXTS[program]
+    search and the subject's global id, for the piece that aligns them (`injection`). Each HSP's
+    context is its query's own already (the shim writes it so: a piece batches its queries otherwise),
+    so only the lists' heads are rewritten here. None when a batch holds what cannot be written back (an
+    HSP with an edit script, or of another query's context): its pieces then find their lists again.
+    Anything malformed raises BlastError. `program`: whose contexts the shim was told (`environment`)."""
+    del program  # the shim moved the contexts (PARAMEDIC_CONTEXTS)
     out: list[bytes] = []
     at = start = 0
     while at < len(data):
@@ -127,13 +130,7 @@ def whole_lists(data: bytes, queries: int, gids: Sequence[int], program: str) ->
             if not 0 <= index < n_queries or not 0 <= oid < len(gids) or hsps <= 0 or end > len(data):
                 raise _unexpected("a malformed list")
             out.append(_HEAD.pack(start + index, gids[oid], hsp_max, hsps))
-            records = bytearray(data[at + _HEAD.size : end])
-            for hsp in range(0, len(records), _HSP_BYTES):
-                (context,) = _CONTEXT.unpack_from(records, hsp + _CONTEXT_AT)
-                if not 0 <= context - index * per < per:
-                    raise _unexpected("an HSP of another query's context")
-                _CONTEXT.pack_into(records, hsp + _CONTEXT_AT, context - index * per)
-            out.append(bytes(records))
+            out.append(data[at + _HEAD.size : end])
             at = end
         if flags:
             return None
@@ -151,9 +148,9 @@ def injection(
     """The file a piece aligns (`inject_environment`): per BLAST+ batch of the piece (`batches`, query
     indices from 0 at global query `first`), each query's lists of exactly its `subjects`, taken from
     the fragment searches' `whole_lists` (`searched`: the global index of each one's first query, its
-    lists), each HSP's context placed at its query's in the batch. None when a subject's list is in
-    none of them."""
-    per = CONTEXTS[program]
+    lists; the shim places each HSP's context at its query's in the batch). None when a subject's list
+    is in none of them. `program`: whose contexts the shim is told (`inject_environment`)."""
+    del program
     wanted = {first + i: set(s) for i, s in enumerate(subjects)}
     found: dict[tuple[int, int], bytes] = {}
     for start, data in searched:
@@ -172,12 +169,8 @@ def injection(
         lists = sorted(k for k in found if first + batch.start <= k[1] < first + batch.stop)
         out.append(_INJECT_BATCH.pack(len(batch), len(lists)))
         for gid, query in lists:
-            record = bytearray(found[(gid, query)])
-            position = query - first - batch.start
-            for hsp in range(_HEAD.size, len(record), _HSP_BYTES):
-                (context,) = _CONTEXT.unpack_from(record, hsp + _CONTEXT_AT)
-                _CONTEXT.pack_into(record, hsp + _CONTEXT_AT, position * per + context)
-            out.append(struct.pack("=i", position) + record[4:])
+            out.append(struct.pack("=i", query - first - batch.start))
+            out.append(found[(gid, query)][4:])
     return b"".join(out)
 
 

@@ -157,7 +157,7 @@ def _injection_check(tool: str, executable: str) -> bool:
                 cwd=work, check=True, capture_output=True, timeout=60,
             )  # fmt: skip
             plain = search("plain.out", {})
-            search("prelim.out", environment(prelim_only=True, whole_lists=True))
+            search("prelim.out", environment(prelim_only=True, whole_lists=True, program=tool))
             gids = range(len(subjects))
             lists = whole_lists((work / LISTS_NAME).read_bytes(), len(queries), gids, tool)
             residues = 10000 if tool == "blastp" else None  # blastn's app sizes its own batches

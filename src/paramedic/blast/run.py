@@ -111,7 +111,7 @@ def search_fragment(
         str(archive_file),
     ]
     start = time.perf_counter()
-    pass_on(program, run_tool(argv, cwd=workdir, extra_env=environment(prelim_only, lists)).stderr)
+    pass_on(program, run_tool(argv, cwd=workdir, extra_env=environment(prelim_only, lists, program)).stderr)
     data = archive_file.read_bytes()
     archive_file.unlink()
     try:

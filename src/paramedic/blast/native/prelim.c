@@ -40,14 +40,18 @@
  * With PARAMEDIC_HSPS=1 as well, the kept lists are also appended whole to ./paramedic-hsps.bin, every
  * HSP as BLAST+'s preliminary stage left it, so that the piece that aligns them need not find them again
  * (PARAMEDIC_PRELIM=3 below):
- *   batch:  uint32 magic 0x50524c48 ("PRLH"), int32 number of queries, int32 number of lists,
- *           int32 flags (1: an HSP holds a pointer, so the batch cannot be written back)
+ *   batch:  uint32 magic 0x50524c52 ("PRLR"), int32 number of queries, int32 number of lists,
+ *           int32 flags (1: an HSP holds a pointer, or its context is not its query's, so the batch
+ *           cannot be written back)
  *   list:   int32 query index in the batch, int32 subject oid, int32 hsp_max, int32 HSPs
- *   HSP:    struct HspRecord below
+ *   HSP:    struct HspRecord below, its context relative to its query's first (0 .. C-1, C the
+ *           contexts per query that PARAMEDIC_CONTEXTS gives: 1, 2 for blastn's strands, 6 frames),
+ *           so that the engine moves a list to another batch without touching its HSPs
  *
  * With PARAMEDIC_PRELIM=3 the search aligns given lists instead of finding them: ./paramedic-inject.bin
- * (or the file PARAMEDIC_INJECT names) holds batches (uint32 magic 0x50524c49 "PRLI", int32 batches; per batch int32 queries, int32
- * lists, then lists and HSPs as above, oids of the searched database). For each batch whose query count
+ * (or the file PARAMEDIC_INJECT names) holds batches (uint32 magic 0x50524c51 "PRLQ", int32 batches; per batch int32 queries, int32
+ * lists, then lists and HSPs as above, oids of the searched database, contexts relative to the query:
+ * the shim places them at the query's position in the batch). For each batch whose query count
  * matches, the subject loop of the preliminary stage sees no subject (BlastSeqSrcIteratorNext answers
  * end of database), and the lists are written into BLAST+'s own stream just before it is closed, through
  * BlastHSPStreamWrite: the writer, the sort and the traceback then run as after a scan that found
@@ -59,6 +63,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,8 +160,8 @@ typedef struct ListHead {
 #define MAGIC 0x50524c31u
 #define SPLIT_MAGIC 0x50524c53u
 #define SKIPPED_MAGIC 0x50524c4bu
-#define HSPS_MAGIC 0x50524c48u
-#define INJECT_MAGIC 0x50524c49u
+#define HSPS_MAGIC 0x50524c52u
+#define INJECT_MAGIC 0x50524c51u
 #define TINY_EVALUE 1.0e-180 /* s_EvalueComp: two e-values below this are equal */
 
 /* The key BLAST+'s heap (s_EvalueCompareHSPLists) ranks a list by: its best e-value, and the score of
@@ -247,11 +252,22 @@ static void fill_hsp(const HspRecord *in, BlastHSP *hsp) {
     hsp->subject.gapped_start = in->s_gapped_start;
 }
 
+/* Contexts per query (BLAST_GetNumberOfContexts), from PARAMEDIC_CONTEXTS; 0 when unset or invalid,
+ * and then no list is written back or given. */
+static Int4 contexts_per_query(void) {
+    const char *text = getenv("PARAMEDIC_CONTEXTS");
+    if (text == NULL) return 0;
+    char *end;
+    long value = strtol(text, &end, 10);
+    return (*end == '\0' && value >= 1 && value <= 6) ? (Int4)value : 0;
+}
+
 /* The kept lists whole, in the order dump() writes their keys. */
 static void dump_hsps(const BlastHSPResults *results) {
     FILE *out = fopen("paramedic-hsps.bin", "ab");
     if (out == NULL) return; /* the engine sees the missing batch and scans in the piece instead */
-    Int4 lists = 0, flags = 0;
+    Int4 lists = 0, flags = 0, per = contexts_per_query();
+    if (per == 0) flags = 1;
     for (Int4 q = 0; q < results->num_queries; q++) {
         const BlastHitList *hits = results->hitlist_array[q];
         if (hits == NULL) continue;
@@ -262,6 +278,7 @@ static void dump_hsps(const BlastHSPResults *results) {
             for (Int4 i = 0; i < list->hspcnt; i++) {
                 const BlastHSP *hsp = list->hsp_array[i];
                 if (hsp->gap_info != NULL || hsp->pat_info != NULL || hsp->map_info != NULL) flags = 1;
+                if (hsp->context < q * per || hsp->context >= (q + 1) * per) flags = 1;
             }
         }
     }
@@ -278,6 +295,7 @@ static void dump_hsps(const BlastHSPResults *results) {
             for (Int4 i = 0; i < list->hspcnt; i++) {
                 HspRecord record;
                 record_of(list->hsp_array[i], &record);
+                record.context -= q * per;
                 fwrite(&record, sizeof record, 1, out);
             }
         }
@@ -311,6 +329,7 @@ static struct {
     BlastHSPStream *searched; /* the last stream a preliminary stage ran on (any mode) */
     size_t batch_at; /* where the pending batch's lists begin */
     Int4 batch_lists;
+    Int4 per; /* contexts per query */
 } inject;
 
 static int injecting(void) {
@@ -329,6 +348,8 @@ static void note(const char *line) {
  * lists can be written back. */
 static void load_injection(void) {
     inject.loaded = 1;
+    inject.per = contexts_per_query();
+    if (inject.per == 0) return; /* every batch scans */
     const char *path = getenv("PARAMEDIC_INJECT");
     FILE *in = fopen(path != NULL ? path : "paramedic-inject.bin", "rb");
     if (in == NULL) return;
@@ -361,7 +382,12 @@ static void load_injection(void) {
             at += sizeof lh;
             bad = lh.hsps <= 0 || lh.query < 0 || lh.query >= counts[0] || lh.oid < 0 ||
                   (size_t)lh.hsps > (size - at) / sizeof(HspRecord);
-            if (!bad) at += (size_t)lh.hsps * sizeof(HspRecord);
+            for (Int4 i = 0; !bad && i < lh.hsps; i++) {
+                Int4 context;
+                memcpy(&context, data + at + offsetof(HspRecord, context), sizeof context);
+                bad = context < 0 || context >= inject.per;
+                at += sizeof(HspRecord);
+            }
         }
         if (bad) break;
         if (b == batches - 1 && at == size) {
@@ -447,6 +473,7 @@ static void write_injected(BlastHSPStream *stream) {
             HspRecord record;
             memcpy(&record, inject.data + at, sizeof record);
             at += sizeof record;
+            record.context += lh.query * inject.per; /* the query's own contexts in this batch */
             BlastHSP *hsp = calloc(1, sizeof(BlastHSP));
             fill_hsp(&record, hsp);
             save(list, hsp);
