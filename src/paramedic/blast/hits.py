@@ -8,6 +8,7 @@ real e-values the same printed value), so fragment searches write archives, whos
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Fragment databases name each sequence `lcl|g<global ordinal id>`; BLAST+ reports it as a local id.
 FRAGMENT_ID_PREFIX = "g"
@@ -26,9 +27,10 @@ class Hit:
 TINY_EVALUE = 1.0e-180  # BLAST+'s s_EvalueComp: e-values below this compare equal
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One subject of a query's preliminary list: BLAST+'s ranking key, with the global ordinal id."""
+class Candidate(NamedTuple):
+    """One subject of a query's preliminary list: BLAST+'s ranking key, with the global ordinal id. A
+    named tuple: every search makes one per subject of every query's list (tens of thousands), and a
+    frozen dataclass cost three times as much to make."""
 
     evalue: float
     score: int

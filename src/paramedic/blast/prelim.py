@@ -303,15 +303,19 @@ def read_dump(
                 raise _unexpected("a malformed query list")
             if len(data) - at < count * _ENTRY.size:
                 raise _unexpected("a truncated query list")
-            candidates = []
-            for oid, score, evalue in _ENTRY.iter_unpack(data[at : at + count * _ENTRY.size]):
-                if not 0 <= oid < len(gids) or not evalue >= 0:
-                    raise _unexpected("a subject outside the database")
-                candidates.append(Candidate(evalue, score, gids[oid]))
+            entries = list(_ENTRY.iter_unpack(data[at : at + count * _ENTRY.size]))
             at += count * _ENTRY.size
-            if len(candidates) != count:
+            if len(entries) != count:
                 raise _unexpected("a truncated query list")
-            result[batch.start + index] = PrelimList(limit, tuple(candidates))
+            oids = [oid for oid, _, _ in entries]
+            if (
+                entries
+                and (min(oids) < 0 or max(oids) >= len(gids))
+                or not all(e >= 0 for _, _, e in entries)
+            ):
+                raise _unexpected("a subject outside the database")  # (or an e-value below 0, or NaN)
+            candidates = tuple([Candidate(evalue, score, gids[oid]) for oid, score, evalue in entries])
+            result[batch.start + index] = PrelimList(limit, candidates)
         start, batches = batch.stop, batches + 1
     if start != len(lengths):
         raise _unexpected(f"lists for {start} of {len(lengths)} queries")
