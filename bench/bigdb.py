@@ -24,7 +24,12 @@ The databases are built from the real data `make data` installs, enlarged as ben
 Queries: 20 (or --queries) mmseqs2 queries of at least 450 residues (seeded), and 20 pieces of 1-3 kbp
 cut from the genomes (seeded, every other one reverse complemented). Kept in --work between runs.
 
-    .venv/bin/python bench/bigdb.py --queries 1,20 --rounds 3 [--programs blastp,blastn]
+The shape `blastn-families` (in --programs) is blastn where every query fills its preliminary list: 100
+real 1,500 bp pieces of the genomes, each with 2,000 copies at 0.5-8% substitutions (a third with a
+3-base deletion): 200,000 sequences, 300 Mbp, every query a family's source (2,000 subjects, more than
+blastn's list of 500 keeps).
+
+    .venv/bin/python bench/bigdb.py --queries 1,20 --rounds 3 [--programs blastp,blastn,blastn-families]
 """
 
 from __future__ import annotations
@@ -108,19 +113,58 @@ def nucleotide_queries(n: int, out: Path) -> None:
             fh.write(f">q{i + 1} {header.split()[0]}:{start + 1}-{start + length}\n{piece}\n")
 
 
-DATABASES: dict[str, tuple[str, Callable[[Path], None], Callable[[int, Path], None]]] = {
-    "blastp": ("prot", protein_fasta, protein_queries),
-    "blastn": ("nucl", nucleotide_fasta, nucleotide_queries),
+def family_sources() -> list[str]:
+    rng = random.Random(3)
+    big = [seq.upper() for _, seq in genomes() if len(seq) > 20_000]
+    sources: list[str] = []
+    while len(sources) < 100:
+        seq = rng.choice(big)
+        at = rng.randrange(0, len(seq) - 1500)
+        piece = seq[at : at + 1500]
+        if set(piece) <= set("ACGT"):
+            sources.append(piece)
+    return sources
+
+
+def family_fasta(out: Path) -> None:
+    import numpy as np  # a dependency of the trace codec; 300 M random draws in Python took minutes
+
+    rng = np.random.default_rng(3)
+    letters = np.frombuffer(b"ACGT", dtype=np.uint8)
+    with open(out, "w") as fh:
+        for f, source in enumerate(family_sources()):
+            bases = np.frombuffer(source.encode(), dtype=np.uint8)
+            for c in range(2000):
+                changed = rng.random(bases.size) < rng.uniform(0.005, 0.08)
+                copy = bases.copy()
+                copy[changed] = letters[rng.integers(0, 4, int(changed.sum()))]
+                seq = copy.tobytes().decode()
+                if c % 3 == 0:
+                    cut = int(rng.integers(100, 1400))
+                    seq = seq[:cut] + seq[cut + 3 :]
+                fh.write(f">fam{f}_c{c}\n{seq}\n")
+
+
+def family_queries(n: int, out: Path) -> None:
+    out.write_text("".join(f">q{i + 1} family {i}\n{s}\n" for i, s in enumerate(family_sources()[:n])))
+
+
+# shape -> (BLAST+ program, database name, its FASTA, its queries)
+DATABASES: dict[str, tuple[str, str, Callable[[Path], None], Callable[[int, Path], None]]] = {
+    "blastp": ("blastp", "prot", protein_fasta, protein_queries),
+    "blastn": ("blastn", "nucl", nucleotide_fasta, nucleotide_queries),
+    "blastn-families": ("blastn", "fam", family_fasta, family_queries),
 }
 
 
-def database(work: Path, program: str, fragments: int) -> Path:
+def database(work: Path, shape: str, fragments: int) -> Path:
     """The formatted database (built once, kept in `work`)."""
-    dbtype, make, _ = DATABASES[program]
-    db = work / f"{dbtype}-f{fragments}"
+    program, name, make, _ = DATABASES[shape]
+    dbtype = "prot" if program == "blastp" else "nucl"
+    db = work / f"{name}-f{fragments}"
     if (db / "manifest.json").is_file():
         return db
-    fasta = work / f"{dbtype}.fasta"
+    fasta = work / f"{name}.fasta"
     if not fasta.is_file():
         print(f"building {fasta.name} ...", file=sys.stderr, flush=True)
         make(fasta.with_suffix(".tmp"))
@@ -164,7 +208,7 @@ def measured(cmd: list[str | Path], cwd: Path) -> tuple[float, float]:
 
 def run_shape(
     work: Path,
-    program: str,
+    shape: str,
     n: int,
     rounds: int,
     cores: int,
@@ -172,9 +216,10 @@ def run_shape(
     mpi: bool = False,
     ablation: bool = False,
 ) -> list[str]:
-    db = database(work, program, fragments)
-    queries = work / f"{program}-q{n}.fasta"
-    DATABASES[program][2](n, queries)
+    program = DATABASES[shape][0]
+    db = database(work, shape, fragments)
+    queries = work / f"{shape}-q{n}.fasta"
+    DATABASES[shape][3](n, queries)
     whole = db / "whole"
     blast_common: list[str | Path] = [program, "-query", queries, "-outfmt", "6", "-num_threads", str(cores)]
     paramedic: list[str | Path] = [BIN / "paramedic", "search", program, "-query", queries, "-db", db,
@@ -201,7 +246,7 @@ def run_shape(
     for r in range(rounds + 1):  # round 0 warms the page cache and is not counted
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            out = work / f"out-{program}-{n}-{name.split()[0]}-{len(name)}.tsv"
+            out = work / f"out-{shape}-{n}-{name.split()[0]}-{len(name)}.tsv"
             wall, cpu = measured(runs[name](out), work)
             data = out.read_bytes()
             if name == "blast mt_mode 0":
@@ -225,11 +270,11 @@ def run_shape(
                 )
             if r:
                 figures[name].append((wall, cpu))
-            print(f"  round {r} {program} {n}q {name}: {wall:.1f} s wall, {cpu:.1f} s CPU", file=sys.stderr)
+            print(f"  round {r} {shape} {n}q {name}: {wall:.1f} s wall, {cpu:.1f} s CPU", file=sys.stderr)
         for name in names:
-            out = work / f"out-{program}-{n}-{name.split()[0]}-{len(name)}.tsv"
+            out = work / f"out-{shape}-{n}-{name.split()[0]}-{len(name)}.tsv"
             if out.read_bytes() != reference and name != "blast mt_mode 1":
-                raise SystemExit(f"{name}: output differs from BLAST+'s ({program}, {n} queries)")
+                raise SystemExit(f"{name}: output differs from BLAST+'s ({shape}, {n} queries)")
     med = {
         name: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
         for name, v in figures.items()
@@ -242,7 +287,7 @@ def run_shape(
     )
     letters = sum(len(line) for line in queries.read_text().splitlines() if not line.startswith(">"))
     lines = [
-        f"### {program}, {n} quer{'y' if n == 1 else 'ies'} ({letters:,} letters), {cores} cores, "
+        f"### {shape}, {n} quer{'y' if n == 1 else 'ies'} ({letters:,} letters), {cores} cores, "
         f"medians of {rounds} rounds",
         "",
         "| run | wall s | CPU s | wall vs faster BLAST+ | CPU vs it |",
@@ -256,7 +301,7 @@ def run_shape(
         lines.append(f"- {name}: {reason}")
     same = (
         "identical to"
-        if (work / f"out-{program}-{n}-blast-{len('blast mt_mode 1')}.tsv").read_bytes() == reference
+        if (work / f"out-{shape}-{n}-blast-{len('blast mt_mode 1')}.tsv").read_bytes() == reference
         else "framed differently from"
     )
     lines += [f"- every paramedic output identical to BLAST+'s (-mt_mode 1's output {same} -mt_mode 0's)", ""]
@@ -268,7 +313,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--queries", default="1,20", help="query counts, comma-separated (default 1,20)")
-    parser.add_argument("--programs", default="blastp,blastn")
+    parser.add_argument(
+        "--programs", default="blastp,blastn", help=f"shapes, comma-separated: {', '.join(DATABASES)}"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fragments", type=int, default=8)
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
@@ -291,10 +338,12 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f}",
         "",
     ]
-    for program in args.programs.split(","):
+    for shape in args.programs.split(","):
+        if shape not in DATABASES:
+            raise SystemExit(f"unknown shape {shape!r}: choose from {', '.join(DATABASES)}")
         for n in (int(x) for x in args.queries.split(",")):
             lines += run_shape(
-                args.work, program, n, args.rounds, args.cores, args.fragments, args.mpi, args.ablation
+                args.work, shape, n, args.rounds, args.cores, args.fragments, args.mpi, args.ablation
             )
     text = "\n".join(lines) + "\n"
     print(text)
