@@ -236,8 +236,47 @@ def test_batches_and_pieces_start_where_blast_starts_a_batch():
         batch_starts = {b.start for b in plan.batches}
         for piece in plan.pieces:  # a piece never spans two search batches
             assert not any(piece.start < s < piece.stop for s in batch_starts), extra
-        unaligned = make_plan(**common, **extra)
-        assert len(plan.batches) <= len(unaligned.batches) and len(plan.pieces) <= len(unaligned.pieces)
+        if "query_segmentation" not in extra:  # (query segmentation cuts whole batches: next test)
+            unaligned = make_plan(**common, **extra)
+            assert len(plan.batches) <= len(unaligned.batches) and len(plan.pieces) <= len(unaligned.pieces)
+
+
+def test_query_segmentation_shrinks_whole_blast_batches_down_to_one():
+    """Pieces of whole BLAST+ batches, shrinking by half of the rest a round: the last pieces are single
+    batches, so the workers end together within about one batch (moving the cuts of query-sized pieces
+    to batch starts merged the small last pieces into large ones)."""
+    import random
+
+    from paramedic.blast.prelim import query_batches
+    from paramedic.engine.plan import (
+        ROUND_SHARE,
+        aligned,
+        decreasing_pieces,
+        make_plan,
+        smallest_piece_residues,
+    )
+
+    lengths = [((i * 7919) % 900) + 50 for i in range(500)]
+    blast_batches = query_batches(lengths, 10000)
+    plan = make_plan(program="blastp", query_lengths=lengths, fragment_residues=[9_000_000], workers=2,
+                     hitlist_size=500, startup_seconds=0.04, stitchable=True, query_segmentation=True,
+                     blast_batches=blast_batches)  # fmt: skip
+    batches_in = [sum(1 for b in blast_batches if p.start <= b.start < p.stop) for p in plan.pieces]
+    assert plan.pieces[0].start == 0 and plan.pieces[-1].stop == len(lengths)
+    assert all(a.stop == b.start for a, b in zip(plan.pieces, plan.pieces[1:], strict=False))
+    assert batches_in[-2:] == [1, 1] and batches_in[0] > 4
+    smallest = smallest_piece_residues("blastp", 9_000_000, 0.04)
+    before = aligned(decreasing_pieces(lengths, 2, smallest, ROUND_SHARE), blast_batches)
+    # a query's real cost is not its length: over seeded draws of per-query noise, the new plan's
+    # busiest worker ends earlier on average than the old one's (costs exactly by length favour neither)
+    rng = random.Random(3)
+    over = {"new": 0.0, "before": 0.0}
+    for _ in range(50):
+        cost = [n * rng.lognormvariate(0, 0.3) for n in lengths]
+        for name, pieces in (("new", plan.pieces), ("before", before)):
+            longest, mean = _makespan(pieces, cost, 2, per_residue=4e-4)
+            over[name] += longest / mean - 1
+    assert over["new"] < over["before"]
 
 
 def test_replica_groups_keep_each_worker_on_its_share_of_the_database():

@@ -34,6 +34,12 @@ DEFAULT_REGEN_GROUP = 10
 # workers (2.5% over it on average, against 3.3% for halving): a piece costs a BLAST+ run and a database
 # scan on top of its queries, so fewer, larger early pieces pay off until the tail grows.
 ROUND_SHARE = 2 / 3
+# The same where pieces are whole BLAST+ batches (`decreasing_batches`): a piece cannot be smaller than
+# one batch (blastp: 10,000 residues, a twenty-fourth of the 500-query benchmark's work), so the rounds
+# must shrink faster to reach single batches before the end. Simulated on measured per-query costs with
+# the 500-query benchmark's 24 batches under per-query noise (bench/plan_sim.py, bench/RESULTS.md): 1/2 of
+# the rest a round came to about 1% over a perfect split on 2 workers, 2/3 to 2.3%.
+BATCH_ROUND_SHARE = 1 / 2
 
 
 def make_plan(
@@ -85,7 +91,11 @@ def make_plan(
             search_filled_again,
             traceback_once and not plan.query_segmentation,
         )
-    pieces = aligned(plan.pieces, blast_batches)
+    if plan.query_segmentation and stitchable and batch is None:
+        smallest = smallest_piece_residues(program, sum(fragment_residues), startup_seconds)
+        pieces = decreasing_batches(query_lengths, blast_batches, workers, smallest)
+    else:
+        pieces = aligned(plan.pieces, blast_batches)
     batches = pieces if plan.query_segmentation else aligned(plan.batches, blast_batches)
     return Plan(
         batches,
@@ -251,6 +261,21 @@ def decreasing_pieces(
             pieces.append(range(start, stop))
             start, remaining = stop, remaining - size
     return tuple(pieces)
+
+
+def decreasing_batches(
+    query_lengths: Sequence[int],
+    blast_batches: Sequence[range],
+    workers: int,
+    smallest: int,
+    share: float = BATCH_ROUND_SHARE,
+) -> tuple[range, ...]:
+    """`decreasing_pieces` with BLAST+'s query batches as the items: each piece is whole batches, cut
+    where BLAST+ starts one (cutting by queries and moving each cut to the next batch start merged the
+    last small pieces into larger ones)."""
+    residues = [sum(query_lengths[b.start : b.stop]) for b in blast_batches]
+    groups = decreasing_pieces(residues, workers, smallest, share)
+    return tuple(range(blast_batches[g.start].start, blast_batches[g.stop - 1].stop) for g in groups)
 
 
 def search_batch_size(
