@@ -17,6 +17,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,6 +183,7 @@ def test_stage_on_each_nodes_own_scratch(cluster: Cluster, data: Path) -> None:
             node["hits"] += stage["hits"]  # type: ignore[operator]
             node["fragments"] |= set(r["fragments"])  # type: ignore[operator]
         per_run.append(nodes)
+        section: Any = record["stage"]  # the last run's: the warm one's
         print(f"stage {name}: " + ", ".join(
             f"{n}: {v['copies']} copies, {v['bytes']} bytes, {v['hits']} hits" for n, v in sorted(nodes.items())
         ))  # fmt: skip
@@ -190,16 +192,16 @@ def test_stage_on_each_nodes_own_scratch(cluster: Cluster, data: Path) -> None:
     assert cold and set(cold) <= {"node2", "node3"}, cold
     for node, figures in cold.items():
         assert figures["copies"] == len(figures["fragments"]) > 0, (node, figures)  # type: ignore[arg-type]
-    # A fragment staged on a node in the first run is never copied there again: the second run's copies
-    # are only of fragments its node had not searched (the scheduler prefers a node's staged fragments but
-    # does not leave a worker idle for them: in 3 of 4 runs here node3 took node2's fragment and copied
-    # it), and each of those once.
-    assert sum(f["copies"] for f in warm.values()) < sum(f["copies"] for f in cold.values())  # type: ignore[misc]
+    # The second run copies nothing: each node searches only what it staged in the first (a worker waits
+    # for its node's fragments rather than copy another node's), and the run record's per-node figures
+    # say so.
     for node, figures in warm.items():
         before = cold.get(node, {}).get("fragments", set())
-        new = figures["fragments"] - before  # type: ignore[operator]
-        assert figures["copies"] == len(new), (node, figures, before)
-        assert figures["hits"] == len(figures["fragments"] & before), (node, figures, before)  # type: ignore[operator]
+        assert figures["copies"] == figures["bytes"] == 0, (node, figures, before)
+        assert figures["fragments"] <= before and figures["hits"] > 0, (node, figures, before)  # type: ignore[operator]
+    assert section["per_node"] == {
+        node: {"copies": 0, "copied_bytes": 0, "hits": figures["hits"]} for node, figures in warm.items()
+    }, section
     # Node-local: each node's scratch holds what it staged, the host's directory of the same name nothing.
     assert list(cluster.scratch.iterdir()) == []
     for node in cold:
