@@ -298,18 +298,23 @@ def test_node_lost_mid_job_then_the_same_sbatch_resumes(cluster: Cluster, data: 
     log = (run / f"paramedic-{job_id}.log").read_text()
     print(f"lost node: {info['JobState']} {info['ExitCode']}\n{log}")
     # Slurm sees the node fail (SlurmdTimeout) and cancels the job before MPI notices: NODE_FAIL, and its
-    # own line in the log; the ranks it ends print nothing more (no paramedic line, no traceback).
+    # own line in the log. The ranks it stops (SIGTERM) unwind: rank 0 says once why the job ended and
+    # that the journal keeps its work; no error line, no traceback.
     assert info["JobState"] == "NODE_FAIL", log
     assert "CANCELLED AT" in log and "DUE TO NODE FAILURE" in log, log
-    assert len(error_lines(log)) <= 1 and "Traceback" not in log, log
+    said = [line for line in log.splitlines() if line.startswith("paramedic: interrupted:")]
+    assert len(said) == 1 and "the batch system stopped the job" in said[0], log
+    assert f"finished work is kept in {journal}" in log, log
+    assert not error_lines(log) and "Traceback" not in log, log
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [journal.name]
     assert not (run / "hits.txt").exists()
-    # Nothing of the job runs on the surviving nodes: only their slurmd. What is left is MPICH's
-    # shared-memory segment in each node's /dev/shm (docs/CLUSTER.md: a site's epilog clears it).
+    # Nothing of the job is left on the surviving nodes: only their slurmd runs, their /dev/shm (MPICH's
+    # segment) and /tmp (the ranks' and BLAST+ runs' directories) are empty.
     for node in ("node1", "node2"):
         cluster.wait(lambda n=node: len(cluster.pids(n)) == 1, f"{node} without the job's processes", 30)  # type: ignore[misc]
-        shm = cluster.on_node(node, "ls", "-A", "/dev/shm").stdout.split()
-        assert all(name.startswith("mpich_shm_") for name in shm), (node, shm)
-        print(f"{node}: left in /dev/shm: {shm}")
+        for directory in ("/dev/shm", "/tmp"):
+            left = cluster.on_node(node, "ls", "-A", directory).stdout.split()
+            assert left == [], (node, directory, left)
 
     cluster.restart("node3")
     again = wait_job(cluster, submit(cluster, script, run, "--no-requeue"))

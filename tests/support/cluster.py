@@ -2,7 +2,7 @@
 
 Each node is a network namespace on a private bridge with its own IP address, its own hostname (a UTS
 namespace) and its own mount namespace, in which a tmpfs is mounted on the node-local scratch directory,
-on /dev/shm, and a hosts file naming every node over /etc/hosts: no other node sees them. One more
+on /tmp, on /dev/shm, and a hosts file naming every node over /etc/hosts: no other node sees them. One more
 namespace, the controller, runs munged and slurmctld; each node runs its own slurmd. The cluster's root
 directory (its `shared/` folder, the virtual environment, the data) is seen by every node alike: the
 parallel filesystem. The host gets the bridge's first address, so sbatch, squeue and scontrol work from
@@ -233,6 +233,9 @@ class Cluster:
         ]
         if host in self.node_names:
             setup.append(f"mount -t tmpfs -o size={SCRATCH_SIZE},mode=1777 tmpfs {self.scratch}")
+            # the node's own /tmp, as on a real node: what a job leaves there stays on the node (and
+            # goes with it at `down`), never in the host's
+            setup.append("mount -t tmpfs -o size=256m,mode=1777 tmpfs /tmp")
         script = " && ".join(setup) + ' && exec "$@"'
         with open(self.logs / f"{log}.out", "ab") as out:
             proc = subprocess.Popen(

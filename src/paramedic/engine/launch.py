@@ -549,10 +549,16 @@ def run_under_mpi(settings: SearchSettings, argv: list[str], np_ignored: bool = 
                 pass
 
     comm = MPI.COMM_WORLD
+    from paramedic.engine.stopped import Stopped, catch_stop, end_stopped
+
+    catch_stop(LAUNCHED_VARIABLE in os.environ)  # under srun: SIGTERM unwinds the rank (its files go)
     try:
         return _run_rank(settings, argv, comm, np_ignored)
     except _Refused as refused:  # every rank knows already: no abort, the usual one-line error
         raise refused.args[0] from None
+    except Stopped:
+        end_stopped(comm.Get_rank(), lambda: say_journal_kept(settings))
+        raise
     except BaseException as exc:  # end every rank with the message, never hang
         text, code = failure(exc)
         report_failure(f"paramedic: {text}")
