@@ -38,6 +38,8 @@ SBATCH_OPTIONS = (
 )
 EXAMPLE_ENGINE = "--partition-size 128 --replica-group-size 64 --output-strategy worker-merge"
 QUERIES = 30
+# node3 is smaller than the others: a memory cgroup of 2 GiB holds its slurmd, its job steps and ranks.
+NODE3_MEMORY = 2 << 30
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,7 @@ def cluster() -> Iterator[Cluster]:
         subnet="10.226.27",
         root=Path("/var/tmp/pmt-cluster"),
         others=("site",),
+        memory={"node3": NODE3_MEMORY},
     )
     try:
         box.up()
@@ -143,8 +146,12 @@ def test_example_on_three_nodes(cluster: Cluster, data: Path) -> None:
     record = check_ok(info, log, run / "hits.txt", data)
     reason = record["strategy_reason"]
     assert isinstance(reason, dict)
-    # Rank 0's node holds 2 of the 6 ranks: MPI itself saw them on three hosts.
-    assert reason["workers_on_node_from"].endswith(f"={PER_NODE}"), reason
+    # --strategy auto's memory rule counts each node's own limits: node3's cgroup (2 GiB for its two
+    # workers), not rank 0's node (the host's memory for one worker), sets the memory per worker.
+    assert reason["workers_on_node_from"] == f"{PER_NODE} ranks of the job on node3", reason
+    assert reason["cgroup"].endswith("/pmt-node3") and reason["cgroup_limit_bytes"] == NODE3_MEMORY, reason
+    assert reason["memory_per_worker_bytes"] == NODE3_MEMORY // PER_NODE, reason
+    assert "shared by 2 workers" in reason["reason"], reason
     print(f"3-node job {info['JobId']}: {time.monotonic() - started:.1f} s from sbatch to the end")
 
 

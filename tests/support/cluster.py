@@ -37,6 +37,8 @@ SLURMCTLD_PORT = 6817
 SLURMD_PORT = 6818
 # The node-local scratch: a tmpfs of this size on each node, private to it.
 SCRATCH_SIZE = "512m"
+# Where a node's own memory cgroup is made (`Cluster.memory`), named <prefix>-<node>.
+MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
 
 
 def _run(*command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -57,6 +59,9 @@ class Cluster:
     cpus: int = 2
     # Hosts on the bridge that are no Slurm nodes (e.g. "site", a storage site): .3, .4, ...
     others: tuple[str, ...] = ()
+    # Nodes with a memory cgroup of their own (cgroup v1), e.g. {"node3": 2 << 30}: its slurmd, and so
+    # every job step and rank on it, runs under that limit (a node smaller than the others).
+    memory: dict[str, int] = field(default_factory=dict)
 
     @property
     def bridge(self) -> str:
@@ -231,6 +236,9 @@ class Cluster:
             f"mount --bind {self.root / 'hosts'} /etc/hosts",
             "mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm",
         ]
+        if host in self.memory:
+            cgroup = self._memory_cgroup(host)
+            setup.insert(0, f"echo $$ > {cgroup / 'cgroup.procs'}")
         if host in self.node_names:
             setup.append(f"mount -t tmpfs -o size={SCRATCH_SIZE},mode=1777 tmpfs {self.scratch}")
             # the node's own /tmp, as on a real node: what a job leaves there stays on the node (and
@@ -247,6 +255,17 @@ class Cluster:
                 start_new_session=True, cwd=self.root,
             )  # fmt: skip
         return proc.pid
+
+    def _memory_cgroup(self, host: str) -> Path:
+        """The host's memory cgroup (made with its limit when missing)."""
+        cgroup = MEMORY_CGROUPS / f"{self.prefix}-{host}"
+        if not MEMORY_CGROUPS.is_dir():
+            raise RuntimeError(
+                f"no cgroup v1 memory hierarchy at {MEMORY_CGROUPS}: a node's own limit needs it"
+            )
+        cgroup.mkdir(exist_ok=True)
+        (cgroup / "memory.limit_in_bytes").write_text(str(self.memory[host]))
+        return cgroup
 
     # --- state -----------------------------------------------------------------------------------------
 
@@ -328,6 +347,11 @@ class Cluster:
             name = line.split(":")[1].strip().split("@")[0]
             if name == self.bridge or name.startswith(f"{self.prefix}-v"):
                 _run("ip", "link", "del", name, check=False)
+        for cgroup in MEMORY_CGROUPS.glob(f"{self.prefix}-*") if MEMORY_CGROUPS.is_dir() else []:
+            try:
+                cgroup.rmdir()  # empty now: its processes were killed
+            except OSError:
+                pass
         if self.root.exists():
             shutil.rmtree(self.root, ignore_errors=True)
 

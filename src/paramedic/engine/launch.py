@@ -581,11 +581,13 @@ def _run_rank(settings: SearchSettings, argv: list[str], comm: Any, np_ignored: 
     from paramedic.engine.job import prepare_job
     from paramedic.engine.roles import run_job
     from paramedic.engine.shell import conclude
+    from paramedic.engine.strategy import job_memory, node_memory
 
     rank = comm.Get_rank()
     job = failure = None
     if rank != 0:
         warm_up(settings.program)  # this worker's BLAST+ fork server starts while rank 0 checks the job
+    measured = comm.gather(node_memory(), root=0)  # each node's own memory and cgroup count (auto)
     if rank == 0:
         if np_ignored and LAUNCHED_VARIABLE not in os.environ and not settings.quiet:
             print(
@@ -593,7 +595,7 @@ def _run_rank(settings: SearchSettings, argv: list[str], comm: Any, np_ignored: 
                 file=sys.stderr,
             )
         try:
-            job = prepare_job(settings, workers=max(1, comm.Get_size() - 1))
+            job = prepare_job(settings, workers=max(1, comm.Get_size() - 1), memory=job_memory(measured))
         except ParamedicError as exc:
             failure = exc
         except Exception as exc:  # a bug while preparing: every rank still learns of it (no hang)
