@@ -271,23 +271,23 @@ def finished_work(journal: Path) -> bool:
     return any(p.is_file() and not p.name.startswith(".") for d in kinds if d.is_dir() for p in d.iterdir())
 
 
-def test_node_lost_mid_job_then_the_same_sbatch_resumes(cluster: Cluster, data: Path, data_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def lost_queries(data: Path, data_dir: Path) -> Path:
+    """300 queries (a job long enough to lose a node in), and BLAST+'s report of them (ref-lost.txt)."""
+    queries = take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", data / "q-lost.fasta", 300)
+    blast("blastp", "-query", str(queries), "-db", "proteins", *OPTIONS, "-out", "ref-lost.txt",
+          cwd=data / "ref")  # fmt: skip
+    return queries
+
+
+def test_node_lost_mid_job_then_the_same_sbatch_resumes(
+    cluster: Cluster, data: Path, lost_queries: Path
+) -> None:
     """node3 crashes (every process on it killed at once: slurmd, its job step, its ranks, BLAST+) once the
     journal holds finished work. Slurm cancels the job (NODE_FAIL, its own line in the log, no traceback),
     nothing of the job runs on the surviving nodes, and once node3 is back the same sbatch continues from
     the journal on the shared directory and writes one BLAST+ run's bytes."""
-    queries = take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", data / "q-lost.fasta", 300)
-    blast(
-        "blastp",
-        "-query",
-        str(queries),
-        "-db",
-        "proteins",
-        *OPTIONS,
-        "-out",
-        "ref-lost.txt",
-        cwd=data / "ref",
-    )
+    queries = lost_queries
     run = cluster.shared / "run-lost"
     run.mkdir()
     script = script_for(data, run, "--partition-size 128 --output-strategy master", query=queries)
@@ -335,6 +335,47 @@ def test_node_lost_mid_job_then_the_same_sbatch_resumes(cluster: Cluster, data: 
     ]
     print(f"resumed: {record['resumed']}")
     assert not journal.exists()
+
+
+def test_node_cut_off_mid_job_its_processes_alive(cluster: Cluster, data: Path, lost_queries: Path) -> None:
+    """node3's network is cut (its processes live on, reaching nobody) once the journal holds finished
+    work: Slurm declares the node lost and cancels the job; rank 0 says one line, the surviving nodes
+    are left clean. When the network is back, Slurm ends what still ran of the job on node3 (its ranks
+    unwind too: its /tmp and /dev/shm are empty) and returns it to service."""
+    run = cluster.shared / "run-cut"
+    run.mkdir()
+    # 300 queries in 30 batches: node3 still has searches to do when it is cut off
+    queries = lost_queries
+    engine = "--partition-size 128 --output-strategy master --strategy fragments --batch 10"
+    script = script_for(data, run, engine, query=queries)
+    job_id = submit(cluster, script, run, "--no-requeue")
+    journal = run / ".hits.txt.journal"
+    deadline = time.monotonic() + 120
+    while not finished_work(journal):
+        assert job(cluster, job_id)["JobState"] in ("PENDING", "CONFIGURING", "RUNNING"), "ended too soon"
+        assert time.monotonic() < deadline, "no finished work in the journal"
+        time.sleep(0.2)
+    alive = len(cluster.pids("node3"))
+    cluster.cut("node3")
+    try:
+        info = wait_job(cluster, job_id)
+        log = (run / f"paramedic-{job_id}.log").read_text()
+        print(f"cut node: {info['JobState']} {info['ExitCode']}, {alive} processes on node3\n{log}")
+        assert info["JobState"] == "NODE_FAIL", log
+        said = [line for line in log.splitlines() if line.startswith("paramedic: interrupted:")]
+        assert len(said) == 1 and not error_lines(log) and "Traceback" not in log, log
+        assert len(cluster.pids("node3")) > 1, "node3's processes were to live on behind the cut"
+        for node in ("node1", "node2"):
+            cluster.wait(lambda n=node: len(cluster.pids(n)) == 1, f"{node} without the job's processes", 30)  # type: ignore[misc]
+            for directory in ("/dev/shm", "/tmp"):
+                assert cluster.on_node(node, "ls", "-A", directory).stdout.split() == [], (node, directory)
+    finally:
+        cluster.mend("node3")
+    cluster.wait(lambda: len(cluster.pids("node3")) == 1, "node3 without the job's processes", 90)
+    for directory in ("/dev/shm", "/tmp"):
+        assert cluster.on_node("node3", "ls", "-A", directory).stdout.split() == [], ("node3", directory)
+    cluster.wait(lambda: cluster.states() == ["idle"] * NODES, "every node idle", 60)
+    assert not (run / "hits.txt").exists()
 
 
 def test_up_after_an_owner_killed_outright_then_down_leaves_nothing() -> None:

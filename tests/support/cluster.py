@@ -37,6 +37,8 @@ SLURMCTLD_PORT = 6817
 SLURMD_PORT = 6818
 # The node-local scratch: a tmpfs of this size on each node, private to it.
 SCRATCH_SIZE = "512m"
+# UCX's transports for every task on the emulated nodes (their TaskProlog): the network only.
+UCX_TRANSPORTS = "tcp,self"
 # Where a node's own memory cgroup is made (`Cluster.memory`), named <prefix>-<node>.
 MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
 
@@ -193,6 +195,7 @@ class Cluster:
             f"SlurmctldLogFile={self.logs / 'slurmctld.log'}",
             f"SlurmdLogFile={self.logs / 'slurmd-%n.log'}",
             f"TmpFS={self.scratch}",
+            f"TaskProlog={self.root / 'task-prolog'}",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "SelectType=select/cons_tres",
@@ -216,6 +219,13 @@ class Cluster:
             "",
         ]
         self.conf.write_text("\n".join(lines))
+        # The nodes share one kernel, and UCX (the transport of MPICH's wheel) reaches a process on the
+        # same kernel through shared memory (/proc/<pid>/fd, process_vm_readv) whatever its namespaces:
+        # ranks on different nodes would never use the bridge, and a node cut off would still compute.
+        # Every task of the cluster gets TCP only (and `self`), as between real nodes.
+        prolog = self.root / "task-prolog"
+        prolog.write_text(f"#!/bin/sh\necho export UCX_TLS={UCX_TRANSPORTS}\n")
+        prolog.chmod(0o755)
 
     def spawn(self, host: str, log: str, command: list[str]) -> int:
         """Start a long-running command on `host` (in its namespaces); its output goes to log/<log>.out.
@@ -323,6 +333,15 @@ class Cluster:
     def crash(self, host: str) -> None:
         """The node is lost: every process on it is killed at once (its slurmd, job steps and ranks)."""
         kill_all(self.pids(host), grace=0)
+
+    def cut(self, host: str) -> None:
+        """The host's network is cut (its link on the bridge down): its processes live on, and reach
+        nobody, nor does anybody reach them."""
+        _run("ip", "link", "set", self.veth(host), "down")
+
+    def mend(self, host: str) -> None:
+        """The host's network is back (the link that `cut` took down is up again)."""
+        _run("ip", "link", "set", self.veth(host), "up")
 
     def restart(self, host: str, timeout: float = 60) -> None:
         """A lost node comes back (as after a reboot: its scratch is empty again); Slurm returns it to
