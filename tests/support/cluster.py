@@ -37,6 +37,8 @@ SLURMCTLD_PORT = 6817
 SLURMD_PORT = 6818
 # The node-local scratch: a tmpfs of this size on each node, private to it.
 SCRATCH_SIZE = "512m"
+# Seconds a job step's credential lives, and a requeued job waits before it starts again.
+CRED_EXPIRE = 10
 # UCX's transports for every task on the emulated nodes (their TaskProlog): the network only.
 UCX_TRANSPORTS = "tcp,self"
 # Where a node's own memory cgroup is made (`Cluster.memory`), named <prefix>-<node>.
@@ -187,7 +189,8 @@ class Cluster:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={self.root / 'munge' / 'socket'}",
+            # cred_expire: also how long a requeued job waits before it starts again (default 120 s)
+            f"AuthInfo=socket={self.root / 'munge' / 'socket'},cred_expire={CRED_EXPIRE}",
             f"StateSaveLocation={self.root / 'state'}",
             f"SlurmdSpoolDir={self.root / 'spool' / '%n'}",
             f"SlurmctldPidFile={self.root / 'run' / 'slurmctld.pid'}",
