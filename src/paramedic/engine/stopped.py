@@ -2,7 +2,7 @@
 lost: Slurm signals every task of the step, then sends SIGKILL after its KillWait).
 
 Python's default for SIGTERM ends the process at once: the rank's temporary directory
-(`paramedic-rank<N>-*`), a BLAST+ run's (`paramedic-run-*`) and MPICH's shared-memory segment in /dev/shm
+(`paramedic-rank<N>-<job>.<step>-*`), a BLAST+ run's (`paramedic-run-*`) and MPICH's shared-memory segment in /dev/shm
 stay on the node, and nobody removes them (under srun there is no paramedic launcher to do it, and a
 node's /tmp and /dev/shm outlive the job). Here the signal unwinds the rank instead, as an interrupt does:
 its `finally` blocks remove its directories, then it unlinks the shared memory it maps, rank 0 says once
@@ -14,8 +14,10 @@ stops the ranks (SIGINT) and cleans up: nothing changes there.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -40,9 +42,33 @@ def _raise(signum: int, _frame: FrameType | None) -> None:
     raise Stopped(signum)
 
 
+def step_tag() -> str:
+    """Names this job step in a rank's temporary directory (`paramedic-rank<N>-<job>.<step>-*`) under
+    Slurm, so that the step's stopped ranks can find what a rank of theirs that died outright left."""
+    job, step = os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_STEP_ID", "")
+    return f"{job}.{step}-" if job.isdigit() and step.isdigit() else ""
+
+
+def remove_step_dirs(tmp: Path) -> None:
+    """The directories of this job step's ranks on this node: Slurm stops the whole step at once, so
+    none is still in use; one is left only by a rank that died outright (a segmentation fault in the MPI
+    library when a peer's node is lost was seen)."""
+    tag = step_tag()
+    if not tag:
+        return
+    for path in tmp.glob(f"paramedic-rank*-{tag}*"):
+        if path.is_dir() and not path.is_symlink() and path.lstat().st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def end_stopped(rank: int, say_journal: Callable[[], None]) -> None:
-    """After the rank has unwound: its shared memory unlinked, rank 0's one line, exit 130 (never returns).
-    `say_journal` is called on rank 0 to say whether finished work waits in a journal."""
+    """After the rank has unwound: its shared memory unlinked, what its step's dead ranks left on this
+    node removed, rank 0's one line, exit 130 (never returns). `say_journal` is called on rank 0 to say
+    whether finished work waits in a journal."""
+    try:
+        remove_step_dirs(Path(tempfile.gettempdir()))
+    except OSError:
+        pass
     for name in mapped_shared_memory():
         try:
             Path("/dev/shm", name).unlink(missing_ok=True)
