@@ -360,8 +360,10 @@ def test_node_cut_off_mid_job_its_processes_alive_then_slurm_requeues(
         assert time.monotonic() < deadline, "no finished work in the journal"
         time.sleep(0.2)
     cluster.cut("node3")
+    cut_at = time.monotonic()
     try:
         cluster.wait(lambda: job(cluster, job_id)["Restarts"] == "1", "the job requeued", 90)
+        print(f"requeued {time.monotonic() - cut_at:.1f} s after the cut")
         assert job(cluster, job_id)["JobState"] in ("PENDING", "COMPLETING")  # requeued, ending the first
         for node in ("node1", "node2"):
             cluster.wait(lambda n=node: len(cluster.pids(n)) == 1, f"{node} without the job's processes", 30)  # type: ignore[misc]
@@ -374,9 +376,15 @@ def test_node_cut_off_mid_job_its_processes_alive_then_slurm_requeues(
         assert len(cluster.pids("node3")) > 1, "node3's processes were to live on behind the cut"
     finally:
         cluster.mend("node3")
+    mended_at = time.monotonic()
     cluster.wait(lambda: len(cluster.pids("node3")) == 1 or job(cluster, job_id)["JobState"] == "RUNNING",
                  "node3 without the first run's processes", 90)  # fmt: skip
+    print(f"node3 clean {time.monotonic() - mended_at:.1f} s after the mend")
+    cluster.wait(lambda: cluster.states() == ["idle"] * NODES or job(cluster, job_id)["JobState"] == "RUNNING",
+                 "node3 back in service", 120)  # fmt: skip
+    print(f"node3 back {time.monotonic() - mended_at:.1f} s after the mend")
     info = wait_job(cluster, job_id)
+    print(f"requeued job ended {time.monotonic() - mended_at:.1f} s after the mend")
     text = log.read_text()
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), text
     reference = without_posted_date((data / "ref" / "ref-lost.txt").read_bytes(), "0")

@@ -205,6 +205,9 @@ class Cluster:
             "SelectTypeParameters=CR_CPU",
             "MpiDefault=none",
             "SchedulerType=sched/builtin",
+            # a job whose begin time passes (a requeued one, after cred_expire) starts within seconds,
+            # not at the next full pass (60 s by default)
+            "SchedulerParameters=sched_interval=5",
             "ReturnToService=2",
             # A node that stops answering is down within seconds, not the default 5 minutes.
             "SlurmdTimeout=10",
