@@ -152,7 +152,7 @@ bench-cluster-output: setup slurm cluster-tools data
 	  openssh-server sshfs >/dev/null; }
 	PARAMEDIC_DATA=$(DATA) $(PY) -m bench.cluster_output
 
-# The engine across three emulated nodes under real Slurm (tests/cluster, about 2 minutes): a cluster of
+# The engine across three emulated nodes under real Slurm (tests/cluster, 2.5-3.5 minutes): a cluster of
 # its own (prefix pmt), brought up and removed by the tests.
 test-cluster: setup slurm cluster-tools data
 	PARAMEDIC_CLUSTER_TESTS=1 PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q tests/cluster
