@@ -142,7 +142,17 @@ cluster: setup slurm cluster-tools
 cluster-down: setup
 	$(PY) -m tests.support.cluster down
 
-# The engine across three emulated nodes under real Slurm (tests/cluster, about a minute): a cluster of
+# The output strategies' write times on the emulated cluster with the shared output directory behind a
+# shaped link (an sshfs mount on every node of a storage host's directory; bench/cluster_output.py, a few
+# minutes). openssh-server and sshfs from Debian when missing.
+.PHONY: bench-cluster-output
+bench-cluster-output: setup slurm cluster-tools data
+	@command -v sshfs >/dev/null && test -x /usr/sbin/sshd || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  openssh-server sshfs >/dev/null; }
+	PARAMEDIC_DATA=$(DATA) $(PY) -m bench.cluster_output
+
+# The engine across three emulated nodes under real Slurm (tests/cluster, 2.5-3.5 minutes): a cluster of
 # its own (prefix pmt), brought up and removed by the tests.
 test-cluster: setup slurm cluster-tools data
 	PARAMEDIC_CLUSTER_TESTS=1 PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q tests/cluster

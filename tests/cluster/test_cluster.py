@@ -17,6 +17,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,8 @@ SBATCH_OPTIONS = (
 )
 EXAMPLE_ENGINE = "--partition-size 128 --replica-group-size 64 --output-strategy worker-merge"
 QUERIES = 30
+# node3 is smaller than the others: a memory cgroup of 2 GiB holds its slurmd, its job steps and ranks.
+NODE3_MEMORY = 2 << 30
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +55,7 @@ def cluster() -> Iterator[Cluster]:
         subnet="10.226.27",
         root=Path("/var/tmp/pmt-cluster"),
         others=("site",),
+        memory={"node3": NODE3_MEMORY},
     )
     try:
         box.up()
@@ -142,8 +146,12 @@ def test_example_on_three_nodes(cluster: Cluster, data: Path) -> None:
     record = check_ok(info, log, run / "hits.txt", data)
     reason = record["strategy_reason"]
     assert isinstance(reason, dict)
-    # Rank 0's node holds 2 of the 6 ranks: MPI itself saw them on three hosts.
-    assert reason["workers_on_node_from"].endswith(f"={PER_NODE}"), reason
+    # --strategy auto's memory rule counts each node's own limits: node3's cgroup (2 GiB for its two
+    # workers), not rank 0's node (the host's memory for one worker), sets the memory per worker.
+    assert reason["workers_on_node_from"] == f"{PER_NODE} ranks of the job on node3", reason
+    assert reason["cgroup"].endswith("/pmt-node3") and reason["cgroup_limit_bytes"] == NODE3_MEMORY, reason
+    assert reason["memory_per_worker_bytes"] == NODE3_MEMORY // PER_NODE, reason
+    assert "shared by 2 workers" in reason["reason"], reason
     print(f"3-node job {info['JobId']}: {time.monotonic() - started:.1f} s from sbatch to the end")
 
 
@@ -182,6 +190,7 @@ def test_stage_on_each_nodes_own_scratch(cluster: Cluster, data: Path) -> None:
             node["hits"] += stage["hits"]  # type: ignore[operator]
             node["fragments"] |= set(r["fragments"])  # type: ignore[operator]
         per_run.append(nodes)
+        section: Any = record["stage"]  # the last run's: the warm one's
         print(f"stage {name}: " + ", ".join(
             f"{n}: {v['copies']} copies, {v['bytes']} bytes, {v['hits']} hits" for n, v in sorted(nodes.items())
         ))  # fmt: skip
@@ -190,16 +199,16 @@ def test_stage_on_each_nodes_own_scratch(cluster: Cluster, data: Path) -> None:
     assert cold and set(cold) <= {"node2", "node3"}, cold
     for node, figures in cold.items():
         assert figures["copies"] == len(figures["fragments"]) > 0, (node, figures)  # type: ignore[arg-type]
-    # A fragment staged on a node in the first run is never copied there again: the second run's copies
-    # are only of fragments its node had not searched (the scheduler prefers a node's staged fragments but
-    # does not leave a worker idle for them: in 3 of 4 runs here node3 took node2's fragment and copied
-    # it), and each of those once.
-    assert sum(f["copies"] for f in warm.values()) < sum(f["copies"] for f in cold.values())  # type: ignore[misc]
+    # The second run copies nothing: each node searches only what it staged in the first (a worker waits
+    # for its node's fragments rather than copy another node's), and the run record's per-node figures
+    # say so.
     for node, figures in warm.items():
         before = cold.get(node, {}).get("fragments", set())
-        new = figures["fragments"] - before  # type: ignore[operator]
-        assert figures["copies"] == len(new), (node, figures, before)
-        assert figures["hits"] == len(figures["fragments"] & before), (node, figures, before)  # type: ignore[operator]
+        assert figures["copies"] == figures["bytes"] == 0, (node, figures, before)
+        assert figures["fragments"] <= before and figures["hits"] > 0, (node, figures, before)  # type: ignore[operator]
+    assert section["per_node"] == {
+        node: {"copies": 0, "copied_bytes": 0, "hits": figures["hits"]} for node, figures in warm.items()
+    }, section
     # Node-local: each node's scratch holds what it staged, the host's directory of the same name nothing.
     assert list(cluster.scratch.iterdir()) == []
     for node in cold:
@@ -262,23 +271,23 @@ def finished_work(journal: Path) -> bool:
     return any(p.is_file() and not p.name.startswith(".") for d in kinds if d.is_dir() for p in d.iterdir())
 
 
-def test_node_lost_mid_job_then_the_same_sbatch_resumes(cluster: Cluster, data: Path, data_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def lost_queries(data: Path, data_dir: Path) -> Path:
+    """300 queries (a job long enough to lose a node in), and BLAST+'s report of them (ref-lost.txt)."""
+    queries = take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", data / "q-lost.fasta", 300)
+    blast("blastp", "-query", str(queries), "-db", "proteins", *OPTIONS, "-out", "ref-lost.txt",
+          cwd=data / "ref")  # fmt: skip
+    return queries
+
+
+def test_node_lost_mid_job_then_the_same_sbatch_resumes(
+    cluster: Cluster, data: Path, lost_queries: Path
+) -> None:
     """node3 crashes (every process on it killed at once: slurmd, its job step, its ranks, BLAST+) once the
     journal holds finished work. Slurm cancels the job (NODE_FAIL, its own line in the log, no traceback),
     nothing of the job runs on the surviving nodes, and once node3 is back the same sbatch continues from
     the journal on the shared directory and writes one BLAST+ run's bytes."""
-    queries = take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", data / "q-lost.fasta", 300)
-    blast(
-        "blastp",
-        "-query",
-        str(queries),
-        "-db",
-        "proteins",
-        *OPTIONS,
-        "-out",
-        "ref-lost.txt",
-        cwd=data / "ref",
-    )
+    queries = lost_queries
     run = cluster.shared / "run-lost"
     run.mkdir()
     script = script_for(data, run, "--partition-size 128 --output-strategy master", query=queries)
@@ -296,18 +305,23 @@ def test_node_lost_mid_job_then_the_same_sbatch_resumes(cluster: Cluster, data: 
     log = (run / f"paramedic-{job_id}.log").read_text()
     print(f"lost node: {info['JobState']} {info['ExitCode']}\n{log}")
     # Slurm sees the node fail (SlurmdTimeout) and cancels the job before MPI notices: NODE_FAIL, and its
-    # own line in the log; the ranks it ends print nothing more (no paramedic line, no traceback).
+    # own line in the log. The ranks it stops (SIGTERM) unwind: rank 0 says once why the job ended and
+    # that the journal keeps its work; no error line, no traceback.
     assert info["JobState"] == "NODE_FAIL", log
     assert "CANCELLED AT" in log and "DUE TO NODE FAILURE" in log, log
-    assert len(error_lines(log)) <= 1 and "Traceback" not in log, log
+    said = [line for line in log.splitlines() if line.startswith("paramedic: interrupted:")]
+    assert len(said) == 1 and "the batch system stopped the job" in said[0], log
+    assert f"finished work is kept in {journal}" in log, log
+    assert not error_lines(log) and "Traceback" not in log, log
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [journal.name]
     assert not (run / "hits.txt").exists()
-    # Nothing of the job runs on the surviving nodes: only their slurmd. What is left is MPICH's
-    # shared-memory segment in each node's /dev/shm (docs/CLUSTER.md: a site's epilog clears it).
+    # Nothing of the job is left on the surviving nodes: only their slurmd runs, their /dev/shm (MPICH's
+    # segment) and /tmp (the ranks' and BLAST+ runs' directories) are empty.
     for node in ("node1", "node2"):
         cluster.wait(lambda n=node: len(cluster.pids(n)) == 1, f"{node} without the job's processes", 30)  # type: ignore[misc]
-        shm = cluster.on_node(node, "ls", "-A", "/dev/shm").stdout.split()
-        assert all(name.startswith("mpich_shm_") for name in shm), (node, shm)
-        print(f"{node}: left in /dev/shm: {shm}")
+        for directory in ("/dev/shm", "/tmp"):
+            left = cluster.on_node(node, "ls", "-A", directory).stdout.split()
+            assert left == [], (node, directory, left)
 
     cluster.restart("node3")
     again = wait_job(cluster, submit(cluster, script, run, "--no-requeue"))
@@ -321,6 +335,67 @@ def test_node_lost_mid_job_then_the_same_sbatch_resumes(cluster: Cluster, data: 
     ]
     print(f"resumed: {record['resumed']}")
     assert not journal.exists()
+
+
+def test_node_cut_off_mid_job_its_processes_alive_then_slurm_requeues(
+    cluster: Cluster, data: Path, lost_queries: Path
+) -> None:
+    """node3's network is cut (its processes live on, reaching nobody) once the journal holds finished
+    work, under Slurm's default requeue: Slurm declares the node lost and puts the job back in the queue;
+    rank 0 says one line and the surviving nodes are left clean. When the network is back, Slurm ends
+    what still ran of the job on node3 (its ranks unwind too: its /tmp and /dev/shm are empty), and the
+    requeued job starts again (after `cred_expire`), continues from the journal and writes one BLAST+
+    run's bytes."""
+    run = cluster.shared / "run-cut"
+    run.mkdir()
+    # 300 queries in 14 batches: node3 still has searches to do when it is cut off
+    engine = "--partition-size 128 --output-strategy master --strategy fragments --batch 10"
+    script = script_for(data, run, engine, query=lost_queries)
+    job_id = submit(cluster, script, run)
+    journal = run / ".hits.txt.journal"
+    log = run / f"paramedic-{job_id}.log"
+    deadline = time.monotonic() + 120
+    while not finished_work(journal):
+        assert job(cluster, job_id)["JobState"] in ("PENDING", "CONFIGURING", "RUNNING"), "ended too soon"
+        assert time.monotonic() < deadline, "no finished work in the journal"
+        time.sleep(0.2)
+    cluster.cut("node3")
+    cut_at = time.monotonic()
+    try:
+        cluster.wait(lambda: job(cluster, job_id)["Restarts"] == "1", "the job requeued", 90)
+        print(f"requeued {time.monotonic() - cut_at:.1f} s after the cut")
+        assert job(cluster, job_id)["JobState"] in ("PENDING", "COMPLETING")  # requeued, ending the first
+        for node in ("node1", "node2"):
+            cluster.wait(lambda n=node: len(cluster.pids(n)) == 1, f"{node} without the job's processes", 30)  # type: ignore[misc]
+            for directory in ("/dev/shm", "/tmp"):
+                assert cluster.on_node(node, "ls", "-A", directory).stdout.split() == [], (node, directory)
+        first = log.read_text()
+        print(f"cut node: requeued, {len(cluster.pids('node3'))} processes on node3\n{first}")
+        said = [line for line in first.splitlines() if line.startswith("paramedic: interrupted:")]
+        assert len(said) == 1 and not error_lines(first) and "Traceback" not in first, first
+        assert len(cluster.pids("node3")) > 1, "node3's processes were to live on behind the cut"
+    finally:
+        cluster.mend("node3")
+    mended_at = time.monotonic()
+    cluster.wait(lambda: len(cluster.pids("node3")) == 1 or job(cluster, job_id)["JobState"] == "RUNNING",
+                 "node3 without the first run's processes", 90)  # fmt: skip
+    print(f"node3 clean {time.monotonic() - mended_at:.1f} s after the mend")
+    cluster.wait(lambda: cluster.states() == ["idle"] * NODES or job(cluster, job_id)["JobState"] == "RUNNING",
+                 "node3 back in service", 120)  # fmt: skip
+    print(f"node3 back {time.monotonic() - mended_at:.1f} s after the mend")
+    info = wait_job(cluster, job_id)
+    print(f"requeued job ended {time.monotonic() - mended_at:.1f} s after the mend")
+    text = log.read_text()
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), text
+    reference = without_posted_date((data / "ref" / "ref-lost.txt").read_bytes(), "0")
+    assert without_posted_date((run / "hits.txt").read_bytes(), "0") == reference, "differs from BLAST+"
+    record = json.loads((run / "hits.txt.run.json").read_text())
+    assert record["resumed"] and record["resumed"]["searches"], record["resumed"]
+    assert not journal.exists()
+    for node in cluster.node_names:
+        for directory in ("/dev/shm", "/tmp"):
+            assert cluster.on_node(node, "ls", "-A", directory).stdout.split() == [], (node, directory)
+    print(f"requeued run: resumed {record['resumed']}")
 
 
 def test_up_after_an_owner_killed_outright_then_down_leaves_nothing() -> None:

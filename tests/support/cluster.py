@@ -2,7 +2,7 @@
 
 Each node is a network namespace on a private bridge with its own IP address, its own hostname (a UTS
 namespace) and its own mount namespace, in which a tmpfs is mounted on the node-local scratch directory,
-on /dev/shm, and a hosts file naming every node over /etc/hosts: no other node sees them. One more
+on /tmp, on /dev/shm, and a hosts file naming every node over /etc/hosts: no other node sees them. One more
 namespace, the controller, runs munged and slurmctld; each node runs its own slurmd. The cluster's root
 directory (its `shared/` folder, the virtual environment, the data) is seen by every node alike: the
 parallel filesystem. The host gets the bridge's first address, so sbatch, squeue and scontrol work from
@@ -37,6 +37,12 @@ SLURMCTLD_PORT = 6817
 SLURMD_PORT = 6818
 # The node-local scratch: a tmpfs of this size on each node, private to it.
 SCRATCH_SIZE = "512m"
+# Seconds a job step's credential lives, and a requeued job waits before it starts again.
+CRED_EXPIRE = 10
+# UCX's transports for every task on the emulated nodes (their TaskProlog): the network only.
+UCX_TRANSPORTS = "tcp,self"
+# Where a node's own memory cgroup is made (`Cluster.memory`), named <prefix>-<node>.
+MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
 
 
 def _run(*command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -57,6 +63,9 @@ class Cluster:
     cpus: int = 2
     # Hosts on the bridge that are no Slurm nodes (e.g. "site", a storage site): .3, .4, ...
     others: tuple[str, ...] = ()
+    # Nodes with a memory cgroup of their own (cgroup v1), e.g. {"node3": 2 << 30}: its slurmd, and so
+    # every job step and rank on it, runs under that limit (a node smaller than the others).
+    memory: dict[str, int] = field(default_factory=dict)
 
     @property
     def bridge(self) -> str:
@@ -180,7 +189,8 @@ class Cluster:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={self.root / 'munge' / 'socket'}",
+            # cred_expire: also how long a requeued job waits before it starts again (default 120 s)
+            f"AuthInfo=socket={self.root / 'munge' / 'socket'},cred_expire={CRED_EXPIRE}",
             f"StateSaveLocation={self.root / 'state'}",
             f"SlurmdSpoolDir={self.root / 'spool' / '%n'}",
             f"SlurmctldPidFile={self.root / 'run' / 'slurmctld.pid'}",
@@ -188,12 +198,16 @@ class Cluster:
             f"SlurmctldLogFile={self.logs / 'slurmctld.log'}",
             f"SlurmdLogFile={self.logs / 'slurmd-%n.log'}",
             f"TmpFS={self.scratch}",
+            f"TaskProlog={self.root / 'task-prolog'}",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_CPU",
             "MpiDefault=none",
             "SchedulerType=sched/builtin",
+            # a job whose begin time passes (a requeued one, after cred_expire) starts within seconds,
+            # not at the next full pass (60 s by default)
+            "SchedulerParameters=sched_interval=5",
             "ReturnToService=2",
             # A node that stops answering is down within seconds, not the default 5 minutes.
             "SlurmdTimeout=10",
@@ -211,6 +225,13 @@ class Cluster:
             "",
         ]
         self.conf.write_text("\n".join(lines))
+        # The nodes share one kernel, and UCX (the transport of MPICH's wheel) reaches a process on the
+        # same kernel through shared memory (/proc/<pid>/fd, process_vm_readv) whatever its namespaces:
+        # ranks on different nodes would never use the bridge, and a node cut off would still compute.
+        # Every task of the cluster gets TCP only (and `self`), as between real nodes.
+        prolog = self.root / "task-prolog"
+        prolog.write_text(f"#!/bin/sh\necho export UCX_TLS={UCX_TRANSPORTS}\n")
+        prolog.chmod(0o755)
 
     def spawn(self, host: str, log: str, command: list[str]) -> int:
         """Start a long-running command on `host` (in its namespaces); its output goes to log/<log>.out.
@@ -231,8 +252,14 @@ class Cluster:
             f"mount --bind {self.root / 'hosts'} /etc/hosts",
             "mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm",
         ]
+        if host in self.memory:
+            cgroup = self._memory_cgroup(host)
+            setup.insert(0, f"echo $$ > {cgroup / 'cgroup.procs'}")
         if host in self.node_names:
             setup.append(f"mount -t tmpfs -o size={SCRATCH_SIZE},mode=1777 tmpfs {self.scratch}")
+            # the node's own /tmp, as on a real node: what a job leaves there stays on the node (and
+            # goes with it at `down`), never in the host's
+            setup.append("mount -t tmpfs -o size=256m,mode=1777 tmpfs /tmp")
         script = " && ".join(setup) + ' && exec "$@"'
         with open(self.logs / f"{log}.out", "ab") as out:
             proc = subprocess.Popen(
@@ -244,6 +271,17 @@ class Cluster:
                 start_new_session=True, cwd=self.root,
             )  # fmt: skip
         return proc.pid
+
+    def _memory_cgroup(self, host: str) -> Path:
+        """The host's memory cgroup (made with its limit when missing)."""
+        cgroup = MEMORY_CGROUPS / f"{self.prefix}-{host}"
+        if not MEMORY_CGROUPS.is_dir():
+            raise RuntimeError(
+                f"no cgroup v1 memory hierarchy at {MEMORY_CGROUPS}: a node's own limit needs it"
+            )
+        cgroup.mkdir(exist_ok=True)
+        (cgroup / "memory.limit_in_bytes").write_text(str(self.memory[host]))
+        return cgroup
 
     # --- state -----------------------------------------------------------------------------------------
 
@@ -302,6 +340,15 @@ class Cluster:
         """The node is lost: every process on it is killed at once (its slurmd, job steps and ranks)."""
         kill_all(self.pids(host), grace=0)
 
+    def cut(self, host: str) -> None:
+        """The host's network is cut (its link on the bridge down): its processes live on, and reach
+        nobody, nor does anybody reach them."""
+        _run("ip", "link", "set", self.veth(host), "down")
+
+    def mend(self, host: str) -> None:
+        """The host's network is back (the link that `cut` took down is up again)."""
+        _run("ip", "link", "set", self.veth(host), "up")
+
     def restart(self, host: str, timeout: float = 60) -> None:
         """A lost node comes back (as after a reboot: its scratch is empty again); Slurm returns it to
         service when its slurmd registers (ReturnToService=2)."""
@@ -325,6 +372,11 @@ class Cluster:
             name = line.split(":")[1].strip().split("@")[0]
             if name == self.bridge or name.startswith(f"{self.prefix}-v"):
                 _run("ip", "link", "del", name, check=False)
+        for cgroup in MEMORY_CGROUPS.glob(f"{self.prefix}-*") if MEMORY_CGROUPS.is_dir() else []:
+            try:
+                cgroup.rmdir()  # empty now: its processes were killed
+            except OSError:
+                pass
         if self.root.exists():
             shutil.rmtree(self.root, ignore_errors=True)
 

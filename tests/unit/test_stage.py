@@ -374,6 +374,35 @@ def test_copies_in_flight_are_bounded_and_a_finished_search_counts_as_staged():
     assert isinstance(nxt, SearchTask) and s.copies_in_flight == 1
 
 
+def test_a_fragment_staged_at_start_is_left_to_its_node():
+    """A second run: each node's workers search what their node staged; an idle worker elsewhere waits
+    (does ready pieces) rather than copy it, so the run copies nothing."""
+    s = Scheduler(staged_plan(), nodes={1: "a", 2: "b"}, staged={"a": {0, 1}, "b": {2, 3}}, stage_copies=4)
+    assert s.per_worker
+    mine = {s.next_task(1) for _ in range(4)}
+    assert mine == {SearchTask(b, f) for b in (0, 1) for f in (0, 1)}
+    assert s.next_task(1) is None  # node a has nothing left of its own: b's fragments wait for b
+    assert s.next_task(2) == SearchTask(0, 2)
+    # The bound on copies is not what holds it back: without one, the same.
+    s = Scheduler(staged_plan(), nodes={1: "a", 2: "b"}, staged={"a": {0, 1}, "b": {2, 3}})
+    assert s.per_worker and [s.next_task(1) for _ in range(5)][-1] is None
+
+
+def test_a_node_with_less_than_half_its_share_staged_takes_any_fragment():
+    """A node new to the job (nothing staged) is not left idle: it copies as on a first run; a node with
+    half its share or more staged (here 2 of 4 fragments for 1 of 2 workers) waits for its own."""
+    s = Scheduler(staged_plan(), nodes={1: "a", 2: "b"}, staged={"a": {0, 1, 2, 3}})
+    assert not s.per_worker  # nothing left to others: the policy as before
+    assert s.next_task(2) == SearchTask(0, 0)
+    s = Scheduler(staged_plan(), nodes={1: "a", 2: "b", 3: "b"}, staged={"a": {0, 1, 3}, "b": {2}})
+    assert s.next_task(1) == SearchTask(0, 0)
+    assert s.next_task(2) == SearchTask(0, 2)  # b: 1 of 4 for 2 of 3 workers, less than half: any
+    assert s.next_task(3) == SearchTask(1, 2)
+    assert s.next_task(3) == SearchTask(0, 1)  # ... then even a's (a copy)
+    s = Scheduler(staged_plan(), nodes={1: "a", 2: "b"}, staged={"a": {0, 1}, "b": {2, 3}, "c": {0}})
+    assert s._theirs == {"a": {2, 3}, "b": {0, 1}}  # c has no worker here: its fragments count for nobody
+
+
 def test_without_nodes_the_scheduler_is_unchanged():
     a, b = Scheduler(staged_plan()), Scheduler(staged_plan())
     b_tasks = [b.next_task(w) for w in (1, 2, 1, 2)]

@@ -12,6 +12,7 @@ from paramedic.engine.strategy import (
     WorkerMemory,
     cgroup_limit,
     decide,
+    job_memory,
     local_workers,
     worker_memory,
 )
@@ -206,3 +207,21 @@ def test_nothing_readable(tmp_path: Path) -> None:
     assert cgroup_limit(tmp_path) is None
     m = worker_memory(tmp_path, {"MPI_LOCALNRANKS": "3"})
     assert m.per_worker is None and m.describe() == "unknown"
+
+
+def test_job_memory_takes_the_tightest_node_and_counts_its_own_ranks() -> None:
+    """Rank 0's node (the master and one worker, no cgroup) and node3 (two workers in a 3 GiB cgroup):
+    node3 decides, its limit shared by its two ranks (no master there)."""
+    free = WorkerMemory(12 * GiB, 24 * GiB, 1, "SLURM_NTASKS_PER_NODE=2")
+    tight = WorkerMemory(3 * GiB, 24 * GiB, 1, "SLURM_NTASKS_PER_NODE=2", 3 * GiB, "/pmt-node3", 2)
+    measured = [("node1", free), ("node1", free), ("node3", tight), ("node3", tight)]
+    memory = job_memory(measured)
+    assert (memory.per_worker, memory.node, memory.workers_on_node) == (3 * GiB // 2, "node3", 2)
+    assert memory.workers_on_node_from == "2 ranks of the job on node3"
+    assert "memory cgroup limit 3,072 MiB (/pmt-node3) shared by 2 workers" in memory.describe()
+    # Without node3's cgroup: each worker node's physical memory over its workers (node1: 1, node3: 2).
+    measured = [("node1", free), ("node1", free), ("node3", free), ("node3", free)]
+    assert job_memory(measured).per_worker == 12 * GiB and job_memory(measured).node == "node3"
+    assert "on node3 (2 ranks of the job on node3)" in job_memory(measured).describe()
+    # One host: rank 0's own figure, as before.
+    assert job_memory([("a", free), ("a", tight)]) is free

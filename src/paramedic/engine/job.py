@@ -37,7 +37,13 @@ from paramedic.engine.metadata import SearchIdentity, load_metadata
 from paramedic.engine.plan import DEFAULT_REGEN_GROUP, grouped, make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings, StageSettings
-from paramedic.engine.strategy import StrategyChoice, choose_strategy, local_workers, query_balance
+from paramedic.engine.strategy import (
+    StrategyChoice,
+    WorkerMemory,
+    choose_strategy,
+    local_workers,
+    query_balance,
+)
 from paramedic.errors import OutputError, UsageError
 from paramedic.output.stitch import can_stitch
 
@@ -107,7 +113,10 @@ class Job:
 
 
 def prepare_job(
-    settings: SearchSettings, workers: int | None = None, digest: Literal["now", "later"] = "now"
+    settings: SearchSettings,
+    workers: int | None = None,
+    digest: Literal["now", "later"] = "now",
+    memory: WorkerMemory | None = None,  # a worker's on the job's tightest node (strategy.job_memory)
 ) -> Job:
     """The checked job; `workers`: how many worker ranks it will have (the launcher's; default: one
     per local core, as `paramedic search` starts them), which `--strategy auto` weighs. With
@@ -173,7 +182,7 @@ def prepare_job(
     )
     balance = query_balance([sum(lengths[q] for q in p) for p in segments.pieces], workers)
     settings = _ship_data_when_inexact(settings, inexact)
-    strategy = choose_strategy(settings, db, manifest, inexact, balance)
+    strategy = choose_strategy(settings, db, manifest, inexact, balance, memory)
     query_segmentation = strategy.strategy == "queries"
     if settings.stage is not None:
         check_stage(settings.stage, manifest, db.arg)

@@ -324,6 +324,8 @@ class Journal:
         if not keep:
             _remove_tree(self.path)
         self._unlock()
+        if not keep:  # sshfs (and NFS) hide the open lock file when it is deleted, and drop it only now
+            _remove_tree(self.path)
         return keep
 
     def _holds_work(self) -> bool:

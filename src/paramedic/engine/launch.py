@@ -549,10 +549,16 @@ def run_under_mpi(settings: SearchSettings, argv: list[str], np_ignored: bool = 
                 pass
 
     comm = MPI.COMM_WORLD
+    from paramedic.engine.stopped import Stopped, catch_stop, end_stopped
+
+    catch_stop(LAUNCHED_VARIABLE in os.environ)  # under srun: SIGTERM unwinds the rank (its files go)
     try:
         return _run_rank(settings, argv, comm, np_ignored)
     except _Refused as refused:  # every rank knows already: no abort, the usual one-line error
         raise refused.args[0] from None
+    except Stopped:
+        end_stopped(comm.Get_rank(), lambda: say_journal_kept(settings))
+        raise
     except BaseException as exc:  # end every rank with the message, never hang
         text, code = failure(exc)
         report_failure(f"paramedic: {text}")
@@ -575,11 +581,13 @@ def _run_rank(settings: SearchSettings, argv: list[str], comm: Any, np_ignored: 
     from paramedic.engine.job import prepare_job
     from paramedic.engine.roles import run_job
     from paramedic.engine.shell import conclude
+    from paramedic.engine.strategy import job_memory, node_memory
 
     rank = comm.Get_rank()
     job = failure = None
     if rank != 0:
         warm_up(settings.program)  # this worker's BLAST+ fork server starts while rank 0 checks the job
+    measured = comm.gather(node_memory(), root=0)  # each node's own memory and cgroup count (auto)
     if rank == 0:
         if np_ignored and LAUNCHED_VARIABLE not in os.environ and not settings.quiet:
             print(
@@ -587,7 +595,7 @@ def _run_rank(settings: SearchSettings, argv: list[str], comm: Any, np_ignored: 
                 file=sys.stderr,
             )
         try:
-            job = prepare_job(settings, workers=max(1, comm.Get_size() - 1))
+            job = prepare_job(settings, workers=max(1, comm.Get_size() - 1), memory=job_memory(measured))
         except ParamedicError as exc:
             failure = exc
         except Exception as exc:  # a bug while preparing: every rank still learns of it (no hang)

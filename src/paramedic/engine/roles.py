@@ -24,6 +24,7 @@ from paramedic.engine.ranks import run_worker, run_workers
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.shell import Runner, run_master, serial_runner
 from paramedic.engine.staging import stager
+from paramedic.engine.stopped import step_tag
 from paramedic.engine.store import ALIGNMENTS_VARIABLE, Store
 from paramedic.report.record import RunRecord
 
@@ -45,7 +46,7 @@ def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
             check_partitioning(job, plan, comm.Get_size(), job.partition_size)
     plan = comm.bcast(plan, root=0)
     assert plan is not None
-    workdir = Path(tempfile.mkdtemp(prefix=f"paramedic-rank{comm.Get_rank()}-"))
+    workdir = Path(tempfile.mkdtemp(prefix=f"paramedic-rank{comm.Get_rank()}-{step_tag()}"))
     try:
         store = _shared_store(comm, job, plan, workdir, journal)
         if job.stage is not None:  # every rank's node and what is staged there, for the scheduler(s)

@@ -18,7 +18,10 @@ Policy for an idle worker:
 With --stage a task whose fragment is not staged on the worker's node copies it there from shared
 storage (paramedic.db.stage). At most `stage_copies` such copies are in flight at once (mpiBLAST's
 --concurrent): once they are, a worker gets only fragments staged or being copied on its node, or waits.
-A finished search means its fragment is staged on that node.
+A finished search means its fragment is staged on that node. A fragment staged on some nodes when the
+job starts (an earlier run's) is theirs: a worker elsewhere waits rather than copy it, unless its node
+starts with less than half its fair share (workers x fragments / all workers) staged, as on nodes new to
+the job. A first run stages nothing before it starts, so its balance is as without the rule.
 """
 
 from __future__ import annotations
@@ -174,6 +177,7 @@ class Scheduler:
     staged: dict[str, set[int]] = field(default_factory=dict)
     stage_copies: int | None = None
     _copying: set[tuple[str, int]] = field(init=False)  # (node, fragment) copies in flight
+    _theirs: dict[str, set[int]] = field(init=False)  # node -> fragments staged elsewhere at start, not here
     _handed: dict[SearchTask, str] = field(init=False)  # search handed out -> the node it went to
     _pending: list[set[int]] = field(init=False)  # per batch: fragments not yet handed out
     # the batches this scheduler may hand searches of (assigned, fragments pending), in order: an idle
@@ -218,6 +222,7 @@ class Scheduler:
         self.released = []
         self._copying = set()
         self._handed = {}
+        self._theirs = _left_to_others(self.nodes, self.staged, self.plan.n_fragments)
         if self.stage_copies is not None and self.stage_copies < 1:
             raise ValueError("stage_copies must be at least 1")
         if self.plan.query_segmentation:
@@ -309,6 +314,7 @@ class Scheduler:
         )
         if bounded and not any((on_node | copying) & self._pending[b] for b in open_batches):
             return None  # every copy allowed is in flight and nothing is staged here: wait (cheaply)
+        theirs = self._theirs.get(node, set()) if node is not None else set()
         held = self.cache.setdefault(worker, set())
         held_by_others = {f for f, n in self._holders.items() if n > (f in held)}
         choice = None
@@ -318,14 +324,15 @@ class Scheduler:
                 fragments = sorted(
                     f
                     for f in self._pending[batch]
-                    if prefer(f) and (not bounded or f in on_node or f in copying)
+                    if prefer(f) and (not bounded or f in on_node or f in copying) and f not in theirs
                 )
                 if fragments:
                     choice = SearchTask(batch, fragments[0])
                     break
             if choice:
                 break
-        assert choice is not None
+        if choice is None:  # what is pending is staged on other nodes: their workers take it
+            return None
         self._take(choice)
         if choice.fragment not in held:
             held.add(choice.fragment)
@@ -373,7 +380,7 @@ class Scheduler:
     def per_worker(self) -> bool:
         """Whether `next_task` may give one idle worker nothing and another a task (--stage: the bound
         on copies in flight leaves a worker only what is staged on its node)."""
-        return self.nodes is not None and self.stage_copies is not None
+        return self.nodes is not None and (self.stage_copies is not None or any(self._theirs.values()))
 
     @property
     def copies_in_flight(self) -> int:
@@ -462,6 +469,26 @@ class Scheduler:
                 task = PieceTask(index, piece.start, len(piece), subjects, alignments, stored)
                 (self.released if self.hold_pieces else self._ready).append(task)
                 self._unreleased.discard(index)
+
+
+def _left_to_others(
+    nodes: dict[int, str] | None, staged: dict[str, set[int]], fragments: int
+) -> dict[str, set[int]]:
+    """Per node of the job's workers: the fragments staged at the start on other nodes of the job only,
+    which its workers leave to those nodes (none for a node holding less than half its fair share)."""
+    if not nodes:
+        return {}
+    workers: dict[str, int] = {}
+    for node in nodes.values():
+        workers[node] = workers.get(node, 0) + 1
+    total = sum(workers.values())
+    anywhere = set().union(*(staged.get(n, set()) for n in workers))
+    return {
+        node: set()
+        if 2 * len(staged.get(node, set())) * total < fragments * count
+        else anywhere - staged.get(node, set())
+        for node, count in workers.items()
+    }
 
 
 class _Pending(list):  # type: ignore[type-arg]

@@ -153,12 +153,18 @@ def summary(stage: StageSettings | None, per_rank: Sequence[dict[str, Any] | Non
         for key in ("hits", "copies", "copied_bytes", "evictions", "evicted_bytes", "discarded", "cleaned")
     }
     seconds = {key: round(sum(r[key] for r in ranks), 3) for key in ("copy_seconds", "wait_seconds")}
+    per_node: dict[str, dict[str, int]] = {}  # what each node copied and found staged (a rerun: no copies)
+    for r in ranks:
+        figures = per_node.setdefault(r["node"], {"copies": 0, "copied_bytes": 0, "hits": 0})
+        for key in figures:
+            figures[key] += r[key]
     return {
         "directory": str(stage.directory),
         "limit_bytes": stage.limit,
         "mirrors": list(stage.mirrors),
         "copies_in_flight_bound": stage.copies,
-        "nodes": sorted({r["node"] for r in ranks}),
+        "nodes": sorted(per_node),
+        "per_node": dict(sorted(per_node.items())),
         **total,
         **seconds,
         "in_place": sorted({v for r in ranks for v in r["in_place"]}),

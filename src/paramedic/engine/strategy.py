@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,6 +62,8 @@ class WorkerMemory:
     cgroup_limit: int | None = None  # the memory cgroup's limit (the smallest on its path), if any
     cgroup: str | None = None  # the cgroup directory whose limit that is
     ranks_in_cgroup: int = 1  # this job's ranks under that cgroup (they share its limit)
+    node: str | None = None  # the host measured, when the job spans several (`job_memory`); else this one
+    master_here: bool = True  # whether the master (rank 0, no database) is among those ranks
 
     def describe(self) -> str:
         if self.per_worker is None:
@@ -68,7 +71,7 @@ class WorkerMemory:
         text = f"{_mib(self.per_worker)} per worker: "
         by_physical = self.physical // self.workers_on_node if self.physical is not None else None
         if self.cgroup_limit is not None and (by_physical is None or self.per_worker < by_physical):
-            sharing = max(1, self.ranks_in_cgroup - 1)
+            sharing = max(1, self.ranks_in_cgroup - self.master_here)
             return text + (
                 f"memory cgroup limit {_mib(self.cgroup_limit)} ({self.cgroup})"
                 + (f" shared by {sharing} workers" if sharing > 1 else "")
@@ -76,7 +79,8 @@ class WorkerMemory:
         assert self.physical is not None
         return text + (
             f"physical memory {_mib(self.physical)} shared by {self.workers_on_node} "
-            f"worker{'s' if self.workers_on_node != 1 else ''} on this node ({self.workers_on_node_from})"
+            f"worker{'s' if self.workers_on_node != 1 else ''} on {self.node or 'this node'} "
+            f"({self.workers_on_node_from})"
         )
 
 
@@ -226,10 +230,13 @@ def choose_strategy(
     manifest: Manifest,
     inexact: str | None = None,
     balance: QueryBalance | None = None,
+    memory: WorkerMemory | None = None,
 ) -> StrategyChoice:
-    """The strategy for this search (rank 0, before the work starts), measured on this node."""
+    """The strategy for this search (rank 0, before the work starts); `memory`: what a worker may use on
+    the job's tightest node (`job_memory`), else measured on this node."""
     from paramedic.ship.registry import ships_pieces  # the shipping side only when it ships
 
+    memory = memory if memory is not None else worker_memory()
     ships_metadata = settings.ship is not None and (
         ships_pieces(settings.ship.mode) or settings.ship.mode == "auto"
     )
@@ -244,7 +251,7 @@ def choose_strategy(
             "fragments",
             database_bytes=(sizes := VolumeSizes(db.directory)).of(db.whole),
             fragment_bytes=[sizes.of(f.volume) for f in manifest.fragments],
-            memory=worker_memory(),
+            memory=memory,
         )
         reason = "--stage is asked: staging copies fragments, which only the fragments strategy searches"
         return dataclasses.replace(chosen, asked="auto", reason=reason)
@@ -252,7 +259,7 @@ def choose_strategy(
         settings.strategy,
         database_bytes=(sizes := VolumeSizes(db.directory)).of(db.whole),
         fragment_bytes=[sizes.of(f.volume) for f in manifest.fragments],
-        memory=worker_memory(),
+        memory=memory,
         inexact=inexact,
         needs_metadata=needs_metadata,
         balance=balance,
@@ -297,6 +304,49 @@ def worker_memory(root: Path = Path("/"), environ: dict[str, str] | None = None)
         by_cgroup = cgroup_bytes // max(1, ranks - 1)
         per_worker = by_cgroup if per_worker is None else min(per_worker, by_cgroup)
     return WorkerMemory(per_worker, physical, workers, source, cgroup_bytes, cgroup_path, ranks)
+
+
+def node_memory() -> tuple[str, WorkerMemory]:
+    """This rank's host name and what a worker may use there (every rank measures its own node)."""
+    import socket
+
+    return socket.gethostname(), worker_memory()
+
+
+def job_memory(measured: Sequence[tuple[str, WorkerMemory]]) -> WorkerMemory:
+    """What a worker may use on the job's tightest node. `measured[r]`: rank r's host name and its
+    `worker_memory()` there. On one host, rank 0's own figure. Across hosts, each worker rank's node
+    counts with its own physical memory shared by the job's workers there (its ranks, less the master on
+    rank 0's), and its own memory cgroup's limit shared by the job's ranks in it (less the master where
+    it is one of them): a node with a smaller cgroup decides for every worker."""
+    hosts = [host for host, _ in measured]
+    if len(set(hosts)) <= 1:
+        return measured[0][1]
+    best: WorkerMemory | None = None
+    for host, m in measured[1:]:
+        ranks = hosts.count(host)
+        here = host == hosts[0]  # the master's node: one of its ranks searches nothing
+        workers = max(1, ranks - here)
+        per_worker = m.physical // workers if m.physical is not None else None
+        if m.cgroup_limit is not None:
+            by_cgroup = m.cgroup_limit // max(1, m.ranks_in_cgroup - here)
+            per_worker = by_cgroup if per_worker is None else min(per_worker, by_cgroup)
+        node = dataclasses.replace(
+            m,
+            per_worker=per_worker,
+            workers_on_node=workers,
+            workers_on_node_from=f"{ranks} rank{'s' if ranks != 1 else ''} of the job on {host}",
+            node=host,
+            master_here=here,
+        )
+        if per_worker is not None and (
+            best is None or best.per_worker is None or per_worker < best.per_worker
+        ):
+            best = node
+        elif best is None:
+            best = node
+    assert best is not None
+    return best
 
 
 def local_workers(env: os._Environ[str] | dict[str, str]) -> tuple[int, str]:
