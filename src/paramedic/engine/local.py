@@ -23,6 +23,7 @@ import os
 import queue
 import resource
 import secrets
+import select
 import shutil
 import signal
 import tempfile
@@ -207,13 +208,27 @@ def _work(
     stats.peak_blast_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
-def stop_children() -> None:
-    """Kill every process this one started, and theirs (BLAST+ runs and their fork servers)."""
+def stop_children(wait_seconds: float = 2.0) -> None:
+    """Kill every process this one started, and theirs (BLAST+ runs and their fork servers), and wait
+    (at most `wait_seconds`) until they have ended: a killed process takes a moment to go, and the job's
+    end must not be seen before its searches'."""
+    pidfds: list[int] = []
     for pid in _descendants(os.getpid()):
+        try:
+            pidfds.append(os.pidfd_open(pid))  # before the kill: the number cannot be reused meanwhile
+        except OSError:
+            pass
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    deadline = time.monotonic() + wait_seconds
+    try:
+        for fd in pidfds:  # readable once the process has ended
+            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+    finally:
+        for fd in pidfds:
+            os.close(fd)
 
 
 def _descendants(pid: int) -> list[int]:
