@@ -24,6 +24,7 @@ MERGE = NATIVE / "clogtrace_merge.h"
 FORTRAN = NATIVE / "clogtrace_fortran.h"
 BIGCOUNT = NATIVE / "clogtrace_bigcount.h"
 MORE = NATIVE / "clogtrace_more.h"
+EXT = NATIVE / "clogtrace_ext.h"
 AUDIT = NATIVE / "clogaudit.c"
 FALLBACK_COMPILERS = {"openmpi": "mpicc.openmpi", "mpich": "mpicc.mpich"}
 
@@ -75,7 +76,7 @@ def library(mpiexec: str) -> tuple[Path, str]:
         SOURCE,
         compiler=compiler,
         flags=(f"-I{NATIVE}", "-lm", "-ldl"),
-        depends=(STATES, MERGE, FORTRAN, BIGCOUNT, MORE),
+        depends=(STATES, MERGE, FORTRAN, BIGCOUNT, MORE, EXT),
         variant=kind,
     )
     if lib is None:

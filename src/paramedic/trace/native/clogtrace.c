@@ -487,3 +487,4 @@ int MPI_Comm_free(MPI_Comm *comm) {
 #include "clogtrace_fortran.h"
 #include "clogtrace_bigcount.h"
 #include "clogtrace_more.h"
+#include "clogtrace_ext.h"
