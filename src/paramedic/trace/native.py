@@ -25,6 +25,9 @@ FORTRAN = NATIVE / "clogtrace_fortran.h"
 BIGCOUNT = NATIVE / "clogtrace_bigcount.h"
 MORE = NATIVE / "clogtrace_more.h"
 EXT = NATIVE / "clogtrace_ext.h"
+GAPS = NATIVE / "clogtrace_gaps.h"
+FORTRAN_MORE = NATIVE / "clogtrace_fortran_more.h"
+EXT_C = NATIVE / "clogtrace_ext_c.h"
 AUDIT = NATIVE / "clogaudit.c"
 FALLBACK_COMPILERS = {"openmpi": "mpicc.openmpi", "mpich": "mpicc.mpich"}
 
@@ -76,7 +79,7 @@ def library(mpiexec: str) -> tuple[Path, str]:
         SOURCE,
         compiler=compiler,
         flags=(f"-I{NATIVE}", "-lm", "-ldl"),
-        depends=(STATES, MERGE, FORTRAN, BIGCOUNT, MORE, EXT),
+        depends=(STATES, MERGE, FORTRAN, BIGCOUNT, MORE, EXT, GAPS, FORTRAN_MORE, EXT_C),
         variant=kind,
     )
     if lib is None:

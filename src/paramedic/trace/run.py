@@ -20,7 +20,7 @@ from pathlib import Path
 
 from paramedic.durable import fsync_dir
 from paramedic.errors import JobError, OutputError, UsageError
-from paramedic.trace import merge, native
+from paramedic.trace import gaps, merge, native
 
 
 def inject(command: list[str], kind: str, env: dict[str, str]) -> list[str]:
@@ -61,6 +61,7 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
         ):
             raise JobError("the traced program logged nothing: did it call MPI_Init?")
         summary = merge.read_summary(logs / "merged.summary")
+        untraced = gaps.read(logs)
         merged = logs / "merged.clog2"
         try:
             with merged.open("rb") as fh:
@@ -73,6 +74,8 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
     finally:
         shutil.rmtree(logs, ignore_errors=True)
     summary.update({"mpi": kind, "library": str(lib), "seconds": round(elapsed, 3), "bytes": size})
+    summary["untraced_calls"] = untraced  # linked MPI functions the tracer does not wrap (gaps.py)
+    summary["untraced_communication"] = gaps.communicating(untraced)
     return summary
 
 
@@ -107,4 +110,7 @@ def summary_line(summary: dict[str, object]) -> str:
     )
     if isinstance(dropped, dict) and any(dropped.values()):
         text += f"; message events dropped: {json.dumps(dropped, sort_keys=True)}"
+    untraced = summary.get("untraced_calls")
+    if isinstance(untraced, list):
+        text += gaps.line([str(name) for name in untraced])
     return text

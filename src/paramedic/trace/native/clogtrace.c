@@ -60,6 +60,7 @@ static int64_t now_ns(void) {
 }
 
 #include "clogtrace_merge.h"
+#include "clogtrace_gaps.h"
 
 static void flush_buffer(void) {
     size_t done = 0;
@@ -254,6 +255,7 @@ static void end_log(void) {
     out_fd = -1;
     free(buf);
     buf = NULL;
+    if (world_rank == 0) list_gaps(trace_dir);
     tree_merge(trace_dir, have_log);
 }
 
@@ -488,3 +490,5 @@ int MPI_Comm_free(MPI_Comm *comm) {
 #include "clogtrace_bigcount.h"
 #include "clogtrace_more.h"
 #include "clogtrace_ext.h"
+#include "clogtrace_ext_c.h"
+#include "clogtrace_fortran_more.h"

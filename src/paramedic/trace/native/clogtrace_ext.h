@@ -208,6 +208,18 @@ COLL_INIT(Alltoall_init, (const void *sb, int sc, MPI_Datatype st, void *rb, int
           (sb, sc, st, rb, rc_, rt, comm, info, r), -1, bytes_of(sc, st))
 #endif
 
+/* Communicators' creation: collective over the parent communicator. */
+PLAIN(Comm_dup, (MPI_Comm comm, MPI_Comm *out), (comm, out))
+PLAIN(Comm_split, (MPI_Comm comm, int color, int key, MPI_Comm *out), (comm, color, key, out))
+PLAIN(Comm_split_type, (MPI_Comm comm, int type, int key, MPI_Info info, MPI_Comm *out), (comm, type, key, info, out))
+PLAIN(Comm_create, (MPI_Comm comm, MPI_Group g, MPI_Comm *out), (comm, g, out))
+PLAIN(Cart_create, (MPI_Comm comm, int nd, const int *dims, const int *periods, int reorder, MPI_Comm *out),
+      (comm, nd, dims, periods, reorder, out))
+PLAIN(Cart_sub, (MPI_Comm comm, const int *keep, MPI_Comm *out), (comm, keep, out))
+PLAIN(Intercomm_create, (MPI_Comm local, int lleader, MPI_Comm peer, int rleader, int tag, MPI_Comm *out),
+      (local, lleader, peer, rleader, tag, out))
+PLAIN(Intercomm_merge, (MPI_Comm inter, int high, MPI_Comm *out), (inter, high, out))
+
 /* One-sided communication. */
 PLAIN(Win_create, (void *base, MPI_Aint size, int du, MPI_Info info, MPI_Comm comm, MPI_Win *win),
       (base, size, du, info, comm, win))
