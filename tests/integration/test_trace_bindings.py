@@ -11,9 +11,10 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from paramedic.trace import clog2
+from paramedic.trace import clog2, codec
 from tests.conftest import BIN, paramedic
 from tests.integration.test_trace import OMPI_ENV, ROOT, check_structure, need, state_counts
 
@@ -306,3 +307,47 @@ def test_fortran_persistent_one_sided_io_and_v_collective_calls_are_traced(tmp_p
     for rank in range(3):
         assert state_counts(trace, rank) == Counter({**both, **own[rank]})
     assert int((trace.records.head[:, 3] == 7).sum()) == 2 * (3 * 3 * 2 + 3)
+
+
+@pytest.mark.parametrize("flavour", ["openmpi", "mpich"])
+def test_threads_calling_mpi_at_once_are_traced_each_on_its_own(tmp_path: Path, flavour: str) -> None:
+    """examples/trace/threads.c (MPI_THREAD_MULTIPLE, two threads per rank exchanging at once): the
+    tracer's buffer and tables were shared unguarded and every record said thread 0, so the two threads'
+    states overlapped in one row; now each thread's states open and close in order under its own CLOG2
+    thread number, every message pairs with its send, and the file round-trips through its metadata."""
+    mpicc, mpiexec = (
+        ("mpicc.openmpi", "mpiexec.openmpi")
+        if flavour == "openmpi"
+        else (str(BIN / "mpicc"), str(BIN / "mpiexec"))
+    )
+    need(mpicc, mpiexec)
+    program = tmp_path / "threads"
+    subprocess.run(
+        [mpicc, "-pthread", "-o", str(program), str(ROOT / "examples/trace/threads.c")], check=True
+    )
+    out = tmp_path / "t.clog2"
+    paramedic("trace", "-out", str(out), "--", mpiexec, "-n", "2", str(program), "100", env=OMPI_ENV)
+    data = out.read_bytes()
+    assert codec.decode(codec.encode(data).data) == data
+    rec = clog2.read(data).records
+    sends: Counter[tuple[int, int, int]] = Counter()
+    recvs: Counter[tuple[int, int, int]] = Counter()
+    for rank in range(2):
+        mine = rec.take(np.flatnonzero(rec.head[:, 1] == rank))
+        assert np.all(np.diff(mine.seconds()) >= 0)
+        threads = Counter(mine.head[:, 2].tolist())
+        assert sorted(threads) == [0, 1, 2] and threads[1] == threads[2] == 100 * 12  # 3 states, 2 messages
+        open_state: dict[int, int | None] = {}
+        for thread, rectype, body in zip(
+            mine.head[:, 2].tolist(), mine.head[:, 3].tolist(), mine.body[:, :5].tolist(), strict=True
+        ):
+            if rectype == 5 and body[0] % 2 == 0:
+                assert open_state.get(thread) is None, "a thread's state starts inside another"
+                open_state[thread] = body[0] // 2
+            elif rectype == 5:
+                assert open_state.get(thread) == body[0] // 2, "a thread's state ends that did not start"
+                open_state[thread] = None
+            elif rectype == 7:
+                key = (rank, body[2], body[3]) if body[0] == -101 else (body[2], rank, body[3])
+                (sends if body[0] == -101 else recvs)[key] += 1
+    assert sends == recvs and sum(sends.values()) == 2 * 2 * 2 * 100

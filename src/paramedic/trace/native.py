@@ -78,7 +78,7 @@ def library(mpiexec: str) -> tuple[Path, str]:
     lib = compiled(
         SOURCE,
         compiler=compiler,
-        flags=(f"-I{NATIVE}", "-lm", "-ldl"),
+        flags=(f"-I{NATIVE}", "-pthread", "-lm", "-ldl"),
         depends=(STATES, MERGE, FORTRAN, BIGCOUNT, MORE, EXT, GAPS, FORTRAN_MORE, EXT_C),
         variant=kind,
     )

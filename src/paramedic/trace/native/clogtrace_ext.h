@@ -102,28 +102,33 @@ enum { P_SEND = 1, P_RECV, P_COLL };
 static struct { MPI_Request req; MPI_Comm comm; int kind, peer, tag, etype; int64_t bytes; } pers[NPERS];
 
 static void persistent(MPI_Request req, int kind, MPI_Comm comm, int peer, int tag, int etype, int64_t bytes) {
-    for (int i = 0; i < NPERS; i++)
-        if (!pers[i].kind) {
-            pers[i].req = req;
-            pers[i].comm = comm;
-            pers[i].kind = kind;
-            pers[i].peer = peer;
-            pers[i].tag = tag;
-            pers[i].etype = etype;
-            pers[i].bytes = bytes;
-            return;
-        }
-    n_dropped++;
+    LOCK();
+    int i = 0;
+    while (i < NPERS && pers[i].kind) i++;
+    if (i < NPERS) {
+        pers[i].req = req;
+        pers[i].comm = comm;
+        pers[i].kind = kind;
+        pers[i].peer = peer;
+        pers[i].tag = tag;
+        pers[i].etype = etype;
+        pers[i].bytes = bytes;
+    } else {
+        n_dropped++;
+    }
+    UNLOCK();
 }
 
 static void started(MPI_Request req) {
+    LOCK();
     for (int i = 0; i < NPERS; i++)
         if (pers[i].kind && pers[i].req == req) {
             if (pers[i].kind == P_SEND && pers[i].peer >= 0) msg(EVT_SEND, pers[i].peer, pers[i].tag, pers[i].bytes);
             else if (pers[i].kind == P_RECV) remember(req, pers[i].comm);
             else if (pers[i].kind == P_COLL) coll(pers[i].etype, pers[i].peer, pers[i].bytes);
-            return;
+            break;
         }
+    UNLOCK();
 }
 
 #define SEND_INIT(NAME)                                                                                     \
@@ -166,11 +171,13 @@ int MPI_Startall(int n, MPI_Request *r) {
 }
 
 static void forget_request(MPI_Request req) {
+    LOCK();
     for (int i = 0; i < NPERS; i++)
         if (pers[i].kind && pers[i].req == req) pers[i].kind = 0;
     for (int i = 0; i < req_top; i++)
         if (reqs[i].used && reqs[i].req == req) reqs[i].used = 0;
     while (req_top > 0 && !reqs[req_top - 1].used) req_top--;
+    UNLOCK();
 }
 
 int MPI_Request_free(MPI_Request *r) {

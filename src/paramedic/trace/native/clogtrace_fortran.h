@@ -66,6 +66,7 @@ void mpi_init_(F *ierr) {
 void mpi_init_thread_(F *required, F *provided, F *ierr) {
     REAL(pmpi_init_thread_, (F *, F *, F *));
     CALL(real(required, provided, ierr));
+    if (FOK(ierr)) threaded = *provided == MPI_THREAD_MULTIPLE;
     if (FOK(ierr)) start_log();
 }
 
@@ -350,11 +351,13 @@ void mpi_scatter_(void *sb, F *sc, F *st, void *rb, F *rc, F *rt, F *root, F *co
 void mpi_comm_free_(F *comm, F *ierr) {
     REAL(pmpi_comm_free_, (F *, F *));
     MPI_Comm c = PMPI_Comm_f2c(*comm);
+    LOCK();
     for (int i = 0; i < NCOMMS; i++)
         if (comms[i].used && comms[i].comm == c) {
             PMPI_Group_free(&comms[i].group);
             comms[i].used = 0;
         }
+    UNLOCK();
     START(S_Comm_free);
     CALL(real(comm, ierr));
     FINAL();
