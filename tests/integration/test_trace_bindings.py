@@ -217,6 +217,13 @@ def test_mpi4py_calls_are_traced(tmp_path: Path) -> None:
     assert int((trace.records.head[:, 3] == 7).sum()) == 2 * (10 + 4)  # sends and receives, each once
 
 
+# The MPIs a C program is built and traced with: Debian's Open MPI, the mpich wheel's MPICH and Debian's MPICH
+# (two MPICHs: the tracer builds one library for each, in this order; before, the second used the first's).
+FLAVOURS = {
+    "openmpi": ("mpicc.openmpi", "mpiexec.openmpi"),
+    "mpich": (str(BIN / "mpicc"), str(BIN / "mpiexec")),
+    "debian-mpich": ("mpicc.mpich", "mpiexec.mpich"),
+}
 FAMILIES_C = ROOT / "examples/trace/families.c"
 FAMILIES_F90 = ROOT / "examples/trace/families.f90"
 EXT_STATES = {"Exscan": 44, "Ibcast": 71, "Iallreduce": 73, "Send_init": 90, "Recv_init": 94, "Startall": 96,
@@ -226,17 +233,13 @@ EXT_STATES = {"Exscan": 44, "Ibcast": 71, "Iallreduce": 73, "Send_init": 90, "Re
               "Probe": 60}  # fmt: skip
 
 
-@pytest.mark.parametrize("flavour", ["openmpi", "mpich"])
+@pytest.mark.parametrize("flavour", list(FLAVOURS))
 def test_collective_persistent_one_sided_and_io_calls_are_traced(tmp_path: Path, flavour: str) -> None:
     """examples/trace/families.c: nonblocking collectives, persistent requests, one-sided and MPI-IO calls
     were absent from the trace without a word; now each is a state, the persistent receives pair with their
     sends, and the one call still not wrapped (a neighbourhood collective) is named on the closing line and
     in the run record."""
-    mpicc, mpiexec = (
-        ("mpicc.openmpi", "mpiexec.openmpi")
-        if flavour == "openmpi"
-        else (str(BIN / "mpicc"), str(BIN / "mpiexec"))
-    )
+    mpicc, mpiexec = FLAVOURS[flavour]
     need(mpicc, mpiexec)
     program = tmp_path / "families"
     subprocess.run([mpicc, "-o", str(program), str(FAMILIES_C)], check=True)
@@ -309,17 +312,13 @@ def test_fortran_persistent_one_sided_io_and_v_collective_calls_are_traced(tmp_p
     assert int((trace.records.head[:, 3] == 7).sum()) == 2 * (3 * 3 * 2 + 3)
 
 
-@pytest.mark.parametrize("flavour", ["openmpi", "mpich"])
+@pytest.mark.parametrize("flavour", list(FLAVOURS))
 def test_threads_calling_mpi_at_once_are_traced_each_on_its_own(tmp_path: Path, flavour: str) -> None:
     """examples/trace/threads.c (MPI_THREAD_MULTIPLE, two threads per rank exchanging at once): the
     tracer's buffer and tables were shared unguarded and every record said thread 0, so the two threads'
     states overlapped in one row; now each thread's states open and close in order under its own CLOG2
     thread number, every message pairs with its send, and the file round-trips through its metadata."""
-    mpicc, mpiexec = (
-        ("mpicc.openmpi", "mpiexec.openmpi")
-        if flavour == "openmpi"
-        else (str(BIN / "mpicc"), str(BIN / "mpiexec"))
-    )
+    mpicc, mpiexec = FLAVOURS[flavour]
     need(mpicc, mpiexec)
     program = tmp_path / "threads"
     subprocess.run(

@@ -9,6 +9,7 @@ user's cache (blast.forkserver.compiled, as the BLAST+ shims are).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -64,6 +65,14 @@ def mpicc_for(mpiexec: str, kind: str) -> str:
     return fallback
 
 
+def variant(kind: str, compiler: str) -> str:
+    """The cache's name for a build: the flavour and which MPI's compiler built it. Two MPIs of one flavour
+    (the mpich wheel's and Debian's MPICH) each get their own library: one built against the other's
+    libmpi loaded both into the ranks (a Debian MPICH program exited 127 on a symbol of the wheel's)."""
+    where = os.path.realpath(shutil.which(compiler) or compiler)
+    return f"{kind}-{hashlib.sha256(where.encode()).hexdigest()[:8]}"
+
+
 def library(mpiexec: str) -> tuple[Path, str]:
     """The tracer library for this launcher's MPI, and the flavour."""
     if not Path(mpiexec).name.startswith(("mpiexec", "mpirun", "orterun")):
@@ -80,7 +89,7 @@ def library(mpiexec: str) -> tuple[Path, str]:
         compiler=compiler,
         flags=(f"-I{NATIVE}", "-pthread", "-lm", "-ldl"),
         depends=(STATES, MERGE, FORTRAN, BIGCOUNT, MORE, EXT, GAPS, FORTRAN_MORE, EXT_C),
-        variant=kind,
+        variant=variant(kind, compiler),
     )
     if lib is None:
         raise UsageError(f"cannot build the tracer library with {compiler}")
