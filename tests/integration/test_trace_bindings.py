@@ -250,6 +250,8 @@ def test_collective_persistent_one_sided_and_io_calls_are_traced(tmp_path: Path,
     summary = json.loads(record.read_text())["trace"]
     assert summary["untraced_communication"] == ["MPI_Neighbor_allgather"]
     assert "MPI_Comm_rank" in summary["untraced_calls"]  # listed, but local: not called out
+    # one machine, one clock: no offsets "measured" from ping-pongs on busy cores (MPICH's reached 3.5 ms)
+    assert all(x == 0 for pair in summary["clock_offset_ns"].values() for x in pair)
     trace = clog2.read(out.read_bytes())
     check_structure(trace, 3)  # the persistent receives (completed by Waitall) pair with the Startall sends
     s = EXT_STATES

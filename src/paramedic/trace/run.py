@@ -104,8 +104,13 @@ def summary_line(summary: dict[str, object]) -> str:
     )
     text = (
         f"{summary.get('ranks')} ranks ({summary.get('mpi')}), {total:,} records, "
-        f"{int(summary.get('bytes', 0)):,} bytes (CLOG2), clock offsets up to {spread:,} ns corrected, "  # type: ignore[call-overload]
-        f"the program ran {float(summary.get('seconds', 0.0)):.1f} s traced"  # type: ignore[arg-type]
+        f"{int(summary.get('bytes', 0)):,} bytes (CLOG2), "  # type: ignore[call-overload]
+        + (
+            f"clock offsets up to {spread:,} ns corrected, "
+            if spread
+            else "one clock (every rank on one kernel), "
+        )
+        + f"the program ran {float(summary.get('seconds', 0.0)):.1f} s traced"  # type: ignore[arg-type]
         f" (merged along a binary tree of the ranks in {float(summary.get('merge_seconds', 0.0)):.2f} s)"  # type: ignore[arg-type]
     )
     if isinstance(dropped, dict) and any(dropped.values()):
