@@ -2,7 +2,9 @@
 Open MPI's Fortran functions call PMPI_* directly, so only the tracer's Fortran wrappers see its calls) is
 traced call by call, messages paired; a C program that takes its MPI functions from the library's handle with
 dlsym (which LD_PRELOAD does not see) is traced call by call all the same, through the audit library; a
-Fortran 2008 program (`use mpi_f08`, not wrapped) is refused with one line (exit 2), no file."""
+Fortran 2008 program (`use mpi_f08`) is traced, its untraced calls named; the calls of every other family
+(collectives of every kind, persistent, one-sided, MPI-IO, threads) under Open MPI, the mpich wheel's and
+Debian's MPICH."""
 
 from __future__ import annotations
 
@@ -23,8 +25,16 @@ pytestmark = pytest.mark.integration
 RING = ROOT / "examples/trace/ring.f90"
 F08 = """program f08
   use mpi_f08
+  integer :: rank
+  double precision :: a(4)
+  type(MPI_Status) :: st
   call MPI_Init()
+  call MPI_Comm_rank(MPI_COMM_WORLD, rank)
+  a = rank
   call MPI_Barrier(MPI_COMM_WORLD)
+  call MPI_Allreduce(MPI_IN_PLACE, a, 4, MPI_DOUBLE_PRECISION, MPI_SUM, MPI_COMM_WORLD)
+  if (rank == 0) call MPI_Send(a, 4, MPI_DOUBLE_PRECISION, 1, 3, MPI_COMM_WORLD)
+  if (rank == 1) call MPI_Recv(a, 4, MPI_DOUBLE_PRECISION, 0, 3, MPI_COMM_WORLD, st)
   call MPI_Finalize()
 end program f08
 """
@@ -145,21 +155,36 @@ def test_calls_taken_with_dlsym_are_traced(tmp_path: Path) -> None:
     assert int((trace.records.head[:, 3] == 7).sum()) == 10  # five sends, five receives
 
 
-def test_fortran_2008_bindings_are_refused(tmp_path: Path) -> None:
-    need("mpiexec.openmpi", "gfortran")
+@pytest.mark.parametrize("flavour", ["openmpi", "debian-mpich"])
+def test_fortran_2008_programs_are_traced_and_their_gaps_named(tmp_path: Path, flavour: str) -> None:
+    """`use mpi_f08`: refused before (exit 2, no trace). Now its MPI_Init and MPI_Finalize are wrapped and
+    the run is traced: MPICH's f08 functions with a buffer call the C MPI_* ones (traced, messages paired);
+    Open MPI's call PMPI_* (not traced), and every such call the program links is named as untraced, with
+    the reason, on the closing line."""
+    mpif90, mpiexec = (
+        ("mpif90.openmpi", "mpiexec.openmpi") if flavour == "openmpi" else ("mpif90.mpich", "mpiexec.mpich")
+    )
+    need(mpif90, mpiexec, "gfortran")
     program = tmp_path / "f08"
     (tmp_path / "f08.f90").write_text(F08)
-    subprocess.run(["mpif90.openmpi", "-o", str(program), str(tmp_path / "f08.f90")], check=True)
-    run = tmp_path / "run"
-    run.mkdir()
-    proc = paramedic(
-        "trace", "-out", str(run / "t.clog2"), "--", "mpiexec.openmpi", "-n", "2", str(program),
-        env=OMPI_ENV, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 2
+    subprocess.run([mpif90, "-o", str(program), str(tmp_path / "f08.f90")], check=True)
+    out = tmp_path / "t.clog2"
+    proc = paramedic("trace", "-out", str(out), "--", mpiexec, "-n", "2", str(program), env=OMPI_ENV)
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("paramedic: error: this program") and "Fortran 2008 bindings" in last
-    assert list(run.iterdir()) == []
+    assert "not traced (Fortran 2008 bindings (use mpi_f08) of this MPI are not wrapped;" in last
+    trace = clog2.read(out.read_bytes())
+    check_structure(trace, 2)
+    if flavour == "openmpi":
+        assert last.endswith("mpi_allreduce_f08_, mpi_barrier_f08_, mpi_recv_f08_, mpi_send_f08_")
+        assert state_counts(trace, 0) == state_counts(trace, 1) == Counter({STATES["Finalize"]: 1})
+    else:
+        assert last.endswith("absent from the trace if called): mpi_barrier_f08_")
+        assert state_counts(trace, 0) == Counter(
+            {STATES["Allreduce"]: 1, STATES["Send"]: 1, STATES["Finalize"]: 1}
+        )
+        assert state_counts(trace, 1) == Counter(
+            {STATES["Allreduce"]: 1, STATES["Recv"]: 1, STATES["Finalize"]: 1}
+        )
 
 
 MPI4PY = """from mpi4py import MPI

@@ -39,9 +39,9 @@ def read(logs: Path) -> list[str]:
 
 
 def base_call(name: str) -> str:
-    """MPI_Put, mpi_put_, MPI_Put_c, mpi_put_f08 -> 'put': the call whatever its binding."""
+    """MPI_Put, mpi_put_, MPI_Put_c, mpi_put_f08_, mpi_put_f08ts_ -> 'put': the call whatever its binding."""
     call = name.lower().removeprefix("pmpi_").removeprefix("mpi_").rstrip("_")
-    for suffix in ("_f08", "_c"):
+    for suffix in ("_f08ts", "_f08", "_c"):
         call = call.removesuffix(suffix)
     return call
 
@@ -57,4 +57,7 @@ def line(names: list[str], limit: int = 12) -> str:
     if not calls:
         return ""
     shown = ", ".join(calls[:limit]) + (f" and {len(calls) - limit} more" if len(calls) > limit else "")
-    return f"; not traced (the program links them; absent from the trace if called): {shown}"
+    why = "the program links them; absent from the trace if called"
+    if any("_f08" in name for name in calls):  # Open MPI's mpi_f08 functions call PMPI_* directly
+        why = "Fortran 2008 bindings (use mpi_f08) of this MPI are not wrapped; " + why
+    return f"; not traced ({why}): {shown}"

@@ -1,9 +1,8 @@
 /* The Fortran bindings (mpif.h and `use mpi`: gfortran's lower-case names with one trailing underscore).
    Open MPI's Fortran functions call PMPI_* directly, so the C wrappers never see a Fortran program's calls:
    these wrappers log them (as the C ones do, with handles converted by the PMPI_*_f2c functions) and call
-   the MPI library's own Fortran profiling entry (pmpi_send_, ...), found with dlsym(RTLD_NEXT). The
-   Fortran 2008 bindings (`use mpi_f08`) are not wrapped: a program that initialises MPI through them is
-   refused at MPI_Init, with a line in $PARAMEDIC_TRACE_DIR/refused that `paramedic trace` says.
+   the MPI library's own Fortran profiling entry (pmpi_send_, ...), found with dlsym(RTLD_NEXT). Of the
+   Fortran 2008 bindings (`use mpi_f08`) only MPI_Init, MPI_Init_thread and MPI_Finalize are wrapped (below).
    Included at the end of clogtrace.c. */
 #include <dlfcn.h>
 
@@ -70,11 +69,38 @@ void mpi_init_thread_(F *required, F *provided, F *ierr) {
     if (FOK(ierr)) start_log();
 }
 
-static const char F08[] =
-    "this program calls MPI through its Fortran 2008 bindings (use mpi_f08), which the tracer does not wrap: "
-    "build it with `use mpi` or mpif.h to trace it";
-void mpi_init_f08_(F *ierr) { (void)ierr; refuse(F08); }
-void mpi_init_thread_f08_(F *a, F *b, F *ierr) { (void)a; (void)b; (void)ierr; refuse(F08); }
+/* The Fortran 2008 bindings (`use mpi_f08`): their MPI_Init, MPI_Init_thread and MPI_Finalize start and end
+   the log (a handle is a TYPE holding one INTEGER, passed by reference as an INTEGER is; ierror is OPTIONAL:
+   NULL when left out). MPICH's f08 functions call the C MPI_* ones, whose wrappers log them; Open MPI's call
+   PMPI_* (not logged): clogtrace_gaps.h names those the program links. The real function is the MPI's
+   profiling entry (Open MPI: pmpi_init_f08_) or, where it has none (MPICH), its own (RTLD_NEXT). */
+static void *f08_real(const char *pmpi, const char *mpi, void **slot) {
+    if (*slot == NULL) *slot = dlsym(RTLD_NEXT, pmpi);
+    return *slot != NULL ? *slot : fortran_real(mpi, slot);
+}
+
+void mpi_init_f08_(F *ierr) {
+    static void *slot;
+    void (*real)(F *) = (void (*)(F *))f08_real("pmpi_init_f08_", "mpi_init_f08_", &slot);
+    CALL(real(ierr));
+    if (FOK(ierr)) start_log();
+}
+
+void mpi_init_thread_f08_(F *required, F *provided, F *ierr) {
+    static void *slot;
+    void (*real)(F *, F *, F *) =
+        (void (*)(F *, F *, F *))f08_real("pmpi_init_thread_f08_", "mpi_init_thread_f08_", &slot);
+    CALL(real(required, provided, ierr));
+    if (FOK(ierr)) threaded = *provided == MPI_THREAD_MULTIPLE;
+    if (FOK(ierr)) start_log();
+}
+
+void mpi_finalize_f08_(F *ierr) {
+    static void *slot;
+    void (*real)(F *) = (void (*)(F *))f08_real("pmpi_finalize_f08_", "mpi_finalize_f08_", &slot);
+    end_log();
+    CALL(real(ierr));
+}
 
 void mpi_finalize_(F *ierr) {
     REAL(pmpi_finalize_, (F *));

@@ -41,7 +41,46 @@ static size_t gap_symbol_count(const ElfW(Dyn) *dyn, uintptr_t base) {
     return 0;
 }
 
-/* `name` is an MPI function the tracer does not define (its definition is in another object). */
+struct import_query { const char *path, *symbol; int found; };
+
+static int gap_imports_of(struct dl_phdr_info *info, size_t size, void *data);
+
+/* The object loaded from `path` imports `symbol` (an MPICH Fortran function that calls the C MPI_Send
+   imports it: a call through it reaches the tracer's MPI_Send). */
+static int object_imports(const char *path, const char *symbol) {
+    struct import_query q = {path, symbol, 0};
+    dl_iterate_phdr(gap_imports_of, &q);
+    return q.found;
+}
+
+/* The C name of a Fortran 2008 binding with a choice buffer: mpi_send_f08ts_ -> MPI_Send. Only those: MPICH
+   builds them on its C MPI_* functions (through MPIR_*_cdesc), while its other Fortran functions may call
+   PMPI_* (its mpi_barrier_f08_ does, though libmpichfort imports MPI_Barrier too): a name not known to reach
+   the tracer is listed. */
+static int c_name_of(const char *name, char *out, size_t cap) {
+    size_t len = strlen(name);
+    if (strncmp(name, "mpi_", 4) != 0 || len < 12 || len + 1 > cap || strcmp(name + len - 7, "_f08ts_") != 0)
+        return 0;
+    snprintf(out, cap, "MPI_%s", name + 4);
+    len = strlen(out);
+    if (out[len - 1] == '_') out[--len] = 0;
+    static const char *const suffixes[] = {"_f08ts", "_f08"};
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(suffixes[i]);
+        if (len > n && strcmp(out + len - n, suffixes[i]) == 0) { out[len - n] = 0; break; }
+    }
+    if (out[4] >= 'a' && out[4] <= 'z') out[4] = (char)(out[4] - 'a' + 'A');
+    return 1;
+}
+
+static int defined_by_tracer(const char *name) {
+    void *def = dlsym(RTLD_DEFAULT, name);
+    Dl_info info;
+    return def != NULL && dladdr(def, &info) && strncmp(gap_base(info.dli_fname), "clogtrace-", 10) == 0;
+}
+
+/* `name` is an MPI function the tracer does not define (its definition is in another object), and, for a
+   Fortran binding, whose definition does not call a C function the tracer wraps. */
 static int untraced(const char *name) {
     if (strncmp(name, "MPI_", 4) != 0 && strncmp(name, "mpi_", 4) != 0) return 0;
     void *def = dlsym(RTLD_DEFAULT, name);
@@ -49,7 +88,11 @@ static int untraced(const char *name) {
     const ElfW(Sym) *sym = NULL;
     if (def == NULL || !dladdr1(def, &info, (void **)&sym, RTLD_DL_SYMENT)) return 0;
     if (sym != NULL && ELF64_ST_TYPE(sym->st_info) != STT_FUNC) return 0; /* data: mpi_fortran_bottom_ ... */
-    return strncmp(gap_base(info.dli_fname), "clogtrace-", 10) != 0;
+    if (strncmp(gap_base(info.dli_fname), "clogtrace-", 10) == 0) return 0;
+    char c_name[256];
+    if (c_name_of(name, c_name, sizeof c_name) && defined_by_tracer(c_name) && object_imports(info.dli_fname, c_name))
+        return 0;
+    return 1;
 }
 
 static void gap_note(const char *name) {
@@ -89,6 +132,27 @@ static int gap_object(struct dl_phdr_info *info, size_t size, void *data) {
         if (untraced(name)) gap_note(name);
     }
     return 0;
+}
+
+static int gap_imports_of(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    struct import_query *q = data;
+    if (q->found || info->dlpi_name == NULL || strcmp(info->dlpi_name, q->path) != 0) return 0;
+    const ElfW(Dyn) *dyn = NULL;
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    if (dyn == NULL) return 0;
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    for (const ElfW(Dyn) *d = dyn; d->d_tag != DT_NULL; d++) {
+        if (d->d_tag == DT_SYMTAB) symtab = (const ElfW(Sym) *)gap_addr(info->dlpi_addr, d->d_un.d_ptr);
+        else if (d->d_tag == DT_STRTAB) strtab = (const char *)gap_addr(info->dlpi_addr, d->d_un.d_ptr);
+    }
+    if (symtab == NULL || strtab == NULL) return 0;
+    size_t count = gap_symbol_count(dyn, info->dlpi_addr);
+    for (size_t i = 1; i < count && !q->found; i++)
+        if (symtab[i].st_shndx == SHN_UNDEF && strcmp(strtab + symtab[i].st_name, q->symbol) == 0) q->found = 1;
+    return q->found;
 }
 
 /* Rank 0, at MPI_Finalize: write the list (nothing when every imported MPI function is wrapped). */
