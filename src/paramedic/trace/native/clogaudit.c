@@ -21,7 +21,7 @@
 
 #define TAG_TRACER 1u
 #define TAG_MPI 2u
-#define MAX_WRAPPED 256
+#define MAX_WRAPPED 2048 /* the tracer exports about 300 MPI_* and mpi_* functions (MPI-4: 303) */
 
 static struct link_map *tracer;
 static int indexed;
