@@ -34,3 +34,10 @@ def test_the_ranks_list_is_read_bounded_and_checked(tmp_path: Path) -> None:
         b"MPI_Put\nMPI_Put\n../../etc\n\xff\xfe\nmpi_get_\n" + b"A" * (80 << 10)
     )
     assert gaps.read(tmp_path) == ["MPI_Put", "mpi_get_"]
+
+
+def test_the_names_ranks_took_with_dlsym_are_read_too(tmp_path: Path) -> None:
+    (tmp_path / "untraced").write_text("MPI_Put\n")
+    (tmp_path / "untraced-4711").write_text("MPI_Comm_spawn\nMPI_Put\n")
+    (tmp_path / "untraced-x").write_text("MPI_Get\n")  # not the audit library's name: not read
+    assert gaps.read(tmp_path) == ["MPI_Comm_spawn", "MPI_Put"]

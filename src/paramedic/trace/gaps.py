@@ -28,14 +28,25 @@ COMMUNICATING = re.compile(
 )
 
 
+MAX_FILES = 4096  # untraced-<pid>: one a process that took an unwrapped MPI function with dlsym
+
+
 def read(logs: Path) -> list[str]:
-    """The untraced MPI functions rank 0 listed in `logs/untraced` (sorted, each once; [] when none)."""
+    """The untraced MPI functions rank 0 listed in `logs/untraced`, and those the ranks took with dlsym
+    (`logs/untraced-<pid>`, from the audit library): sorted, each once; [] when none."""
+    names: set[str] = set()
     try:
-        with (logs / "untraced").open("rb") as fh:
-            text = fh.read(MAX_BYTES).decode("ascii", "replace")
+        files = sorted(p for p in logs.iterdir() if re.fullmatch(r"untraced(-\d{1,10})?", p.name))[:MAX_FILES]
     except OSError:
         return []
-    return sorted({line for line in text.splitlines() if NAME.fullmatch(line)})
+    for path in files:
+        try:
+            with path.open("rb") as fh:
+                text = fh.read(MAX_BYTES).decode("ascii", "replace")
+        except OSError:
+            continue
+        names.update(line for line in text.splitlines() if NAME.fullmatch(line))
+    return sorted(names)
 
 
 def base_call(name: str) -> str:
