@@ -32,6 +32,10 @@ int main(int argc, char **argv) {
         MPI_Win_unlock(left, win);
     }
     MPI_Win_free(&win);
+    MPI_Request never; /* a receive nobody sends to, cancelled: no message event */
+    MPI_Irecv(b, 4, MPI_DOUBLE, left, 999, MPI_COMM_WORLD, &never);
+    MPI_Cancel(&never);
+    MPI_Wait(&never, MPI_STATUS_IGNORE);
     MPI_Request_free(&pr[0]);
     MPI_Request_free(&pr[1]);
     MPI_Comm ring;

@@ -205,7 +205,8 @@ static void completed_locked(MPI_Request req, MPI_Status *st) {
         if (reqs[i].used && reqs[i].req == req) {
             reqs[i].used = 0;
             while (req_top > 0 && !reqs[req_top - 1].used) req_top--;
-            int cnt = 0;
+            int cnt = 0, cancelled = 0;
+            if (PMPI_Test_cancelled(st, &cancelled) == MPI_SUCCESS && cancelled) return; /* no message came */
             PMPI_Get_count(st, MPI_BYTE, &cnt);
             if (st->MPI_SOURCE >= 0) msg(EVT_RECV, world_of(reqs[i].comm, st->MPI_SOURCE), st->MPI_TAG, cnt);
             return;

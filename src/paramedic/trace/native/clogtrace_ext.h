@@ -180,6 +180,8 @@ static void forget_request(MPI_Request req) {
     UNLOCK();
 }
 
+PLAIN(Cancel, (MPI_Request *r), (r))
+
 int MPI_Request_free(MPI_Request *r) {
     START(S_Request_free);
     forget_request(*r);
