@@ -29,6 +29,7 @@ EXT = NATIVE / "clogtrace_ext.h"
 GAPS = NATIVE / "clogtrace_gaps.h"
 FORTRAN_MORE = NATIVE / "clogtrace_fortran_more.h"
 EXT_C = NATIVE / "clogtrace_ext_c.h"
+F08 = NATIVE / "clogtrace_f08.h"
 AUDIT = NATIVE / "clogaudit.c"
 FALLBACK_COMPILERS = {"openmpi": "mpicc.openmpi", "mpich": "mpicc.mpich"}
 
@@ -88,7 +89,7 @@ def library(mpiexec: str) -> tuple[Path, str]:
         SOURCE,
         compiler=compiler,
         flags=(f"-I{NATIVE}", "-pthread", "-lm", "-ldl"),
-        depends=(STATES, MERGE, FORTRAN, BIGCOUNT, MORE, EXT, GAPS, FORTRAN_MORE, EXT_C),
+        depends=(STATES, MERGE, FORTRAN, BIGCOUNT, MORE, EXT, GAPS, FORTRAN_MORE, EXT_C, F08),
         variant=variant(kind, compiler),
     )
     if lib is None:

@@ -567,3 +567,4 @@ int MPI_Comm_free(MPI_Comm *comm) {
 #include "clogtrace_ext.h"
 #include "clogtrace_ext_c.h"
 #include "clogtrace_fortran_more.h"
+#include "clogtrace_f08.h"

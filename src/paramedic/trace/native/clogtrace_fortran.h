@@ -8,6 +8,16 @@
 
 #define FSTATUS_WORDS 16 /* more than any MPI's MPI_STATUS_SIZE (Open MPI 6, MPICH 5) */
 
+/* MPI_STATUS_IGNORE and MPI_STATUSES_IGNORE of `use mpi_f08`: MPICH's are objects of their own; Open MPI's
+   are the same sentinels as mpif.h's (mpi_fortran_status_ignore_). */
+#ifdef MPICH_VERSION
+#define F08_STATUS_IGNORE(p) ((void *)(p) == (void *)MPI_F08_STATUS_IGNORE)
+#define F08_STATUSES_IGNORE(p) ((void *)(p) == (void *)MPI_F08_STATUSES_IGNORE)
+#else
+#define F08_STATUS_IGNORE(p) 0
+#define F08_STATUSES_IGNORE(p) 0
+#endif
+
 static void *fortran_real(const char *name, void **slot) {
     if (*slot == NULL) *slot = dlsym(RTLD_NEXT, name);
     if (*slot == NULL) {
@@ -18,7 +28,7 @@ static void *fortran_real(const char *name, void **slot) {
 }
 
 static MPI_Fint *fstatus_or(MPI_Fint *status, MPI_Fint *own) {
-    return (status == NULL || status == MPI_F_STATUS_IGNORE) ? own : status;
+    return (status == NULL || status == MPI_F_STATUS_IGNORE || F08_STATUS_IGNORE(status)) ? own : status;
 }
 
 static void f_received(MPI_Fint *fstatus, MPI_Comm comm) {
@@ -34,10 +44,19 @@ static void f_completed(MPI_Request req, MPI_Fint *fstatus) {
     if (PMPI_Status_f2c(fstatus, &st) == MPI_SUCCESS) completed(req, &st);
 }
 
+/* The real function: the MPI's `name`, or the one an f08 alias (clogtrace_f08.h) set for this call. */
+static __thread void *f08_target;
+static void *real_or_f08(const char *name, void **slot) {
+    void *target = f08_target;
+    f08_target = NULL;
+    return target != NULL ? target : fortran_real(name, slot);
+}
 #define REAL(name, params) \
     typedef void(*name##_t) params; \
     static void *slot_##name; \
-    name##_t real = (name##_t)fortran_real(#name, &slot_##name)
+    name##_t real = (name##_t)real_or_f08(#name, &slot_##name)
+
+
 #define CALL(expr) do { nested++; expr; nested--; } while (0)
 #define FOK(ierr) ((ierr) == NULL || *(ierr) == MPI_SUCCESS)
 typedef MPI_Fint F; /* a Fortran INTEGER passed by reference */
@@ -193,7 +212,7 @@ void mpi_waitall_(F *count, F *reqs, F *statuses, F *ierr) {
     int n = *count > 0 ? *count : 0;
     MPI_Request *c = malloc(sizeof(MPI_Request) * (size_t)(n ? n : 1));
     F *own = NULL;
-    if (statuses == NULL || statuses == MPI_F_STATUSES_IGNORE) statuses = own = malloc(sizeof(F) * FSTATUS_WORDS * (size_t)(n ? n : 1));
+    if (statuses == NULL || statuses == MPI_F_STATUSES_IGNORE || F08_STATUSES_IGNORE(statuses)) statuses = own = malloc(sizeof(F) * FSTATUS_WORDS * (size_t)(n ? n : 1));
     if (c)
         for (int i = 0; i < n; i++) c[i] = PMPI_Request_f2c(reqs[i]);
     CALL(real(count, reqs, statuses, ierr));
@@ -250,7 +269,7 @@ static MPI_Request *f_requests(int n, const F *reqs) {
 
 static F *f_statuses(int n, F *statuses, F **own) {
     *own = NULL;
-    if (statuses == NULL || statuses == MPI_F_STATUSES_IGNORE)
+    if (statuses == NULL || statuses == MPI_F_STATUSES_IGNORE || F08_STATUSES_IGNORE(statuses))
         statuses = *own = malloc(sizeof(F) * FSTATUS_WORDS * (size_t)(n ? n : 1));
     return statuses;
 }
