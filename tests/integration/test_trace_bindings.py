@@ -370,7 +370,7 @@ def test_threads_calling_mpi_at_once_are_traced_each_on_its_own(tmp_path: Path, 
         [mpicc, "-pthread", "-o", str(program), str(ROOT / "examples/trace/threads.c")], check=True
     )
     out = tmp_path / "t.clog2"
-    paramedic("trace", "-out", str(out), "--", mpiexec, "-n", "2", str(program), "100", env=OMPI_ENV)
+    paramedic("trace", "-out", str(out), "--", mpiexec, "-n", "2", str(program), "30", env=OMPI_ENV)
     data = out.read_bytes()
     assert codec.decode(codec.encode(data).data) == data
     rec = clog2.read(data).records
@@ -380,7 +380,7 @@ def test_threads_calling_mpi_at_once_are_traced_each_on_its_own(tmp_path: Path, 
         mine = rec.take(np.flatnonzero(rec.head[:, 1] == rank))
         assert np.all(np.diff(mine.seconds()) >= 0)
         threads = Counter(mine.head[:, 2].tolist())
-        assert sorted(threads) == [0, 1, 2] and threads[1] == threads[2] == 100 * 12  # 3 states, 2 messages
+        assert sorted(threads) == [0, 1, 2] and threads[1] == threads[2] == 30 * 12  # 3 states, 2 messages
         open_state: dict[int, int | None] = {}
         for thread, rectype, body in zip(
             mine.head[:, 2].tolist(), mine.head[:, 3].tolist(), mine.body[:, :5].tolist(), strict=True
@@ -394,4 +394,4 @@ def test_threads_calling_mpi_at_once_are_traced_each_on_its_own(tmp_path: Path, 
             elif rectype == 7:
                 key = (rank, body[2], body[3]) if body[0] == -101 else (body[2], rank, body[3])
                 (sends if body[0] == -101 else recvs)[key] += 1
-    assert sends == recvs and sum(sends.values()) == 2 * 2 * 2 * 100
+    assert sends == recvs and sum(sends.values()) == 2 * 2 * 2 * 30
