@@ -37,14 +37,16 @@ chromium:
 	@chromium --version
 
 # Open MPI (headers and mpiexec), LAMMPS and its examples from Debian when missing: `paramedic trace` builds
-# its PMPI library against Open MPI (and MPICH, from the mpich wheel), and the trace tests and
+# its PMPI library against Open MPI (and MPICH: the mpich wheel's, and Debian's, whose programs the tests
+# trace too; Open MPI stays Debian's default mpicc/mpiexec), and the trace tests and
 # bench/traces.py trace LAMMPS, a real MPI program nobody here wrote; gfortran for the test of a Fortran
 # MPI program (idempotent).
 mpi-trace:
 	@command -v mpicc.openmpi >/dev/null && command -v mpiexec.openmpi >/dev/null && command -v lmp >/dev/null && \
-	  command -v gfortran >/dev/null && \
+	  command -v gfortran >/dev/null && command -v mpicc.mpich >/dev/null && \
 	  [ -d /usr/share/lammps/examples ] || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
-	  apt-get install -y -qq --no-install-recommends libopenmpi-dev openmpi-bin lammps lammps-examples gfortran >/dev/null; }
+	  apt-get install -y -qq --no-install-recommends libopenmpi-dev openmpi-bin lammps lammps-examples gfortran \
+	  mpich libmpich-dev >/dev/null; }
 	@mpiexec.openmpi --version | head -1
 
 $(VENV)/.installed: pyproject.toml

@@ -1,6 +1,6 @@
 """Shipping MPI traces over an emulated link: metadata against compressed, and what `auto` picks (issue 22).
 
-Traces LAMMPS (melt and flow.pois, 2 ranks) with `paramedic trace`, starts a `paramedic serve` with no
+Traces LAMMPS (melt, at --melt-steps steps, and flow.pois, 2 ranks) with `paramedic trace`, starts a `paramedic serve` with no
 replica, and ships each trace with `paramedic ship --ship metadata|compressed|auto` through bench/wan's
 SharedLink relay (one bottleneck of the given rate each way, in user space; no added latency: Toxiproxy,
 which bench/wan.py uses for the delay, is not needed here) at 100, 10 and 1 Mbit/s. Every file the site
@@ -8,7 +8,7 @@ writes is compared with the local trace by SHA-256. Wall time is the whole `para
 (encoding, transfer, the site's regeneration and its check). Appends a section to bench/RESULTS.md
 (`--no-append`: print only). Needs `make mpi-trace`.
 
-    .venv/bin/python bench/trace_wan.py [--rates 100,10,1] [--repeat 3] [--precision 1us]
+    .venv/bin/python bench/trace_wan.py [--rates 100,10,1] [--repeat 3] [--precision 1us] [--melt-steps 500,5000]
 
 --repeat runs each command N times and keeps the fastest (the machine is shared: the fastest run is the
 one least slowed by others). --precision adds a column: the metadata with `--trace-precision` (that site
@@ -53,13 +53,17 @@ def paramedic(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
     return proc
 
 
-def traces(work: Path) -> dict[str, Path]:
-    melt = work / "in.melt"
-    melt.write_text((EXAMPLES / "melt/in.melt").read_text().replace("run\t\t250", "run\t\t500"))
+def traces(work: Path, melt_steps: list[int]) -> dict[str, Path]:
+    """melt at each number of steps (500: "melt", as in every earlier section; others "melt-N") and flow.pois."""
+    scripts = []
+    for steps in melt_steps:
+        melt = work / f"in.melt-{steps}"
+        melt.write_text((EXAMPLES / "melt/in.melt").read_text().replace("run\t\t250", f"run\t\t{steps}"))
+        scripts.append(("melt" if steps == 500 else f"melt-{steps}", melt))
     pois = work / "in.flow.pois"
     pois.write_text((EXAMPLES / "flow/in.flow.pois").read_text())
     out = {}
-    for name, script in (("melt", melt), ("flow.pois", pois)):
+    for name, script in (*scripts, ("flow.pois", pois)):
         path = work / f"{name}.clog2"
         paramedic(
             "trace",
@@ -120,13 +124,18 @@ def main() -> int:
         "--precision", default="", help="also ship as metadata with this --trace-precision (e.g. 1us)"
     )
     parser.add_argument("--only", default="", help="ship only this trace (melt or flow.pois)")
+    parser.add_argument(
+        "--melt-steps",
+        default="500",
+        help="melt's run lengths, comma-separated (500: 1.3 MB of trace, 2 ranks)",
+    )
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="trace-wan-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
-        files = traces(work)
+        files = traces(work, [int(x) for x in args.melt_steps.split(",")])
         paramedic("keys", "--out", str(work / "keys"), "--server", "localhost", "--client", "compute")
         root, port, site_pid = serve(stack, work, work / "keys")
         link = SharedLink(stack)

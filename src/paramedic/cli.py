@@ -172,7 +172,9 @@ def _ship_options(parser: argparse.ArgumentParser, required: bool) -> None:
     )
 
 
-def _ship_file(args: argparse.Namespace, path: Path, out: str) -> None:
+def _ship_file(
+    args: argparse.Namespace, path: Path, out: str, extra: dict[str, object] | None = None
+) -> None:
     import json
 
     from paramedic.durable import write_durably
@@ -201,6 +203,7 @@ def _ship_file(args: argparse.Namespace, path: Path, out: str) -> None:
         "application": app.name,
         "file": str(path),
         "ship": report,
+        **(extra or {}),  # `paramedic trace`: the trace's summary (its untraced calls among it)
     }
     if args.record is not None:
         write_durably(args.record, json.dumps(record, indent=1).encode() + b"\n")
@@ -284,7 +287,14 @@ def _trace(argv: list[str]) -> int:
     summary = trace(argv[split + 1 :], args.out, args.buffer)
     print(f"paramedic: trace written to {args.out}: {summary_line(summary)}", file=sys.stderr)
     if args.site is not None:
-        _ship_file(args, args.out, str(args.out))
+        _ship_file(args, args.out, str(args.out), {"trace": summary})
+    elif args.record is not None:  # the trace's record alone: what was traced, and what could not be
+        import json
+
+        from paramedic.durable import write_durably
+
+        record = {"kind": "paramedic-trace", "version": 1, "file": str(args.out), "trace": summary}
+        write_durably(args.record, json.dumps(record, indent=1).encode() + b"\n")
     return 0
 
 

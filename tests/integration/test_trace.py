@@ -151,7 +151,7 @@ def test_random_comm_records_match_the_calls(tmp_path: Path, flavour: str) -> No
     rec = trace.records
     defined = (ROOT / "src/paramedic/trace/native/clogtrace_states.h").read_text().count("\nSTATE(")
     definitions = int(np.sum((rec.head[:, 3] == 2) & (rec.head[:, 1] == 0)))
-    assert definitions == defined == 40  # the state definitions
+    assert definitions == defined == 132  # the state definitions
     assert int(np.sum(rec.head[:, 3] == 11)) == 2 * size  # clock offsets at init and finalize
 
 

@@ -41,7 +41,12 @@ def traced_run(tmp_path: Path, flavour: str, size: int, extra: dict[str, str]) -
 
 @pytest.mark.parametrize("flavour", ["openmpi", "mpich"])
 def test_tree_merge_equals_the_reference(tmp_path: Path, flavour: str) -> None:
-    small = {"PARAMEDIC_TRACE_BUFFER": "4096", "PARAMEDIC_TRACE_CHUNK": "4096", "PARAMEDIC_TRACE_KEEP": "1"}
+    small = {
+        "PARAMEDIC_TRACE_BUFFER": "4096",
+        "PARAMEDIC_TRACE_CHUNK": "4096",
+        "PARAMEDIC_TRACE_KEEP": "1",
+        "PARAMEDIC_TRACE_CLOCKS": "measure",  # offsets measured by ping-pong, as across nodes
+    }
     logs = traced_run(tmp_path, flavour, 5, small)
     data = (logs / "merged.clog2").read_bytes()
     reference, ref_summary = merge.merge(logs, 5)
@@ -49,6 +54,7 @@ def test_tree_merge_equals_the_reference(tmp_path: Path, flavour: str) -> None:
     summary = merge.read_summary(logs / "merged.summary")
     for key in ("ranks", "records", "clock_offset_ns", "dropped_message_events"):
         assert summary[key] == ref_summary[key]
+    assert any(x != 0 for pair in summary["clock_offset_ns"].values() for x in pair)  # type: ignore[union-attr]
     assert all(int(n) * 32 > 4 * 4096 for n in summary["records"].values())  # type: ignore[union-attr]
     trace = clog2.read(data)
     check_structure(trace, 5)

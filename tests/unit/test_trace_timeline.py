@@ -28,3 +28,18 @@ def test_bounded_by_max_records():
 def test_not_a_trace_is_a_clear_error():
     with pytest.raises(clog2.TraceFormatError, match="not a CLOG2 file"):
         render(b"<html>" * 300)
+
+
+def test_each_thread_nests_its_own_states():
+    """Two threads of one rank (CLOG2 thread 1 and 2, MPI_THREAD_MULTIPLE) in calls at once: A starts, B
+    starts, A ends, B ends. Kept on one stack per rank, A's end did not match B's start and A's bar was lost."""
+    trace = clog2.read(make_trace([periodic_kinds(0, 1), periodic_kinds(1, 1)]))
+    rec = trace.records
+    rows = [i for i in range(len(rec)) if rec.head[i, 1] == 0 and rec.head[i, 3] == 5][1:5]  # Send, Recv...
+    etypes = [20, 32, 21, 33]  # thread 1 starts state 10, thread 2 starts state 16, 10 ends, 16 ends
+    for row, etype, thread in zip(rows, etypes, [1, 2, 1, 2], strict=True):
+        rec.body[row, 0] = etype
+        rec.head[row, 2] = thread
+    page = render(clog2.write(trace))
+    assert page.count("MPI_Send rank 0") + page.count("state 10 rank 0") == 1
+    assert page.count("state 16 rank 0") + page.count("MPI_Recv rank 0") == 1

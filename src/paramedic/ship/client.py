@@ -316,6 +316,7 @@ class TlsShipper:
         # --ship-timeout bounds the whole wait for the file, whatever the site answers ("pending",
         # "running", progress that never ends): a site stuck in a regeneration cannot hold the search.
         deadline = time.monotonic() + self.timeout
+        asked = time.monotonic()
         poll = [0.01]
 
         def ask() -> dict[str, Any]:
@@ -336,7 +337,10 @@ class TlsShipper:
                     # asked again soon, then less often: a small file is written within a few tens of
                     # milliseconds of the first ask, which a fixed 0.2 s would add to every command
                     time.sleep(poll[0])
-                    poll[0] = min(poll[0] * 2, FINISH_POLL_SECONDS)
+                    # every 50 ms for the first seconds (a trace's regeneration takes 0.1-0.5 s: the 0.2 s
+                    # step overshot it by 0.1-0.2 s on average), then every FINISH_POLL_SECONDS
+                    cap = 0.05 if time.monotonic() - asked < 2.0 else FINISH_POLL_SECONDS
+                    poll[0] = min(poll[0] * 2, cap)
 
         delay = 0.2
         while True:

@@ -9,6 +9,7 @@ user's cache (blast.forkserver.compiled, as the BLAST+ shims are).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -24,6 +25,11 @@ MERGE = NATIVE / "clogtrace_merge.h"
 FORTRAN = NATIVE / "clogtrace_fortran.h"
 BIGCOUNT = NATIVE / "clogtrace_bigcount.h"
 MORE = NATIVE / "clogtrace_more.h"
+EXT = NATIVE / "clogtrace_ext.h"
+GAPS = NATIVE / "clogtrace_gaps.h"
+FORTRAN_MORE = NATIVE / "clogtrace_fortran_more.h"
+EXT_C = NATIVE / "clogtrace_ext_c.h"
+F08 = NATIVE / "clogtrace_f08.h"
 AUDIT = NATIVE / "clogaudit.c"
 FALLBACK_COMPILERS = {"openmpi": "mpicc.openmpi", "mpich": "mpicc.mpich"}
 
@@ -60,6 +66,14 @@ def mpicc_for(mpiexec: str, kind: str) -> str:
     return fallback
 
 
+def variant(kind: str, compiler: str) -> str:
+    """The cache's name for a build: the flavour and which MPI's compiler built it. Two MPIs of one flavour
+    (the mpich wheel's and Debian's MPICH) each get their own library: one built against the other's
+    libmpi loaded both into the ranks (a Debian MPICH program exited 127 on a symbol of the wheel's)."""
+    where = os.path.realpath(shutil.which(compiler) or compiler)
+    return f"{kind}-{hashlib.sha256(where.encode()).hexdigest()[:8]}"
+
+
 def library(mpiexec: str) -> tuple[Path, str]:
     """The tracer library for this launcher's MPI, and the flavour."""
     if not Path(mpiexec).name.startswith(("mpiexec", "mpirun", "orterun")):
@@ -74,9 +88,9 @@ def library(mpiexec: str) -> tuple[Path, str]:
     lib = compiled(
         SOURCE,
         compiler=compiler,
-        flags=(f"-I{NATIVE}", "-lm", "-ldl"),
-        depends=(STATES, MERGE, FORTRAN, BIGCOUNT, MORE),
-        variant=kind,
+        flags=(f"-I{NATIVE}", "-pthread", "-lm", "-ldl"),
+        depends=(STATES, MERGE, FORTRAN, BIGCOUNT, MORE, EXT, GAPS, FORTRAN_MORE, EXT_C, F08),
+        variant=variant(kind, compiler),
     )
     if lib is None:
         raise UsageError(f"cannot build the tracer library with {compiler}")

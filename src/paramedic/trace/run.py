@@ -20,7 +20,7 @@ from pathlib import Path
 
 from paramedic.durable import fsync_dir
 from paramedic.errors import JobError, OutputError, UsageError
-from paramedic.trace import merge, native
+from paramedic.trace import gaps, merge, native
 
 
 def inject(command: list[str], kind: str, env: dict[str, str]) -> list[str]:
@@ -61,6 +61,7 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
         ):
             raise JobError("the traced program logged nothing: did it call MPI_Init?")
         summary = merge.read_summary(logs / "merged.summary")
+        untraced = gaps.read(logs)
         merged = logs / "merged.clog2"
         try:
             with merged.open("rb") as fh:
@@ -73,6 +74,8 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
     finally:
         shutil.rmtree(logs, ignore_errors=True)
     summary.update({"mpi": kind, "library": str(lib), "seconds": round(elapsed, 3), "bytes": size})
+    summary["untraced_calls"] = untraced  # linked MPI functions the tracer does not wrap (gaps.py)
+    summary["untraced_communication"] = gaps.communicating(untraced)
     return summary
 
 
@@ -101,10 +104,18 @@ def summary_line(summary: dict[str, object]) -> str:
     )
     text = (
         f"{summary.get('ranks')} ranks ({summary.get('mpi')}), {total:,} records, "
-        f"{int(summary.get('bytes', 0)):,} bytes (CLOG2), clock offsets up to {spread:,} ns corrected, "  # type: ignore[call-overload]
-        f"the program ran {float(summary.get('seconds', 0.0)):.1f} s traced"  # type: ignore[arg-type]
+        f"{int(summary.get('bytes', 0)):,} bytes (CLOG2), "  # type: ignore[call-overload]
+        + (
+            f"clock offsets up to {spread:,} ns corrected, "
+            if spread
+            else "one clock (every rank on one kernel), "
+        )
+        + f"the program ran {float(summary.get('seconds', 0.0)):.1f} s traced"  # type: ignore[arg-type]
         f" (merged along a binary tree of the ranks in {float(summary.get('merge_seconds', 0.0)):.2f} s)"  # type: ignore[arg-type]
     )
     if isinstance(dropped, dict) and any(dropped.values()):
         text += f"; message events dropped: {json.dumps(dropped, sort_keys=True)}"
+    untraced = summary.get("untraced_calls")
+    if isinstance(untraced, list):
+        text += gaps.line([str(name) for name in untraced])
     return text

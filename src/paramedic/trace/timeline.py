@@ -63,11 +63,13 @@ def render(data: bytes, max_records: int = 20000, title: str = "trace") -> str:
 
     bars: list[str] = []
     arrows: list[str] = []
-    open_states: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    # per rank and thread: a threaded program's threads (CLOG2's thread field) each nest their own states
+    open_states: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)
     sends: dict[tuple[int, int, int], deque[float]] = defaultdict(deque)
     recvs: list[tuple[int, int, int, float]] = []
-    for rank, rectype, body, t in zip(
+    for rank, thread, rectype, body, t in zip(
         shown.head[:, 1].tolist(),
+        shown.head[:, 2].tolist(),
         shown.head[:, 3].tolist(),
         shown.body[:, :4].tolist(),
         seconds.tolist(),
@@ -75,10 +77,11 @@ def render(data: bytes, max_records: int = 20000, title: str = "trace") -> str:
     ):
         if rectype == REC_BAREEVT:
             state, final = divmod(body[0], 2)
+            stack = open_states[(rank, thread)]
             if not final:
-                open_states[rank].append((state, t))
-            elif open_states[rank] and open_states[rank][-1][0] == state:
-                _, start = open_states[rank].pop()
+                stack.append((state, t))
+            elif stack and stack[-1][0] == state:
+                _, start = stack.pop()
                 name, colour = states.get(state, (f"state {state}", "#888"))
                 y = 10 + row_of[rank] * ROW + 4
                 bars.append(

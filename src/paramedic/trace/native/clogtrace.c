@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <fcntl.h>
+#include <pthread.h>
 
 #define REC_BAREEVT 5
 #define REC_MSGEVT 7
@@ -60,6 +61,7 @@ static int64_t now_ns(void) {
 }
 
 #include "clogtrace_merge.h"
+#include "clogtrace_gaps.h"
 
 static void flush_buffer(void) {
     size_t done = 0;
@@ -72,37 +74,54 @@ static void flush_buffer(void) {
     buf_len = 0;
 }
 
-/* A record: header (time as int64 ns, icomm 0, rank, thread 0, rectype) and `body` of `len` bytes. */
+/* A program that asked for MPI_THREAD_MULTIPLE (and got it) may call MPI from several threads at once:
+   the buffer, the request, message and communicator tables are then taken under one lock (recursive:
+   a completion logs its message through put), each thread logs under a number of its own (CLOG2's thread
+   field: 0 for the thread that called MPI_Init, then 1, 2, ... in order of their first call), and a
+   record's time is read under the lock, so that the process's records stay in time order. */
+static int threaded;
+static pthread_mutex_t log_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static __thread int thread_no = -1;
+static int n_threads = 1;
+#define LOCK() do { if (threaded) pthread_mutex_lock(&log_lock); } while (0)
+#define UNLOCK() do { if (threaded) pthread_mutex_unlock(&log_lock); } while (0)
+#define NOW INT64_MIN /* put's time: read when the record is written */
+
+/* A record: header (time as int64 ns, icomm 0, rank, thread, rectype) and `body` of `len` bytes. */
 static void put(int64_t t, int rectype, const void *body, size_t len) {
     if (!active) return;
+    LOCK();
+    if (thread_no < 0) thread_no = threaded ? n_threads++ : 0;
+    if (t == NOW) t = now_ns();
     if (buf_len + 24 + len > buf_cap) flush_buffer();
     char *p = buf + buf_len;
-    int32_t h[4] = {0, world_rank, 0, rectype};
+    int32_t h[4] = {0, world_rank, thread_no, rectype};
     memcpy(p, &t, 8);
     memcpy(p + 8, h, 16);
     memcpy(p + 24, body, len);
     buf_len += 24 + len;
     n_records++;
+    UNLOCK();
 }
 
 static void bare(int etype) {
     int32_t b[2] = {etype, 0};
-    put(now_ns(), REC_BAREEVT, b, 8);
+    put(NOW, REC_BAREEVT, b, 8);
 }
 
 static void msg(int etype, int peer, int tag, int64_t size) {
     int32_t b[6] = {etype, 0, peer, tag, (int32_t)(size > INT32_MAX ? INT32_MAX : size), 0};
-    put(now_ns(), REC_MSGEVT, b, 24);
+    put(NOW, REC_MSGEVT, b, 24);
 }
 
 static void coll(int etype, int root, int64_t size) {
     int32_t b[4] = {etype, root, (int32_t)(size > INT32_MAX ? INT32_MAX : size), 0};
-    put(now_ns(), REC_COLLEVT, b, 16);
+    put(NOW, REC_COLLEVT, b, 16);
 }
 
 /* A Fortran binding's wrapper (clogtrace_fortran.h) logs the call itself and sets `nested` around the real
    call: an MPI whose Fortran binding calls the C MPI_* functions (not PMPI_*) is not logged twice. */
-static int nested;
+static __thread int nested;
 #define LOGGING (active && !nested)
 #define START(s) int _state = (s); int _logging = LOGGING; if (_logging) bare(2 * _state)
 #define FINAL() if (_logging) bare(2 * _state + 1)
@@ -118,8 +137,17 @@ static int64_t bytes_of(int count, MPI_Datatype type) {
 static struct { MPI_Comm comm; MPI_Group group; int used; } comms[NCOMMS];
 static MPI_Group world_group;
 
+static int world_of_locked(MPI_Comm comm, int rank);
+
 static int world_of(MPI_Comm comm, int rank) {
     if (rank < 0 || comm == MPI_COMM_WORLD) return rank;
+    LOCK();
+    int out = world_of_locked(comm, rank);
+    UNLOCK();
+    return out;
+}
+
+static int world_of_locked(MPI_Comm comm, int rank) {
     int slot = -1;
     for (int i = 0; i < NCOMMS; i++)
         if (comms[i].used && comms[i].comm == comm) { slot = i; break; }
@@ -144,7 +172,15 @@ static int world_of(MPI_Comm comm, int rank) {
 static struct { MPI_Request req; MPI_Comm comm; int used; } reqs[NREQ];
 static int req_top; /* slots at or above req_top are free: a scan stops there */
 
+static void remember_locked(MPI_Request req, MPI_Comm comm);
+
 static void remember(MPI_Request req, MPI_Comm comm) {
+    LOCK();
+    remember_locked(req, comm);
+    UNLOCK();
+}
+
+static void remember_locked(MPI_Request req, MPI_Comm comm) {
     for (int i = 0; i < NREQ; i++)
         if (!reqs[i].used) {
             reqs[i].req = req;
@@ -156,25 +192,60 @@ static void remember(MPI_Request req, MPI_Comm comm) {
     n_dropped++;
 }
 
+static void completed_locked(MPI_Request req, MPI_Status *st);
+
 static void completed(MPI_Request req, MPI_Status *st) {
+    LOCK();
+    completed_locked(req, st);
+    UNLOCK();
+}
+
+static void completed_locked(MPI_Request req, MPI_Status *st) {
     for (int i = 0; i < req_top; i++)
         if (reqs[i].used && reqs[i].req == req) {
             reqs[i].used = 0;
             while (req_top > 0 && !reqs[req_top - 1].used) req_top--;
-            int cnt = 0;
+            int cnt = 0, cancelled = 0;
+            if (PMPI_Test_cancelled(st, &cancelled) == MPI_SUCCESS && cancelled) return; /* no message came */
             PMPI_Get_count(st, MPI_BYTE, &cnt);
             if (st->MPI_SOURCE >= 0) msg(EVT_RECV, world_of(reqs[i].comm, st->MPI_SOURCE), st->MPI_TAG, cnt);
             return;
         }
 }
 
-/* Offset of this clock against rank 0's: rank 0 answers each rank's pings with its time. */
+/* This process runs on rank 0's kernel (the same boot: /proc/sys/kernel/random/boot_id), whose
+   CLOCK_MONOTONIC is one clock for every process: collective, every rank calls it. */
+static int same_clock_as_root(void) {
+    char id[64] = {0}, root[64];
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY);
+    if (fd >= 0) {
+        if (read(fd, id, sizeof id - 1) < 0) id[0] = 0;
+        close(fd);
+    }
+    const char *clocks = getenv("PARAMEDIC_TRACE_CLOCKS"); /* "measure": as if on another kernel (tests) */
+    if (clocks != NULL && strcmp(clocks, "measure") == 0) id[0] = 0;
+    memcpy(root, id, sizeof id);
+    PMPI_Bcast(root, sizeof root, MPI_CHAR, 0, MPI_COMM_WORLD);
+    return id[0] != 0 && memcmp(id, root, sizeof id) == 0;
+}
+
+/* Offset of this clock against rank 0's: rank 0 answers each rank's pings with its time. A rank on rank
+   0's kernel reads the same clock: its offset is 0, not measured (on 2 busy cores MPICH's ping-pongs
+   "measured" up to 3.5 ms, which the merge then added to every time of that rank). */
 static int64_t clock_offset(void) {
     int size;
     PMPI_Comm_size(MPI_COMM_WORLD, &size);
     PMPI_Barrier(MPI_COMM_WORLD);
+    int same = same_clock_as_root(), small_flags[64], skip_all = 0;
+    int *flags = small_flags;
+    if (world_rank == 0 && size > 64) flags = malloc(sizeof(int) * (size_t)size);
+    if (flags == NULL) { flags = small_flags; skip_all = 1; } /* out of memory: measure nobody, offsets 0 */
+    PMPI_Bcast(&skip_all, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!skip_all) PMPI_Gather(&same, 1, MPI_INT, flags, 1, MPI_INT, 0, MPI_COMM_WORLD);
     int64_t best = 0, best_rtt = INT64_MAX, t0, t1, remote;
-    for (int peer = 1; peer < size; peer++) {
+    for (int peer = 1; peer < size && !skip_all; peer++) {
+        if (world_rank == 0 && flags[peer]) continue;
+        if (world_rank == peer && same) continue;
         for (int k = 0; k < 10; k++) {
             if (world_rank == 0) {
                 PMPI_Recv(&t0, 1, MPI_INT64_T, peer, 7701, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
@@ -189,6 +260,7 @@ static int64_t clock_offset(void) {
             }
         }
     }
+    if (flags != small_flags) free(flags);
     PMPI_Barrier(MPI_COMM_WORLD);
     return best;
 }
@@ -196,6 +268,7 @@ static int64_t clock_offset(void) {
 static void start_log(void) {
     static int started;
     if (started++) return; /* MPI_Init from Fortran may reach the C MPI_Init too */
+    thread_no = 0;
     const char *dir = getenv("PARAMEDIC_TRACE_DIR");
     PMPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     PMPI_Comm_group(MPI_COMM_WORLD, &world_group);
@@ -254,6 +327,7 @@ static void end_log(void) {
     out_fd = -1;
     free(buf);
     buf = NULL;
+    if (world_rank == 0) list_gaps(trace_dir);
     tree_merge(trace_dir, have_log);
 }
 
@@ -265,6 +339,7 @@ int MPI_Init(int *argc, char ***argv) {
 
 int MPI_Init_thread(int *argc, char ***argv, int required, int *provided) {
     int rc = PMPI_Init_thread(argc, argv, required, provided);
+    if (rc == MPI_SUCCESS) threaded = *provided == MPI_THREAD_MULTIPLE;
     if (rc == MPI_SUCCESS) start_log();
     return rc;
 }
@@ -473,11 +548,13 @@ int MPI_Alltoall(const void *sb, int sc, MPI_Datatype st, void *rb, int rc_, MPI
 }
 
 int MPI_Comm_free(MPI_Comm *comm) {
+    LOCK();
     for (int i = 0; i < NCOMMS; i++)
         if (comms[i].used && comms[i].comm == *comm) {
             PMPI_Group_free(&comms[i].group);
             comms[i].used = 0;
         }
+    UNLOCK();
     START(S_Comm_free);
     int rc = PMPI_Comm_free(comm);
     FINAL();
@@ -487,3 +564,7 @@ int MPI_Comm_free(MPI_Comm *comm) {
 #include "clogtrace_fortran.h"
 #include "clogtrace_bigcount.h"
 #include "clogtrace_more.h"
+#include "clogtrace_ext.h"
+#include "clogtrace_ext_c.h"
+#include "clogtrace_fortran_more.h"
+#include "clogtrace_f08.h"

@@ -1,13 +1,22 @@
 /* The Fortran bindings (mpif.h and `use mpi`: gfortran's lower-case names with one trailing underscore).
    Open MPI's Fortran functions call PMPI_* directly, so the C wrappers never see a Fortran program's calls:
    these wrappers log them (as the C ones do, with handles converted by the PMPI_*_f2c functions) and call
-   the MPI library's own Fortran profiling entry (pmpi_send_, ...), found with dlsym(RTLD_NEXT). The
-   Fortran 2008 bindings (`use mpi_f08`) are not wrapped: a program that initialises MPI through them is
-   refused at MPI_Init, with a line in $PARAMEDIC_TRACE_DIR/refused that `paramedic trace` says.
+   the MPI library's own Fortran profiling entry (pmpi_send_, ...), found with dlsym(RTLD_NEXT). Of the
+   Fortran 2008 bindings (`use mpi_f08`) only MPI_Init, MPI_Init_thread and MPI_Finalize are wrapped (below).
    Included at the end of clogtrace.c. */
 #include <dlfcn.h>
 
 #define FSTATUS_WORDS 16 /* more than any MPI's MPI_STATUS_SIZE (Open MPI 6, MPICH 5) */
+
+/* MPI_STATUS_IGNORE and MPI_STATUSES_IGNORE of `use mpi_f08`: MPICH's are objects of their own; Open MPI's
+   are the same sentinels as mpif.h's (mpi_fortran_status_ignore_). */
+#ifdef MPICH_VERSION
+#define F08_STATUS_IGNORE(p) ((void *)(p) == (void *)MPI_F08_STATUS_IGNORE)
+#define F08_STATUSES_IGNORE(p) ((void *)(p) == (void *)MPI_F08_STATUSES_IGNORE)
+#else
+#define F08_STATUS_IGNORE(p) 0
+#define F08_STATUSES_IGNORE(p) 0
+#endif
 
 static void *fortran_real(const char *name, void **slot) {
     if (*slot == NULL) *slot = dlsym(RTLD_NEXT, name);
@@ -19,7 +28,7 @@ static void *fortran_real(const char *name, void **slot) {
 }
 
 static MPI_Fint *fstatus_or(MPI_Fint *status, MPI_Fint *own) {
-    return (status == NULL || status == MPI_F_STATUS_IGNORE) ? own : status;
+    return (status == NULL || status == MPI_F_STATUS_IGNORE || F08_STATUS_IGNORE(status)) ? own : status;
 }
 
 static void f_received(MPI_Fint *fstatus, MPI_Comm comm) {
@@ -35,10 +44,19 @@ static void f_completed(MPI_Request req, MPI_Fint *fstatus) {
     if (PMPI_Status_f2c(fstatus, &st) == MPI_SUCCESS) completed(req, &st);
 }
 
+/* The real function: the MPI's `name`, or the one an f08 alias (clogtrace_f08.h) set for this call. */
+static __thread void *f08_target;
+static void *real_or_f08(const char *name, void **slot) {
+    void *target = f08_target;
+    f08_target = NULL;
+    return target != NULL ? target : fortran_real(name, slot);
+}
 #define REAL(name, params) \
     typedef void(*name##_t) params; \
     static void *slot_##name; \
-    name##_t real = (name##_t)fortran_real(#name, &slot_##name)
+    name##_t real = (name##_t)real_or_f08(#name, &slot_##name)
+
+
 #define CALL(expr) do { nested++; expr; nested--; } while (0)
 #define FOK(ierr) ((ierr) == NULL || *(ierr) == MPI_SUCCESS)
 typedef MPI_Fint F; /* a Fortran INTEGER passed by reference */
@@ -66,14 +84,42 @@ void mpi_init_(F *ierr) {
 void mpi_init_thread_(F *required, F *provided, F *ierr) {
     REAL(pmpi_init_thread_, (F *, F *, F *));
     CALL(real(required, provided, ierr));
+    if (FOK(ierr)) threaded = *provided == MPI_THREAD_MULTIPLE;
     if (FOK(ierr)) start_log();
 }
 
-static const char F08[] =
-    "this program calls MPI through its Fortran 2008 bindings (use mpi_f08), which the tracer does not wrap: "
-    "build it with `use mpi` or mpif.h to trace it";
-void mpi_init_f08_(F *ierr) { (void)ierr; refuse(F08); }
-void mpi_init_thread_f08_(F *a, F *b, F *ierr) { (void)a; (void)b; (void)ierr; refuse(F08); }
+/* The Fortran 2008 bindings (`use mpi_f08`): their MPI_Init, MPI_Init_thread and MPI_Finalize start and end
+   the log (a handle is a TYPE holding one INTEGER, passed by reference as an INTEGER is; ierror is OPTIONAL:
+   NULL when left out). MPICH's f08 functions call the C MPI_* ones, whose wrappers log them; Open MPI's call
+   PMPI_* (not logged): clogtrace_gaps.h names those the program links. The real function is the MPI's
+   profiling entry (Open MPI: pmpi_init_f08_) or, where it has none (MPICH), its own (RTLD_NEXT). */
+static void *f08_real(const char *pmpi, const char *mpi, void **slot) {
+    if (*slot == NULL) *slot = dlsym(RTLD_NEXT, pmpi);
+    return *slot != NULL ? *slot : fortran_real(mpi, slot);
+}
+
+void mpi_init_f08_(F *ierr) {
+    static void *slot;
+    void (*real)(F *) = (void (*)(F *))f08_real("pmpi_init_f08_", "mpi_init_f08_", &slot);
+    CALL(real(ierr));
+    if (FOK(ierr)) start_log();
+}
+
+void mpi_init_thread_f08_(F *required, F *provided, F *ierr) {
+    static void *slot;
+    void (*real)(F *, F *, F *) =
+        (void (*)(F *, F *, F *))f08_real("pmpi_init_thread_f08_", "mpi_init_thread_f08_", &slot);
+    CALL(real(required, provided, ierr));
+    if (FOK(ierr)) threaded = *provided == MPI_THREAD_MULTIPLE;
+    if (FOK(ierr)) start_log();
+}
+
+void mpi_finalize_f08_(F *ierr) {
+    static void *slot;
+    void (*real)(F *) = (void (*)(F *))f08_real("pmpi_finalize_f08_", "mpi_finalize_f08_", &slot);
+    end_log();
+    CALL(real(ierr));
+}
 
 void mpi_finalize_(F *ierr) {
     REAL(pmpi_finalize_, (F *));
@@ -166,7 +212,7 @@ void mpi_waitall_(F *count, F *reqs, F *statuses, F *ierr) {
     int n = *count > 0 ? *count : 0;
     MPI_Request *c = malloc(sizeof(MPI_Request) * (size_t)(n ? n : 1));
     F *own = NULL;
-    if (statuses == NULL || statuses == MPI_F_STATUSES_IGNORE) statuses = own = malloc(sizeof(F) * FSTATUS_WORDS * (size_t)(n ? n : 1));
+    if (statuses == NULL || statuses == MPI_F_STATUSES_IGNORE || F08_STATUSES_IGNORE(statuses)) statuses = own = malloc(sizeof(F) * FSTATUS_WORDS * (size_t)(n ? n : 1));
     if (c)
         for (int i = 0; i < n; i++) c[i] = PMPI_Request_f2c(reqs[i]);
     CALL(real(count, reqs, statuses, ierr));
@@ -223,7 +269,7 @@ static MPI_Request *f_requests(int n, const F *reqs) {
 
 static F *f_statuses(int n, F *statuses, F **own) {
     *own = NULL;
-    if (statuses == NULL || statuses == MPI_F_STATUSES_IGNORE)
+    if (statuses == NULL || statuses == MPI_F_STATUSES_IGNORE || F08_STATUSES_IGNORE(statuses))
         statuses = *own = malloc(sizeof(F) * FSTATUS_WORDS * (size_t)(n ? n : 1));
     return statuses;
 }
@@ -350,11 +396,13 @@ void mpi_scatter_(void *sb, F *sc, F *st, void *rb, F *rc, F *rt, F *root, F *co
 void mpi_comm_free_(F *comm, F *ierr) {
     REAL(pmpi_comm_free_, (F *, F *));
     MPI_Comm c = PMPI_Comm_f2c(*comm);
+    LOCK();
     for (int i = 0; i < NCOMMS; i++)
         if (comms[i].used && comms[i].comm == c) {
             PMPI_Group_free(&comms[i].group);
             comms[i].used = 0;
         }
+    UNLOCK();
     START(S_Comm_free);
     CALL(real(comm, ierr));
     FINAL();

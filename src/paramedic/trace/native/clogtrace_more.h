@@ -144,24 +144,30 @@ static struct { MPI_Message m; MPI_Comm comm; int used; } probed[NMSGS];
 
 static void remember_message(MPI_Message m, MPI_Comm comm) {
     if (m == MPI_MESSAGE_NULL || m == MPI_MESSAGE_NO_PROC) return;
-    for (int i = 0; i < NMSGS; i++)
-        if (!probed[i].used) {
-            probed[i].m = m;
-            probed[i].comm = comm;
-            probed[i].used = 1;
-            return;
-        }
-    n_dropped++;
+    LOCK();
+    int i = 0;
+    while (i < NMSGS && probed[i].used) i++;
+    if (i < NMSGS) {
+        probed[i].m = m;
+        probed[i].comm = comm;
+        probed[i].used = 1;
+    } else {
+        n_dropped++;
+    }
+    UNLOCK();
 }
 
 static int message_comm(MPI_Message m, MPI_Comm *comm) {
-    for (int i = 0; i < NMSGS; i++)
+    int found = 0;
+    LOCK();
+    for (int i = 0; i < NMSGS && !found; i++)
         if (probed[i].used && probed[i].m == m) {
             probed[i].used = 0;
             *comm = probed[i].comm;
-            return 1;
+            found = 1;
         }
-    return 0;
+    UNLOCK();
+    return found;
 }
 
 int MPI_Mprobe(int src, int tag, MPI_Comm comm, MPI_Message *m, MPI_Status *st) {
