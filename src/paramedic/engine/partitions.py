@@ -28,7 +28,6 @@ from mpi4py import MPI
 
 from paramedic.blast.forkserver import close_fork_servers
 from paramedic.blast.hits import FragmentSearch
-from paramedic.db.manifest import check_stamps
 from paramedic.engine.hierarchy import (
     Answer,
     PartitionMaster,
@@ -43,9 +42,9 @@ from paramedic.engine.hierarchy import (
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal, Replay
 from paramedic.engine.master import Master, PieceHeld
-from paramedic.engine.metadata import save_metadata
 from paramedic.engine.mpiio import Holder
 from paramedic.engine.outcome import run_record
+from paramedic.engine.placement import Placement
 from paramedic.engine.ranks import (
     TAG_ERROR,
     open_output,
@@ -56,11 +55,12 @@ from paramedic.engine.ranks import (
 )
 from paramedic.engine.runner import Arrival, Driven, Transport, drive
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler
-from paramedic.engine.sinks import WorkerSink, open_sink
+from paramedic.engine.shell import JobShell
+from paramedic.engine.sinks import open_sink, workers_write
 from paramedic.engine.staging import scheduling
 from paramedic.engine.store import RecordError, Store
 from paramedic.errors import InternalError, JobError
-from paramedic.output.strategies import Order, Round, output_strategy
+from paramedic.output.strategies import Order, Round
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord
 from paramedic.ship.registry import ships_pieces
@@ -122,6 +122,9 @@ class Forward:
     def commit(self) -> None: ...
 
     def abort(self) -> None: ...
+
+    def placement(self) -> None:
+        return None  # rank 0 places a partition's pieces (Placing)
 
 
 @dataclass
@@ -260,7 +263,7 @@ class Placing:
     sink's output strategy), sends each partition master its workers' orders, runs the collective rounds
     (rank 0 enters once every partition is in), and at the end the last round and the file's close."""
 
-    def __init__(self, sink: WorkerSink, comm: MPI.Comm, groups: list[list[int]]):
+    def __init__(self, sink: Placement, comm: MPI.Comm, groups: list[list[int]]):
         self.sink = sink
         self.comm = comm
         self.groups = groups
@@ -399,7 +402,8 @@ def _supermaster(
     stats = RankStats(rank=0, role="supermaster")
     progress = Progress(len(job.queries), quiet=job.quiet)
     sink = open_sink(job, plan, job.ship.mode if job.ship else None, journal)
-    try:
+    shell = JobShell(job, journal, progress)
+    with shell.running(sink.abort):
         done: list[int] = []
         if journal is not None and not sink.holds_pieces:
             for index in replay.pieces:
@@ -412,7 +416,8 @@ def _supermaster(
             for task in replay.searches:
                 kept.setdefault(task.batch, []).append(task.fragment)
         supermaster = Supermaster(plan, done, kept)
-        placing = Placing(sink, comm, groups) if isinstance(sink, WorkerSink) else None
+        placement = sink.placement()  # the workers write: rank 0 places their pieces
+        placing = Placing(placement, comm, groups) if placement is not None else None
         if journal is not None:
             journal.kept_searches = sum(len(f) for b, f in kept.items())
         segments = SegmentMaster(supermaster, sink, progress, stats, journal)
@@ -423,21 +428,8 @@ def _supermaster(
             raise InternalError("internal: the partitions finished with pieces left unwritten")
         if placing is not None:
             placing.sink.closed_by_ranks()
-        check_stamps(
-            job.db.directory, job.volume_stamps, journal
-        )  # the volumes searched are the ones digested
-        sink.commit()
-        progress.finish()
         metadata = [merged.get(q, []) for q in range(len(job.queries))]
-        if job.save_metadata is not None:
-            save_metadata(job.save_metadata, job.identity, metadata)
-    except BaseException:
-        sink.abort()
-        raise
-    finally:
-        progress.close()
-    if journal is not None:
-        journal.close(complete=True)
+        shell.complete(sink.commit, metadata)
     stats.measure_memory()
     workers = sum(len(group) - 1 for group in groups)
     _note(job, groups)
@@ -472,8 +464,3 @@ def check_partitioning(job: Job, plan: Plan, ranks: int, size: int) -> None:
             plan.batch_pieces(batch)
     except ValueError as exc:
         raise JobError(f"--partition-size {size}: {exc}", 2) from exc
-
-
-def workers_write(job: Job) -> bool:
-    """The workers write the report file (--output-strategy other than master, with -out FILE)."""
-    return output_strategy(job.output_strategy).workers_write and job.out is not None
