@@ -37,9 +37,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 import wan  # noqa: E402  (bench/wan.py: the emulated link, processes)
 
-import paramedic.ship.replica_client  # noqa: E402, F401  (registers tls://)
 from paramedic.db.manifest import Manifest, load_manifest  # noqa: E402
 from paramedic.db.stripes import ReplicaSet  # noqa: E402
+from paramedic.ship.transport import open_replica  # noqa: E402
 
 SYSTEMS = {  # name: (label, replicas, policy, skip ratio)
     "one": ("B alone (one copy)", ["b"], "adaptive", 4.0),
@@ -90,7 +90,9 @@ def fetch(
     dest: Path,
     skip_ratio: float = 4.0,
 ) -> dict:
-    rs = ReplicaSet.open(urls, manifest, keys, stripe_bytes=stripe, policy=policy, skip_ratio=skip_ratio)
+    rs = ReplicaSet.open(
+        urls, manifest, keys, opener=open_replica, stripe_bytes=stripe, policy=policy, skip_ratio=skip_ratio
+    )
     dest.mkdir(parents=True, exist_ok=True)
     try:
         t0 = time.perf_counter()

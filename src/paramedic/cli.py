@@ -41,32 +41,6 @@ commands:
 exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output,
 7 the parallel job failed on some rank (or a rank was killed), 8 storage site, 130 interrupted."""
 
-ENGINE_OPTIONS_WITH_VALUE = {
-    "--np",
-    "--batch",
-    "--regen-batch",
-    "--record",
-    "--metadata",
-    "--from-metadata",
-    "--strategy",
-    "--traceback",
-    "--fragment-groups",
-    "--runner",
-    "--site",
-    "--keys",
-    "--ship",
-    "--streams",
-    "--ship-timeout",
-    "--partition-size",
-    "--replica-group-size",
-    "--output-strategy",
-    "--stage",
-    "--stage-limit",
-    "--stage-copies",
-    "--mirror",
-    "--report",
-}
-
 
 def run() -> None:
     """The `paramedic` command: `main`, then the end of the process. By then the work is done and every
@@ -587,7 +561,7 @@ def _search(argv: list[str]) -> int:
         raise UsageError(f"unknown program {program!r}: choose one of {', '.join(PROGRAMS)}")
     if rest and rest[0] in ("-h", "-help", "-version"):
         os.execvp(program, [program, rest[0]])  # BLAST+'s own help or version for a BLAST+ program
-    engine_args, blast_args = split_engine_options(rest)
+    engine_args, blast_args = split_engine_options(rest, parser)
     args = parser.parse_args(engine_args)
     return _run_search(program, args, blast_args, argv)
 
@@ -835,8 +809,13 @@ def _report_page(page: Path | None) -> Path | None:
     return page.absolute()
 
 
-def split_engine_options(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Double-dash options are the engine's, everything else is BLAST+'s (order kept)."""
+def split_engine_options(
+    argv: list[str], parser: argparse.ArgumentParser | None = None
+) -> tuple[list[str], list[str]]:
+    """Double-dash options are the engine's, everything else is BLAST+'s (order kept). Which engine
+    options take a value is read from the search parser, where each option is declared once."""
+    parser = parser or _search_parser()
+    takes_value = {name for action in parser._actions if action.nargs != 0 for name in action.option_strings}
     engine: list[str] = []
     blast: list[str] = []
     i = 0
@@ -845,7 +824,7 @@ def split_engine_options(argv: list[str]) -> tuple[list[str], list[str]]:
         if arg.startswith("--"):
             name = arg.split("=", 1)[0]
             engine.append(arg)
-            if name in ENGINE_OPTIONS_WITH_VALUE and "=" not in arg and i + 1 < len(argv):
+            if name in takes_value and "=" not in arg and i + 1 < len(argv):
                 engine.append(argv[i + 1])
                 i += 1
         else:

@@ -10,16 +10,21 @@ from pathlib import Path
 
 import pytest
 
-import paramedic.ship.replica_client  # noqa: F401  (registers tls:// for open_replica)
 from paramedic.db.manifest import load_manifest, volume_sha256
-from paramedic.db.replicas import ReplicaError, open_replica
+from paramedic.db.replicas import ReplicaError
 from paramedic.db.stripes import ReplicaSet
 from paramedic.errors import DatabaseError
+from paramedic.ship.transport import open_replica
 from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
 from tests.support.databases import Databases
 from tests.support.site import StorageSite
 
 STRIPE = 16 * 1024
+
+
+def open_set(*args, **kwargs) -> ReplicaSet:
+    """A ReplicaSet whose URLs are opened by their scheme's plugin, as the engine's staging opens them."""
+    return ReplicaSet.open(*args, opener=open_replica, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +74,7 @@ def fetch_all(rs: ReplicaSet, base: Path, dest: Path) -> None:
 def test_a_remote_replica_serves_volumes_that_verify(base, sites, tmp_path):
     site = sites("db/uni")
     manifest = load_manifest(base / "db/uni")
-    rs = ReplicaSet.open(
-        [f"{site.url}/uni?streams=3"], manifest, base / "keys/compute-a", stripe_bytes=STRIPE
-    )
+    rs = open_set([f"{site.url}/uni?streams=3"], manifest, base / "keys/compute-a", stripe_bytes=STRIPE)
     try:
         assert rs.uses[0].parallelism == 3
         fetch_all(rs, base, tmp_path / "out")
@@ -85,7 +88,7 @@ def test_a_remote_replica_serves_volumes_that_verify(base, sites, tmp_path):
 def test_a_remote_replica_of_another_database_is_refused(base, sites):
     site = sites("other/uni")
     with pytest.raises(DatabaseError, match="holds a different database"):
-        ReplicaSet.open([f"{site.url}/uni"], load_manifest(base / "db/uni"), base / "keys/compute-a")
+        open_set([f"{site.url}/uni"], load_manifest(base / "db/uni"), base / "keys/compute-a")
 
 
 def test_a_client_without_a_certificate_is_refused(base, sites):
@@ -128,7 +131,7 @@ def test_reads_outside_the_fragment_volumes_are_refused(base, sites, request_arg
 def test_no_replica_reads_refuses_them(base, sites):
     site = sites("db/uni", "--no-replica-reads")
     with pytest.raises(ReplicaError, match="serves no replica reads"):
-        ReplicaSet.open([f"{site.url}/uni"], load_manifest(base / "db/uni"), base / "keys/compute-a")
+        open_set([f"{site.url}/uni"], load_manifest(base / "db/uni"), base / "keys/compute-a")
 
 
 def test_a_mirror_url_without_keys_is_a_usage_error(base):
@@ -157,7 +160,7 @@ def test_a_corrupted_fragment_on_one_of_two_remote_replicas_is_read_from_the_oth
         fh.write(bytes(data))
     manifest = load_manifest(base / "db/uni")
     urls = [f"{bad.url}/copy", f"{good.url}/uni"]
-    rs = ReplicaSet.open(urls, manifest, base / "keys/compute-a", stripe_bytes=STRIPE, policy=policy)
+    rs = open_set(urls, manifest, base / "keys/compute-a", stripe_bytes=STRIPE, policy=policy)
     try:
         fetch_all(rs, base, tmp_path / "out")
         report = {row["replica"]: row for row in rs.report()}

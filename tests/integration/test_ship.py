@@ -510,9 +510,9 @@ def test_failed_jobs_do_not_fill_the_site(sites: Sites) -> None:
     server.start()
     try:
         probe = sites.shipper("direct", {"out": "p.bin"}, port=server.port)
-        for _ in range(MAX_ACTIVE_JOBS):
-            job = uuid.uuid4().hex
-            with probe.connect() as tls:
+        with probe.connect() as tls:  # one connection opens them all (a handshake each cost most of the time)
+            for _ in range(MAX_ACTIVE_JOBS):
+                job = uuid.uuid4().hex
                 send_frame(tls, {"op": "open", "job": job, "codec": "direct", "setup": {"out": f"f/{job}"}})
                 assert recv_frame(tls)[0]["op"] == "opened"
                 header = {"op": "chunk", "job": job, "index": 0, "offset": -1, "length": 1}
@@ -539,6 +539,7 @@ def test_failed_jobs_do_not_fill_the_site(sites: Sites) -> None:
 
 @pytest.mark.parametrize("mode", ["metadata", "compressed", "auto"])
 def test_inbox_transport_delivers_the_same_file(sites: Sites, tmp_path: Path, mode: str) -> None:
+    """--ship auto runs with partitions here: each partition's probe hears rank 0's choice, metadata."""
     inbox, root = tmp_path / "inbox", tmp_path / "root"
     root.mkdir()
     server = StorageSite(sites.server.replica, root, None, tmp_path / "serve.log", 1, inbox=inbox)
@@ -549,25 +550,38 @@ def test_inbox_transport_delivers_the_same_file(sites: Sites, tmp_path: Path, mo
         paramedic(
             "search", "blastp", "-query", "q.fasta", "-db", "db/uni", "-outfmt", "0", "-out", out,
             "--site", f"file://{inbox}", "--ship", mode, "--strategy", "fragments", "--quiet",
-            "--ship-timeout", "60", "--record", str(record), cwd=sites.compute,
+            "--ship-timeout", "60", "--record", str(record),
+            *(["--np", "4", "--partition-size", "2", "--batch", "8"] if mode == "auto" else []), cwd=sites.compute,
         )  # fmt: skip
         expected = sites.local("0")
         assert (root / out).read_bytes() == expected
         ship = json.loads(record.read_text())["ship"]
         assert ship["site_sha256"] == sha256(expected)
         assert ship["mode"] == ("metadata" if mode == "auto" else mode)  # no link to measure: metadata
+        if mode == "auto":
+            assert (
+                json.loads(record.read_text())["partitions"] == 2
+                and ship["auto_decision"]["mode"] == "metadata"
+            )
     finally:
         server.stop()
 
 
-@pytest.mark.parametrize("mode", ["metadata", "compressed"])
+@pytest.mark.parametrize("mode", ["metadata", "compressed", "auto"])
 def test_partitions_ship_what_one_master_ships(sites: Sites, mode: str) -> None:
     """Issue 13: with partitions (rank 0 a supermaster, 2 partition masters with a worker each), the
-    partition masters forward their pieces to rank 0, which ships them: the site's file is the same."""
+    partition masters forward their pieces to rank 0, which ships them: the site's file is the same.
+    --ship auto: the first partition's probe decides at rank 0 (over TLS on this machine's loopback the
+    output ships; the metadata side is the inbox case below)."""
     out = f"partitions/{mode}.out"
     sites.search(out, mode, "0", None, None, "--np", "4", "--partition-size", "2", "--batch", "8")
     assert (sites.root / out).read_bytes() == sites.local("0")
     record = json.loads(sites.record_path(out).read_text())
-    assert record["partitions"] == 2 and record["ship"]["mode"] == mode
+    ship = record["ship"]
+    if mode == "auto":
+        decision = ship["auto_decision"]
+        assert decision["mode"] == ship["mode"] and decision["link"]["bandwidth_bytes_per_second"] > 0
+        mode = ship["mode"]
+    assert record["partitions"] == 2 and ship["mode"] == mode
     roles = [rank["role"] for rank in record["ranks_stats"]]
     assert roles == ["supermaster", "partition master", "worker", "partition master", "worker"]

@@ -8,6 +8,7 @@ without the MPI launcher's variables, so that they are not mistaken for ranks.""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -116,3 +117,36 @@ def test_a_refused_job_is_one_exit_code_on_every_rank(site: Path) -> None:
     code = search(site, "never.tsv", "--strategy", "fragments", "-evalue", "not-a-number")
     assert code != 0
     assert not (site / "never.tsv").exists()
+
+
+def test_partitions_ship_auto_to_an_inbox_site(site: Path) -> None:
+    """--ship auto with partitions (each partition's probe answered by rank 0) to a real `paramedic serve`
+    watching an inbox: no link to measure, so metadata; the site regenerates what BLAST+ writes."""
+    if WORLD.Get_size() < 4:
+        pytest.skip("partitions need a supermaster and two partitions of a master and a worker")
+    from tests.support.site import StorageSite
+
+    base = site / f"auto-{WORLD.Get_size()}"
+    server = None
+    if WORLD.Get_rank() == 0:
+        (base / "root").mkdir(parents=True)
+        server = StorageSite(
+            site / "db/uni", base / "root", None, base / "serve.log", 1, inbox=base / "inbox"
+        )
+        server.start()
+    WORLD.Barrier()
+    try:
+        out = "auto.tsv"  # under the site's root
+        code = main(["search", "blastp", "-query", str(site / "q.fasta"), "-db", str(site / "db/uni"), "-outfmt",
+                     "6", "-out", out, "--quiet", "--strategy", "fragments", "--partition-size", "2", "--site",
+                     f"file://{base / 'inbox'}", "--ship", "auto", "--ship-timeout", "60", "--record",
+                     str(base / "record.json")])  # fmt: skip
+        WORLD.Barrier()
+        assert code == 0
+        if WORLD.Get_rank() == 0:
+            assert (base / "root" / out).read_bytes() == (site / "ref.tsv").read_bytes()
+            record = json.loads((base / "record.json").read_text())
+            assert record["partitions"] >= 1 and record["ship"]["auto_decision"]["mode"] == "metadata"
+    finally:
+        if server is not None:
+            server.stop()

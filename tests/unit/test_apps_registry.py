@@ -11,12 +11,10 @@ import sys
 
 import pytest
 
-import paramedic.ship.client  # noqa: F401  (registers tls://)
-import paramedic.ship.inbox_client  # noqa: F401  (registers file://)
 from paramedic.ship import apps, registry
 from paramedic.ship.codecs import CODECS, CompressedCodec, DirectCodec
 from paramedic.ship.plugins import Registry
-from paramedic.ship.transport import PLUGINS, TRANSPORTS
+from paramedic.ship.transport import PLUGINS, SCHEMES
 
 
 def test_importing_the_registry_registers_every_codec_and_application() -> None:
@@ -45,10 +43,10 @@ def test_search_and_file_shipping_take_their_modes_and_codecs_from_the_applicati
 
 
 def test_the_three_plugin_kinds_share_one_registry() -> None:
-    assert all(isinstance(r, Registry) for r in (CODECS, apps.APPS, TRANSPORTS))
-    for module in PLUGINS.values():  # transports register when first needed (a search ships nothing)
+    assert all(isinstance(r, Registry) for r in (CODECS, apps.APPS, SCHEMES))
+    for module in PLUGINS.values():  # schemes register when first needed (a search ships nothing)
         importlib.import_module(module)
-    assert set(PLUGINS) == {"tls", "file"} and set(PLUGINS) <= set(TRANSPORTS)
+    assert set(PLUGINS) == {"tls", "grpcs", "file"} and set(PLUGINS) <= set(SCHEMES)
     with pytest.raises(ValueError, match="two codecs named 'direct'"):
         CODECS.add("direct", CompressedCodec)
     with pytest.raises(KeyError, match="unknown application 'nope' \\(known: blast, trace\\)"):

@@ -3,8 +3,8 @@
 A replica is a place that holds the files of a `paramedic format` database: a directory (shared storage,
 a mirror mount) or a storage site serving its database read-only (`paramedic serve`, `tls://`). Staging
 (`paramedic.db.stage`) and striped reads over several replicas (`paramedic.db.stripes`) see replicas only
-through `Replica`; a transport is a plugin registered here by URL scheme, as `ship.transport` does for
-output. Whatever a replica serves is untrusted until it verifies against the manifest's SHA-256s.
+through `Replica`; a URL's replica comes from its scheme's plugin (`ship.transport`, the same plugin that
+ships output), passed in as a `ReplicaOpener`. Whatever a replica serves is untrusted until it verifies against the manifest's SHA-256s.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlparse
 
 from paramedic.db.manifest import MANIFEST_NAME, Manifest
 from paramedic.errors import DatabaseError, UsageError
@@ -105,24 +104,13 @@ class LocalReplica:
         pass
 
 
-# scheme -> factory(url, keys); "" is a local path. Transports register themselves on import.
-ReplicaFactory = Callable[[str, Path | None], Replica]
-REPLICA_SCHEMES: dict[str, ReplicaFactory] = {"": lambda url, keys: LocalReplica(Path(url).resolve())}
+# Opens the replica at a URL or directory path; the engine passes `ship.transport.open_replica`, which
+# finds a URL's scheme plugin (this layer knows only directories).
+ReplicaOpener = Callable[[str, Path | None], Replica]
 
 
-def register_replica_scheme(scheme: str) -> Callable[[ReplicaFactory], ReplicaFactory]:
-    def register(factory: ReplicaFactory) -> ReplicaFactory:
-        REPLICA_SCHEMES[scheme] = factory
-        return factory
-
-    return register
-
-
-def open_replica(url: str, keys: Path | None = None) -> Replica:
-    """The replica at `url`: a directory path, or `scheme://...` of a registered transport."""
-    scheme = urlparse(url).scheme if "://" in url else ""
-    factory = REPLICA_SCHEMES.get(scheme)
-    if factory is None:
-        known = ", ".join(f"{s}://" for s in REPLICA_SCHEMES if s) or "none"
-        raise UsageError(f"--mirror {url}: unknown scheme {scheme!r} (a directory, or {known})")
-    return factory(url, keys)
+def open_directory_replica(url: str, keys: Path | None = None) -> Replica:
+    """The replica in directory `url` (a URL's scheme is a transport's: ship.transport.open_replica)."""
+    if "://" in url:
+        raise UsageError(f"--mirror {url}: a URL needs its transport (ship.transport.open_replica)")
+    return LocalReplica(Path(url).resolve())

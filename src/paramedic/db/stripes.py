@@ -35,7 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paramedic.db.manifest import Manifest, volume_sha256
-from paramedic.db.replicas import MAX_READ_BYTES, Replica, ReplicaError, VolumeFile, open_replica
+from paramedic.db.replicas import (
+    MAX_READ_BYTES,
+    Replica,
+    ReplicaError,
+    ReplicaOpener,
+    VolumeFile,
+    open_directory_replica,
+)
 from paramedic.errors import DatabaseError, UsageError
 
 DEFAULT_STRIPE_BYTES = 4 << 20
@@ -188,6 +195,7 @@ class ReplicaSet:
         manifest: Manifest,
         keys: Path | None = None,
         required: int | None = None,
+        opener: ReplicaOpener = open_directory_replica,
         **options: object,
     ) -> ReplicaSet:
         """The replicas at `urls`, each checked to hold the database of `manifest` (refused if not).
@@ -201,7 +209,7 @@ class ReplicaSet:
         try:
             for position, url in enumerate(urls):
                 try:
-                    replica = open_replica(url, keys)
+                    replica = opener(url, keys)
                     theirs = replica.manifest().checksum()
                 except ReplicaError as exc:
                     if required is None or position < required:

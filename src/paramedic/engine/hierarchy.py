@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import cast
 
 from paramedic.blast.hits import FragmentSearch
 from paramedic.engine.journal import Journal
-from paramedic.engine.master import HoldingSink, Master, PieceHeld, Sink
+from paramedic.engine.master import ChooseSink, HoldingSink, Master, PieceHeld, PieceResult, Sink
 from paramedic.engine.scheduler import PieceTask, Plan, SearchTask
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats
@@ -153,7 +153,17 @@ class PiecesShipped:
     tasks: list[PieceTask]
 
 
-PartitionResult = PieceUp | PiecesShipped | PieceHeld
+@dataclass(frozen=True)
+class ProbeUp:
+    """--ship auto: a partition's probe piece, regenerated, for rank 0 to decide the job's output by (the
+    first one to come up decides; each partition then hears whether it holds pieces as metadata)."""
+
+    partition: int  # its master's rank, which waits for the answer
+    task: PieceTask
+    result: PieceResult
+
+
+PartitionResult = PieceUp | PiecesShipped | PieceHeld | ProbeUp
 
 
 class SegmentMaster:
@@ -166,16 +176,22 @@ class SegmentMaster:
     def __init__(
         self,
         supermaster: Supermaster,
-        sink: Sink,
+        sink: Sink | None,
         progress: Progress,
         stats: RankStats,
         journal: Journal | None = None,
+        choose_sink: ChooseSink | None = None,
+        tell: Callable[[int, bool], None] | None = None,
     ):
+        if (sink is None) == (choose_sink is None or tell is None):
+            raise ValueError("rank 0 needs a sink, or a way to choose one and to tell the partitions")
         self.supermaster = supermaster
         self.sink = sink
         self.progress = progress
         self.stats = stats
         self.journal = journal
+        self.choose_sink = choose_sink  # --ship auto: the first probe to come up opens the sink
+        self.tell = tell  # --ship auto: (partition, holds pieces) down to a partition that sent its probe
 
     def start(self) -> None:
         pass
@@ -184,6 +200,10 @@ class SegmentMaster:
         return self.supermaster.next_segment(partition) or NO_SEGMENT
 
     def accept(self, result: PartitionResult) -> None:
+        if isinstance(result, ProbeUp):
+            self._probed(result)
+            return
+        assert self.sink is not None  # a partition sends pieces once it has heard the sink's choice
         if isinstance(result, PieceHeld):  # a worker holds the bytes: only placed here
             self.supermaster.piece_done(result.task.piece)
             self.progress.advance(cast(HoldingSink, self.sink).held(result))
@@ -199,6 +219,15 @@ class SegmentMaster:
                 self.supermaster.piece_done(task.piece)
             self.progress.advance(self.sink.ship(result.tasks))
         self.stats.add("write", time.perf_counter() - written)
+
+    def _probed(self, probe: ProbeUp) -> None:
+        """--ship auto: the first probe opens the output (paramedic.engine.sinks.AutoChooser); every
+        partition's probe is answered with the choice. The probe's piece itself comes up afterwards as
+        any other, written or shipped, from the partition that made it."""
+        assert self.choose_sink is not None and self.tell is not None
+        if self.sink is None:
+            self.sink = self.choose_sink(probe.task, probe.result)
+        self.tell(probe.partition, self.sink.holds_pieces)
 
     @property
     def finished(self) -> bool:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 from paramedic.blast.hits import FragmentSearch
 from paramedic.engine.journal import NOTHING, Journal, Replay
+from paramedic.engine.placement import Placement
 from paramedic.engine.scheduler import PieceTask, Scheduler, SearchTask, Task
 from paramedic.output.stitch import Agreement
 from paramedic.report.progress import Progress
@@ -85,6 +86,11 @@ class Sink(Protocol):
     def commit(self) -> None: ...
 
     def abort(self) -> None: ...
+
+    def placement(self) -> Placement | None:
+        """None: rank 0 writes or ships the pieces; else the workers write them and the runner places them
+        with what this returns (paramedic.engine.placement)."""
+        ...
 
 
 class HoldingSink(Sink, Protocol):

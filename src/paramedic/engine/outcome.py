@@ -5,7 +5,7 @@ from __future__ import annotations
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal
 from paramedic.engine.scheduler import Plan
-from paramedic.engine.sinks import MetadataSink, PublishedSink, WorkerSink, WriterSink
+from paramedic.engine.sinks import Output
 from paramedic.engine.staging import summary
 from paramedic.engine.store import Store
 from paramedic.report.record import RankStats, RunRecord
@@ -19,7 +19,7 @@ def run_record(
     wall_seconds: float,
     ranks: int,
     workers: int,
-    sink: WriterSink | MetadataSink | PublishedSink,
+    sink: Output,
     merged: list[list[int]],
     searched_again: int,
     journal: Journal | None,
@@ -57,7 +57,7 @@ def run_record(
         strategy_reason=job.strategy.record() if job.strategy else None,
         partitions=partitions,
         output_strategy=job.output_strategy,
-        output_writes=sink.strategy.counts() if isinstance(sink, WorkerSink) else None,
+        output_writes=sink.output_writes(),
         stage=summary(job.stage, [r.stage for r in ranks_stats]),
         traceback=None if segmented else "once" if plan.traceback_once else "per-fragment",
         traceback_reason=job.traceback_reason,

@@ -13,7 +13,11 @@ their sizes as with one master, and a partition master relays: its workers' size
 collective rounds down (`Relay`); the file is open over the whole job, so a segment's writer may gather
 pieces from workers of other partitions.
 
-Not with --ship auto (its probe is a decision of the one master) nor --from-metadata: refused up front.
+With --ship auto each partition master holds its pieces and regenerates its first released piece as a
+probe (the one master's way), sends it up (TAG_PROBE) and waits for rank 0's answer (TAG_MODE: whether
+it holds pieces as metadata). The first probe to reach rank 0 opens the output by the ParaMEDIC rule;
+later probes hear the same choice (in metadata mode their regeneration is the only work spent twice).
+Not with --from-metadata: refused up front.
 """
 
 from __future__ import annotations
@@ -28,13 +32,13 @@ from mpi4py import MPI
 
 from paramedic.blast.forkserver import close_fork_servers
 from paramedic.blast.hits import FragmentSearch
-from paramedic.db.manifest import check_stamps
 from paramedic.engine.hierarchy import (
     Answer,
     PartitionMaster,
     PartitionResult,
     PiecesShipped,
     PieceUp,
+    ProbeUp,
     Segment,
     SegmentMaster,
     Supermaster,
@@ -42,11 +46,13 @@ from paramedic.engine.hierarchy import (
 )
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal, Replay
-from paramedic.engine.master import Master, PieceHeld
-from paramedic.engine.metadata import save_metadata
+from paramedic.engine.master import ChooseSink, Master, PieceHeld, PieceResult
 from paramedic.engine.mpiio import Holder
 from paramedic.engine.outcome import run_record
+from paramedic.engine.placement import Placement
 from paramedic.engine.ranks import (
+    POLL_MAX_SECONDS,
+    POLL_SECONDS,
     TAG_ERROR,
     open_output,
     patient_recv,
@@ -56,11 +62,12 @@ from paramedic.engine.ranks import (
 )
 from paramedic.engine.runner import Arrival, Driven, Transport, drive
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler
-from paramedic.engine.sinks import WorkerSink, open_sink
+from paramedic.engine.shell import JobShell
+from paramedic.engine.sinks import AutoChooser, measure_site, open_sink, workers_write
 from paramedic.engine.staging import scheduling
 from paramedic.engine.store import RecordError, Store
 from paramedic.errors import InternalError, JobError
-from paramedic.output.strategies import Order, Round, output_strategy
+from paramedic.output.strategies import Order, Round
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord
 from paramedic.ship.registry import ships_pieces
@@ -70,6 +77,8 @@ TAG_WANT, TAG_SEGMENT, TAG_PIECE, TAG_SHIP, TAG_DONE = range(20, 25)
 # ... when the workers write the report: a piece's size and holder (up), orders, a collective round,
 # the partition is in it (up), the last round and the end (down)
 TAG_HELD, TAG_ORDERS, TAG_ROUND, TAG_JOINED, TAG_FINAL = range(25, 30)
+# ... with --ship auto: a partition's probe piece (up), whether it holds its pieces as metadata (down)
+TAG_PROBE, TAG_MODE = range(30, 32)
 
 
 def run_partitioned(
@@ -122,6 +131,9 @@ class Forward:
     def commit(self) -> None: ...
 
     def abort(self) -> None: ...
+
+    def placement(self) -> None:
+        return None  # rank 0 places a partition's pieces (Placing)
 
 
 @dataclass
@@ -178,9 +190,11 @@ def _partition_master(
         replica_group=job.replica_group_size,
         **scheduling(job.stage, job.stage_nodes, group),  # --stage: the partition's workers' nodes
     )
-    holds = job.ship is not None and ships_pieces(job.ship.mode)
-    scheduler.hold_pieces = holds
-    master = Master(scheduler, Forward(comm, holds), Progress(0, quiet=True), stats)
+    if job.ship is not None and job.ship.mode == "auto":  # rank 0 decides from the first probe
+        master = Master(scheduler, None, Progress(0, quiet=True), stats, choose_sink=_asking(comm))
+    else:
+        holds = job.ship is not None and ships_pieces(job.ship.mode)
+        master = Master(scheduler, Forward(comm, holds), Progress(0, quiet=True), stats)
     partition = PartitionMaster(master, workers=local.Get_size() - 1)
     link = SupermasterLink(partition, comm, store, plan)
     written = (0, 0)
@@ -260,7 +274,7 @@ class Placing:
     sink's output strategy), sends each partition master its workers' orders, runs the collective rounds
     (rank 0 enters once every partition is in), and at the end the last round and the file's close."""
 
-    def __init__(self, sink: WorkerSink, comm: MPI.Comm, groups: list[list[int]]):
+    def __init__(self, sink: Placement, comm: MPI.Comm, groups: list[list[int]]):
         self.sink = sink
         self.comm = comm
         self.groups = groups
@@ -310,6 +324,21 @@ class Placing:
         for group in self.groups:
             part = {rank: shares[rank] for rank in group} if shares is not None else None
             self.comm.send(part, dest=group[0], tag=tag)
+
+
+def _asking(comm: MPI.Comm) -> ChooseSink:
+    """--ship auto, a partition master's side: its probe goes up, and the sink is rank 0's answer."""
+
+    def ask(probe: PieceTask, result: PieceResult) -> Forward:
+        comm.send((probe, result), dest=0, tag=TAG_PROBE)
+        wait = POLL_SECONDS
+        while not comm.Iprobe(source=0, tag=TAG_MODE):  # not patient_recv: a segment may come meanwhile
+            time.sleep(wait)
+            wait = min(2 * wait, POLL_MAX_SECONDS)
+        holds: bool = comm.recv(source=0, tag=TAG_MODE)
+        return Forward(comm, holds)
+
+    return ask
 
 
 # -- the supermaster ---------------------------------------------------------------------------------
@@ -370,6 +399,8 @@ class PartitionTransport(Transport[Answer, PartitionResult]):
             return Arrival(source, PiecesShipped(message), idle=False)
         if tag == TAG_HELD:
             return Arrival(source, message, idle=False)
+        if tag == TAG_PROBE:
+            return Arrival(source, ProbeUp(source, *message), idle=False)
         if tag == TAG_JOINED and self.placing is not None:
             self.placing.joined_round(source)
         elif tag == TAG_DONE:
@@ -398,10 +429,20 @@ def _supermaster(
     start = time.perf_counter()
     stats = RankStats(rank=0, role="supermaster")
     progress = Progress(len(job.queries), quiet=job.quiet)
-    sink = open_sink(job, plan, job.ship.mode if job.ship else None, journal)
-    try:
+    auto = job.ship is not None and job.ship.mode == "auto"
+    chooser = AutoChooser(job, plan, measure_site(job), journal) if auto else None
+    sink = None if auto else open_sink(job, plan, job.ship.mode if job.ship else None, journal)
+    shell = JobShell(job, journal, progress)
+    segments: SegmentMaster | None = None
+
+    def abort() -> None:
+        output = segments.sink if segments is not None else sink
+        if output is not None:
+            output.abort()
+
+    with shell.running(abort):
         done: list[int] = []
-        if journal is not None and not sink.holds_pieces:
+        if journal is not None and sink is not None and not sink.holds_pieces:
             for index in replay.pieces:
                 data = journal.load_piece(index)
                 if data is not None:
@@ -412,10 +453,17 @@ def _supermaster(
             for task in replay.searches:
                 kept.setdefault(task.batch, []).append(task.fragment)
         supermaster = Supermaster(plan, done, kept)
-        placing = Placing(sink, comm, groups) if isinstance(sink, WorkerSink) else None
+        placement = sink.placement() if sink is not None else None  # the workers write: rank 0 places
+        placing = Placing(placement, comm, groups) if placement is not None else None
         if journal is not None:
             journal.kept_searches = sum(len(f) for b, f in kept.items())
-        segments = SegmentMaster(supermaster, sink, progress, stats, journal)
+
+        def tell(partition: int, holds: bool) -> None:
+            comm.send(holds, dest=partition, tag=TAG_MODE)
+
+        segments = SegmentMaster(
+            supermaster, sink, progress, stats, journal, chooser, tell if chooser is not None else None
+        )
         transport = PartitionTransport(comm, groups, stats, segments, placing)
         drive(segments, transport)
         merged, searched_again, stats_of = transport.merged, transport.searched_again, transport.stats_of
@@ -423,21 +471,10 @@ def _supermaster(
             raise InternalError("internal: the partitions finished with pieces left unwritten")
         if placing is not None:
             placing.sink.closed_by_ranks()
-        check_stamps(
-            job.db.directory, job.volume_stamps, journal
-        )  # the volumes searched are the ones digested
-        sink.commit()
-        progress.finish()
         metadata = [merged.get(q, []) for q in range(len(job.queries))]
-        if job.save_metadata is not None:
-            save_metadata(job.save_metadata, job.identity, metadata)
-    except BaseException:
-        sink.abort()
-        raise
-    finally:
-        progress.close()
-    if journal is not None:
-        journal.close(complete=True)
+        output = sink or (chooser.chosen if chooser is not None else None)
+        assert output is not None  # opened at start, or by the first probe (--ship auto)
+        shell.complete(output.commit, metadata)
     stats.measure_memory()
     workers = sum(len(group) - 1 for group in groups)
     _note(job, groups)
@@ -448,7 +485,7 @@ def _supermaster(
         wall_seconds=time.perf_counter() - start,
         ranks=comm.Get_size(),
         workers=workers,
-        sink=sink,
+        sink=output,
         merged=metadata,
         searched_again=searched_again,
         journal=journal,
@@ -472,8 +509,3 @@ def check_partitioning(job: Job, plan: Plan, ranks: int, size: int) -> None:
             plan.batch_pieces(batch)
     except ValueError as exc:
         raise JobError(f"--partition-size {size}: {exc}", 2) from exc
-
-
-def workers_write(job: Job) -> bool:
-    """The workers write the report file (--output-strategy other than master, with -out FILE)."""
-    return output_strategy(job.output_strategy).workers_write and job.out is not None

@@ -22,13 +22,14 @@ from paramedic.engine.execute import execute
 from paramedic.engine.job import Job
 from paramedic.engine.master import Master, PieceHeld, PieceResult, Result
 from paramedic.engine.mpiio import Holder, OutputFile
+from paramedic.engine.placement import Placement
 from paramedic.engine.runner import Arrival, Driven, Transport, drive
 from paramedic.engine.scheduler import Plan, Task
-from paramedic.engine.sinks import WorkerSink
+from paramedic.engine.sinks import workers_write
 from paramedic.engine.store import Store
 from paramedic.errors import JobError, ParamedicError
 from paramedic.output.stitch import stitch_alone
-from paramedic.output.strategies import Order, Round, output_strategy
+from paramedic.output.strategies import Order, Round
 from paramedic.report.record import RankStats
 
 # Waits between probes start short and double up to the maximum: a master waiting through a long search
@@ -72,7 +73,7 @@ def run_worker(
     """A worker's loop: tasks from its master (rank 0 of `comm`) until told to stop; errors go to the
     master, which ends the job with them. `world`: the whole job's communicator, when `comm` is a
     partition's."""
-    if output_strategy(job.output_strategy).workers_write and job.out is not None:
+    if workers_write(job):
         return run_writing_worker(job, plan, comm, workdir, store, world or comm)
     stats = RankStats(rank=(world or comm).Get_rank(), role="worker")
     comm.send(None, dest=0, tag=TAG_READY)
@@ -126,8 +127,8 @@ def run_workers(
     workers and collect their figures. `stats`: this master's, which counts the bytes of the results.
     A partition master passes its `upstream` (the supermaster) and its ranks' numbers in the job.
     When the workers write the report (one master), the output strategy places the pieces."""
-    if isinstance(master.sink, WorkerSink):
-        sink = master.sink
+    sink = master.sink.placement() if master.sink is not None else None
+    if sink is not None:  # the workers write: the output strategy places the pieces
         file, data_comm = open_output(comm, sink.tmp)
         holder = sink.attach(file, data_comm)
         figures, written = run_tasks(
@@ -290,7 +291,7 @@ class StrategyConductor:
 
     decides = True
 
-    def __init__(self, master: Master, sink: WorkerSink, ranks: int):
+    def __init__(self, master: Master, sink: Placement, ranks: int):
         self.master = master
         self.strategy = sink.strategy
         self.ranks = ranks

@@ -110,11 +110,6 @@ class SearchSettings:
         if self.partition_size is not None:
             if self.partition_size < 2:
                 raise UsageError("--partition-size must be at least 2 (a partition master and a worker)")
-            if self.ship is not None and self.ship.mode == "auto":
-                raise UsageError(
-                    "--partition-size needs --ship metadata, compressed or direct: --ship auto decides "
-                    "from one master's probe"
-                )
             if self.from_metadata is not None:
                 raise UsageError("--partition-size cannot regenerate from --from-metadata: run it without")
         self._check_output_strategy()

@@ -1,31 +1,32 @@
-"""Rank 0's job shell: the master with its sink, journal and progress around whichever runner drives it.
+"""Rank 0's job shell: the output, journal and progress around whatever drives the job to its end.
 
-The runner is what differs between ways of running a job: MPI ranks (paramedic.engine.ranks), threads
-of one process (paramedic.engine.local), or the master's own rank doing every task. The shell opens the
-output, builds the Master, lets the runner drive it to the end, commits the output and returns the run
-record, the same for every runner.
+`JobShell` is the one shell: it ends the output (volumes checked, committed, metadata saved) or aborts
+it, closes the progress bar and the journal, for one master (`run_master`, here) and for the supermaster
+of partitions (paramedic.engine.partitions) alike. The runner is what differs between ways of running
+one master: MPI ranks (paramedic.engine.ranks), threads of one process (paramedic.engine.local), or the
+master's own rank doing every task.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from paramedic.blast.forkserver import close_fork_servers
 from paramedic.db.manifest import check_stamps
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal, Replay
-from paramedic.engine.master import Master, Sink
+from paramedic.engine.master import Master
 from paramedic.engine.metadata import save_metadata
 from paramedic.engine.outcome import run_record
 from paramedic.engine.scheduler import Plan, Scheduler
 from paramedic.engine.sinks import (
-    MetadataSink,
+    AutoChooser,
+    Output,
     PublishedSink,
-    WriterSink,
-    auto_chooser,
     measure_site,
     open_sink,
     published_earlier,
@@ -39,6 +40,42 @@ from paramedic.report.record import RankStats, RunRecord
 # Drives the master to the end with its workers; returns the workers' figures. Gets the master and the
 # master's own figures (the runner counts the bytes of the results there).
 Runner = Callable[[Master, RankStats], list[RankStats]]
+
+
+class JobShell:
+    """What rank 0 does around an output and its driver, whichever the driver is."""
+
+    def __init__(self, job: Job, journal: Journal | None, progress: Progress):
+        self.job = job
+        self.journal = journal
+        self.progress = progress
+
+    @contextmanager
+    def running(self, abort: Callable[[], None]) -> Iterator[None]:
+        """The job's run: on any error the output is aborted (the error of a volume changed under the search
+        told first); the progress bar closes either way, the journal goes once the output is complete."""
+        try:
+            yield
+        except BaseException as exc:
+            abort()
+            if isinstance(exc, ParamedicError):  # a BLAST+ run that failed on a volume being rewritten, say:
+                check_stamps(
+                    self.job.db.directory, self.job.volume_stamps, self.journal
+                )  # then that is the error
+            raise
+        finally:
+            self.progress.close()
+        if self.journal is not None:
+            self.journal.close(complete=True)  # the output is complete: the journal goes
+
+    def complete(self, commit: Callable[[], None], merged: list[list[int]]) -> None:
+        """Every piece is in: the volumes searched must be the digested ones, then the output is made final
+        and the merged subjects saved (--save-metadata)."""
+        check_stamps(self.job.db.directory, self.job.volume_stamps, self.journal)
+        commit()
+        self.progress.finish()
+        if self.job.save_metadata is not None:
+            save_metadata(self.job.save_metadata, self.job.identity, merged)
 
 
 def run_master(
@@ -62,12 +99,13 @@ def run_master(
         else len(plan.batches) * plan.n_fragments,
         pieces=len(plan.pieces),
     )
+    shell = JobShell(job, journal, progress)
     published = published_earlier(job, journal)
     auto = job.ship is not None and job.ship.mode == "auto" and published is None
-    link = measure_site(job) if auto else None
+    chooser = AutoChooser(job, plan, measure_site(job), journal) if auto else None
     master: Master | None = None
-    try:
-        sink: Sink | None = None
+    sink: Output | None = None
+    with shell.running(lambda: master.abort() if master is not None else None):
         if published is not None:
             sink = PublishedSink(job, published)
         elif not auto:
@@ -85,7 +123,7 @@ def run_master(
             stats,
             journal,
             replay,
-            auto_chooser(job, plan, link, journal) if auto else None,
+            chooser,
             job.verified,
         )
         if published is not None:  # an earlier run's job finished at the site: nothing is left to do
@@ -100,26 +138,12 @@ def run_master(
         if job.preloaded is not None:
             master.scheduler.preload(job.preloaded)
         worker_stats = runner(master, stats)
-        check_stamps(job.db.directory, job.volume_stamps, journal)  # the volumes searched: the digested
-        master.commit()
-        progress.finish()
         merged = [master.scheduler.metadata(q) or [] for q in range(len(job.queries))]
-        if job.save_metadata is not None:
-            save_metadata(job.save_metadata, job.identity, merged)
-    except BaseException as exc:
-        if master is not None:
-            master.abort()
-        if isinstance(exc, ParamedicError):  # a BLAST+ run that failed on a volume being rewritten, say:
-            check_stamps(job.db.directory, job.volume_stamps, journal)  # then that is the error to tell
-        raise
-    finally:
-        progress.close()
-    if journal is not None:
-        journal.close(complete=True)  # the output is complete: the journal goes
+        shell.complete(master.commit, merged)
     close_fork_servers()  # their BLAST+ runs then count in this rank's peak memory
     stats.measure_memory()
-    sink = master.sink
-    assert isinstance(sink, (WriterSink, MetadataSink, PublishedSink))
+    output = sink or (chooser.chosen if chooser is not None else None)
+    assert output is not None  # the master opened it (--ship auto) or it was given
     return run_record(
         job,
         plan,
@@ -127,7 +151,7 @@ def run_master(
         wall_seconds=time.perf_counter() - start,
         ranks=ranks,
         workers=max(1, ranks - 1),
-        sink=sink,
+        sink=output,
         merged=merged,
         searched_again=master.scheduler.searched_again,
         journal=journal,

@@ -411,6 +411,9 @@ class _Sink:
 
     def abort(self) -> None: ...
 
+    def placement(self) -> None:
+        return None
+
 
 @dataclass
 class _Shared:

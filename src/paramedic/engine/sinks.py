@@ -1,4 +1,10 @@
-"""Where a job's output goes, behind one interface (paramedic.engine.master.Sink), and the one factory.
+"""Where a job's output goes: output objects that say what they need from the runner, and the one factory.
+
+Every output object answers the same three questions, so that no runner tells them apart by type:
+    who writes the report     `placement()`: None, rank 0 (or the storage site) writes it in query order;
+                              else the workers write their pieces and rank 0 places them (`Placement`)
+    what rank 0 keeps         `holds_pieces`: True, a piece's merged subjects (metadata), never its bytes
+    what the record says      `output_bytes`, `report()` (the ship section), `output_writes()`
 
 - `WriterSink`: regenerated pieces, stitched in query order by an OrderedWriter onto a byte sink: a local
   file (written under a temporary name, renamed when complete) or a storage site that receives the bytes
@@ -7,8 +13,10 @@
   (`--output-strategy` other than master, paramedic.output.strategies); rank 0 places them.
 - `MetadataSink`: released pieces shipped as they are, their merged subject ids (`--ship metadata`); the
   storage site regenerates the output.
+- `PublishedSink`: an earlier run's output is already at the storage site.
 `open_sink` builds the one a job asks for; with `--ship auto`, `auto_chooser` returns the function the
-master calls with the probe's result to build it then.
+master calls with the probe's result to build it then. `workers_write` is the one test of whether the
+workers write (a worker rank has no sink and asks it of the job).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from paramedic.durable import fsync_dir
 from paramedic.engine.job import Job
@@ -32,11 +40,27 @@ from paramedic.report.record import ShipReport
 from paramedic.ship.codecs import JobSpec
 from paramedic.ship.destination import Shipping, cancel_site_job, start_shipping
 from paramedic.ship.registry import codec_for_mode, ships_pieces
-from paramedic.ship.transport import SiteError
+from paramedic.ship.transport import SiteError, scheme_named
 
 if TYPE_CHECKING:  # MPI is started by whoever imports mpi4py.MPI: only the ranks do (paramedic.engine.mpiio)
     from paramedic.engine.mpiio import Holder, OutputFile
     from paramedic.ship.auto import Link
+
+
+class Output(Sink, Protocol):
+    """A job's output as rank 0's job shell sees it (see the module's docstring)."""
+
+    @property
+    def output_bytes(self) -> int: ...
+
+    def report(self) -> ShipReport | None: ...
+
+    def output_writes(self) -> dict[str, Any] | None: ...
+
+
+def workers_write(job: Job) -> bool:
+    """The workers write the report file (--output-strategy other than master, with -out FILE)."""
+    return output_strategy(job.output_strategy).workers_write and job.out is not None
 
 
 class WriterSink:
@@ -69,16 +93,19 @@ class WriterSink:
     def report(self) -> ShipReport | None:
         return self.shipping.report() if self.shipping is not None else None
 
+    def placement(self) -> None:
+        return None  # rank 0 writes (or ships) every piece in query order
 
-class WorkerSink(WriterSink):
+    def output_writes(self) -> None:
+        return None
+
+
+class WorkerSink:
     """--output-strategy other than master: the workers hold the pieces they wrote and write them into
     the file themselves (paramedic.output.strategies, paramedic.engine.mpiio); rank 0 places the pieces
     from their sizes and sends the orders (paramedic.engine.ranks), then checks that every piece was
     written and renames the file into place. Pieces rank 0 is given with their bytes (journaled by an
-    earlier run, or every piece in a one-rank job) it stitches, holds and writes itself.
-
-    A WriterSink only by descent (the run record's output bytes and ship report): it has no ordered
-    writer."""
+    earlier run, or every piece in a one-rank job) it stitches, holds and writes itself."""
 
     holds_pieces = False
 
@@ -113,6 +140,9 @@ class WorkerSink(WriterSink):
             self.own[index] = out
         self.strategy.held(index, len(out), 0)
         return len(piece)
+
+    def ship(self, tasks: list[PieceTask]) -> int:
+        raise AssertionError("the workers write their pieces")
 
     def held(self, result: PieceHeld) -> int:
         self.agreement.add(result.task.piece, result.agreement)
@@ -183,6 +213,12 @@ class WorkerSink(WriterSink):
     def report(self) -> ShipReport | None:
         return None
 
+    def placement(self) -> WorkerSink:
+        return self  # the workers write; rank 0 places (this object's strategy) and renames the file
+
+    def output_writes(self) -> dict[str, Any]:
+        return self.strategy.counts()
+
 
 class MetadataSink:
     """Pieces shipped as metadata: the storage site regenerates the output."""
@@ -212,41 +248,60 @@ class MetadataSink:
     def report(self) -> ShipReport:
         return self.shipping.report()
 
+    def placement(self) -> None:
+        return None
 
-def open_sink(job: Job, plan: Plan, mode: str | None, journal: Journal | None) -> WriterSink | MetadataSink:
+    def output_writes(self) -> None:
+        return None
+
+
+def open_sink(job: Job, plan: Plan, mode: str | None, journal: Journal | None) -> Output:
     """The job's sink: `mode` None for a local -out (or standard output), else how --site ships."""
     outfmt = job.options.outfmt()
     if job.ship is None or mode is None:
         partial = journal.partial_output if journal is not None else None
-        if output_strategy(job.output_strategy).workers_write and job.out is not None:
+        if workers_write(job):
+            assert job.out is not None  # workers write only into a file
             return WorkerSink(outfmt, plan.pieces, job.output_strategy, job.out, partial)
         return WriterSink(outfmt, plan.pieces, LocalFile(job.out, partial))
-    shipping = open_shipping(job, plan, mode, journal)
+    return shipped_sink(job, plan, open_shipping(job, plan, mode, journal))
+
+
+def shipped_sink(job: Job, plan: Plan, shipping: Shipping) -> Output:
+    """The output object of an open shipping: metadata shipped as pieces, or the report's bytes."""
     if shipping.holds_pieces:
         return MetadataSink(shipping)
-    return WriterSink(outfmt, plan.pieces, shipping, shipping)
+    return WriterSink(job.options.outfmt(), plan.pieces, shipping, shipping)
 
 
-def auto_chooser(job: Job, plan: Plan, link: Link | None, journal: Journal | None):
-    """--ship auto: the function that, given the probe's regenerated output and cost, decides by the
-    ParaMEDIC rule (paramedic.ship.auto) and opens the sink."""
+class AutoChooser:
+    """--ship auto: called by the master with the probe's regenerated output and cost, decides by the
+    ParaMEDIC rule (paramedic.ship.auto) and opens the output (`chosen`, for rank 0's job shell)."""
 
-    from paramedic.ship.auto import METADATA, decide  # TLS and the link's rule: only when shipping
+    def __init__(self, job: Job, plan: Plan, link: Link | None, journal: Journal | None):
+        self.job, self.plan, self.link, self.journal = job, plan, link, journal
+        self.chosen: Output | None = None
 
-    def choose(probe: PieceTask, result: PieceResult) -> Sink:
+    def __call__(self, probe: PieceTask, result: PieceResult) -> Output:
+        from paramedic.ship.auto import METADATA, decide  # TLS and the link's rule: only when shipping
+
+        job = self.job
         start = time.perf_counter()
         _, payload = codec_for_mode(METADATA).encode((probe.first_query, probe.subjects or (), job.db.nseq))
         encode_seconds = time.perf_counter() - start
         mode, decision = decide(
-            link, len(job.queries), probe.n_queries, result.data, result.seconds, len(payload), encode_seconds
+            self.link,
+            len(job.queries),
+            probe.n_queries,
+            result.data,
+            result.seconds,
+            len(payload),
+            encode_seconds,
         )
-        sink = open_sink(job, plan, mode, journal)
-        shipping = sink.shipping
-        assert shipping is not None
+        shipping = open_shipping(job, self.plan, mode, self.journal)
         shipping.decision = decision
-        return sink
-
-    return choose
+        self.chosen = shipped_sink(job, self.plan, shipping)
+        return self.chosen
 
 
 def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = None) -> Shipping:
@@ -294,11 +349,10 @@ def published_earlier(job: Job, journal: Journal | None) -> dict[str, Any] | Non
     if job.ship is None or journal is None or job.save_metadata is not None or job.ship.keys is None:
         return None
     earlier = journal.earlier_site_job()
-    if earlier is None or job.ship.site.scheme != "tls":
+    if earlier is None:
         return None
-    from paramedic.ship.client import finished_job
-
-    return finished_job(job.ship.site, job.ship.keys, earlier, job.ship.out)
+    scheme = scheme_named(job.ship.site.scheme, f"--site {job.ship.site}")
+    return scheme.finished_job(job.ship.site, job.ship.keys, earlier, job.ship.out)
 
 
 class PublishedSink:
@@ -326,6 +380,12 @@ class PublishedSink:
     @property
     def output_bytes(self) -> int:
         return int(self.done.get("bytes") or self.done.get("size") or 0)
+
+    def placement(self) -> None:
+        return None
+
+    def output_writes(self) -> None:
+        return None
 
     def report(self) -> ShipReport:
         ship = self.ship_settings

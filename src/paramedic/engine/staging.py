@@ -101,19 +101,21 @@ STRIPE_VARIABLE = "PARAMEDIC_STRIPE_BYTES"
 def open_replicas(
     urls: Sequence[str], manifest: Manifest, keys: Path | None, required: int | None = None
 ) -> ReplicaSet:
-    """The replicas at `urls`, identity checked; `tls://` ones are storage sites (paramedic serve).
+    """The replicas at `urls`, identity checked; a URL's scheme plugin opens it (`tls://`: a storage site).
     `required`: the first so many must be reachable (the -db directory); the mirrors after them are extra
     sources, dropped (with why, in the record) when down or serving no reads."""
-    import paramedic.ship.replica_client  # noqa: F401  (registers the tls:// replica transport)
     from paramedic.db.replicas import MAX_READ_BYTES
     from paramedic.db.stripes import ReplicaSet
+    from paramedic.ship.transport import open_replica  # each URL's scheme plugin
 
     stripe = os.environ.get(STRIPE_VARIABLE)
     if not stripe:
-        return ReplicaSet.open(urls, manifest, keys, required=required)
+        return ReplicaSet.open(urls, manifest, keys, required=required, opener=open_replica)
     if not stripe.isdigit() or not 0 < int(stripe) <= MAX_READ_BYTES:
         raise UsageError(f"{STRIPE_VARIABLE}={stripe}: expected 1 to {MAX_READ_BYTES} bytes")
-    return ReplicaSet.open(urls, manifest, keys, required=required, stripe_bytes=int(stripe))
+    return ReplicaSet.open(
+        urls, manifest, keys, required=required, opener=open_replica, stripe_bytes=int(stripe)
+    )
 
 
 _STAGERS: dict[tuple[Path, Path], Stager] = {}

@@ -263,6 +263,9 @@ class ForwardSink:
 
     def abort(self) -> None: ...
 
+    def placement(self) -> None:
+        return None
+
 
 class PartitionsLink(VirtualLink[Answer, PartitionResult]):
     """Rank 0 over partitions (paramedic.engine.hierarchy.SegmentMaster): a partition's request makes it

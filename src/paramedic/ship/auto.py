@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import zstandard
 
-from paramedic.ship.client import SiteAddress, SiteError, open_tls, tls_refusal
+from paramedic.ship.client import SiteError, open_tls, tls_refusal
 from paramedic.ship.tls import client_context
+from paramedic.ship.transport import Link, SiteAddress, scheme_named
 from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
 
 PINGS = 5
@@ -37,22 +38,20 @@ METADATA = "metadata"
 COMPRESSED = "compressed"
 
 
-@dataclass(frozen=True)
-class Link:
-    rtt_seconds: float
-    bandwidth_bytes_per_second: float
-    probe_bytes: int
-
-
 def measure_link(
     address: SiteAddress, keys: Path | None, budget_bytes: int | None = None
 ) -> tuple[Link | None, str | None]:
-    """Round trip and bandwidth to the site, and the replica's manifest checksum (None for an inbox).
+    """Round trip and bandwidth to the site (None: its scheme has no link to measure, as an inbox), and
+    the site's manifest checksum (None: it does not say), as the site's scheme plugin measures them."""
+    return scheme_named(address.scheme, f"--site {address}").measure_link(address, keys, budget_bytes)
+
+
+def measure_tls_link(
+    address: SiteAddress, keys: Path, budget_bytes: int | None = None
+) -> tuple[Link, str | None]:
+    """Round trip and bandwidth to a `paramedic serve` site, and its replica's manifest checksum.
     `budget_bytes`: at most about this many bytes of probes (deciding about a small file, the probes
     must not cost what sending it would): below 4 small probes' worth, the first probe alone."""
-    if address.scheme == "file":
-        return None, None
-    assert keys is not None
     context = client_context(keys)
     try:
         with open_tls(address, context) as tls:

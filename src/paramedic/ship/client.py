@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from paramedic.ship.tls import client_context
-from paramedic.ship.transport import Opening, ShipStats, SiteAddress, SiteError, register_transport
+from paramedic.ship.transport import Opening, ShipStats, SiteAddress, SiteError
 from paramedic.ship.wire import ProtocolError, recv_frame, send_frame
 
 WINDOW = 32
@@ -404,8 +404,7 @@ def finished_job(address: SiteAddress, keys: Path, job_id: str, out: str) -> dic
     return reply
 
 
-@register_transport("tls")
-def _tls_transport(opening: Opening) -> TlsShipper:
+def tls_transport(opening: Opening) -> TlsShipper:
     assert opening.keys is not None
     return TlsShipper(
         opening.address,

@@ -26,7 +26,7 @@ from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS
 from paramedic.ship.codecs import Codec, JobSpec, split_range
 from paramedic.ship.paths import output_path_problem
 from paramedic.ship.registry import codec_for_mode, ship_modes
-from paramedic.ship.transport import Opening, SiteAddress, SiteError, Transport, open_transport
+from paramedic.ship.transport import Opening, SiteAddress, SiteError, Transport, open_transport, scheme_named
 
 SHIP_MODES = (*ship_modes(), "auto")  # from the codecs (paramedic.ship.registry); auto chooses
 METADATA_FLUSH_SECONDS = 10.0
@@ -63,8 +63,7 @@ class ShipSettings:
         address = SiteAddress.parse(site)
         if mode not in SHIP_MODES:
             raise UsageError(f"--ship {mode}: choose one of {', '.join(SHIP_MODES)}")
-        if address.scheme == "tls" and keys is None:
-            raise UsageError("--site tls://... needs --keys DIR (made by `paramedic keys`)")
+        scheme_named(address.scheme, f"--site {site}").check(address, keys)
         if keys is not None and not keys.is_dir():
             raise UsageError(f"--keys {keys}: not a directory")
         if not out or out == "-":

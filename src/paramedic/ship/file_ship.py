@@ -30,11 +30,9 @@ from paramedic.errors import UsageError
 from paramedic.report.record import ShipReport
 from paramedic.ship.apps import Application
 from paramedic.ship.auto import COMPRESSED, METADATA, measure_link, ship_metadata
-from paramedic.ship.client import SiteError, finished_job
 from paramedic.ship.codecs import CompressedCodec
 from paramedic.ship.destination import Shipping, ShipSettings
-from paramedic.ship.inbox_client import finished_inbox_job
-from paramedic.ship.transport import Opening, open_transport
+from paramedic.ship.transport import Opening, SiteError, open_transport, scheme_named
 from paramedic.ship.wire import MAX_PAYLOAD_BYTES
 
 Metadata = tuple[dict[str, Any], bytes]
@@ -254,12 +252,8 @@ def _published_earlier(settings: ShipSettings, job_id: str, data: bytes, digest:
     """The report of an earlier run of this command whose file the site published, checked against this
     file's size and SHA-256; None otherwise. A TLS site is asked; in an inbox the answer is the done.json
     an earlier run left unread in the job's directory."""
-    if settings.site.scheme == "file":
-        done = finished_inbox_job(settings.site, settings.keys, job_id)
-    elif settings.site.scheme != "tls" or settings.keys is None:
-        return None
-    else:
-        done = finished_job(settings.site, settings.keys, job_id, settings.out or "")
+    scheme = scheme_named(settings.site.scheme, f"--site {settings.site}")
+    done = scheme.finished_job(settings.site, settings.keys, job_id, settings.out or "")
     if done is None:
         return None
     if done.get("sha256") != digest or done.get("bytes", len(data)) != len(data):

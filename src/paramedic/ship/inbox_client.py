@@ -27,10 +27,20 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
+from paramedic.db.replicas import LocalReplica
 from paramedic.durable import write_durably
+from paramedic.errors import UsageError
 from paramedic.ship.inbox_dirs import remove_job_directory
-from paramedic.ship.transport import Opening, ShipStats, SiteAddress, SiteError, register_transport
+from paramedic.ship.transport import (
+    Link,
+    Opening,
+    ShipStats,
+    SiteAddress,
+    SiteError,
+    register_scheme,
+)
 from paramedic.ship.wire import MAX_HEADER_BYTES, ProtocolError, loads_json
 
 POLL_SECONDS = 0.05
@@ -259,14 +269,47 @@ def finished_inbox_job(address: SiteAddress, keys: Path | None, job_id: str) -> 
     return done
 
 
-@register_transport("file")
-def _inbox_transport(opening: Opening) -> InboxShipper:
-    return InboxShipper(
-        opening.address,
-        opening.codec,
-        opening.setup,
-        opening.payload,
-        opening.timeout,
-        opening.keys,
-        job_id=opening.job_id,
-    )
+class InboxScheme:
+    """`file:///shared/inbox`: a storage site's inbox for shipping; a database directory for `--mirror`."""
+
+    name = "file"
+    aliases: tuple[str, ...] = ()
+
+    def address(self, url: str) -> SiteAddress:
+        parsed = urlparse(url)
+        if not parsed.path:
+            raise UsageError(f"--site {url}: expected file:///path/to/inbox")
+        return SiteAddress("file", path=Path(parsed.path))
+
+    def check(self, address: SiteAddress, keys: Path | None) -> None:
+        pass  # without --keys, access control is the shared filesystem's alone
+
+    def transport(self, opening: Opening) -> InboxShipper:
+        return InboxShipper(
+            opening.address,
+            opening.codec,
+            opening.setup,
+            opening.payload,
+            opening.timeout,
+            opening.keys,
+            job_id=opening.job_id,
+        )
+
+    def replica(self, url: str, keys: Path | None) -> LocalReplica:
+        parsed = urlparse(url)
+        if not parsed.path:
+            raise UsageError(f"--mirror {url}: expected file:///path/to/db")
+        return LocalReplica(Path(parsed.path).resolve())
+
+    def measure_link(
+        self, address: SiteAddress, keys: Path | None, budget_bytes: int | None
+    ) -> tuple[Link | None, str | None]:
+        return None, None  # no link to measure; an inbox does not say which replica it has
+
+    def finished_job(
+        self, address: SiteAddress, keys: Path | None, job_id: str, out: str
+    ) -> dict[str, Any] | None:
+        return finished_inbox_job(address, keys, job_id)
+
+
+INBOX = register_scheme(InboxScheme())

@@ -8,7 +8,7 @@ connections (SEMPLAR's parallel streams, as the output path's `--streams`). `par
 path only names the mirror in messages (the site serves the one database it has; the manifest checksum
 decides whether it is the right one), `streams` defaults to 4.
 
-Importing this module registers the scheme; the code that opens the engine's ReplicaSet imports it.
+The `tls://` scheme plugin (`ship.tls_scheme`) opens it for a `--mirror` URL.
 Everything the site sends is untrusted: frames are bounded (`ship.wire`), listings are checked here and
 in `db.stripes`, and every volume is verified against the manifest's SHA-256 before it is used.
 """
@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from paramedic.db.manifest import Manifest
-from paramedic.db.replicas import MAX_READ_BYTES, ReplicaError, VolumeFile, register_replica_scheme
+from paramedic.db.replicas import MAX_READ_BYTES, ReplicaError, VolumeFile
 from paramedic.errors import UsageError
 from paramedic.ship.client import open_tls, tls_refusal
 from paramedic.ship.tls import client_context
@@ -161,8 +161,3 @@ class TlsReplica:
                 self._idle.get_nowait().close()
             except queue.Empty:
                 return
-
-
-@register_replica_scheme("tls")
-def _tls_replica(url: str, keys: Path | None) -> TlsReplica:
-    return TlsReplica(url, keys)

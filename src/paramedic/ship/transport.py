@@ -1,21 +1,23 @@
-"""The seam between shipping and the ways to reach a storage site: the Transport protocol, the site
-address, and the registry of transports by URL scheme.
+"""The seam between the compute site and the ways to reach a storage site: one plugin per URL scheme.
 
-A transport carries one job's setup, chunks and final request to the storage site (`ship.client`: TLS
-streams, `tls://`; `ship.inbox_client`: files in a shared directory, `file://`) and brings back its
-answers. It registers itself for its scheme with `@register_transport`; `ship.destination` opens the one
-a `--site` URL names. A new transport is one module plus its line in `PLUGINS`.
+A `Scheme` is everything one kind of URL does at the compute site: it parses a `--site` address (and says
+what it needs, e.g. `--keys`), opens the `Transport` that carries a job's setup, chunks and final request
+(`ship.client`: TLS streams, `tls://`; `ship.inbox_client`: files in a shared directory, `file://`),
+reads a `--mirror` replica's files (`db.replicas.Replica`), measures the link for `--ship auto`, and asks
+whether an earlier run's job was published. Schemes are found in one registry (`SCHEMES`); `PLUGINS`
+names the module that registers each, imported when a URL of that scheme is first met (a search that ships
+nothing imports no TLS). A new transport is its client module, its site module and one line in `PLUGINS`.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from paramedic.db.replicas import LocalReplica, Replica
 from paramedic.errors import ParamedicError, UsageError
 from paramedic.ship.plugins import Registry
 
@@ -28,26 +30,31 @@ class SiteError(ParamedicError):
 
 @dataclass(frozen=True)
 class SiteAddress:
-    scheme: str  # "tls" or "file"
+    """A storage site's address, as its scheme parsed it: a host and port, or a path."""
+
+    scheme: str  # a registered scheme's name ("tls", "file")
     host: str = ""
     port: int = 0
     path: Path | None = None
 
     @classmethod
     def parse(cls, url: str) -> SiteAddress:
-        parsed = urlparse(url)
-        if parsed.scheme in ("tls", "grpcs"):
-            if not parsed.hostname or parsed.port is None:
-                raise UsageError(f"--site {url}: expected tls://HOST:PORT")
-            return cls("tls", parsed.hostname, parsed.port)
-        if parsed.scheme == "file":
-            if not parsed.path:
-                raise UsageError(f"--site {url}: expected file:///path/to/inbox")
-            return cls("file", path=Path(parsed.path))
-        raise UsageError(f"--site {url}: the scheme must be tls:// (or grpcs://) or file://")
+        """The address of `--site URL` (UsageError for an unknown scheme or a malformed URL)."""
+        return scheme_named(urlparse(url).scheme, f"--site {url}").address(url)
 
     def __str__(self) -> str:
-        return f"file://{self.path}" if self.scheme == "file" else f"tls://{self.host}:{self.port}"
+        if self.path is not None:
+            return f"{self.scheme}://{self.path}"
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Link:
+    """The link to a storage site as measured for `--ship auto` (ship.auto's rule reads it)."""
+
+    rtt_seconds: float
+    bandwidth_bytes_per_second: float
+    probe_bytes: int
 
 
 @dataclass
@@ -108,26 +115,76 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-TransportFactory = Callable[[Opening], Transport]
-TRANSPORTS: Registry[TransportFactory] = Registry("transport")
-# The module that registers each scheme's transport, imported when a site of that scheme is first
-# opened: a search that ships nothing does not import TLS and its client at start.
-PLUGINS = {"tls": "paramedic.ship.client", "file": "paramedic.ship.inbox_client"}
+class Scheme(Protocol):
+    """One URL scheme at the compute site: shipping and mirror reads through one plugin."""
+
+    name: str  # the scheme addresses carry ("tls"); registered under it and under `aliases`
+    aliases: tuple[str, ...]
+
+    def address(self, url: str) -> SiteAddress:
+        """Parse `--site url` (UsageError naming the expected form)."""
+        ...
+
+    def check(self, address: SiteAddress, keys: Path | None) -> None:
+        """What a site of this scheme needs beyond its address (UsageError, e.g. no --keys for TLS)."""
+        ...
+
+    def transport(self, opening: Opening) -> Transport:
+        """The transport for one job (not started)."""
+        ...
+
+    def replica(self, url: str, keys: Path | None) -> Replica:
+        """The `--mirror url` replica (UsageError when the scheme serves no mirror reads)."""
+        ...
+
+    def measure_link(
+        self, address: SiteAddress, keys: Path | None, budget_bytes: int | None
+    ) -> tuple[Link | None, str | None]:
+        """For `--ship auto`: the link (None: nothing to measure) and the site's manifest checksum (None:
+        it does not say)."""
+        ...
+
+    def finished_job(
+        self, address: SiteAddress, keys: Path | None, job_id: str, out: str
+    ) -> dict[str, Any] | None:
+        """The site's `done` answer for an earlier run's job that published `out`, else None (best effort)."""
+        ...
 
 
-def register_transport(scheme: str) -> Callable[[TransportFactory], TransportFactory]:
-    def register(factory: TransportFactory) -> TransportFactory:
-        return TRANSPORTS.add(scheme, factory)
+SCHEMES: Registry[Scheme] = Registry("transport")
+# The module that registers each scheme's plugin, imported when a URL of that scheme is first met: a search
+# that ships nothing does not import TLS and its client at start. A new transport is one line here.
+PLUGINS = {
+    "tls": "paramedic.ship.tls_scheme",
+    "grpcs": "paramedic.ship.tls_scheme",
+    "file": "paramedic.ship.inbox_client",
+}
 
-    return register
+
+def register_scheme(scheme: Scheme) -> Scheme:
+    """Register a scheme's plugin under its name and aliases (at its module's import)."""
+    for name in (scheme.name, *scheme.aliases):
+        SCHEMES.add(name, scheme)
+    return scheme
+
+
+def scheme_named(name: str, what: str) -> Scheme:
+    """The plugin of scheme `name`, its module imported on first use; UsageError naming `what` if none."""
+    if name not in SCHEMES and name in PLUGINS:
+        importlib.import_module(PLUGINS[name])
+    if name not in SCHEMES:
+        known = ", ".join(f"{n}://" for n in sorted(set(PLUGINS) | set(SCHEMES)))
+        raise UsageError(f"{what}: unknown scheme {name!r} (known: {known})")
+    return SCHEMES[name]
 
 
 def open_transport(opening: Opening) -> Transport:
     """The transport for the opening's address (not started)."""
-    scheme = opening.address.scheme
-    if scheme not in TRANSPORTS and scheme in PLUGINS:
-        importlib.import_module(PLUGINS[scheme])
-    factory = TRANSPORTS.get(scheme)
-    if factory is None:
-        raise UsageError(f"no transport for {opening.address.scheme}:// sites")
-    return factory(opening)
+    return scheme_named(opening.address.scheme, f"--site {opening.address}").transport(opening)
+
+
+def open_replica(url: str, keys: Path | None = None) -> Replica:
+    """The replica at `url` (`--mirror`, or the -db directory): a directory path, or a scheme's URL."""
+    if "://" not in url:
+        return LocalReplica(Path(url).resolve())
+    return scheme_named(urlparse(url).scheme, f"--mirror {url}").replica(url, keys)
