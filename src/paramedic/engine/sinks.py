@@ -37,14 +37,13 @@ from paramedic.output.stitch import AgreementCheck, stitch_alone
 from paramedic.output.strategies import output_strategy
 from paramedic.output.writer import ByteSink, LocalFile, OrderedWriter
 from paramedic.report.record import ShipReport
-from paramedic.ship.codecs import JobSpec
-from paramedic.ship.destination import Shipping, cancel_site_job, start_shipping
-from paramedic.ship.registry import codec_for_mode, ships_pieces
-from paramedic.ship.transport import SiteError, scheme_named
 
 if TYPE_CHECKING:  # MPI is started by whoever imports mpi4py.MPI: only the ranks do (paramedic.engine.mpiio)
     from paramedic.engine.mpiio import Holder, OutputFile
     from paramedic.ship.auto import Link
+
+    # the shipping side (codecs, transports, zstd, sockets) is imported by the jobs that ship
+    from paramedic.ship.destination import Shipping
 
 
 class Output(Sink, Protocol):
@@ -284,6 +283,7 @@ class AutoChooser:
 
     def __call__(self, probe: PieceTask, result: PieceResult) -> Output:
         from paramedic.ship.auto import METADATA, decide  # TLS and the link's rule: only when shipping
+        from paramedic.ship.registry import codec_for_mode
 
         job = self.job
         start = time.perf_counter()
@@ -307,6 +307,10 @@ class AutoChooser:
 def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = None) -> Shipping:
     """With --site: open the job at the storage site (refusals, e.g. a replica mismatch, fail here). The
     codec of `mode` takes from the job what the site needs (paramedic.ship.codecs.Codec.job_setup)."""
+    from paramedic.ship.codecs import JobSpec
+    from paramedic.ship.destination import cancel_site_job, start_shipping
+    from paramedic.ship.registry import ships_pieces
+
     assert job.ship is not None
     if ships_pieces(mode) and plan.query_segmentation:
         raise JobError(f"--ship {mode} needs the fragments strategy (query segmentation merges nothing)", 2)
@@ -331,6 +335,7 @@ def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = Non
 def measure_site(job: Job) -> Link | None:
     """--ship auto: measure the link before the search (and check the replica early)."""
     from paramedic.ship.auto import measure_link
+    from paramedic.ship.transport import SiteError
 
     assert job.ship is not None
     link, manifest = measure_link(job.ship.site, job.ship.keys)
@@ -351,6 +356,8 @@ def published_earlier(job: Job, journal: Journal | None) -> dict[str, Any] | Non
     earlier = journal.earlier_site_job()
     if earlier is None:
         return None
+    from paramedic.ship.transport import scheme_named
+
     scheme = scheme_named(job.ship.site.scheme, f"--site {job.ship.site}")
     return scheme.finished_job(job.ship.site, job.ship.keys, earlier, job.ship.out)
 
