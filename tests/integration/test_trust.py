@@ -120,6 +120,31 @@ def test_a_staged_copy_changed_with_its_times_kept_is_copied_again(site: Site, t
     assert record["stage"]["discarded"] == 3 and record["stage"]["copies"] == 3
 
 
+def test_a_staged_copy_changed_within_a_job_is_never_searched_unseen(site: Site, tmp_path: Path) -> None:
+    """Item 3, probed again: a worker digests a copy the first time it uses it; a copy rewritten in place
+    (times kept) after that, in the same job, passed its seal (sizes, mtimes, inodes) and was searched:
+    exit 0 with another report. The seal holds ctimes too, and is checked again when a search ends."""
+    from paramedic.db.locate import resolve_database
+    from paramedic.engine.settings import StageSettings
+    from paramedic.engine.staging import Stager
+    from paramedic.errors import DatabaseError
+
+    db, _ = resolve_database("uniprot", site.root / "p3")
+    stager = Stager(StageSettings(tmp_path / "cache"), db)
+    with stager.fragment(1) as copy:  # copied, verified: this process trusts it from now on
+        psq = copy.directory / "f001.psq"
+    flip_keeping_times(psq)
+    with stager.fragment(1) as again:  # between two uses: discarded and copied afresh, never used
+        assert (again.directory / "f001.psq").read_bytes() == (db.directory / "f001.psq").read_bytes()
+    assert (stager.cache.stats.discarded, stager.cache.stats.copies) == (1, 2)
+    with pytest.raises(DatabaseError, match="the copy of f001 changed while it was searched"):
+        with stager.fragment(1) as during:  # during a use: that search read unverified bytes
+            flip_keeping_times(during.directory / "f001.psq")
+    with stager.fragment(1) as after:  # the next use copies it afresh
+        assert (after.directory / "f001.psq").read_bytes() == (db.directory / "f001.psq").read_bytes()
+    assert stager.cache.stats.discarded == 2
+
+
 def test_a_killed_search_with_damaged_or_foreign_journal_records_redoes_them(
     databases: Databases, tmp_path: Path
 ) -> None:

@@ -8,7 +8,7 @@ Layout, one entry per database identity (the manifest checksum), one directory p
 
     DIR/.lock                          the cache's lock: held while space is counted, reserved, evicted
     DIR/<checksum[:32]>/f003/          a published copy: f003.* (the volume) + frag003.pal (its alias,
-                                       written from the manifest) + .seal (sizes, times, inodes)
+                                       written from the manifest) + .seal (sizes, mtimes, ctimes, inodes)
     DIR/<checksum[:32]>/f003.lock      the volume's lock (never removed): shared while a search reads the
                                        copy, exclusive while it is copied, discarded or evicted
     DIR/<checksum[:32]>/.fill-f003-<bytes>-<token>/   a copy under way (its size is reserved)
@@ -23,10 +23,11 @@ Why it is safe:
   Eviction removes whole volumes, least recently used first (a copy's directory time is its last use),
   and only those it can lock exclusively: never a copy a search on this node is reading. A volume that
   does not fit even then is searched where it lies (`use` gives None), never a failure.
-- Checked: bytes are verified against the manifest when copied; on every use the files' sizes, times
-  and inodes are compared with the seal written at publication, and the first time a process uses a copy
-  its bytes are digested again (sizes and times are not a digest); a copy that changed is discarded and
-  copied again, never used.
+- Checked: bytes are verified against the manifest when copied; before and after every use the files'
+  sizes, times (ctime too, which no user sets back) and inodes are compared with the seal written at
+  publication, and the first time a process uses a copy its bytes are digested again (sizes and times are
+  not a digest); a copy that changed before a use is discarded and copied again, never used; one that
+  changed during a use fails the job (DatabaseError): that search read bytes nobody verified.
 - Private, as ssh treats ~/.ssh: the directory is created 0700 and refused when another user owns it or
   others can write it (another user could plant a copy, or links at the lock names); locks are opened
   without following links; anything that is not what the layout says (a file where a copy's directory
@@ -173,6 +174,12 @@ class StageCache:
             if place is None:
                 self.stats.in_place.append(info.volume)
             yield place
+            if place is not None and not _sealed(place):  # changed while searched: that search is void
+                self.verified.discard(place)
+                raise DatabaseError(
+                    f"--stage {self.root}: the copy of {info.volume} changed while it was searched (its "
+                    "files are not those sealed): run the same command again (the copy is made afresh)"
+                )
         finally:
             os.close(fd)  # releases the lock
 
@@ -433,7 +440,9 @@ def _seal_of(path: Path) -> dict[str, list[int]]:
     for p in sorted(path.iterdir()):
         if p.name != SEAL_NAME and not p.name.startswith("."):
             st = p.stat()
-            out[p.name] = [st.st_size, st.st_mtime_ns, st.st_ino]
+            # ctime too: a file rewritten in place with its mtime put back keeps size, mtime and inode,
+            # and no user sets a ctime back
+            out[p.name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
     return out
 
 
