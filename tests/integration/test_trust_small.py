@@ -249,3 +249,49 @@ def test_one_compute_site_cannot_take_all_the_space_without_a_site_quota(make_si
         assert _ship_ranges(site, "a/x.bin", [500_000])["bytes"] == 500_000  # compute site a still writes
     finally:
         subprocess.run(["umount", "-l", str(disk)])
+
+
+def _hold(site, client: str, out: str, block: int, blocks: int) -> list[str]:  # noqa: ANN001
+    """A job of `client` that sends `blocks` chunks (while the site takes them) and never finishes: it
+    holds their space until it expires. The site's replies."""
+    import uuid
+
+    from paramedic.ship.wire import recv_frame, send_frame
+    from tests.support.site import sha256
+
+    job = uuid.uuid4().hex
+    data = b"z" * block
+    replies = []
+    with site.tls(client) as tls:
+        send_frame(tls, {"op": "open", "job": job, "codec": "direct", "setup": {"out": out}})
+        assert recv_frame(tls)[0]["op"] == "opened"
+        for index in range(blocks):
+            header = {"op": "chunk", "job": job, "index": index, "offset": index * block, "length": block,
+                      "sha256": sha256(data)}  # fmt: skip
+            send_frame(tls, header, data)
+            replies.append(recv_frame(tls)[0].get("op"))
+            if replies[-1] == "error":
+                break
+    return replies
+
+
+def test_two_compute_sites_cannot_take_all_the_space_without_a_site_quota(make_site, tmp_path: Path) -> None:  # noqa: F811
+    """Item 15, probed again: each site's default share was half of all the space jobs may use, counting
+    what the other sites hold: two sites held 40% each and a third site's job failed (storage site nearly
+    full). A site's share is now half of what is free plus what it holds itself: whoever comes next
+    always finds half of the free space."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        site = make_site(root=disk, quota=Quota(reserve_bytes=64 * 1024))
+        # stored twice (the chunk, its range): 1.6 MB each, 40% of the disk, within the old share of half
+        assert _hold(site, "compute-b", "b/held.bin", 200_000, 4) == ["ack"] * 4
+        _hold(site, "compute-c", "c/held.bin", 200_000, 4)
+        assert _ship_ranges(site, "a/x.bin", [500_000])["bytes"] == 500_000  # compute site a still writes
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
