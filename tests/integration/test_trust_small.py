@@ -3,6 +3,7 @@ files (the fixtures of test_site_faults)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,47 @@ def test_an_inbox_client_waits_no_longer_than_its_timeout_whatever_progress_says
         client.close()
         watcher.stop()
         site.stop()
+
+
+def test_an_inbox_client_never_blocks_on_a_fifo_swapped_in_for_a_reply(inbox_world, tmp_path: Path) -> None:
+    """Item 8, probed again: the client looked at a reply (`is_file`) and then opened it; a FIFO renamed
+    over it in between (by anyone who can write the job's directory) blocked `open` for ever, a wait no
+    --ship-timeout bounds. Replies are opened without blocking and taken only when regular files."""
+    import threading
+
+    from paramedic.ship.inbox_client import InboxShipper
+    from paramedic.ship.transport import SiteAddress
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    client = InboxShipper(SiteAddress("file", path=inbox), "direct", {"out": "p/x.bin"}, b"", 1.0,
+                          inbox_world["keys"] / "compute-a")  # fmt: skip
+    client.directory.mkdir()
+    fifo, regular, reply = tmp_path / "fifo", tmp_path / "regular", client.directory / "done.json"
+    os.mkfifo(fifo)
+    regular.write_text("{}")
+    stop = threading.Event()
+
+    def swap() -> None:  # done.json alternately a regular file and the FIFO, each put in place by rename
+        while not stop.is_set():
+            for source in (regular, fifo):
+                os.link(source, client.directory / "next")
+                os.rename(client.directory / "next", reply)
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    reader = threading.Thread(
+        target=lambda: [client._reply("done.json", "done") for _ in range(20000)], daemon=True
+    )
+    swapper.start()
+    reader.start()
+    reader.join(20)
+    stop.set()
+    swapper.join(5)
+    blocked = reader.is_alive()
+    if blocked:  # let it go: a writer opens the FIFO it waits on
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+    assert not blocked, "a reply's open blocked on a FIFO"
 
 
 @pytest.fixture(scope="module")
