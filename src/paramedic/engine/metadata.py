@@ -75,8 +75,8 @@ def _read_bounded(path: Path, limit: int) -> str:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ValueError("not a regular file")
-        data = fh.read(limit + 1)
-    if len(data) > limit:
+        data = fh.read(limit + 1) if st.st_size <= limit else b""
+    if st.st_size > limit or len(data) > limit:
         raise ValueError(f"larger than this search's metadata can be ({limit:,} bytes)")
     return data.decode()
 
