@@ -9,6 +9,7 @@ refuse with a clear one-line error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -578,3 +579,52 @@ def _parent(pid: int | None) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def test_a_launcher_killed_alone_takes_its_mpiexec_and_ranks_with_it(site: Site, tmp_path: Path) -> None:
+    """Item 17, probed again: the launcher alone SIGKILLed (a user's kill -9, the OOM killer): mpiexec, a
+    session of its own, ran on with its ranks, searching for nobody for as long as the search took. Here
+    the ranks are stopped (SIGSTOP) first, so that they could only end by being killed: mpiexec dies with
+    its launcher, and every rank with it."""
+    import signal
+    import time
+
+    from tests.conftest import BIN
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db",
+            "uniprot", "-out", str(tmp_path / "alone.out"), "--np", "2", "--quiet", "--runner", "mpi"]  # fmt: skip
+    launcher = subprocess.Popen(argv, cwd=site.root / "p3", env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    ranks: list[int] = []
+    while len(ranks) < 3:
+        assert launcher.poll() is None and time.monotonic() < deadline, "the search ended before the kill"
+        ranks = [int(p.name) for p in tmp.glob("paramedic-job-*/ranks/*") if p.name.isdigit()]
+        time.sleep(0.02)
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    mpiexec = {_parent(_parent(pid)) for pid in ranks} - {None}
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+
+    def running(pid: int | None) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(running(pid) for pid in [*mpiexec, *ranks]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in [*mpiexec, *ranks] if running(pid)]
+    for pid in left:  # a failure leaves nothing behind either
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)  # type: ignore[arg-type]
+    assert mpiexec and not left, f"still running after their launcher was killed: {left}"
+    proc = run_bounded(argv[1:], site.root / "p3", env=env)  # the next run cleans up and finishes
+    assert proc.returncode == 0, proc.stderr
+    site.assert_matches(tmp_path / "alone.out", None, "0")
+    assert os.listdir(tmp) == []
