@@ -398,6 +398,27 @@ def test_format_accepts_a_protein_made_of_nucleotide_letters(site: Site, tmp_pat
     assert manifest["nseq"] == 801
 
 
+def test_format_accepts_what_makeblastdb_accepts_whatever_a_fragment_begins_with(tmp_path: Path) -> None:
+    """Item 16, probed again: makeblastdb guesses a named file's format from its first bytes; it took this
+    file whole, and refused the fragment file that began with the short protein of rare letters
+    (`paramedic format` exit 5). Volumes are now made from standard input."""
+    import subprocess
+
+    fasta = tmp_path / "rare.fasta"
+    fasta.write_text(">p1 rare letters\nMKUOLLXBZJ*\n>p2\nacgtacgtacgt\n>p3 gaps\nMK-LL--AV\n>p4\nmkvl\n")
+    made = subprocess.run(
+        ["makeblastdb", "-in", str(fasta), "-dbtype", "prot", "-out", str(tmp_path / "ref" / "db")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    for fragments in ("2", "3"):
+        proc = paramedic("format", "--in", str(fasta), "--dbtype", "prot", "--fragments", fragments, "--out",
+                         str(tmp_path / f"p{fragments}" / "db"), "--quiet", check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        manifest = json.loads((tmp_path / f"p{fragments}" / "db" / "manifest.json").read_text())
+        assert manifest["nseq"] == 4 and manifest["length"] == 11 + 12 + 9 + 4
+
+
 def run_bounded(
     argv: list[str], cwd: Path, seconds: float = 120, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
