@@ -485,6 +485,40 @@ def test_a_stage_disk_that_fills_during_a_copy_searches_in_place(site: Site, sma
     assert not list(small_disk.glob("cache/*/.fill-*"))
 
 
+def test_a_stage_disk_out_of_inodes_searches_in_place(site: Site, tmp_path: Path) -> None:
+    """Item 5, probed again: a stage disk with bytes to spare but no inodes left (for the cache, its lock,
+    the database's entry, a volume's lock or its copy's directory) ended the search: exit 6 "cannot use
+    it", or exit 1 "internal error: OSError" when the copy's directory could not be made. Every volume is
+    now searched where it lies, as on a disk out of bytes."""
+    import subprocess
+
+    from paramedic.db.locate import resolve_database
+    from paramedic.engine.settings import StageSettings
+    from paramedic.engine.staging import Stager
+
+    db, _ = resolve_database("uniprot", site.root / "p3")
+    for inodes in range(1, 7):  # the file system's root takes one
+        disk = tmp_path / f"inodes-{inodes}"
+        disk.mkdir()
+        made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=20m,nr_inodes={inodes}", "tmpfs", str(disk)],
+                              capture_output=True, text=True)  # fmt: skip
+        if made.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.strip()}")
+        try:
+            stager = Stager(StageSettings(disk / "cache"), db)
+            for fragment in range(3):
+                with stager.fragment(fragment) as where:
+                    assert where == db  # searched where it lies
+            assert stager.cache.stats.in_place == ["f000", "f001", "f002"]
+            assert all("No space left" in w for w in stager.cache.stats.write_failures)
+            if inodes == 5:  # the copy's directory: exit 1 before
+                _, out = search(site, "no-inodes", "--stage", str(disk / "cache"), db_dir="p3")
+                stage = json.loads(out.with_name(out.name + ".run.json").read_text())["stage"]
+                assert stage["in_place"] == ["f000", "f001", "f002"]
+        finally:
+            subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 def test_mirrors_down_or_serving_no_reads_are_extra_sources_lost(site: Site, tmp_path: Path) -> None:
     """Item 12: a mirror that is down (nothing listens), one whose site serves no replica reads, and a
     directory mirror that is not there: the -db is complete, so the search is BLAST+'s, each mirror said
