@@ -255,3 +255,20 @@ def test_what_is_not_a_file_where_a_journal_file_belongs_is_dropped(
         assert (0 in replay.pieces) == (name != "piece/0")
     journal.close(complete=True)
     assert not path.exists()
+
+
+def test_an_unreadable_journal_is_not_said_to_continue(tmp_path: Path) -> None:
+    """Issue 23 (item 10, probed again): a garbage job.json is refused ("add --restart"), and the failed
+    run then said "the same command continues the search", which it never does. `tidy` says nothing of
+    such a journal (and keeps it, for --restart)."""
+    from paramedic.engine.journal import tidy
+
+    path = tmp_path / ".out.journal"
+    journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
+    journal.piece_done(0, b"piece zero")
+    assert journal.close(complete=False)
+    assert tidy(path)
+    (path / "job.json").write_text("garbage")
+    with pytest.raises(UsageError, match="unreadable"):
+        Journal.open(path, IDENTITY, PLAN, restart=False)
+    assert not tidy(path) and (path / "piece" / "0").exists()

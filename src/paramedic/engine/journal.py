@@ -357,6 +357,8 @@ def tidy(path: Path) -> bool:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return False
+        if not _readable(path / "job.json"):  # refused as unreadable: only --restart goes on from it
+            return False
         journal = Journal(path, lock)
         with contextlib.suppress(OSError):
             _scrub(path)
@@ -424,6 +426,20 @@ def _own_directory(path: Path) -> None:
         _warn(f"journal entry {path.name} dropped (not a directory): its work is done again")
         path.unlink()
     path.mkdir(exist_ok=True)
+
+
+def _readable(job_file: Path) -> bool:
+    """A job.json this paramedic can continue from (else the run said to add --restart, and saying that
+    the same command continues would contradict it); no job.json at all is a journal just begun."""
+    if not job_file.exists():
+        return True
+    try:
+        if not job_file.is_file() or job_file.stat().st_size > 64 << 20:
+            return False
+        data = json.loads(job_file.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == KIND and data.get("version") == VERSION
 
 
 def _open_lock(path: Path) -> IO[bytes]:
