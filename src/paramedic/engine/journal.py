@@ -357,12 +357,12 @@ def tidy(path: Path) -> bool:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return False
+        with contextlib.suppress(OSError):
+            _scrub(path)  # (a job.json that is not a file goes: the next run begins a new journal)
+            _remove_entry(path / "output.partial")
         if not _readable(path / "job.json"):  # refused as unreadable: only --restart goes on from it
             return False
         journal = Journal(path, lock)
-        with contextlib.suppress(OSError):
-            _scrub(path)
-            _remove_entry(path / "output.partial")
         journal._closed = True
         if journal._holds_work():
             return True
