@@ -27,7 +27,8 @@ integrity checks into the parsers behind them):
     metadata  `load_metadata` on a metadata file, sometimes re-sealed (its SHA-256 recomputed) (issue 23)
     replica   a storage site's replies to a mirror (`TlsReplica.manifest`, `volume_files`, `read`, then
               `stripes._check_listing` under a --stage-limit) (issue 23)
-    stage     a published copy in a --stage cache (`StageCache.use`): one of its files (volume or alias)
+    stage     a published copy in a --stage cache (`StageCache.use`, in a new process or in the one that
+              made and digested the copy): one of its files (volume or alias)
               rewritten in place, its size, inode and times kept, and its seal kept or replaced by mutated
               bytes; the copy used must be the manifest's bytes, whatever the seal says (issue 23)
     prelim    the preliminary-list shim's records as the engine reads them (`prelim.read_dump` against
@@ -950,6 +951,9 @@ class Harness:
         self.stage_files = files
         self.pool = [pack_parts([b"", name.encode(), (place / name).read_bytes()]) for name in files]
         self.pool += [pack_parts([seal, b"", b""]), pack_parts([b"", b"", b""])]
+        self.pool += [
+            pack_parts([b"", name.encode(), (place / name).read_bytes(), b"warm"]) for name in files
+        ]
         self.kinds = ["json", "bytes", "bytes"]
 
     def _setup_prelim(self) -> None:
@@ -1365,7 +1369,7 @@ class Harness:
         from paramedic.db.stage import SEAL_NAME, StageCache
         from paramedic.errors import ParamedicError
 
-        parts = unpack_parts(data) + [b"", b"", b""]
+        parts = unpack_parts(data) + [b"", b"", b"", b""]
         place = self.stage_root / self.stage_place
         name = parts[1].decode(errors="replace")
         try:
@@ -1379,7 +1383,10 @@ class Harness:
             if parts[0]:  # else the seal stays as the cache wrote it (a file changed with its times kept)
                 (place / SEAL_NAME).write_bytes(parts[0])
             try:
-                cache = StageCache(self.stage_root)  # a new process: nothing digested yet
+                # a new process (nothing digested yet), or, with a fourth part, the process that made the
+                # copy and digested it: a change after that digest must be seen all the same (issue 23)
+                cache = self.stage_warm if parts[3] else StageCache(self.stage_root)
+                cache.stats.copies = 0
                 with cache.use(self.stage_manifest, 0, self.world["replica"], self.stage_replicas) as used:
                     if used is None:
                         return "searched in place"
@@ -1417,6 +1424,7 @@ class Harness:
         with cache.use(self.stage_manifest, 0, self.world["replica"], self.stage_replicas) as place:
             assert place is not None
             self.stage_place = place.relative_to(self.stage_root)
+        self.stage_warm = cache  # it digested the copy it made: trusts it from now on, seal permitting
 
 
 def _sealed_copy(place: Path) -> bool:

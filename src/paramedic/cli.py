@@ -482,9 +482,9 @@ def _report(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     out = args.out or args.record.with_suffix(".html")
-    try:
-        with open(args.record, "rb") as fh:
-            head = fh.read(len(CLOG2_MAGIC))
+    try:  # not blocking: a FIFO given as the record hung here
+        with os.fdopen(os.open(args.record, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as fh:
+            head = fh.read(len(CLOG2_MAGIC)) or b""
     except OSError:
         head = b""  # the run record's reader says what is wrong
     if head == CLOG2_MAGIC:

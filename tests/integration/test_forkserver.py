@@ -121,3 +121,53 @@ def test_prestarted_servers_go_one_to_each_thread_that_asks(tmp_path: Path) -> N
     spare = forkserver._spares[(blastp, None)][0]
     forkserver.close_fork_servers()
     assert spare._proc.poll() is not None and not forkserver._spares
+
+
+def test_a_search_whose_engine_was_killed_outright_is_killed_too(tmp_path: Path) -> None:
+    """Issue 23 (item 17, probed again): an engine killed with SIGKILL (the OOM killer, a user's kill -9
+    of a local search) left its BLAST+ runs searching, for nobody, as long as their searches took. The
+    fork server sees its request pipe hang up and kills the run. Here the run blocks (its -query is a FIFO
+    nobody writes), so it could only end by being killed."""
+    import os
+    import signal
+    import sys
+    import time
+
+    if shim_path() is None:
+        pytest.skip("no C compiler: the engine starts BLAST+ normally")
+    fifo = tmp_path / "q.fifo"
+    os.mkfifo(fifo)
+    engine = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import shutil, sys\n"
+            "from paramedic.blast.forkserver import ForkServer, shim_path\n"
+            "fs = ForkServer(shutil.which('blastp'), shim_path())\n"
+            "print(fs._proc.pid, flush=True)\n"
+            f"fs.run(['blastp', '-query', {str(fifo)!r}, '-db', 'none'], {str(tmp_path)!r}, '', '')\n"
+        )],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert engine.stdout is not None
+    server = int(engine.stdout.readline())
+    children = Path(f"/proc/{server}/task/{server}/children")
+    deadline = time.monotonic() + 30
+    while not (run := children.read_text().split()):
+        assert time.monotonic() < deadline, "the fork server started no run"
+        time.sleep(0.02)
+    engine.send_signal(signal.SIGKILL)
+    engine.wait()
+    engine.stdout.close()
+
+    def searching(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while searching(int(run[0])) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    alive = searching(int(run[0]))
+    if alive:  # let it end: a writer opens and closes the FIFO it waits on
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert not alive, "the BLAST+ run went on after its engine was killed"

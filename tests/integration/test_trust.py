@@ -9,6 +9,7 @@ refuse with a clear one-line error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -118,6 +119,31 @@ def test_a_staged_copy_changed_with_its_times_kept_is_copied_again(site: Site, t
     proc, out = search(site, "warm", "--stage", str(cache))  # BLAST+'s bytes: the copies were not used
     record = json.loads(out.with_name(out.name + ".run.json").read_text())
     assert record["stage"]["discarded"] == 3 and record["stage"]["copies"] == 3
+
+
+def test_a_staged_copy_changed_within_a_job_is_never_searched_unseen(site: Site, tmp_path: Path) -> None:
+    """Item 3, probed again: a worker digests a copy the first time it uses it; a copy rewritten in place
+    (times kept) after that, in the same job, passed its seal (sizes, mtimes, inodes) and was searched:
+    exit 0 with another report. The seal holds ctimes too, and is checked again when a search ends."""
+    from paramedic.db.locate import resolve_database
+    from paramedic.engine.settings import StageSettings
+    from paramedic.engine.staging import Stager
+    from paramedic.errors import DatabaseError
+
+    db, _ = resolve_database("uniprot", site.root / "p3")
+    stager = Stager(StageSettings(tmp_path / "cache"), db)
+    with stager.fragment(1) as copy:  # copied, verified: this process trusts it from now on
+        psq = copy.directory / "f001.psq"
+    flip_keeping_times(psq)
+    with stager.fragment(1) as again:  # between two uses: discarded and copied afresh, never used
+        assert (again.directory / "f001.psq").read_bytes() == (db.directory / "f001.psq").read_bytes()
+    assert (stager.cache.stats.discarded, stager.cache.stats.copies) == (1, 2)
+    with pytest.raises(DatabaseError, match="the copy of f001 changed while it was searched"):
+        with stager.fragment(1) as during:  # during a use: that search read unverified bytes
+            flip_keeping_times(during.directory / "f001.psq")
+    with stager.fragment(1) as after:  # the next use copies it afresh
+        assert (after.directory / "f001.psq").read_bytes() == (db.directory / "f001.psq").read_bytes()
+    assert stager.cache.stats.discarded == 2
 
 
 def test_a_killed_search_with_damaged_or_foreign_journal_records_redoes_them(
@@ -372,6 +398,27 @@ def test_format_accepts_a_protein_made_of_nucleotide_letters(site: Site, tmp_pat
     assert manifest["nseq"] == 801
 
 
+def test_format_accepts_what_makeblastdb_accepts_whatever_a_fragment_begins_with(tmp_path: Path) -> None:
+    """Item 16, probed again: makeblastdb guesses a named file's format from its first bytes; it took this
+    file whole, and refused the fragment file that began with the short protein of rare letters
+    (`paramedic format` exit 5). Volumes are now made from standard input."""
+    import subprocess
+
+    fasta = tmp_path / "rare.fasta"
+    fasta.write_text(">p1 rare letters\nMKUOLLXBZJ*\n>p2\nacgtacgtacgt\n>p3 gaps\nMK-LL--AV\n>p4\nmkvl\n")
+    made = subprocess.run(
+        ["makeblastdb", "-in", str(fasta), "-dbtype", "prot", "-out", str(tmp_path / "ref" / "db")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    for fragments in ("2", "3"):
+        proc = paramedic("format", "--in", str(fasta), "--dbtype", "prot", "--fragments", fragments, "--out",
+                         str(tmp_path / f"p{fragments}" / "db"), "--quiet", check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        manifest = json.loads((tmp_path / f"p{fragments}" / "db" / "manifest.json").read_text())
+        assert manifest["nseq"] == 4 and manifest["length"] == 11 + 12 + 9 + 4
+
+
 def run_bounded(
     argv: list[str], cwd: Path, seconds: float = 120, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -436,6 +483,40 @@ def test_a_stage_disk_that_fills_during_a_copy_searches_in_place(site: Site, sma
     stage = json.loads(out.with_name(out.name + ".run.json").read_text())["stage"]
     assert stage["in_place"] and stage["write_failures"]
     assert not list(small_disk.glob("cache/*/.fill-*"))
+
+
+def test_a_stage_disk_out_of_inodes_searches_in_place(site: Site, tmp_path: Path) -> None:
+    """Item 5, probed again: a stage disk with bytes to spare but no inodes left (for the cache, its lock,
+    the database's entry, a volume's lock or its copy's directory) ended the search: exit 6 "cannot use
+    it", or exit 1 "internal error: OSError" when the copy's directory could not be made. Every volume is
+    now searched where it lies, as on a disk out of bytes."""
+    import subprocess
+
+    from paramedic.db.locate import resolve_database
+    from paramedic.engine.settings import StageSettings
+    from paramedic.engine.staging import Stager
+
+    db, _ = resolve_database("uniprot", site.root / "p3")
+    for inodes in range(1, 7):  # the file system's root takes one
+        disk = tmp_path / f"inodes-{inodes}"
+        disk.mkdir()
+        made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=20m,nr_inodes={inodes}", "tmpfs", str(disk)],
+                              capture_output=True, text=True)  # fmt: skip
+        if made.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.strip()}")
+        try:
+            stager = Stager(StageSettings(disk / "cache"), db)
+            for fragment in range(3):
+                with stager.fragment(fragment) as where:
+                    assert where == db  # searched where it lies
+            assert stager.cache.stats.in_place == ["f000", "f001", "f002"]
+            assert all("No space left" in w for w in stager.cache.stats.write_failures)
+            if inodes == 5:  # the copy's directory: exit 1 before
+                _, out = search(site, "no-inodes", "--stage", str(disk / "cache"), db_dir="p3")
+                stage = json.loads(out.with_name(out.name + ".run.json").read_text())["stage"]
+                assert stage["in_place"] == ["f000", "f001", "f002"]
+        finally:
+            subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_mirrors_down_or_serving_no_reads_are_extra_sources_lost(site: Site, tmp_path: Path) -> None:
@@ -553,3 +634,52 @@ def _parent(pid: int | None) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def test_a_launcher_killed_alone_takes_its_mpiexec_and_ranks_with_it(site: Site, tmp_path: Path) -> None:
+    """Item 17, probed again: the launcher alone SIGKILLed (a user's kill -9, the OOM killer): mpiexec, a
+    session of its own, ran on with its ranks, searching for nobody for as long as the search took. Here
+    the ranks are stopped (SIGSTOP) first, so that they could only end by being killed: mpiexec dies with
+    its launcher, and every rank with it."""
+    import signal
+    import time
+
+    from tests.conftest import BIN
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db",
+            "uniprot", "-out", str(tmp_path / "alone.out"), "--np", "2", "--quiet", "--runner", "mpi"]  # fmt: skip
+    launcher = subprocess.Popen(argv, cwd=site.root / "p3", env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    ranks: list[int] = []
+    while len(ranks) < 3:
+        assert launcher.poll() is None and time.monotonic() < deadline, "the search ended before the kill"
+        ranks = [int(p.name) for p in tmp.glob("paramedic-job-*/ranks/*") if p.name.isdigit()]
+        time.sleep(0.02)
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    mpiexec = {_parent(_parent(pid)) for pid in ranks} - {None}
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+
+    def running(pid: int | None) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(running(pid) for pid in [*mpiexec, *ranks]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in [*mpiexec, *ranks] if running(pid)]
+    for pid in left:  # a failure leaves nothing behind either
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)  # type: ignore[arg-type]
+    assert mpiexec and not left, f"still running after their launcher was killed: {left}"
+    proc = run_bounded(argv[1:], site.root / "p3", env=env)  # the next run cleans up and finishes
+    assert proc.returncode == 0, proc.stderr
+    site.assert_matches(tmp_path / "alone.out", None, "0")
+    assert os.listdir(tmp) == []

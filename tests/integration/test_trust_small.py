@@ -3,6 +3,7 @@ files (the fixtures of test_site_faults)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,47 @@ def test_an_inbox_client_waits_no_longer_than_its_timeout_whatever_progress_says
         site.stop()
 
 
+def test_an_inbox_client_never_blocks_on_a_fifo_swapped_in_for_a_reply(inbox_world, tmp_path: Path) -> None:
+    """Item 8, probed again: the client looked at a reply (`is_file`) and then opened it; a FIFO renamed
+    over it in between (by anyone who can write the job's directory) blocked `open` for ever, a wait no
+    --ship-timeout bounds. Replies are opened without blocking and taken only when regular files."""
+    import threading
+
+    from paramedic.ship.inbox_client import InboxShipper
+    from paramedic.ship.transport import SiteAddress
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    client = InboxShipper(SiteAddress("file", path=inbox), "direct", {"out": "p/x.bin"}, b"", 1.0,
+                          inbox_world["keys"] / "compute-a")  # fmt: skip
+    client.directory.mkdir()
+    fifo, regular, reply = tmp_path / "fifo", tmp_path / "regular", client.directory / "done.json"
+    os.mkfifo(fifo)
+    regular.write_text("{}")
+    stop = threading.Event()
+
+    def swap() -> None:  # done.json alternately a regular file and the FIFO, each put in place by rename
+        while not stop.is_set():
+            for source in (regular, fifo):
+                os.link(source, client.directory / "next")
+                os.rename(client.directory / "next", reply)
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    reader = threading.Thread(
+        target=lambda: [client._reply("done.json", "done") for _ in range(20000)], daemon=True
+    )
+    swapper.start()
+    reader.start()
+    reader.join(20)
+    stop.set()
+    swapper.join(5)
+    blocked = reader.is_alive()
+    if blocked:  # let it go: a writer opens the FIFO it waits on
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+    assert not blocked, "a reply's open blocked on a FIFO"
+
+
 @pytest.fixture(scope="module")
 def inbox_world(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("inbox-trust")
@@ -246,6 +288,52 @@ def test_one_compute_site_cannot_take_all_the_space_without_a_site_quota(make_si
             time.sleep(0.05)
         failure = site.server.store.jobs[job].failure or ""
         assert "default share" in failure, (replies, failure)
+        assert _ship_ranges(site, "a/x.bin", [500_000])["bytes"] == 500_000  # compute site a still writes
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+
+
+def _hold(site, client: str, out: str, block: int, blocks: int) -> list[str]:  # noqa: ANN001
+    """A job of `client` that sends `blocks` chunks (while the site takes them) and never finishes: it
+    holds their space until it expires. The site's replies."""
+    import uuid
+
+    from paramedic.ship.wire import recv_frame, send_frame
+    from tests.support.site import sha256
+
+    job = uuid.uuid4().hex
+    data = b"z" * block
+    replies = []
+    with site.tls(client) as tls:
+        send_frame(tls, {"op": "open", "job": job, "codec": "direct", "setup": {"out": out}})
+        assert recv_frame(tls)[0]["op"] == "opened"
+        for index in range(blocks):
+            header = {"op": "chunk", "job": job, "index": index, "offset": index * block, "length": block,
+                      "sha256": sha256(data)}  # fmt: skip
+            send_frame(tls, header, data)
+            replies.append(recv_frame(tls)[0].get("op"))
+            if replies[-1] == "error":
+                break
+    return replies
+
+
+def test_two_compute_sites_cannot_take_all_the_space_without_a_site_quota(make_site, tmp_path: Path) -> None:  # noqa: F811
+    """Item 15, probed again: each site's default share was half of all the space jobs may use, counting
+    what the other sites hold: two sites held 40% each and a third site's job failed (storage site nearly
+    full). A site's share is now half of what is free plus what it holds itself: whoever comes next
+    always finds half of the free space."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        site = make_site(root=disk, quota=Quota(reserve_bytes=64 * 1024))
+        # stored twice (the chunk, its range): 1.6 MB each, 40% of the disk, within the old share of half
+        assert _hold(site, "compute-b", "b/held.bin", 200_000, 4) == ["ack"] * 4
+        _hold(site, "compute-c", "c/held.bin", 200_000, 4)
         assert _ship_ranges(site, "a/x.bin", [500_000])["bytes"] == 500_000  # compute site a still writes
     finally:
         subprocess.run(["umount", "-l", str(disk)])

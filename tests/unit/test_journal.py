@@ -217,3 +217,58 @@ def test_a_journal_of_grouped_fragments_continues_with_its_own_groups(tmp_path: 
     journal.close(complete=False)
     with pytest.raises(UsageError, match="does not fit this search"):
         Journal.open(path, IDENTITY, fewer, restart=False)  # another database: 3 fragments, not 4
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+@pytest.mark.parametrize("name", ["lock", "job.json", "output.partial", "site-job", "piece/0", "search/0-1"])
+def test_what_is_not_a_file_where_a_journal_file_belongs_is_dropped(
+    tmp_path: Path, name: str, kind: str
+) -> None:
+    """Issue 23 (items 10 and 11, probed again): a directory or a FIFO where the journal keeps a file was
+    exit 1 (IsADirectoryError) or exit 6 on every run, or a hang (a FIFO at `lock` or at a record). It is
+    dropped and its work done again; `tidy` (after a failed run) does not trip over it either."""
+    import os
+
+    from paramedic.engine.journal import tidy
+
+    path = tmp_path / ".out.journal"
+    journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
+    journal.search_done(SearchTask(0, 0), result(2, 10))
+    journal.search_done(SearchTask(0, 1), result(2, 20))
+    journal.piece_done(0, b"piece zero")
+    assert journal.close(complete=False)
+    entry = path / name
+    if entry.exists():
+        entry.unlink()
+    if kind == "directory":
+        (entry / "inside").mkdir(parents=True)
+    else:
+        os.mkfifo(entry)
+    assert tidy(path)
+    journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False)
+    assert not entry.exists() or entry.is_file()
+    if name == "job.json":  # a new journal: the records, tagged with the old key, do not load
+        assert replay.pieces == () and all(journal.load_search(t, 2, False) is None for t in replay.searches)
+    else:
+        assert SearchTask(0, 0) in replay.searches
+        assert (SearchTask(0, 1) in replay.searches) == (name != "search/0-1")
+        assert (0 in replay.pieces) == (name != "piece/0")
+    journal.close(complete=True)
+    assert not path.exists()
+
+
+def test_an_unreadable_journal_is_not_said_to_continue(tmp_path: Path) -> None:
+    """Issue 23 (item 10, probed again): a garbage job.json is refused ("add --restart"), and the failed
+    run then said "the same command continues the search", which it never does. `tidy` says nothing of
+    such a journal (and keeps it, for --restart)."""
+    from paramedic.engine.journal import tidy
+
+    path = tmp_path / ".out.journal"
+    journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
+    journal.piece_done(0, b"piece zero")
+    assert journal.close(complete=False)
+    assert tidy(path)
+    (path / "job.json").write_text("garbage")
+    with pytest.raises(UsageError, match="unreadable"):
+        Journal.open(path, IDENTITY, PLAN, restart=False)
+    assert not tidy(path) and (path / "piece" / "0").exists()

@@ -116,8 +116,10 @@ def run_tool(
     cwd: str | os.PathLike[str] | None = None,
     stdout_path: Path | None = None,
     extra_env: dict[str, str] | None = None,
+    stdin_path: Path | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run a BLAST+ program; a non-zero exit (even with empty output) becomes a BlastError.
+    """Run a BLAST+ program; a non-zero exit (even with empty output) becomes a BlastError. `stdin_path`:
+    its standard input (programs that are not fork-served).
 
     BLAST+ exits 255 with empty output on some database errors, so the exit code is always checked.
     Search programs run through this process's fork server when it is available (see forkserver.py).
@@ -132,6 +134,9 @@ def run_tool(
         elif stdout_path is not None:
             with open(stdout_path, "wb") as out:
                 proc = subprocess.run([exe, *argv[1:]], cwd=cwd, stdout=out, stderr=subprocess.PIPE, env=env)
+        elif stdin_path is not None:
+            with open(stdin_path, "rb") as given:
+                proc = subprocess.run([exe, *argv[1:]], cwd=cwd, stdin=given, capture_output=True, env=env)
         else:
             proc = subprocess.run([exe, *argv[1:]], cwd=cwd, capture_output=True, env=env)
     except OSError as exc:

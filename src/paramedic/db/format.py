@@ -197,11 +197,14 @@ def _write_fragment_fastas(whole_fasta: Path, fragment_of: list[int], paths: lis
 
 
 def _makeblastdb(build: Path, dbtype: MolType, fasta: Path, volume: str, title: str) -> None:
+    """One volume. The FASTA goes on standard input (`-in -`): makeblastdb guesses a named file's format
+    from its first bytes, and refused a fragment file beginning with a short or unusual protein
+    (`MKUOLLXBZJ*`, gaps) although it took the whole file; on standard input it reads FASTA as told."""
     run_tool(
         [
             "makeblastdb",
             "-in",
-            fasta.name,
+            "-",
             "-dbtype",
             dbtype,
             "-parse_seqids",
@@ -211,6 +214,7 @@ def _makeblastdb(build: Path, dbtype: MolType, fasta: Path, volume: str, title: 
             title,
         ],
         cwd=build,
+        stdin_path=build / fasta.name,
     )
 
 

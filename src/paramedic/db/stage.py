@@ -8,7 +8,7 @@ Layout, one entry per database identity (the manifest checksum), one directory p
 
     DIR/.lock                          the cache's lock: held while space is counted, reserved, evicted
     DIR/<checksum[:32]>/f003/          a published copy: f003.* (the volume) + frag003.pal (its alias,
-                                       written from the manifest) + .seal (sizes, times, inodes)
+                                       written from the manifest) + .seal (sizes, mtimes, ctimes, inodes)
     DIR/<checksum[:32]>/f003.lock      the volume's lock (never removed): shared while a search reads the
                                        copy, exclusive while it is copied, discarded or evicted
     DIR/<checksum[:32]>/.fill-f003-<bytes>-<token>/   a copy under way (its size is reserved)
@@ -22,11 +22,13 @@ Why it is safe:
 - Bounded: with a limit, the bytes of the published copies plus the copies under way stay within it.
   Eviction removes whole volumes, least recently used first (a copy's directory time is its last use),
   and only those it can lock exclusively: never a copy a search on this node is reading. A volume that
-  does not fit even then is searched where it lies (`use` gives None), never a failure.
-- Checked: bytes are verified against the manifest when copied; on every use the files' sizes, times
-  and inodes are compared with the seal written at publication, and the first time a process uses a copy
-  its bytes are digested again (sizes and times are not a digest); a copy that changed is discarded and
-  copied again, never used.
+  does not fit even then is searched where it lies (`use` gives None), never a failure; so is every
+  volume when the cache's disk has no room left for a copy, its lock or its directory (bytes or inodes).
+- Checked: bytes are verified against the manifest when copied; before and after every use the files'
+  sizes, times (ctime too, which no user sets back) and inodes are compared with the seal written at
+  publication, and the first time a process uses a copy its bytes are digested again (sizes and times are
+  not a digest); a copy that changed before a use is discarded and copied again, never used; one that
+  changed during a use fails the job (DatabaseError): that search read bytes nobody verified.
 - Private, as ssh treats ~/.ssh: the directory is created 0700 and refused when another user owns it or
   others can write it (another user could plant a copy, or links at the lock names); locks are opened
   without following links; anything that is not what the layout says (a file where a copy's directory
@@ -63,6 +65,7 @@ LOCK_NAME = ".lock"
 FILL_PREFIX = ".fill-"
 EVICT_PREFIX = ".evict-"
 _FILL = re.compile(r"^\.fill-(?P<volume>[^-/]+)-(?P<bytes>\d+)-[0-9a-f]+$")
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # the cache's disk: out of bytes or inodes, or over quota
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.I)
 
@@ -133,6 +136,7 @@ class StageCache:
         self.limit = limit
         self.stats = StageStats()
         self.verified: set[Path] = set()  # copies this process digested (once per job per worker)
+        self.full: str | None = None  # the cache's disk could not even hold its lock: every volume in place
         try:
             root.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileExistsError):
@@ -140,8 +144,10 @@ class StageCache:
             _check_private(root)
             os.close(_open_lock(root / LOCK_NAME))
         except OSError as exc:
-            raise OutputError(f"--stage {root}: cannot use it ({exc.strerror})") from exc
-        if not os.access(root, os.W_OK | os.X_OK):
+            if exc.errno not in DISK_FULL:
+                raise OutputError(f"--stage {root}: cannot use it ({exc.strerror})") from exc
+            self.full = exc.strerror or str(exc)
+        if self.full is None and not os.access(root, os.W_OK | os.X_OK):
             raise OutputError(f"--stage {root}: not writable")
 
     def entry(self, manifest: Manifest) -> Path:
@@ -164,15 +170,30 @@ class StageCache:
         info = manifest.fragments[fragment]
         entry = self.entry(manifest)
         try:
+            if self.full is not None:
+                raise OSError(errno.ENOSPC, self.full)
             self._make_entry(entry)
             fd = _open_lock(entry / f"{info.volume}.lock")
         except OSError as exc:
-            raise OutputError(f"--stage {self.root}: cannot use it ({exc.strerror})") from exc
+            if exc.errno not in DISK_FULL:
+                raise OutputError(f"--stage {self.root}: cannot use it ({exc.strerror})") from exc
+            fd = None  # a full disk (bytes or inodes): searched where it lies, never the search's end
+            self.stats.write_failures.append(f"{info.volume}: {exc.strerror or exc}")
+        if fd is None:
+            self.stats.in_place.append(info.volume)
+            yield None
+            return
         try:
             place = self._acquire(fd, manifest, fragment, source, replicas)
             if place is None:
                 self.stats.in_place.append(info.volume)
             yield place
+            if place is not None and not _sealed(place):  # changed while searched: that search is void
+                self.verified.discard(place)
+                raise DatabaseError(
+                    f"--stage {self.root}: the copy of {info.volume} changed while it was searched (its "
+                    "files are not those sealed): run the same command again (the copy is made afresh)"
+                )
         finally:
             os.close(fd)  # releases the lock
 
@@ -204,7 +225,13 @@ class StageCache:
                 self._remove(leftover)  # a dead copy of this volume (we hold its lock)
                 self.stats.cleaned += 1
             size = _copy_bytes(source, info.volume)
-            fill = self._reserve(entry, info.volume, size)
+            try:
+                fill = self._reserve(entry, info.volume, size)
+            except OSError as exc:  # no room even for the copy's directory (inodes): as a full disk
+                if exc.errno not in DISK_FULL:
+                    raise
+                self.stats.write_failures.append(f"{info.volume}: {exc.strerror or exc}")
+                fill = None
             if fill is None:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # searched in place, like any reader
                 return None
@@ -260,6 +287,8 @@ class StageCache:
     def trim(self) -> None:
         """Bring the cache within the limit now (a run with a smaller limit than the one that filled it),
         evicting least recently used volumes that no search holds; and clean what dead copies left."""
+        if self.full is not None:
+            return
         with self._cache_lock():
             self._make_room(0)
 
@@ -433,7 +462,9 @@ def _seal_of(path: Path) -> dict[str, list[int]]:
     for p in sorted(path.iterdir()):
         if p.name != SEAL_NAME and not p.name.startswith("."):
             st = p.stat()
-            out[p.name] = [st.st_size, st.st_mtime_ns, st.st_ino]
+            # ctime too: a file rewritten in place with its mtime put back keeps size, mtime and inode,
+            # and no user sets a ctime back
+            out[p.name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
     return out
 
 

@@ -32,6 +32,10 @@ Layout of `.<out>.journal/` (beside the output; with --site, beside the run reco
                         and opens a new one, sending what the journal holds again)
     output.partial      the report being written; renamed to the output when complete
 
+Anything that is not what the layout says (a file or a link where a directory belongs, a directory, a
+FIFO or a link where a file belongs) is dropped at open, and its work done again: never followed, never
+waited on (a FIFO at `lock` blocked every run).
+
 The journal is removed when the output is complete. A failed or interrupted search keeps it when it holds
 finished work (the launcher says so); `--restart` discards it. Journal files are the user's own files,
 read back only by the same user's searches: they are still validated, and a record that does not decode
@@ -40,6 +44,7 @@ is dropped and its task run again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -119,10 +124,10 @@ class Journal:
             _remove_tree(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)  # a --site job's journal mirrors the remote path
-            path.mkdir(exist_ok=True)
+            _own_directory(path)
             for part in ("search", "piece"):
                 _own_directory(path / part)
-            lock = open(path / "lock", "ab")
+            lock = _open_lock(path)
         except OSError as exc:
             raise OutputError(f"cannot keep the search's journal {path}: {exc.strerror}") from exc
         try:
@@ -135,6 +140,7 @@ class Journal:
         journal = cls(path, lock)
         journal.volumes = [list(v) for v in volumes]
         try:
+            _scrub(path)
             plan = journal._agree(identity, plan)
             assert journal.key is not None  # its search records are bound to it, like its pieces
             journal.store = dataclasses.replace(journal.store, key=journal.key)
@@ -351,7 +357,7 @@ def tidy(path: Path) -> bool:
     the whole journal if it holds no finished work. Returns whether finished work is kept. A journal that
     another run holds now is left alone."""
     try:
-        lock = open(path / "lock", "ab")
+        lock = _open_lock(path)
     except OSError:
         return False
     with lock:
@@ -359,8 +365,12 @@ def tidy(path: Path) -> bool:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return False
+        with contextlib.suppress(OSError):
+            _scrub(path)  # (a job.json that is not a file goes: the next run begins a new journal)
+            _remove_entry(path / "output.partial")
+        if not _readable(path / "job.json"):  # refused as unreadable: only --restart goes on from it
+            return False
         journal = Journal(path, lock)
-        (path / "output.partial").unlink(missing_ok=True)
         journal._closed = True
         if journal._holds_work():
             return True
@@ -424,6 +434,53 @@ def _own_directory(path: Path) -> None:
         _warn(f"journal entry {path.name} dropped (not a directory): its work is done again")
         path.unlink()
     path.mkdir(exist_ok=True)
+
+
+def _readable(job_file: Path) -> bool:
+    """A job.json this paramedic can continue from (else the run said to add --restart, and saying that
+    the same command continues would contradict it); no job.json at all is a journal just begun."""
+    if not job_file.exists():
+        return True
+    try:
+        if not job_file.is_file() or job_file.stat().st_size > 64 << 20:
+            return False
+        data = json.loads(job_file.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == KIND and data.get("version") == VERSION
+
+
+def _open_lock(path: Path) -> IO[bytes]:
+    """The journal's lock file; anything else at its name (a directory, a FIFO, which blocked the open
+    for ever, a link) is removed first: it failed every run."""
+    lock = path / "lock"
+    if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+        _warn("journal entry lock replaced (not a file)")
+        _remove_entry(lock)
+    return open(
+        os.open(lock, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600), "ab"
+    )
+
+
+def _scrub(path: Path) -> None:
+    """Drop what is not a regular file where the journal keeps files (job.json, output.partial, site-job,
+    each record in search/ and piece/): a directory or a FIFO there was exit 1 or a hang on every run. A
+    record dropped is searched or written again; a job.json dropped makes the journal new (its records,
+    tagged with the old key, are then dropped too)."""
+    entries = [path / name for name in ("job.json", "output.partial", "site-job")]
+    for part in ("search", "piece"):
+        entries += [path / part / name for name in os.listdir(path / part)]
+    for entry in entries:
+        if entry.is_symlink() or (entry.exists() and not entry.is_file()):
+            _warn(f"journal entry {entry.relative_to(path)} dropped (not a file): its work is done again")
+            _remove_entry(entry)
+
+
+def _remove_entry(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _remove_tree(path: Path) -> None:

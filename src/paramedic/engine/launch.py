@@ -233,8 +233,15 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
         except OSError:
             pass
 
+    from paramedic.engine.leftovers import dies_with_this_process
+
     proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=dies_with_this_process(),  # killed with us: its ranks never search for nobody
     )
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     bar = _Bar(job_dir / "progress") if show_bar else None

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -57,12 +59,36 @@ def save_metadata(path: Path, identity: SearchIdentity, subjects: list[list[int]
     write_durably(path, (json.dumps(data, separators=(",", ":")) + "\n").encode())
 
 
+def max_metadata_bytes(n_queries: int, hitlist_size: int, nseq: int) -> int:
+    """The most a metadata file of this search can hold: each query's list of at most `hitlist_size`
+    ids below `nseq`, with room for the header and for whitespace (a file printed prettily is still the
+    same file: the seal is over its contents)."""
+    per_id = len(str(max(nseq, 1))) + 2
+    return (1 << 20) + 4 * n_queries * (8 + min(max(hitlist_size, 1), max(nseq, 1)) * per_id)
+
+
+def _read_bounded(path: Path, limit: int) -> str:
+    """A regular file's text, refused past `limit` bytes: a FIFO blocked the search for ever, /dev/zero
+    or a file of gigabytes was read whole (exit 1, MemoryError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        data = fh.read(limit + 1) if st.st_size <= limit else b""
+    if st.st_size > limit or len(data) > limit:
+        raise ValueError(f"larger than this search's metadata can be ({limit:,} bytes)")
+    return data.decode()
+
+
 def load_metadata(path: Path, expected: SearchIdentity, n_queries: int, nseq: int) -> list[list[int]]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_read_bounded(path, max_metadata_bytes(n_queries, expected.hitlist_size, nseq)))
     except FileNotFoundError as exc:
         raise InputError(f"--from-metadata {path}: no such file") from exc
-    except (ValueError, OSError) as exc:
+    except OSError as exc:
+        raise InputError(f"--from-metadata {path}: not a metadata file ({exc.strerror or exc})") from exc
+    except ValueError as exc:
         raise InputError(f"--from-metadata {path}: not a metadata file ({exc})") from exc
     except RecursionError as exc:  # JSON nested thousands deep
         raise InputError(f"--from-metadata {path}: not a metadata file (nested too deeply)") from exc

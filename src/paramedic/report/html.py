@@ -8,7 +8,6 @@ the record lacks (an older record, a run without --site or --stage) is left out 
 from __future__ import annotations
 
 import html
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 from paramedic.durable import write_durably
 from paramedic.errors import InputError, OutputError
-from paramedic.report.record import PHASES, RankStats, RunRecord
+from paramedic.report.record import MAX_RECORD_BYTES, PHASES, RankStats, RunRecord, load_json_file
 
 # One colour per kind of work, the same in every chart
 COLOURS = {
@@ -83,7 +82,7 @@ def load_record(path: Path) -> RunRecord:
 def load_prediction(path: Path) -> dict[str, Any]:
     """`paramedic simulate --json` output; InputError for anything else."""
     try:
-        data = json.loads(path.read_text())
+        data = load_json_file(path, MAX_RECORD_BYTES)
     except OSError as exc:
         raise InputError(f"cannot read the prediction {path}: {exc.strerror}") from None
     except ValueError as exc:

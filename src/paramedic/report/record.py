@@ -7,7 +7,9 @@ writing the report for a query group), `write` (master: stitching and writing pi
 from __future__ import annotations
 
 import json
+import os
 import resource
+import stat
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -230,7 +232,7 @@ class RunRecord:
     def load(cls, path: Path) -> RunRecord:
         """A record as written by `write` (for bench/ and users' scripts): ValueError for anything else,
         including a record of another version."""
-        data = json.loads(path.read_text())
+        data = load_json_file(path, MAX_RECORD_BYTES)
         if not isinstance(data, dict) or data.get("version") != VERSION:
             found = data.get("version") if isinstance(data, dict) else None
             raise ValueError(f"{path}: run record version {found}, expected {VERSION}")
@@ -360,3 +362,24 @@ def _count(n: int, word: str, plural: str = "s") -> str:
     if n == 1:
         return f"{n} {word}"
     return f"{n:,} {word[:-1] + 'ies' if plural == 'ies' else word + plural}"
+
+
+# A record holds a few numbers per task and per rank: tens of MB for the largest jobs
+MAX_RECORD_BYTES = 256 << 20
+
+
+def load_json_file(path: Path, limit: int) -> Any:
+    """JSON from a regular file of at most `limit` bytes; ValueError for anything else (a FIFO waited for
+    ever, /dev/zero was read whole: MemoryError; JSON nested thousands deep: RecursionError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        data = fh.read(limit + 1) if st.st_size <= limit else b""
+    if st.st_size > limit or len(data) > limit:
+        raise ValueError(f"larger than a run record can be ({limit:,} bytes)")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None

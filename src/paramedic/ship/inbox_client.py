@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -89,13 +90,8 @@ class InboxShipper:
     def _reply(self, name: str, kind: str) -> dict[str, Any] | None:
         """A reply file's content when it is there and (with keys) signed by the storage site for this job
         and this name; None otherwise. Unsigned replies are whatever JSON object they hold (empty: {})."""
-        path = self.directory / name
-        try:
-            if path.is_symlink() or not path.is_file():
-                return None
-            with open(path, "rb") as fh:
-                data = fh.read(MAX_HEADER_BYTES + 1)
-        except OSError:
+        data = _read_regular(self.directory / name, MAX_HEADER_BYTES + 1)
+        if data is None:
             return None
         try:
             if self.signer is None:
@@ -218,14 +214,6 @@ class InboxShipper:
         self._remove()
         return done
 
-    def _progress(self) -> dict[str, Any] | None:
-        """progress.json is never signed: it can only make the compute site wait longer, never succeed."""
-        try:
-            body = loads_json((self.directory / "progress.json").read_bytes()[:4096], "progress.json")
-        except (OSError, ProtocolError):
-            return None
-        return body if isinstance(body, dict) else None
-
     def _wait(self, deadline: float, what: str) -> None:
         if time.monotonic() > deadline:
             note = f" (ignored an error.json not from the site: {self.unverified})" if self.unverified else ""
@@ -250,6 +238,28 @@ class InboxShipper:
 
     def close(self) -> None:
         self.stopping.set()
+
+
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    """At most `limit` bytes of a regular file, None for anything else. Opened without following a link
+    and without blocking, then checked: a FIFO swapped in after a look (`is_file`) blocked `open` for
+    ever, a wait --ship-timeout never bounded."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        parts, size = [], 0
+        while size < limit and (block := os.read(fd, limit - size)):
+            parts.append(block)
+            size += len(block)
+        return b"".join(parts)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def finished_inbox_job(address: SiteAddress, keys: Path | None, job_id: str) -> dict[str, Any] | None:

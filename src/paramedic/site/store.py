@@ -399,10 +399,11 @@ class JobStore:
                     f"storage site nearly full ({free} bytes free, {self.quota.reserve_bytes} kept in reserve)"
                 )
 
-    def _default_share(self, active: list[SiteJob], more: int) -> int:
-        """Without --site-quota, one compute site's jobs may hold half of what jobs may use (the free
-        space above the reserve, plus what all jobs hold now): never all of it, so that one site cannot
-        make every other site's jobs fail."""
+    def _default_share(self, held: int) -> int:
+        """Without --site-quota, one compute site's jobs may hold half of what it could use: the free space
+        above the reserve plus what it holds itself (`held`, on disk now), not what other sites hold (two
+        sites took half of everything each, and a third failed). Whoever comes next always finds half of
+        the free space: no site, nor a few together, can make every other site's jobs fail."""
         free = []
         for path in (self.state, self.root):
             try:
@@ -412,8 +413,7 @@ class JobStore:
             free.append(info.f_bavail * info.f_frsize)
         if not free:
             return 2**62
-        usable = min(free) - self.quota.reserve_bytes + sum(j.stored_bytes for j in active) - more
-        return max(int(usable * DEFAULT_PEER_SHARE), 0)
+        return max(int((min(free) - self.quota.reserve_bytes + held) * DEFAULT_PEER_SHARE), 0)
 
     def _reserve(self, job: SiteJob, more: int) -> None:
         """Count `more` bytes against the job, or fail the job (JobFailed) if they would pass a quota or eat
@@ -435,10 +435,11 @@ class JobStore:
                 problem = (
                     f"this compute site's jobs would hold more than its quota ({quota.peer_bytes} bytes)"
                 )
-            elif quota.peer_bytes is None and held > (share := self._default_share(active, more)):
+            elif quota.peer_bytes is None and held > (share := self._default_share(held - more)):
                 problem = (
                     f"this compute site's jobs would hold more than its default share of the storage "
-                    f"site's space ({share} bytes, half of what jobs may use; serve --site-quota sets it)"
+                    f"site's space ({share} bytes, half of what is free and what it holds; serve "
+                    "--site-quota sets it)"
                 )
         if problem is None:
             try:

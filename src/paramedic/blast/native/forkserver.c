@@ -17,7 +17,9 @@
  *            (The assignments let one server run every kind of search of a job: the preliminary-list
  *            shim preloaded with the server reads its mode from the child's environment.)
  *   reply:   int32 exit status (the exit code, or 128 + signal number).
- * End of input ends the server. Without PARAMEDIC_FORKSERVER_FDS the program runs normally.
+ * End of input ends the server; so does a hang-up while a request runs, after killing its child (the
+ * engine was killed outright: nobody reads that search). Without PARAMEDIC_FORKSERVER_FDS the program
+ * runs normally.
  *
  * Large allocations (16 MB and more) are marked for transparent huge pages (madvise MADV_HUGEPAGE, which
  * the kernel honours when its THP mode is "madvise" or "always"). Why: megablast's lookup table is a
@@ -28,11 +30,14 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -99,6 +104,32 @@ static void redirect(const char *path, int target) {
     close(fd);
 }
 
+/* Wait for the child running a request, watching the request pipe meanwhile: when the engine's end of it
+ * closes (the process that asked was killed outright: SIGKILL, the OOM killer), the child is killed and
+ * -1 returned. Before, such a child searched on for as long as its search took, for nobody. The engine
+ * never writes while a request runs, so only a hang-up can wake the poll on `in_fd`. */
+static int wait_child(pid_t pid, int in_fd, int *status) {
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0); /* Linux 5.3+; else look every 50 ms */
+    int gone = 0;
+    for (;;) {
+        pid_t got = waitpid(pid, status, WNOHANG);
+        if (got == pid || (got < 0 && errno != EINTR)) break;
+        if (got < 0) continue;
+        if (gone) {
+            while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
+            }
+            break;
+        }
+        struct pollfd fds[2] = {{in_fd, 0, 0}, {pidfd, POLLIN, 0}};
+        if (poll(fds, pidfd >= 0 ? 2 : 1, pidfd >= 0 ? -1 : 50) > 0 && fds[0].revents & (POLLHUP | POLLERR)) {
+            kill(pid, SIGKILL);
+            gone = 1;
+        }
+    }
+    if (pidfd >= 0) close(pidfd);
+    return gone ? -1 : 0;
+}
+
 static int serve(int in_fd, int out_fd) {
     for (;;) {
         uint32_t length;
@@ -136,8 +167,7 @@ static int serve(int in_fd, int out_fd) {
         int32_t code = 127;
         if (pid > 0) {
             int status;
-            while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-            }
+            if (wait_child(pid, in_fd, &status) != 0) _exit(0); /* the engine is gone: so is its search */
             code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         }
         free(fields);
