@@ -320,7 +320,7 @@ def test_node_lost_mid_job_then_the_same_sbatch_resumes(
     for node in ("node1", "node2"):
         cluster.wait(lambda n=node: len(cluster.pids(n)) == 1, f"{node} without the job's processes", 30)  # type: ignore[misc]
         for directory in ("/dev/shm", "/tmp"):
-            left = cluster.on_node(node, "ls", "-A", directory).stdout.split()
+            left = cluster.left_on_node(node, directory)
             assert left == [], (node, directory, left)
 
     cluster.restart("node3")
@@ -368,7 +368,7 @@ def test_node_cut_off_mid_job_its_processes_alive_then_slurm_requeues(
         for node in ("node1", "node2"):
             cluster.wait(lambda n=node: len(cluster.pids(n)) == 1, f"{node} without the job's processes", 30)  # type: ignore[misc]
             for directory in ("/dev/shm", "/tmp"):
-                assert cluster.on_node(node, "ls", "-A", directory).stdout.split() == [], (node, directory)
+                assert cluster.left_on_node(node, directory) == [], (node, directory)
         first = log.read_text()
         print(f"cut node: requeued, {len(cluster.pids('node3'))} processes on node3\n{first}")
         said = [line for line in first.splitlines() if line.startswith("paramedic: interrupted:")]
@@ -394,7 +394,7 @@ def test_node_cut_off_mid_job_its_processes_alive_then_slurm_requeues(
     assert not journal.exists()
     for node in cluster.node_names:
         for directory in ("/dev/shm", "/tmp"):
-            assert cluster.on_node(node, "ls", "-A", directory).stdout.split() == [], (node, directory)
+            assert cluster.left_on_node(node, directory) == [], (node, directory)
     print(f"requeued run: resumed {record['resumed']}")
 
 

@@ -258,8 +258,15 @@ class Cluster:
         if host in self.node_names:
             setup.append(f"mount -t tmpfs -o size={SCRATCH_SIZE},mode=1777 tmpfs {self.scratch}")
             # the node's own /tmp, as on a real node: what a job leaves there stays on the node (and
-            # goes with it at `down`), never in the host's
+            # goes with it at `down`), never in the host's. The checkout (its .venv, its sources) may
+            # live under the host's /tmp (a fresh clone in CI): it is bound aside first, then back in.
+            for i, kept in enumerate(self.kept):
+                aside = self.root / "kept" / host / str(i)
+                setup.append(f"mkdir -p {aside} && mount --bind {kept} {aside}")
             setup.append("mount -t tmpfs -o size=256m,mode=1777 tmpfs /tmp")
+            for i, kept in enumerate(self.kept):
+                aside = self.root / "kept" / host / str(i)
+                setup.append(f"mkdir -p {kept} && mount --bind {aside} {kept}")
         script = " && ".join(setup) + ' && exec "$@"'
         with open(self.logs / f"{log}.out", "ab") as out:
             proc = subprocess.Popen(
@@ -317,6 +324,20 @@ class Cluster:
         """Every process in the host's network namespace: its daemons, job steps, ranks, BLAST+."""
         out = _run("ip", "netns", "pids", self.netns(host), check=False)
         return [int(p) for p in out.stdout.split()] if out.returncode == 0 else []
+
+    @property
+    def kept(self) -> list[Path]:
+        """What every node must still see of the host's /tmp under its own: the checkout this module is
+        part of and the Python environment running it, when they live there."""
+        here = Path(__file__).resolve().parents[2]
+        paths = {here, Path(sys.prefix).resolve()}
+        return sorted(p for p in paths if p.is_relative_to("/tmp") and p != Path("/tmp"))
+
+    def left_on_node(self, host: str, directory: str) -> list[str]:
+        """What is in `directory` on `host`, the checkout's own entry in /tmp aside (`kept`)."""
+        names = self.on_node(host, "ls", "-A", directory).stdout.split()
+        ours = {p.relative_to("/tmp").parts[0] for p in self.kept} if directory == "/tmp" else set()
+        return [n for n in names if n not in ours]
 
     def on_node(self, host: str, *command: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
         """Run a command on a node, in all its namespaces (those of its slurmd)."""
