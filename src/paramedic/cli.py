@@ -569,7 +569,6 @@ def _search(argv: list[str]) -> int:
 def _search_parser() -> argparse.ArgumentParser:
     from paramedic.engine.settings import FRAGMENT_GROUP_CHOICES, RUNNER_CHOICES, TRACEBACK_CHOICES
     from paramedic.output.strategies import MASTER, OUTPUT_STRATEGIES, output_strategy_names
-    from paramedic.ship.destination import SHIP_MODES  # the codecs' choices (paramedic.ship.registry)
 
     parser = _parser(
         "search",
@@ -681,9 +680,11 @@ def _search_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--ship",
-        choices=SHIP_MODES,
-        help="what crosses the link to --site (default auto: measured choice by the ParaMEDIC rule; "
-        "only with --site)",
+        metavar="MODE",
+        # checked against the codecs' registry when --site is given (ShipSettings.build): a search
+        # without --site imports none of the shipping side
+        help="what crosses the link to --site: metadata, compressed or direct (the codecs' modes), or "
+        "auto (default: measured choice by the ParaMEDIC rule; only with --site)",
     )
     parser.add_argument("--streams", type=int, default=4, help="parallel TLS streams with --site (default 4)")
     parser.add_argument(

@@ -14,7 +14,7 @@ import struct
 import sys
 import threading
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -153,21 +153,48 @@ def verify_volumes(db_dir: Path, manifest: Manifest) -> None:
     if manifest.volume_blake3:  # the cheaper digest, of every volume, when the manifest has it
         volumes = [(v, manifest.volume_blake3.get(v, "")) for v, _ in volumes]
     digest = volume_blake3 if manifest.volume_blake3 else volume_sha256
-    from concurrent.futures import ThreadPoolExecutor  # (and logging): imported by the jobs that digest
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    with ThreadPoolExecutor(max_workers=max(1, min(cores, len(volumes)))) as pool:
-        digests = {v: pool.submit(digest, db_dir, v) for v, _ in volumes}
+    digests = _digest_all(digest, db_dir, [v for v, _ in volumes], max(1, min(cores, len(volumes))))
     for volume, expected in volumes:
-        try:
-            actual = digests[volume].result()
-        except OSError as exc:
-            raise DatabaseError(f"{db_dir}: volume {volume} unreadable ({exc.strerror})") from exc
+        actual = digests[volume]
+        if isinstance(actual, OSError):
+            raise DatabaseError(f"{db_dir}: volume {volume} unreadable ({actual.strerror})") from actual
+        if isinstance(actual, Exception):
+            raise actual
         if actual != expected:
             raise DatabaseError(
                 f"{db_dir}: corrupt database: volume {volume} does not match the manifest's checksum "
                 "(changed or damaged since `paramedic format`; format it again)"
             )
+
+
+def _digest_all(
+    digest: Callable[[Path, str], str], db_dir: Path, volumes: list[str], threads: int
+) -> dict[str, str | Exception]:
+    """Each volume's digest (or the error that stopped it), on `threads` threads at once (the hashing
+    releases the interpreter's lock). Plain threads: concurrent.futures imports logging and traceback,
+    a tenth of a small search's start."""
+    results: dict[str, str | Exception] = {}
+    todo = list(reversed(volumes))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                volume = todo.pop()
+            try:
+                results[volume] = digest(db_dir, volume)
+            except Exception as exc:  # handed to the caller
+                results[volume] = exc
+
+    pool = [threading.Thread(target=work, name="paramedic-digest", daemon=True) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return results
 
 
 Stamp = tuple[str, int, int, int, int]  # a volume file's name, inode, size, mtime and ctime (ns)

@@ -234,12 +234,12 @@ def choose_strategy(
 ) -> StrategyChoice:
     """The strategy for this search (rank 0, before the work starts); `memory`: what a worker may use on
     the job's tightest node (`job_memory`), else measured on this node."""
-    from paramedic.ship.registry import ships_pieces  # the shipping side only when it ships
-
     memory = memory if memory is not None else worker_memory()
-    ships_metadata = settings.ship is not None and (
-        ships_pieces(settings.ship.mode) or settings.ship.mode == "auto"
-    )
+    ships_metadata = False
+    if settings.ship is not None:
+        from paramedic.ship.registry import ships_pieces  # the shipping side only when it ships
+
+        ships_metadata = ships_pieces(settings.ship.mode) or settings.ship.mode == "auto"
     needs_metadata = (
         settings.save_metadata is not None or settings.from_metadata is not None or ships_metadata
     )
