@@ -320,7 +320,12 @@ def test_search_units_keep_every_worker_busy_with_few_searches(
     ("residues", "units", "groups"),
     [
         ([10] * 8, 2, ((0, 1, 2, 3), (4, 5, 6, 7))),
-        ([10] * 8, 3, ((0, 1, 2), (3, 4, 5), (6, 7))),
+        ([10] * 8, 3, ((0, 1, 2), (3, 4), (5, 6, 7))),  # cuts nearest 26.7 and 53.3: 30, 20, 30
+        # fragments a few residues short of an even eighth (makeblastdb's balance of 325 Mbp): the cut
+        # nearest each share, not the first past it (which gave 3, 2, 2, 1 and 5, 3)
+        ([38273608] * 2 + [38274354] * 6, 4, ((0, 1), (2, 3), (4, 5), (6, 7))),
+        ([38273608] * 2 + [38274354] * 6, 2, ((0, 1, 2, 3), (4, 5, 6, 7))),
+        ([9] + [10] * 7, 4, ((0, 1), (2, 3), (4, 5), (6, 7))),
         ([10] * 3, 3, ((0,), (1,), (2,))),
         ([100, 1, 1, 1], 2, ((0,), (1, 2, 3))),  # cut by residues
         ([1, 1, 1, 100], 3, ((0, 1), (2,), (3,))),  # every group gets a fragment
