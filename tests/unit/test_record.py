@@ -59,3 +59,11 @@ def test_task_costs_round_trip_and_malformed_ones_are_refused(tmp_path: Path) ->
         loaded.task_costs = [bad]
         with pytest.raises(ValueError, match="malformed task cost"):
             loaded.costs()
+
+
+@pytest.mark.parametrize(("groups", "said"), [(1, "in 1 search per batch"), (2, "in 2 searches per batch")])
+def test_the_summary_counts_fragment_groups_in_english(groups: int, said: str) -> None:
+    import dataclasses
+
+    line = dataclasses.replace(record(), fragment_groups=groups).summary().splitlines()[0]
+    assert said in line and "searchs" not in line
