@@ -5,6 +5,7 @@ Side by side in one run, alternating the order every round, on the same cores:
   - `blastp -num_threads N -mt_mode 1` (threads over the queries);
   - `paramedic search` with its defaults (`auto` chooses, the run record says why);
   - `paramedic search --strategy fragments` (the engine path by name);
+  - `paramedic search --strategy queries` (query segmentation by name: is auto's choice the faster?);
   - with --ablation, also `--strategy fragments` with its pieces scanning for their lists
     (PARAMEDIC_PIECE_LISTS=scan) and with `--fragment-groups off` (one search per fragment): what each
     of the two costs saved;
@@ -229,6 +230,8 @@ def run_shape(
         "blast mt_mode 1": lambda out: [*blast_common, "-db", whole, "-mt_mode", "1", "-out", out],
         "paramedic (default)": lambda out: [*paramedic, "-out", out],
         "paramedic --strategy fragments": lambda out: [*paramedic, "-out", out, "--strategy", "fragments"],
+        # the other strategy by name, so that auto's choice is judged against both side by side
+        "paramedic --strategy queries": lambda out: [*paramedic, "-out", out, "--strategy", "queries"],
     }
     if ablation:
         runs["paramedic fragments, pieces scan"] = lambda out: [
