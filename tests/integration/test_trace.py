@@ -192,6 +192,30 @@ def test_failing_program_leaves_no_trace(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("built", ["openmpi", "mpich"])
+def test_program_of_the_other_mpi_is_refused(tmp_path: Path, built: str) -> None:
+    """An Open MPI program (Debian's LAMMPS is one) started by an MPICH mpiexec (the wheel's, first on a
+    virtualenv's PATH), or the reverse, is refused with the reason: it crashed in MPI_Init (status 11)."""
+    mpicc, mpiexec = (
+        ("mpicc.openmpi", str(BIN / "mpiexec")) if built == "openmpi" else (str(BIN / "mpicc"), "mpiexec.openmpi")
+    )
+    need(mpicc, mpiexec)
+    program = tmp_path / "random_comm"
+    subprocess.run([mpicc, "-O2", "-o", str(program), str(RANDOM_COMM)], check=True, capture_output=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = paramedic(
+        "trace", "-out", str(run / "run.clog2"), "--", mpiexec, "-n", "2", str(program), "50", "3",
+        check=False, env=OMPI_ENV,
+    )  # fmt: skip
+    other = "Open MPI" if built == "openmpi" else "MPICH"
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2, proc.stderr
+    assert last.startswith(f"paramedic: error: this program is linked with {other}, but the launcher is"), last
+    assert "Traceback" not in proc.stderr
+    assert list(run.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("trace-keys")
