@@ -179,7 +179,8 @@ def test_lammps_melt(tmp_path: Path) -> None:
     assert len(encoded.data) * 10 < len((run / "run.clog2").read_bytes())
     paramedic("report", str(run / "run.clog2"), "-out", str(run / "run.html"), "--max-records", "3000")
     page = (run / "run.html").read_text()
-    assert page.count("<rect") > 500 and page.count("<line") > 100 and "MPI_Sendrecv" in page
+    assert page.count("<rect") > 500 and page.count("<line") > 100 and "MPI_Sendrecv</span>" in page
+    assert "MPI_File_delete" not in page  # defined, never called: not in the legend
 
 
 def test_failing_program_leaves_no_trace(tmp_path: Path) -> None:
@@ -197,7 +198,9 @@ def test_program_of_the_other_mpi_is_refused(tmp_path: Path, built: str) -> None
     """An Open MPI program (Debian's LAMMPS is one) started by an MPICH mpiexec (the wheel's, first on a
     virtualenv's PATH), or the reverse, is refused with the reason: it crashed in MPI_Init (status 11)."""
     mpicc, mpiexec = (
-        ("mpicc.openmpi", str(BIN / "mpiexec")) if built == "openmpi" else (str(BIN / "mpicc"), "mpiexec.openmpi")
+        ("mpicc.openmpi", str(BIN / "mpiexec"))
+        if built == "openmpi"
+        else (str(BIN / "mpicc"), "mpiexec.openmpi")
     )
     need(mpicc, mpiexec)
     program = tmp_path / "random_comm"
@@ -211,7 +214,9 @@ def test_program_of_the_other_mpi_is_refused(tmp_path: Path, built: str) -> None
     other = "Open MPI" if built == "openmpi" else "MPICH"
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2, proc.stderr
-    assert last.startswith(f"paramedic: error: this program is linked with {other}, but the launcher is"), last
+    assert last.startswith(f"paramedic: error: this program is linked with {other}, but the launcher is"), (
+        last
+    )
     assert "Traceback" not in proc.stderr
     assert list(run.iterdir()) == []
 
