@@ -370,6 +370,14 @@ def _serve(argv: list[str]) -> int:
         "but parses them in memory once per job and once per restart",
     )
     parser.add_argument(
+        "--trace-memory",
+        type=_size,
+        metavar="BYTES",
+        help="the most memory the regeneration of traces from their metadata may hold at once (about 10 "
+        "bytes per byte of trace; default: half of this machine's memory); a trace that needs more is "
+        "refused, to be shipped compressed",
+    )
+    parser.add_argument(
         "--no-replica-reads",
         action="store_true",
         help="do not serve the replica's fragment volumes to compute sites (by default an authenticated "
@@ -391,6 +399,7 @@ def _serve(argv: list[str]) -> int:
             replica_reads=not args.no_replica_reads,
             regen_seconds=args.regen_timeout * 3600,
             max_setup_bytes=args.max_setup,
+            trace_memory_bytes=args.trace_memory,
         )
     )
 

@@ -341,3 +341,37 @@ def test_site_refuses_corrupt_trace_metadata(tmp_path: Path, keys: Path, random_
         assert [p.name for p in root.iterdir()] == [".paramedic-state"]
     finally:
         site.stop()
+
+
+def test_site_bounds_the_memory_of_trace_regeneration(tmp_path: Path, keys: Path, random_comm: Path) -> None:
+    """Regenerating a trace takes about 10 bytes of memory per byte of file, and metadata can claim a file of
+    16 GiB: a real `paramedic serve --trace-memory 4M` refuses metadata of a trace that needs more, before
+    decoding it (one line at the compute site, exit 8, no file), and takes the same trace compressed. Before,
+    the site decoded whatever size the metadata claimed (a 152 MB trace peaked at 1.3 GB)."""
+    from tests.support.site import StorageSite
+
+    local = tmp_path / "t.clog2"
+    paramedic(
+        "trace", "-out", str(local), "--", "mpiexec.openmpi", "-n", "2", str(random_comm), "1500", "5",
+        env=OMPI_ENV,
+    )  # fmt: skip
+    assert 4 * 2**20 < 10 * local.stat().st_size < 10 * 2**20  # 0.4-1 MB: a 4 MiB budget cannot decode it
+    root = tmp_path / "root"
+    root.mkdir()
+    site = StorageSite(None, root, keys / "server", tmp_path / "serve.log", extra=("--trace-memory", "4M"))
+    site.start()
+    try:
+        ship = ("ship", str(local), "-out", "t.clog2", "--site", site.url, "--keys", str(keys / "compute-a"))
+        proc = paramedic(*ship, "--ship", "metadata", check=False)
+        assert proc.returncode == 8, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("paramedic: error:"), proc.stderr
+        assert (
+            "over this storage site's 4 MiB for traces (serve --trace-memory): ship it compressed" in lines[0]
+        )
+        assert not (root / "t.clog2").exists()
+        paramedic(*ship, "--ship", "compressed")
+        assert (root / "t.clog2").read_bytes() == local.read_bytes()
+    finally:
+        site.stop()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
