@@ -220,7 +220,7 @@ def _trace_report(data: bytes, source: Path, out: Path, max_records: int) -> int
         raise UsageError("--max-records must be between 1 and 1,000,000")
     page = render(data, max_records, source.name)
     try:
-        write_durably(out, page.encode())
+        write_durably(out, page.encode(), shared=True)
     except OSError as exc:
         raise OutputError(f"{out}: {exc.strerror}") from exc
     print(f"paramedic: timeline of {source} written to {out}", file=sys.stderr)

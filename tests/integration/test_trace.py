@@ -181,6 +181,10 @@ def test_lammps_melt(tmp_path: Path) -> None:
     page = (run / "run.html").read_text()
     assert page.count("<rect") > 500 and page.count("<line") > 100 and "MPI_Sendrecv</span>" in page
     assert "MPI_File_delete" not in page  # defined, never called: not in the legend
+    mask = os.umask(0)
+    os.umask(mask)
+    for made in (run / "run.clog2", run / "run.html"):  # files of the user's, as the site's copy (were 0600)
+        assert made.stat().st_mode & 0o777 == 0o666 & ~mask
 
 
 def test_failing_program_leaves_no_trace(tmp_path: Path) -> None:
