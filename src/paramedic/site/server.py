@@ -131,10 +131,9 @@ def log(message: str) -> None:
 class SiteServer:
     def __init__(self, settings: ServeSettings):
         self.settings = settings
-        if settings.trace_memory_bytes is not None:
-            from paramedic.ship import trace_codec
+        from paramedic.ship import trace_codec  # the budget of the process's site (one per process)
 
-            trace_codec.MEMORY.limit = settings.trace_memory_bytes
+        trace_codec.MEMORY.limit = settings.trace_memory_bytes or trace_codec.physical_memory() // 2
         root = settings.root.resolve()
         if not root.is_dir():
             raise UsageError(f"--root {root}: not a directory")
