@@ -371,7 +371,8 @@ def test_site_bounds_the_memory_of_trace_regeneration(tmp_path: Path, keys: Path
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("paramedic: error:"), proc.stderr
         assert (
-            "over this storage site's 4 MiB for traces (serve --trace-memory): ship it compressed" in lines[0]
+            "over this storage site's memory for traces (4 MiB, serve --trace-memory): ship it compressed"
+            in lines[0]
         )
         assert not (root / "t.clog2").exists()
         paramedic(*ship, "--ship", "compressed")

@@ -236,7 +236,10 @@ def test_site_refuses_metadata_whose_regeneration_is_over_its_memory(monkeypatch
     data = make_trace([periodic_kinds(0, 200), periodic_kinds(1, 200)], period=9)
     meta = _rewrite_header(codec.encode(data).data, lambda h: h.update(size=8 << 30))
     assert codec.decode_memory(meta) == 10 * (8 << 30)
-    with pytest.raises(ProtocolError, match="about 81,920 MiB of memory, over this storage site's 64 MiB"):
+    with pytest.raises(
+        ProtocolError,
+        match=r"about 81,920 MiB of memory, over this storage site's memory for traces \(64 MiB",
+    ):
         make_codec("trace-metadata").decode({"offset": 0, "size": 8 << 30}, meta, None)
     assert trace_codec.MEMORY.held == 0
     # within the budget: regenerated, and the budget returned

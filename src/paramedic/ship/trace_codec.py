@@ -26,6 +26,10 @@ from paramedic.errors import ParamedicError
 from paramedic.ship.codecs import RANGE_CHUNK_BYTES, Codec, Segment, register_codec
 from paramedic.ship.wire import ProtocolError
 
+# What the site's refusal of a trace over its memory budget says (the compute site reads it: the file is
+# sound, the site cannot hold its regeneration; `auto` then ships it compressed).
+OVER_MEMORY = "over this storage site's memory for traces"
+
 # The largest trace a storage site regenerates from one metadata payload.
 MAX_TRACE_BYTES = 1 << 34
 
@@ -51,8 +55,8 @@ class MemoryBudget:
         ProtocolError at once if `need` is over the whole budget."""
         if need > self.limit:
             raise ProtocolError(
-                f"trace chunk: regenerating this trace takes about {_mib(need)} of memory, over this storage "
-                f"site's {_mib(self.limit)} for traces (serve --trace-memory): ship it compressed"
+                f"trace chunk: regenerating this trace takes about {_mib(need)} of memory, {OVER_MEMORY} "
+                f"({_mib(self.limit)}, serve --trace-memory): ship it compressed"
             )
         with self._cond:
             while self.held + need > self.limit:
