@@ -104,7 +104,8 @@ def summary_line(summary: dict[str, object]) -> str:
         else 0
     )
     text = (
-        f"{summary.get('ranks')} ranks ({summary.get('mpi')}), {total:,} records, "
+        f"{summary.get('ranks')} {'rank' if summary.get('ranks') == 1 else 'ranks'} ({summary.get('mpi')}), "
+        f"{total:,} records, "
         f"{int(summary.get('bytes', 0)):,} bytes (CLOG2), "  # type: ignore[call-overload]
         + (
             f"clock offsets up to {spread:,} ns corrected, "
