@@ -6,7 +6,7 @@ DATA     ?= $(or $(PARAMEDIC_DATA),$(HOME)/.cache/paramedic/data)
 DEMO     ?= demo-run
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup blast slurm chromium mpi-trace data demo test test-unit test-integration coverage lint bench conformance faults fuzz clean
+.PHONY: setup blast slurm chromium mpi-trace gromacs data demo test test-unit test-integration coverage lint bench conformance faults fuzz clean
 
 # The package's bytecode written once: with PYTHONDONTWRITEBYTECODE set (as on this machine) every command
 # would compile its modules again (0.05 s of CPU per command, in every trace shipped and every search).
@@ -48,6 +48,13 @@ mpi-trace:
 	  apt-get install -y -qq --no-install-recommends libopenmpi-dev openmpi-bin lammps lammps-examples gfortran \
 	  mpich libmpich-dev >/dev/null; }
 	@mpiexec.openmpi --version | head -1
+
+# Debian's GROMACS (gmx_mpi, Open MPI), the paper's Figure 5 program: bench/traces.py and bench/trace_wan.py
+# trace it when present (78 MB of packages; not needed by the tests).
+gromacs: mpi-trace
+	@command -v gmx_mpi >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends gromacs >/dev/null; }
+	@gmx_mpi --version 2>/dev/null | grep -m1 "GROMACS version"
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)

@@ -9,6 +9,7 @@ writes is compared with the local trace by SHA-256. Wall time is the whole `para
 (`--no-append`: print only). Needs `make mpi-trace`.
 
     .venv/bin/python bench/trace_wan.py [--rates 100,10,1] [--repeat 3] [--precision 1us] [--melt-steps 500,5000]
+        [--gromacs-steps 500,5000]
 
 --repeat runs each command N times and keeps the fastest (the machine is shared: the fastest run is the
 one least slowed by others). --precision adds a column: the metadata with `--trace-precision` (that site
@@ -32,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from traces import gromacs  # noqa: E402  (bench/traces.py's GROMACS run)
 from wan import SharedLink  # noqa: E402  (bench/wan.py's shared-bottleneck relay)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +41,7 @@ BIN = Path(sys.executable).parent
 EXAMPLES = Path("/usr/share/lammps/examples")
 ENV = {
     **os.environ,
+    "GMX_MAXBACKUP": "-1",
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
     "OMPI_MCA_rmaps_base_oversubscribe": "1",
@@ -53,8 +56,9 @@ def paramedic(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
     return proc
 
 
-def traces(work: Path, melt_steps: list[int]) -> dict[str, Path]:
-    """melt at each number of steps (500: "melt", as in every earlier section; others "melt-N") and flow.pois."""
+def traces(work: Path, melt_steps: list[int], gromacs_steps: list[int]) -> dict[str, Path]:
+    """melt at each number of steps (500: "melt", as in every earlier section; others "melt-N"), flow.pois,
+    and GROMACS ("gromacs-N": `gmx_mpi mdrun` of SPC/E water, bench/traces.py) at each of `gromacs_steps`."""
     scripts = []
     for steps in melt_steps:
         melt = work / f"in.melt-{steps}"
@@ -82,6 +86,13 @@ def traces(work: Path, melt_steps: list[int]) -> dict[str, Path]:
             str(script),
         )
         out[name] = path
+    for steps in gromacs_steps:
+        command = gromacs(work, steps, ["mpiexec.openmpi", "-n", "2"])
+        if command is None:
+            raise SystemExit("bench/trace_wan.py: --gromacs-steps needs GROMACS (make gromacs)")
+        path = work / f"gromacs-{steps}.clog2"
+        paramedic("trace", "-out", str(path), "--", *command, cwd=work)
+        out[f"gromacs-{steps}"] = path
     return out
 
 
@@ -123,11 +134,18 @@ def main() -> int:
     parser.add_argument(
         "--precision", default="", help="also ship as metadata with this --trace-precision (e.g. 1us)"
     )
-    parser.add_argument("--only", default="", help="ship only this trace (melt or flow.pois)")
+    parser.add_argument(
+        "--only", default="", help="ship only these traces (comma-separated: melt, flow.pois, ...)"
+    )
     parser.add_argument(
         "--melt-steps",
         default="500",
         help="melt's run lengths, comma-separated (500: 1.3 MB of trace, 2 ranks)",
+    )
+    parser.add_argument(
+        "--gromacs-steps",
+        default="",
+        help="also GROMACS (make gromacs) at these run lengths, comma-separated",
     )
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
@@ -135,13 +153,17 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="trace-wan-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
-        files = traces(work, [int(x) for x in args.melt_steps.split(",")])
+        files = traces(
+            work,
+            [int(x) for x in args.melt_steps.split(",")],
+            [int(x) for x in args.gromacs_steps.split(",") if x],
+        )
         paramedic("keys", "--out", str(work / "keys"), "--server", "localhost", "--client", "compute")
         root, port, site_pid = serve(stack, work, work / "keys")
         link = SharedLink(stack)
         relay = link.relay(port)
         for name, path in files.items():
-            if args.only and name != args.only:
+            if args.only and name not in args.only.split(","):
                 continue
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             for rate in rates:
@@ -190,13 +212,14 @@ def main() -> int:
     lines = [
         f"## Trace shipping over an emulated link (issue 22, {stamp})",
         "",
-        f"`.venv/bin/python bench/trace_wan.py {' '.join(sys.argv[1:])}`: `paramedic ship` of LAMMPS traces (2 ranks) to a",
+        f"`.venv/bin/python bench/trace_wan.py {' '.join(sys.argv[1:])}`: `paramedic ship` of LAMMPS (and GROMACS) traces (2 ranks) to a",
         "`paramedic serve` without replica, through bench/wan's SharedLink relay (rate only, no added delay).",
         "Seconds are the whole command (encode, transfer, the site's regeneration and check), the fastest of",
         f"{args.repeat} run(s); every lossless site file was identical to the local trace. Metadata split: the",
         "record's f (encode; the rebuild check included), the wait for the site after sending, g (site decode).",
         "CPU: seconds of CPU of the `paramedic ship` command / of the site's `paramedic serve` during it, for",
         "the run counted. Load: the 1-minute load average before the row's first command (2 cores).",
+        "compressed/metadata: the compressed command's seconds over the metadata's (above 1: metadata faster).",
         "",
         "| trace | CLOG2 bytes | Mbit/s | load | metadata s | CPU | payload | compressed s | CPU | payload "
         "| compressed/metadata | auto picks | auto s | CPU | metadata split f / wait / g" + lossy + " |",

@@ -1,7 +1,8 @@
 """Sizes of MPI traces: raw CLOG2, ParaMEDIC's trace metadata, zstd -19 and xz -9 of the same file.
 
 Traces real MPI programs with `paramedic trace` (Debian's LAMMPS under Open MPI, on lammps-examples inputs;
-examples/trace/random_comm.c as the aperiodic one), then encodes each file with the trace codec and checks
+Debian's GROMACS, `gmx_mpi mdrun` of a box of SPC/E water, the paper's Figure 5 program, when installed:
+`make gromacs`; examples/trace/random_comm.c as the aperiodic one), then encodes each file with the trace codec and checks
 it regenerates byte for byte. Also the tracer's overhead: the program's wall time untraced and traced
 (best of --repeat), and the merge's and the codec's times. Appends a section to bench/RESULTS.md
 (`--no-append`: print only). Needs `make mpi-trace`.
@@ -32,10 +33,69 @@ BIN = Path(sys.executable).parent
 EXAMPLES = Path("/usr/share/lammps/examples")
 ENV = {
     **os.environ,
+    "GMX_MAXBACKUP": "-1",  # GROMACS overwrites its outputs instead of keeping numbered backups
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
     "OMPI_MCA_rmaps_base_oversubscribe": "1",
 }
+
+
+GROMACS_MDP = """integrator = md
+dt = 0.002
+nsteps = {steps}
+cutoff-scheme = Verlet
+nstlist = 10
+rlist = 0.9
+coulombtype = PME
+rcoulomb = 0.9
+rvdw = 0.9
+tcoupl = v-rescale
+tc-grps = System
+tau-t = 0.1
+ref-t = 300
+constraints = h-bonds
+nstenergy = 100
+nstlog = 100
+gen-vel = yes
+gen-temp = 300
+gen-seed = 11
+"""
+
+
+def gromacs(work: Path, steps: int, launcher: list[str]) -> list[str] | None:
+    """The command of a GROMACS run (`gmx_mpi mdrun`, Debian's gromacs package, Open MPI) of `steps` MD steps
+    on 510 SPC/E water molecules (a 2.5 nm box, PME): its input made with `gmx solvate` and `gmx grompp`
+    from GROMACS's own files in `work`; None when GROMACS is not installed."""
+    if not (shutil.which("gmx_mpi") and shutil.which("gmx")):
+        return None
+
+    def gmx(*args: str) -> None:
+        subprocess.run(
+            ["gmx", *args], check=True, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    gmx("solvate", "-cs", "spc216.gro", "-box", "2.5", "2.5", "2.5", "-o", "water.gro")
+    (work / "topol.top").write_text(
+        '#include "oplsaa.ff/forcefield.itp"\n#include "oplsaa.ff/spce.itp"\n\n'
+        "[ system ]\nwater\n\n[ molecules ]\nSOL 510\n"
+    )
+    (work / f"md-{steps}.mdp").write_text(GROMACS_MDP.format(steps=steps))
+    tpr = work / f"water-{steps}.tpr"
+    gmx("grompp", "-f", f"md-{steps}.mdp", "-c", "water.gro", "-p", "topol.top", "-o", tpr.name)
+    return [
+        *launcher,
+        "gmx_mpi",
+        "mdrun",
+        "-s",
+        str(tpr),
+        "-ntomp",
+        "1",
+        "-nb",
+        "cpu",
+        "-deffnm",
+        f"md-{steps}",
+        "-quiet",
+    ]
 
 
 def cases(work: Path, ranks: int) -> list[tuple[str, list[str]]]:
@@ -50,11 +110,16 @@ def cases(work: Path, ranks: int) -> list[tuple[str, list[str]]]:
         ["mpicc.openmpi", "-O2", "-o", str(program), str(ROOT / "examples/trace/random_comm.c")], check=True
     )
     mpiexec = ["mpiexec.openmpi", "-n", str(ranks)]
-    return [
+    out = [
         ("LAMMPS melt (3d LJ, 500 steps)", [*mpiexec, *lmp, str(melt)]),
         ("LAMMPS flow.pois (2d Poiseuille flow)", [*mpiexec, *lmp, str(pois)]),
-        ("random_comm 3000 steps (aperiodic)", [*mpiexec, str(program), "3000", "7"]),
     ]
+    water = gromacs(work, 500, mpiexec)
+    if water is None:
+        print("bench/traces.py: GROMACS not installed (make gromacs): no GROMACS row", file=sys.stderr)
+    else:
+        out.append(("GROMACS mdrun (SPC/E water, 500 steps)", water))
+    return [*out, ("random_comm 3000 steps (aperiodic)", [*mpiexec, str(program), "3000", "7"])]
 
 
 def otf2_size(data: bytes, directory: Path) -> int | None:
@@ -182,7 +247,8 @@ def table(rows: list[dict[str, object]], ranks: int, argv: list[str]) -> str:
     lines = [
         f"## Trace sizes (issue 22): CLOG2 vs trace metadata vs zstd -19 / xz -9, {ranks} ranks ({stamp})",
         "",
-        f"`.venv/bin/python bench/traces.py {' '.join(argv)}` (Open MPI 4.1, Debian's LAMMPS; times best of runs, 2 shared cores).",
+        f"`.venv/bin/python bench/traces.py {' '.join(argv)}` (Open MPI 4.1, Debian's LAMMPS and GROMACS; times best of runs, 2 shared cores; "
+        f"load average {os.getloadavg()[0]:.1f} at the end).",
         "Bytes per event (CLOG2 records, ENDBLOCK/ENDLOG excluded); raw/meta is raw CLOG2 / metadata, xz/meta is xz -9 / metadata.",
         "OTF2: the same events written with the `otf2` wheel (extra `bench`; states as Enter/Leave, messages as MpiSend/MpiRecv).",
         "",

@@ -220,7 +220,7 @@ def _trace_report(data: bytes, source: Path, out: Path, max_records: int) -> int
         raise UsageError("--max-records must be between 1 and 1,000,000")
     page = render(data, max_records, source.name)
     try:
-        write_durably(out, page.encode())
+        write_durably(out, page.encode(), shared=True)
     except OSError as exc:
         raise OutputError(f"{out}: {exc.strerror}") from exc
     print(f"paramedic: timeline of {source} written to {out}", file=sys.stderr)
@@ -370,6 +370,14 @@ def _serve(argv: list[str]) -> int:
         "but parses them in memory once per job and once per restart",
     )
     parser.add_argument(
+        "--trace-memory",
+        type=_size,
+        metavar="BYTES",
+        help="the most memory the regeneration of traces from their metadata may hold at once (about 10 "
+        "bytes per byte of trace; default: half of this machine's memory); a trace that needs more is "
+        "refused, to be shipped compressed",
+    )
+    parser.add_argument(
         "--no-replica-reads",
         action="store_true",
         help="do not serve the replica's fragment volumes to compute sites (by default an authenticated "
@@ -391,6 +399,7 @@ def _serve(argv: list[str]) -> int:
             replica_reads=not args.no_replica_reads,
             regen_seconds=args.regen_timeout * 3600,
             max_setup_bytes=args.max_setup,
+            trace_memory_bytes=args.trace_memory,
         )
     )
 

@@ -179,7 +179,12 @@ def test_lammps_melt(tmp_path: Path) -> None:
     assert len(encoded.data) * 10 < len((run / "run.clog2").read_bytes())
     paramedic("report", str(run / "run.clog2"), "-out", str(run / "run.html"), "--max-records", "3000")
     page = (run / "run.html").read_text()
-    assert page.count("<rect") > 500 and page.count("<line") > 100 and "MPI_Sendrecv" in page
+    assert page.count("<rect") > 500 and page.count("<line") > 100 and "MPI_Sendrecv</span>" in page
+    assert "MPI_File_delete" not in page  # defined, never called: not in the legend
+    mask = os.umask(0)
+    os.umask(mask)
+    for made in (run / "run.clog2", run / "run.html"):  # files of the user's, as the site's copy (were 0600)
+        assert made.stat().st_mode & 0o777 == 0o666 & ~mask
 
 
 def test_failing_program_leaves_no_trace(tmp_path: Path) -> None:
@@ -190,6 +195,34 @@ def test_failing_program_leaves_no_trace(tmp_path: Path) -> None:
     )
     assert proc.returncode == 7 and "paramedic: error:" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("built", ["openmpi", "mpich"])
+def test_program_of_the_other_mpi_is_refused(tmp_path: Path, built: str) -> None:
+    """An Open MPI program (Debian's LAMMPS is one) started by an MPICH mpiexec (the wheel's, first on a
+    virtualenv's PATH), or the reverse, is refused with the reason: it crashed in MPI_Init (status 11)."""
+    mpicc, mpiexec = (
+        ("mpicc.openmpi", str(BIN / "mpiexec"))
+        if built == "openmpi"
+        else (str(BIN / "mpicc"), "mpiexec.openmpi")
+    )
+    need(mpicc, mpiexec)
+    program = tmp_path / "random_comm"
+    subprocess.run([mpicc, "-O2", "-o", str(program), str(RANDOM_COMM)], check=True, capture_output=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = paramedic(
+        "trace", "-out", str(run / "run.clog2"), "--", mpiexec, "-n", "2", str(program), "50", "3",
+        check=False, env=OMPI_ENV,
+    )  # fmt: skip
+    other = "Open MPI" if built == "openmpi" else "MPICH"
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2, proc.stderr
+    assert last.startswith(f"paramedic: error: this program is linked with {other}, but the launcher is"), (
+        last
+    )
+    assert "Traceback" not in proc.stderr
+    assert list(run.iterdir()) == []
 
 
 @pytest.fixture(scope="module")
@@ -312,3 +345,38 @@ def test_site_refuses_corrupt_trace_metadata(tmp_path: Path, keys: Path, random_
         assert [p.name for p in root.iterdir()] == [".paramedic-state"]
     finally:
         site.stop()
+
+
+def test_site_bounds_the_memory_of_trace_regeneration(tmp_path: Path, keys: Path, random_comm: Path) -> None:
+    """Regenerating a trace takes about 10 bytes of memory per byte of file, and metadata can claim a file of
+    16 GiB: a real `paramedic serve --trace-memory 4M` refuses metadata of a trace that needs more, before
+    decoding it (one line at the compute site, exit 8, no file), and takes the same trace compressed. Before,
+    the site decoded whatever size the metadata claimed (a 152 MB trace peaked at 1.3 GB)."""
+    from tests.support.site import StorageSite
+
+    local = tmp_path / "t.clog2"
+    paramedic(
+        "trace", "-out", str(local), "--", "mpiexec.openmpi", "-n", "2", str(random_comm), "1500", "5",
+        env=OMPI_ENV,
+    )  # fmt: skip
+    assert 4 * 2**20 < 10 * local.stat().st_size < 10 * 2**20  # 0.4-1 MB: a 4 MiB budget cannot decode it
+    root = tmp_path / "root"
+    root.mkdir()
+    site = StorageSite(None, root, keys / "server", tmp_path / "serve.log", extra=("--trace-memory", "4M"))
+    site.start()
+    try:
+        ship = ("ship", str(local), "-out", "t.clog2", "--site", site.url, "--keys", str(keys / "compute-a"))
+        proc = paramedic(*ship, "--ship", "metadata", check=False)
+        assert proc.returncode == 8, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("paramedic: error:"), proc.stderr
+        assert (
+            "over this storage site's memory for traces (4 MiB, serve --trace-memory): ship it compressed"
+            in lines[0]
+        )
+        assert not (root / "t.clog2").exists()
+        paramedic(*ship, "--ship", "compressed")
+        assert (root / "t.clog2").read_bytes() == local.read_bytes()
+    finally:
+        site.stop()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()

@@ -151,6 +151,37 @@ def test_a_trace_ships_through_the_signed_inbox(tmp_path: Path, keys: Path, trac
         server.stop()
 
 
+def test_auto_ships_compressed_when_the_site_cannot_hold_the_regeneration(
+    tmp_path: Path, keys: Path, traced: Path
+) -> None:
+    """Through the inbox `auto` picks metadata (no link to measure). A site whose --trace-memory cannot hold
+    this trace's regeneration refuses it; `auto` then ships the file compressed (exit 0, the identical
+    file, the refusal in the record), while `--ship metadata` ends with the site's one line (exit 8)."""
+    inbox, root = tmp_path / "inbox", tmp_path / "root"
+    root.mkdir()
+    assert 10 * traced.stat().st_size > 2**20
+    server = StorageSite(
+        None, root, keys / "server", tmp_path / "serve.log", 1, ("--trace-memory", "1M"), inbox
+    )
+    server.start()
+    try:
+        common = ("--site", f"file://{inbox}", "--keys", str(keys / "compute-a"), "--ship-timeout", "60")
+        proc = paramedic("ship", str(traced), "-out", "m.clog2", *common, "--ship", "metadata", check=False)
+        assert proc.returncode == 8 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "serve --trace-memory): ship it compressed" in proc.stderr
+        assert not (root / "m.clog2").exists()
+        record = tmp_path / "auto.json"
+        paramedic("ship", str(traced), "-out", "a.clog2", *common, "--ship", "auto", "--record", str(record))
+        assert (root / "a.clog2").read_bytes() == traced.read_bytes()
+        section = json.loads(record.read_text())["ship"]
+        assert section["mode"] == "compressed" and section["codec"] == "compressed"
+        assert "over this storage site's memory" in section["auto_decision"]["metadata_refused"]
+        assert list(inbox.iterdir()) == []
+    finally:
+        server.stop()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
 def stopped_runs_resume(inbox: Path, root: Path, keys: Path, traced: Path) -> None:
     """A `paramedic ship` through the inbox stopped (1) just after it made its job's directory, (2) after
     the site answered but before it read the answer: the same command again exits 0 with the identical

@@ -225,3 +225,55 @@ def test_a_site_without_replica_refuses_blast_metadata_and_takes_traces(tmp_path
     assert store.open(
         "compute-a", {"job": "b" * 32, "codec": "trace-metadata", "setup": {"out": "t.clog2"}}, b""
     )
+
+
+def test_site_refuses_metadata_whose_regeneration_is_over_its_memory(monkeypatch):
+    """Metadata claiming a file of 8 GiB (a few KB of it) is refused before anything is allocated: the site's
+    decode holds about 10 bytes per byte of file, whatever the payload's size."""
+    from paramedic.ship import trace_codec
+
+    monkeypatch.setattr(trace_codec, "MEMORY", trace_codec.MemoryBudget(64 * 2**20))
+    data = make_trace([periodic_kinds(0, 200), periodic_kinds(1, 200)], period=9)
+    meta = _rewrite_header(codec.encode(data).data, lambda h: h.update(size=8 << 30))
+    assert codec.decode_memory(meta) == 10 * (8 << 30)
+    with pytest.raises(
+        ProtocolError,
+        match=r"about 81,920 MiB of memory, over this storage site's memory for traces \(64 MiB",
+    ):
+        make_codec("trace-metadata").decode({"offset": 0, "size": 8 << 30}, meta, None)
+    assert trace_codec.MEMORY.held == 0
+    # within the budget: regenerated, and the budget returned
+    meta = codec.encode(data).data
+    assert codec.decode_memory(meta) == 10 * len(data) < 64 * 2**20
+    segments = make_codec("trace-metadata").decode({"offset": 0, "size": len(data)}, meta, None)
+    assert b"".join(s.data for s in segments) == data and trace_codec.MEMORY.held == 0
+
+
+def test_memory_budget_is_shared_and_returned():
+    """Two decodes that fit together hold it at once; one that does not fit waits for the budget (a thread
+    blocked on the condition, released when the first returns its share); an error returns the share."""
+    import threading
+
+    from paramedic.ship.trace_codec import MemoryBudget
+
+    budget = MemoryBudget(100)
+    entered = threading.Event()
+    with budget.take(60):
+        with budget.take(40):
+            assert budget.held == 100
+
+        def second() -> None:
+            with budget.take(50):
+                entered.set()
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert not entered.wait(0.05)  # 60 + 50 > 100: it waits (it cannot have entered while 60 are held)
+        assert budget.held == 60
+    thread.join(30)
+    assert entered.is_set() and budget.held == 0
+    with pytest.raises(RuntimeError), budget.take(100):
+        raise RuntimeError("a decode failed")
+    assert budget.held == 0
+    with pytest.raises(ProtocolError, match="over this storage site's"), budget.take(101):
+        pass

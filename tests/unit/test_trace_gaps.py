@@ -41,3 +41,12 @@ def test_the_names_ranks_took_with_dlsym_are_read_too(tmp_path: Path) -> None:
     (tmp_path / "untraced-4711").write_text("MPI_Comm_spawn\nMPI_Put\n")
     (tmp_path / "untraced-x").write_text("MPI_Get\n")  # not the audit library's name: not read
     assert gaps.read(tmp_path) == ["MPI_Comm_spawn", "MPI_Put"]
+
+
+def test_the_closing_line_counts_ranks_in_words() -> None:
+    from paramedic.trace.run import summary_line
+
+    one = {"ranks": 1, "mpi": "openmpi", "records": {"0": 1260}, "bytes": 66604, "seconds": 0.4}
+    assert summary_line(one).startswith("1 rank (openmpi), 1,260 records, 66,604 bytes")  # was "1 ranks"
+    two = {**one, "ranks": 2, "records": {"0": 630, "1": 630}}
+    assert summary_line(two).startswith("2 ranks (openmpi), 1,260 records")

@@ -43,3 +43,16 @@ def test_each_thread_nests_its_own_states():
     page = render(clog2.write(trace))
     assert page.count("MPI_Send rank 0") + page.count("state 10 rank 0") == 1
     assert page.count("state 16 rank 0") + page.count("MPI_Recv rank 0") == 1
+
+
+def test_legend_names_only_the_states_drawn():
+    """A file defines every call the tracer wraps (132 states); the legend lists the ones on the page, with
+    their calls and time, most time first (it listed all 132 in a block above LAMMPS's two rows)."""
+    periods = 20
+    page = render(make_trace([periodic_kinds(0, periods), periodic_kinds(1, periods)]))
+    legend = page.split("</p>\n<p>", 1)[1].split("</p>", 1)[0]
+    assert legend.count("<span") == 4  # Send, Recv, Allreduce, Finalize
+    for state, calls in ((10, 2 * periods), (16, 2 * periods), (33, 2 * periods), (2, 2)):
+        assert f">state {state}</span> {calls} calls, " in legend
+    seconds = [float(part.split(" calls, ")[1].split(" s;")[0]) for part in legend.split("</span>")[1:]]
+    assert seconds == sorted(seconds, reverse=True)

@@ -32,6 +32,7 @@ from paramedic.ship.apps import Application
 from paramedic.ship.auto import COMPRESSED, METADATA, measure_link, ship_metadata
 from paramedic.ship.codecs import CompressedCodec
 from paramedic.ship.destination import Shipping, ShipSettings
+from paramedic.ship.trace_codec import OVER_MEMORY
 from paramedic.ship.transport import Opening, SiteError, open_transport, scheme_named
 from paramedic.ship.wire import MAX_PAYLOAD_BYTES
 
@@ -171,8 +172,14 @@ def ship_file(
         else:
             shipping.write(data)
         shipping.commit()
-    except SiteError:
+    except SiteError as exc:
         shipping.abort()
+        if mode == METADATA and OVER_MEMORY in str(exc):
+            # the site cannot hold this trace's regeneration (serve --trace-memory): nothing is wrong with
+            # the metadata, so no rebuild here (it takes that memory too); `auto` ships the file compressed
+            if settings.mode != "auto":
+                raise
+            return _ship_compressed_instead(settings, app, data, precision, decision, sha, str(exc))
         # the site regenerates and checks the file before writing it: unchecked metadata it refused is
         # checked here only now; a layout the columns do not rebuild ships as the general codec's metadata
         replacement = check() if check is not None else None
@@ -281,6 +288,35 @@ def _published_earlier(settings: ShipSettings, job_id: str, data: bytes, digest:
     )
     report["already_at_site"] = True
     return report
+
+
+def _ship_compressed_instead(
+    settings: ShipSettings,
+    app: Application,
+    data: bytes,
+    precision: str,
+    decision: dict[str, Any] | None,
+    sha: Any,
+    refusal: str,
+) -> ShipReport:
+    """`auto` chose metadata and the site refused to regenerate it for its memory: the file compressed, in a
+    job of its own (the id `--ship compressed` would use), the refusal kept in the decision."""
+    codec = _codec(app, COMPRESSED, precision)
+    job_id = resumable_job_id(settings.out or "", codec.name, data, sha.digest())
+    done = _published_earlier_of(settings, [job_id], data, sha.hexdigest())
+    if done is not None:
+        return _with_precision(done, app, precision)
+    transport = open_transport(_opening(settings, codec.name, job_id))
+    transport.start()
+    shipping = Shipping(settings, COMPRESSED, codec, transport, 0)
+    shipping.decision = {**(decision or {}), "mode": COMPRESSED, "metadata_refused": refusal}
+    try:
+        shipping.write(data)
+        shipping.commit()
+    except BaseException:
+        shipping.abort()
+        raise
+    return _with_precision(shipping.report(), app, precision)
 
 
 def _with_precision(report: ShipReport, app: Application, precision: str) -> ShipReport:

@@ -5,11 +5,20 @@ regenerated file the storage site checks before it writes anything. The file com
 most RANGE_CHUNK_BYTES, so the site writes it as it writes any "ranges" codec's output. Payloads larger than
 the wire's MAX_PAYLOAD_BYTES (32 MiB of metadata: traces of hundreds of millions of events) are not
 supported yet.
+
+Regenerating holds the whole file and its records in memory, about ten times the file (trace.codec
+DECODE_MEMORY_PER_BYTE), and 32 MiB of metadata can claim a file of up to MAX_TRACE_BYTES: the site's
+decodes share one memory budget (`serve --trace-memory`, half the machine's memory by default); metadata
+whose regeneration would need more than the whole budget is refused before anything is allocated, and a
+decode that fits waits until the others have returned theirs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
@@ -17,8 +26,56 @@ from paramedic.errors import ParamedicError
 from paramedic.ship.codecs import RANGE_CHUNK_BYTES, Codec, Segment, register_codec
 from paramedic.ship.wire import ProtocolError
 
+# What the site's refusal of a trace over its memory budget says (the compute site reads it: the file is
+# sound, the site cannot hold its regeneration; `auto` then ships it compressed).
+OVER_MEMORY = "over this storage site's memory for traces"
+
 # The largest trace a storage site regenerates from one metadata payload.
 MAX_TRACE_BYTES = 1 << 34
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+class MemoryBudget:
+    """Bytes of memory the site's trace regenerations may hold at once (all jobs, all I/O workers)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def take(self, need: int) -> Iterator[None]:
+        """Hold `need` bytes of the budget while the block runs (waiting for others to return theirs);
+        ProtocolError at once if `need` is over the whole budget."""
+        if need > self.limit:
+            raise ProtocolError(
+                f"trace chunk: regenerating this trace takes about {_mib(need)} of memory, {OVER_MEMORY} "
+                f"({_mib(self.limit)}, serve --trace-memory): ship it compressed"
+            )
+        with self._cond:
+            while self.held + need > self.limit:
+                self._cond.wait()
+            self.held += need
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.held -= need
+                self._cond.notify_all()
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+# The storage site's budget; `paramedic serve` sets its limit (site.server.SiteServer, --trace-memory).
+MEMORY = MemoryBudget(physical_memory() // 2)
 
 
 @register_codec
@@ -61,7 +118,9 @@ class TraceMetadataCodec(Codec):
         if offset != 0:
             raise ProtocolError("trace chunk: a trace ships whole, at offset 0")
         try:
-            data = _trace().decode(payload, max_size=size)
+            need = _trace().decode_memory(payload, max_size=size)
+            with MEMORY.take(need):
+                data = _trace().decode(payload, max_size=size)
         except ParamedicError as exc:
             raise ProtocolError(f"trace chunk: {exc}") from exc
         if len(data) != size:

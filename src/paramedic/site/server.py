@@ -99,6 +99,7 @@ class ServeSettings:
     replica_reads: bool = True  # serve the replica's fragment volumes to compute sites (--mirror tls://)
     regen_seconds: float = DEFAULT_REGEN_SECONDS  # one chunk's regeneration at most (--regen-timeout)
     max_setup_bytes: int = DEFAULT_MAX_SETUP_BYTES  # a job's setup (its queries) inflated (--max-setup)
+    trace_memory_bytes: int | None = None  # trace regenerations' memory at once (--trace-memory; None: half)
 
     def __post_init__(self) -> None:
         if self.io_workers < 1:
@@ -111,6 +112,8 @@ class ServeSettings:
             raise UsageError("--max-setup must be at least 1M")
         if not self.regen_seconds > 0:
             raise UsageError("--regen-timeout must be a positive number of hours")
+        if self.trace_memory_bytes is not None and self.trace_memory_bytes < 2**20:
+            raise UsageError("--trace-memory must be at least 1M")
         parse_listen(self.listen)
 
 
@@ -128,6 +131,9 @@ def log(message: str) -> None:
 class SiteServer:
     def __init__(self, settings: ServeSettings):
         self.settings = settings
+        from paramedic.ship import trace_codec  # the budget of the process's site (one per process)
+
+        trace_codec.MEMORY.limit = settings.trace_memory_bytes or trace_codec.physical_memory() // 2
         root = settings.root.resolve()
         if not root.is_dir():
             raise UsageError(f"--root {root}: not a directory")

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from paramedic.durable import fsync_dir
+from paramedic.durable import fsync_dir, umask
 from paramedic.errors import JobError, OutputError, UsageError
 from paramedic.trace import gaps, merge, native
 
@@ -65,6 +65,7 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
         merged = logs / "merged.clog2"
         try:
             with merged.open("rb") as fh:
+                os.fchmod(fh.fileno(), 0o666 & ~umask())  # a file of the user's (the ranks' logs are 0600)
                 os.fsync(fh.fileno())
                 size = os.fstat(fh.fileno()).st_size
             os.replace(merged, out)
@@ -103,7 +104,8 @@ def summary_line(summary: dict[str, object]) -> str:
         else 0
     )
     text = (
-        f"{summary.get('ranks')} ranks ({summary.get('mpi')}), {total:,} records, "
+        f"{summary.get('ranks')} {'rank' if summary.get('ranks') == 1 else 'ranks'} ({summary.get('mpi')}), "
+        f"{total:,} records, "
         f"{int(summary.get('bytes', 0)):,} bytes (CLOG2), "  # type: ignore[call-overload]
         + (
             f"clock offsets up to {spread:,} ns corrected, "

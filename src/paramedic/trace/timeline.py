@@ -67,6 +67,7 @@ def render(data: bytes, max_records: int = 20000, title: str = "trace") -> str:
     open_states: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)
     sends: dict[tuple[int, int, int], deque[float]] = defaultdict(deque)
     recvs: list[tuple[int, int, int, float]] = []
+    drawn: dict[int, list[float]] = defaultdict(lambda: [0, 0.0])  # state -> [bars, seconds] on the page
     for rank, thread, rectype, body, t in zip(
         shown.head[:, 1].tolist(),
         shown.head[:, 2].tolist(),
@@ -82,6 +83,8 @@ def render(data: bytes, max_records: int = 20000, title: str = "trace") -> str:
                 stack.append((state, t))
             elif stack and stack[-1][0] == state:
                 _, start = stack.pop()
+                drawn[state][0] += 1
+                drawn[state][1] += t - start
                 name, colour = states.get(state, (f"state {state}", "#888"))
                 y = 10 + row_of[rank] * ROW + 4
                 bars.append(
@@ -108,9 +111,13 @@ def render(data: bytes, max_records: int = 20000, title: str = "trace") -> str:
         f'<text x="4" y="{10 + k * ROW + ROW / 2 + 4}" font-size="12">rank {r}</text>'
         for r, k in row_of.items()
     )
+    # the legend: only the states drawn (a file defines every call the tracer wraps, 132), most time first
     legend = " ".join(
-        f'<span style="background:{c};padding:0 6px;margin-right:6px">{html.escape(n)}</span>'
-        for _, (n, c) in sorted(states.items())
+        f'<span style="background:{c};padding:0 6px;margin-right:6px">{html.escape(n)}</span> '
+        f"{int(drawn[s][0]):,} calls, {drawn[s][1]:.6f} s;"
+        for s, (n, c) in (
+            (s, states.get(s, (f"state {s}", "#888"))) for s in sorted(drawn, key=lambda s: (-drawn[s][1], s))
+        )
     )
     note = (
         f"{len(shown):,} of {len(rec):,} records drawn ({t1 - t0:.6f} s from the start)"
@@ -120,7 +127,8 @@ def render(data: bytes, max_records: int = 20000, title: str = "trace") -> str:
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title></head>
 <body style="font-family:sans-serif">
-<h3>{html.escape(title)}</h3><p>{note}; bars: MPI calls, arrows: messages. {legend}</p>
+<h3>{html.escape(title)}</h3><p>{note}; bars: MPI calls, arrows: messages.</p>
+<p>{legend}</p>
 <svg xmlns="http://www.w3.org/2000/svg" width="{LEFT + WIDTH + 20}" height="{height}">
 <defs><marker id="a" markerWidth="6" markerHeight="6" refX="5" refY="3" orient="auto">
 <path d="M0,0 L6,3 L0,6 z" fill="#222"/></marker></defs>

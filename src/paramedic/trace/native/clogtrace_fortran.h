@@ -408,6 +408,24 @@ void mpi_comm_free_(F *comm, F *ierr) {
     FINAL();
 }
 
+/* A program linked with the other MPI than the launcher's (Debian's LAMMPS, an Open MPI program, started by
+   an MPICH mpiexec such as the mpich wheel's, or the reverse) gets a tracer built for the launcher's MPI:
+   its PMPI calls would reach the program's libmpi with the other MPI's handles and crash in MPI_Init
+   (status 11, untraced the ranks run as unconnected singletons). Seen as the other MPI's own symbols in the
+   process, before main: refused with the reason. */
+__attribute__((constructor)) static void other_mpi(void) {
+    if (getenv("PARAMEDIC_TRACE_DIR") == NULL) return;
+#ifdef OPEN_MPI
+    if (dlsym(RTLD_DEFAULT, "MPIR_Err_create_code") == NULL) return; /* MPICH's, not in Open MPI */
+    refuse("this program is linked with MPICH, but the launcher is Open MPI's: start it with MPICH's "
+           "mpiexec (mpiexec.mpich for Debian's MPICH)");
+#else
+    if (dlsym(RTLD_DEFAULT, "ompi_mpi_comm_world") == NULL) return; /* Open MPI's MPI_COMM_WORLD */
+    refuse("this program is linked with Open MPI, but the launcher is MPICH's: start it with Open MPI's "
+           "mpiexec (mpiexec.openmpi on Debian)");
+#endif
+}
+
 /* A program that reaches MPI through dlsym on the MPI library's handle calls the library's own MPI_Init,
    not this one: nothing is logged. Said at exit, so that `paramedic trace` refuses the run with the reason
    instead of writing an empty trace. */
