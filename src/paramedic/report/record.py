@@ -304,7 +304,11 @@ class RunRecord:
         lines = [
             f"paramedic: {self.program} {_count(self.queries, 'query', 'ies')} x "
             + ("the whole database" if self.strategy == "queries" else _count(self.fragments, "fragment"))
-            + (f" in {_count(self.fragment_groups, 'search', 'es')} per batch" if self.fragment_groups else "")
+            + (
+                f" in {_count(self.fragment_groups, 'search', 'es')} per batch"
+                if self.fragment_groups
+                else ""
+            )
             + f" on {_count(self.workers, 'worker')}"
             + (f" in {self.partitions} partitions" if self.partitions > 1 else "")
             + f" in {self.wall_seconds:.1f} s",

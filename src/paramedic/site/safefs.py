@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -19,6 +20,11 @@ from dataclasses import dataclass, replace
 from paramedic.ship.wire import ProtocolError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# A failed job removes the directories made for its output once they are empty, while another job may be
+# making the same directories for its own output: the removal, and a walk that creates directories until
+# the file that keeps them is in them, take this lock (one `paramedic serve` per --root). Without it a job
+# opened into a directory a failed job was removing got "No such file or directory".
+_TREE_LOCK = threading.Lock()
 
 
 class UnsafePath(ProtocolError):
@@ -41,7 +47,17 @@ class OutputLocation:
 
     @contextmanager
     def directory(self, create: bool = False) -> Iterator[int]:
-        """A descriptor of the target's directory, reached without following any symbolic link."""
+        """A descriptor of the target's directory, reached without following any symbolic link; with
+        `create`, made where missing, the tree lock held until the caller is done with it."""
+        if create:
+            with _TREE_LOCK, self._walk(create=True) as fd:
+                yield fd
+        else:
+            with self._walk(create=False) as fd:
+                yield fd
+
+    @contextmanager
+    def _walk(self, create: bool) -> Iterator[int]:
         fd = os.dup(self.root_fd)
         try:
             for part in self.parts:
@@ -80,27 +96,32 @@ class OutputLocation:
     def open_partial(self, create: bool = False, truncate: bool = False) -> Iterator[int]:
         """The temporary file for writing: a regular file with one link, reached without following links
         (O_NOFOLLOW refuses a symbolic link at its name even when creating it)."""
+        fd = self._open_partial(create, truncate)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                raise UnsafePath(
+                    f"output path {self.display!r}: its temporary file was replaced (not a regular file "
+                    "with a single link)"
+                )
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _open_partial(self, create: bool, truncate: bool) -> int:
+        """The temporary file's descriptor; with `create` the tree lock is held only until it exists (its
+        directory then holds a file, so no failed job removes it)."""
         with self.directory(create=create) as d:
             flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
             flags |= (os.O_CREAT if create else 0) | (os.O_TRUNC if truncate else 0)
             try:
-                fd = os.open(self.temp_name, flags, 0o644, dir_fd=d)
+                return os.open(self.temp_name, flags, 0o644, dir_fd=d)
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
                     raise UnsafePath(
                         f"output path {self.display!r}: its temporary file is a symbolic link"
                     ) from None
                 raise
-            try:
-                info = os.fstat(fd)
-                if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-                    raise UnsafePath(
-                        f"output path {self.display!r}: its temporary file was replaced (not a regular file "
-                        "with a single link)"
-                    )
-                yield fd
-            finally:
-                os.close(fd)
 
     def published(self) -> bool:
         """True when the temporary file and the target are the same file (a crash after publishing)."""
@@ -136,12 +157,13 @@ class OutputLocation:
     def remove_empty_directories(self) -> None:
         """After a failed job: the directories on the output's way that are empty now (made for it) go,
         deepest first, never following a link; the first that is not empty stops it."""
-        for depth in range(len(self.parts), 0, -1):
-            try:
-                with replace(self, parts=self.parts[: depth - 1]).directory() as d:
-                    os.rmdir(self.parts[depth - 1], dir_fd=d)
-            except (OSError, UnsafePath):
-                return
+        with _TREE_LOCK:
+            for depth in range(len(self.parts), 0, -1):
+                try:
+                    with replace(self, parts=self.parts[: depth - 1]).directory() as d:
+                        os.rmdir(self.parts[depth - 1], dir_fd=d)
+                except (OSError, UnsafePath):
+                    return
 
     def read_target(self) -> Iterator[bytes]:
         """The published file's bytes, in blocks (to digest what is really on disk)."""

@@ -43,6 +43,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -127,9 +128,13 @@ def safe_output_path(root: Path, relative: str) -> Path:
     current = root
     for part in path.parts[:-1]:
         current = current / part
-        if current.is_symlink():
+        try:  # one look (a failed job may remove an empty directory between two)
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(mode):
             raise ProtocolError(f"output path {relative!r}: {part} is a symbolic link")
-        if current.exists() and not current.is_dir():
+        if not stat.S_ISDIR(mode):
             raise ProtocolError(f"output path {relative!r}: {part} is not a directory")
     target = current / path.parts[-1]
     if target.is_symlink() or target.is_dir():
