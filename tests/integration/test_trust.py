@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from paramedic.engine.metadata import _digest
 from tests.conftest import paramedic, take_fasta
 from tests.integration.equality import Site
 from tests.support.databases import Databases
@@ -261,8 +262,9 @@ class _Factory:
 
 
 def test_a_metadata_file_with_a_subject_removed_is_refused(site: Site) -> None:
-    """Item 2: a metadata file edited after it was written (one subject id removed, one read as `true`,
-    JSON nested thousands deep) regenerates nothing: one line, exit 3."""
+    """Item 2: a metadata file edited after it was written (one subject id removed, with its SHA-256
+    recomputed or not, one read as `true`, JSON nested thousands deep) regenerates nothing: one line,
+    exit 3."""
     metadata = site.root / "meta.json"
     search(site, "with-metadata", "--metadata", str(metadata))
     data = json.loads(metadata.read_text())
@@ -270,8 +272,11 @@ def test_a_metadata_file_with_a_subject_removed_is_refused(site: Site) -> None:
     removed = {**data, "subjects": [s[:-1] if i == query else s for i, s in enumerate(data["subjects"])]}
     as_true = json.loads(metadata.read_text().replace(f"[{data['subjects'][query][0]},", "[true,", 1))
     assert as_true != data
+    # a forger recomputes the plain SHA-256 (it was exit 0 and another report: only the user's key seals)
+    resealed = {**removed, "sha256": _digest(removed)}
     for name, text in [
         ("removed", json.dumps(removed)),
+        ("removed-resealed", json.dumps(resealed)),
         ("as-true", json.dumps(as_true)),
         ("nested", "[" * 100_000 + "]" * 100_000),
     ]:
