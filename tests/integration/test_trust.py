@@ -191,6 +191,66 @@ def test_a_killed_search_with_damaged_or_foreign_journal_records_redoes_them(
     assert "dropped" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_journal_another_user_planted_beside_the_output_is_never_resumed(
+    databases: Databases, tmp_path: Path
+) -> None:
+    """Rule of items 1 and 4: the output in a shared directory (sticky and world-writable, as /tmp).
+    Another user who can run the same search kills it and plants its journal as `.hits.txt.journal`
+    there, with a piece of their own bytes tagged with their job.json's key: the victim's search resumed
+    from it, exit 0, the planted bytes in its output. Now a journal another user owns is dropped, or
+    refused when it cannot be removed (exit 6, one line); one of the user's own that others can write is
+    dropped and its work done again."""
+    import hashlib
+    import hmac
+    import shutil
+
+    from paramedic.engine.journal import PIECE_MAGIC
+    from tests.integration import test_resume as resume
+
+    data = resume.data.__wrapped__(databases, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    their_command = ["search", "blastp", *resume.blast_args(data.queries, data.db, theirs / "hits.txt"),
+                     *resume.ENGINE]  # fmt: skip
+    resume.kill_every_rank_when(their_command, theirs, theirs / ".hits.txt.journal", resume.pieces_done(2))
+    planted = theirs / ".hits.txt.journal"
+    key = bytes.fromhex(json.loads((planted / "job.json").read_text())["key"])
+    piece = (planted / "piece" / "0").read_bytes()[len(PIECE_MAGIC) + 32 :]
+    forged = piece.replace(b"Length=", b"Length=9", 1)  # still a report, with numbers of their choosing
+    assert forged != piece
+    tag = hmac.new(key, b"piece/0\0" + forged, hashlib.sha256).digest()
+    (planted / "piece" / "0").write_bytes(PIECE_MAGIC + tag + forged)
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    journal = shared / ".hits.txt.journal"
+    out = shared / "hits.txt"
+    command = ["search", "blastp", *resume.blast_args(data.queries, data.db, out), *resume.ENGINE]
+
+    def plant(owner: int, mode: int) -> None:
+        shutil.rmtree(journal, ignore_errors=True)
+        shutil.copytree(planted, journal)
+        for path in [journal, *journal.rglob("*")]:
+            os.chown(path, owner, owner)
+            path.chmod(mode if path.is_dir() else 0o666)
+
+    # another user's journal they left open to all: removed, searched afresh
+    plant(65534, 0o777)
+    proc = resume.paramedic(*command, "--np", "2", cwd=shared, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert b"Length=9" not in out.read_bytes() and out.read_bytes() == data.reference
+    assert "owned by another user" in proc.stderr and "dropped" in proc.stderr
+    out.unlink()
+    # the user's own journal that others can write: dropped, searched afresh
+    plant(os.geteuid(), 0o777)
+    proc = resume.paramedic(*command, "--np", "2", cwd=shared, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == data.reference
+    assert "others can write" in proc.stderr and "Traceback" not in proc.stderr
+    assert not journal.exists()
+
+
 def test_blast_warnings_are_passed_on_not_swallowed(site: Site, tmp_path: Path) -> None:
     """Item 18: BLAST+ warns about an all-X query and exits 0; the user sees its warning (once per worker
     rank, not once per fragment and batch), and the search still ends in its report."""
