@@ -79,6 +79,28 @@ def test_a_volume_changed_with_its_times_kept_is_refused(site: Site) -> None:
     assert proc.stderr.count("\n") == 1 and not out.exists()
 
 
+@pytest.mark.parametrize("traceback", ["once", "per-fragment"])
+def test_a_fragment_alias_naming_another_volume_is_refused(site: Site, traceback: str) -> None:
+    """Item 1 probed again: a fragment's alias (what its searches name as -db) rewritten to name another
+    fragment's volume, same size, times kept. Every volume still matched its digest: with traceback once
+    the report was another one, exit 0 (388 lines differ); per fragment, exit 5 "unexpected BLAST+" and a
+    journal of that work kept for the next run. Now: exit 4, one line, no output, no journal."""
+    name = f"alias-{traceback}"
+    copy_db(site, name)
+    alias = site.root / name / "uniprot" / "frag001.pal"
+    st = alias.stat()
+    text = alias.read_bytes()
+    assert b"DBLIST f001\n" in text
+    with open(alias, "r+b") as fh:
+        fh.write(text.replace(b"DBLIST f001\n", b"DBLIST f000\n"))
+    os.utime(alias, ns=(st.st_atime_ns, st.st_mtime_ns))
+    flags = ("--strategy", "fragments", "--traceback", traceback)
+    proc, out = search(site, name, *flags, db_dir=name, check=False)
+    assert proc.returncode == 4, proc.stderr
+    assert "corrupt database: alias frag001.pal" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not out.exists() and not out.with_name(f".{out.name}.journal").exists()
+
+
 def test_a_volume_changed_during_the_search_is_refused_and_its_work_not_kept(site: Site) -> None:
     """Item 1, probed again: the volume rewritten in place (times kept) while the search runs, after the
     job's digest: exit 0 with another report before. The volumes' inodes, sizes and times (ctime, which
