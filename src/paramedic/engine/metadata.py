@@ -68,14 +68,15 @@ def _canonical(data: dict[str, object]) -> bytes:
     return json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _digest(data: dict[str, object]) -> str:
-    """SHA-256 of the file's fields but its digests."""
-    return hashlib.sha256(_canonical(data)).hexdigest()
+def _digest(data: dict[str, object], canonical: bytes | None = None) -> str:
+    """SHA-256 of the file's fields but its digests (`canonical`: their `_canonical` form, if made)."""
+    return hashlib.sha256(_canonical(data) if canonical is None else canonical).hexdigest()
 
 
-def _seal(key: bytes, data: dict[str, object]) -> str:
+def _seal(key: bytes, data: dict[str, object], canonical: bytes | None = None) -> str:
     """HMAC-SHA256, keyed by the user's metadata key, of the file's fields but its digests."""
-    return hmac.new(key, KIND.encode() + b"\0" + _canonical(data), hashlib.sha256).hexdigest()
+    body = _canonical(data) if canonical is None else canonical
+    return hmac.new(key, KIND.encode() + b"\0" + body, hashlib.sha256).hexdigest()
 
 
 def key_path() -> Path:
@@ -156,8 +157,9 @@ def _make_key(path: Path) -> None:
 def save_metadata(path: Path, identity: SearchIdentity, subjects: list[list[int]]) -> None:
     key = metadata_key(create=True, option="--metadata")
     data: dict[str, object] = {"kind": KIND, "version": VERSION, **asdict(identity), "subjects": subjects}
-    data[DIGEST] = _digest(data)
-    data[SEAL] = _seal(key, data)
+    canonical = _canonical(data)  # made once for both digests (a file of 250,000 ids: 0.18 s)
+    data[DIGEST] = _digest(data, canonical)
+    data[SEAL] = _seal(key, data, canonical)
     write_durably(path, (json.dumps(data, separators=(",", ":")) + "\n").encode())
 
 
@@ -201,14 +203,15 @@ def load_metadata(path: Path, expected: SearchIdentity, n_queries: int, nseq: in
             f"--from-metadata {path}: not a version {VERSION} paramedic metadata file (files of earlier "
             "versions are not sealed with your metadata key: search again with --metadata)"
         )
-    if data.get(DIGEST) != _digest(data):
+    canonical = _canonical(data)
+    if data.get(DIGEST) != _digest(data, canonical):
         raise InputError(
             f"--from-metadata {path}: its contents do not match the SHA-256 sealed in it (changed or "
             "damaged since it was written)"
         )
     seal = data.get(SEAL)
     if not isinstance(seal, str) or not hmac.compare_digest(
-        seal.encode(), _seal(metadata_key(create=False, option="--from-metadata"), data).encode()
+        seal.encode(), _seal(metadata_key(create=False, option="--from-metadata"), data, canonical).encode()
     ):
         raise InputError(
             f"--from-metadata {path}: not sealed with your metadata key {key_path()} (made by another "
