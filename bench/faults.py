@@ -909,7 +909,8 @@ class Soak:
 
     def flip_replica(self) -> None:
         """Issue 23, item 1: a volume file of the site's replica or of the compute sites' database rewritten
-        in place (size, inode and times kept) for a while, then put back: no job may publish output made
+        in place (size, inode and times kept) for a while, then put back, or a fragment's alias rewritten to
+        name another fragment's volume (session 17): no job may publish output made
         from the changed bytes (a search refuses it, exit 4; the site fails the job, exit 8)."""
         where = self.rng.choice(["site", "compute"])  # the site's replica, or the compute sites' -db
         directory = (
@@ -918,15 +919,24 @@ class Soak:
             else self.work / "compute" / "db" / "uni"
         )
         volumes = sorted(directory.glob("f*.p[sh][qr]"))
+        aliases = sorted(directory.glob("frag*.pal"))  # session 17: an alias naming another volume
         if not volumes:
             return
-        path = self.rng.choice(volumes)
+        path = self.rng.choice(volumes + aliases)
         seconds = self.rng.uniform(5.0, 15.0)
         st = path.stat()
         original = path.read_bytes()
         changed = bytearray(original)
-        for i in range(len(changed) // 2, len(changed), 97):
-            changed[i] ^= 0x5A
+        if path.suffix == ".pal":
+            names = sorted({v.name.split(".")[0] for v in volumes})
+            own = next((n for n in names if f"DBLIST {n}\n".encode() in original), None)
+            other = next((n for n in names if n != own), None)
+            if own is None or other is None or len(own) != len(other):
+                return
+            changed = bytearray(original.replace(f"DBLIST {own}\n".encode(), f"DBLIST {other}\n".encode()))
+        else:
+            for i in range(len(changed) // 2, len(changed), 97):
+                changed[i] ^= 0x5A
         with open(path, "r+b") as fh:
             fh.write(changed)
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
