@@ -60,6 +60,7 @@ import secrets
 import shutil
 import stat
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -451,6 +452,7 @@ def _private(path: Path) -> None:
     owns is refused (it cannot be removed in a sticky directory); one of this user's own that others can
     write is dropped and begun again. Directories are made 0700."""
     parts = [path, path / "search", path / "piece", path / "job.json"]
+    mine = _owner_of_new_files(path.parent)
     for attempt in range(2):
         foreign = writable = None
         for part in parts:
@@ -458,7 +460,7 @@ def _private(path: Path) -> None:
                 st = os.lstat(part)
             except FileNotFoundError:
                 continue
-            if st.st_uid != os.geteuid():
+            if st.st_uid != mine:
                 foreign = foreign or (part, st.st_uid)
             elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not stat.S_ISLNK(st.st_mode):
                 writable = writable or part
@@ -482,6 +484,22 @@ def _private(path: Path) -> None:
         + (f"owned by another user, uid {uid}" if uid is not None else "writable by others")
         + "): remove it, or write the output to a directory of your own"
     )
+
+
+def _owner_of_new_files(directory: Path) -> int:
+    """The owner a file made here by this process gets: this user, but on a filesystem that maps users
+    (NFS with root squashed, some FUSE mounts) the one it maps this user to, so that a journal this
+    user made there is not taken for another user's."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".paramedic-owner-", dir=directory)
+    except OSError:
+        return os.geteuid()
+    try:
+        return os.fstat(fd).st_uid
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name)
 
 
 def _readable(job_file: Path) -> bool:
