@@ -1364,6 +1364,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage-disk-mib", type=int, default=24, help="the local client's --stage file system")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "faults.json")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--flip-every", type=float, nargs=2, default=(45.0, 100.0), metavar=("MIN", "MAX"),
+                   help="seconds between volume or alias flips (default 45 100)")  # fmt: skip
     args = p.parse_args(argv)
     args.client_kill_every = (8.0, 25.0)
     args.site_kill_every = (40.0, 90.0)
@@ -1372,7 +1374,6 @@ def main(argv: list[str] | None = None) -> int:
     args.disk_fill_every = (30.0, 70.0)
     args.disk_full_for = (4.0, 15.0)
     args.flood_every = (25.0, 60.0)
-    args.flip_every = (45.0, 100.0)
     args.stuck_every = (40.0, 90.0)
     args.compute_fault_every = (8.0, 25.0)
     if not (DATA / "mmseqs2" / "DB.fasta").exists():
