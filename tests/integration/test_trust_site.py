@@ -180,3 +180,28 @@ def test_a_replica_changed_while_a_job_regenerates_publishes_nothing(
         assert not (server.root / "second.out").exists()
     finally:
         server.stop()
+
+
+def test_a_site_started_while_its_replica_is_damaged_starts_and_refuses_only_regenerations(
+    sites: Sites,
+) -> None:
+    """An unlucky operator: the site restarted (by its service manager) while the replica is being
+    rewritten, or is damaged. `serve` exited 4 at every restart, so the site was down for plain output
+    and traces too. Now it starts and says so; a job that regenerates is refused while the replica
+    differs (exit 8, one line), and the next one, once the replica is whole again, is BLAST+'s bytes."""
+    whole = sites.server.replica / "whole.psq"
+    original = whole.read_bytes()
+    st = whole.stat()
+    sites.server.stop()
+    flip_keeping_times(whole)
+    sites.server.start()  # exit 4 "corrupt database" here before
+    assert "jobs that regenerate are refused until it is whole" in sites.server.log()
+    proc = sites.search("damaged.out", "--no-journal", check=False)
+    assert proc.returncode == 8, proc.stderr
+    assert "replica is damaged" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (sites.server.root / "damaged.out").exists()
+    with open(whole, "r+b") as fh:
+        fh.write(original)
+    os.utime(whole, ns=(st.st_atime_ns, st.st_mtime_ns))
+    sites.search("whole.out")
+    assert (sites.server.root / "whole.out").read_bytes() == sites.local()
