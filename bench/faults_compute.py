@@ -173,7 +173,10 @@ class ComputeFaults:
             soak.violation("traceback or internal error (compute side)", **where, stderr=stderr[-600:])
         if reader_closed:
             said = [line for line in stderr.splitlines() if line.strip()]
-            if code not in (0, 141) or not all(line.startswith("paramedic: warning: ") for line in said):
+            refused = code == 4 and _refused_damaged_db(stderr, self.db)  # the flip came first (session 17)
+            if not refused and (
+                code not in (0, 141) or not all(line.startswith("paramedic: warning: ") for line in said)
+            ):
                 soak.violation("closed pipe: not 141 quietly", **where, stderr=stderr[-600:])
             self.counts["pipes closed by the reader"] += 1
         elif code == 4 and _refused_damaged_db(stderr, self.db):
