@@ -724,6 +724,21 @@ class JobStore:
 
     # -- restart --------------------------------------------------------------------------------------
     def _resume_from_disk(self) -> None:
+        replica: list[tuple[Stamp, ...] | None | str] = []  # digested once, for every job resumed
+
+        def replica_now() -> tuple[Stamp, ...] | None:
+            """The replica's stamps, digested now (it may have changed while the site was down: the
+            digest at a job's open does not cover a restart); ProtocolError when it differs."""
+            if not replica:
+                try:
+                    assert self.replica is not None
+                    replica.append(self.replica.verify())
+                except ProtocolError as exc:
+                    replica.append(str(exc))
+            if isinstance(replica[0], str):
+                raise ProtocolError(replica[0])
+            return replica[0]
+
         for directory in sorted(self.state.iterdir()):
             if not JOB_ID.match(directory.name) or not (directory / "job.json").exists():
                 continue
@@ -754,6 +769,8 @@ class JobStore:
                 continue
             try:
                 job.context = self._prepare(codec, setup, (directory / "setup.bin").read_bytes(), job.job_id)
+                if codec.layout == "pieces" and self.replica is not None:
+                    job.replica_stamps = replica_now()
             except (ProtocolError, ParamedicError, OSError, ValueError, MemoryError) as exc:
                 self._fail(job, f"cannot resume after a restart: {_describe(exc)}")
                 continue
