@@ -173,7 +173,10 @@ class ComputeFaults:
             soak.violation("traceback or internal error (compute side)", **where, stderr=stderr[-600:])
         if reader_closed:
             said = [line for line in stderr.splitlines() if line.strip()]
-            if code not in (0, 141) or not all(line.startswith("paramedic: warning: ") for line in said):
+            refused = code == 4 and _refused_damaged_db(stderr, self.db)  # the flip came first (session 17)
+            if not refused and (
+                code not in (0, 141) or not all(line.startswith("paramedic: warning: ") for line in said)
+            ):
                 soak.violation("closed pipe: not 141 quietly", **where, stderr=stderr[-600:])
             self.counts["pipes closed by the reader"] += 1
         elif code == 4 and _refused_damaged_db(stderr, self.db):
@@ -276,12 +279,15 @@ class ComputeFaults:
 
 
 def _refused_damaged_db(stderr: str, db: Path) -> bool:
-    """The one line that refuses a -db whose volume the soak's chaos changed in place (not a mirror's
+    """The one line that refuses a -db whose volume (or alias) the soak's chaos changed in place (not a mirror's
     fault: the -db is what the manifest is checked against, and a damaged one is refused, exit 4)."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     last = lines[-1] if lines else ""
     digest = (
         last.startswith(f"paramedic: error: {db}: corrupt database: volume ") and "does not match the" in last
+    ) or (  # a fragment alias rewritten to name another volume (session 17)
+        last.startswith(f"paramedic: error: {db}: corrupt database: alias ")
+        and "is not the one the manifest describes" in last
     )
     midway = last.startswith(f"paramedic: error: {db}: the database changed while this search ran (")
     return (digest or midway) and all(line.startswith("paramedic: warning: ") for line in lines[:-1])

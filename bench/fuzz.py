@@ -24,7 +24,8 @@ integrity checks into the parsers behind them):
     journal   a journal's search record (`Store.keys` with alignments, `Store.alignments`) and report
               piece (`Journal._read_piece`), sometimes re-tagged with the journal's key after mutation
               (issue 23)
-    metadata  `load_metadata` on a metadata file, sometimes re-sealed (its SHA-256 recomputed) (issue 23)
+    metadata  `load_metadata` on a metadata file, sometimes re-sealed (its plain SHA-256 recomputed, as a
+              forger can; only the user's key seals: a changed file accepted is a finding) (issue 23)
     replica   a storage site's replies to a mirror (`TlsReplica.manifest`, `volume_files`, `read`, then
               `stripes._check_listing` under a --stage-limit) (issue 23)
     stage     a published copy in a --stage cache (`StageCache.use`, in a new process or in the one that
@@ -910,9 +911,11 @@ class Harness:
         from paramedic.engine.metadata import SearchIdentity, save_metadata
 
         self.identity = SearchIdentity("blastp", ["-evalue", "1e-5"], 500, "a" * 64, "b" * 64)
+        os.environ["PARAMEDIC_METADATA_KEY"] = str(self.work / "metadata.key")  # the user's key: not ~'s
+        self.sealed = [[[1, 2, 3][: n + 1], [], [4]] for n in range(3)]
         pool = []
         for n in range(3):
-            save_metadata(self.work / "m.json", self.identity, [[1, 2, 3][: n + 1], [], [4]])
+            save_metadata(self.work / "m.json", self.identity, self.sealed[n])
             pool.append(pack_parts([(self.work / "m.json").read_bytes(), b"reseal" if n else b""]))
         self.pool = pool
         self.kinds = ["json", "bytes"]
@@ -1332,6 +1335,8 @@ class Harness:
             return "refused: " + re.sub(r"\d+|'[^']*'|/\S+", "N", str(exc))[:40]
         if not all(type(g) is int and 0 <= g < 10 for s in subjects for g in s):
             raise Finding("a metadata file's ids out of range accepted")
+        if subjects not in self.sealed:  # changed (and its SHA-256 recomputed) without the user's key
+            raise Finding("a metadata file not sealed by the user's key accepted")
         return "accepted"
 
     # replica: a storage site's replies, as a mirroring compute site parses them

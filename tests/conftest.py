@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,20 @@ def require_real_tools() -> None:
         if os.environ.get("CI"):
             pytest.fail(f"missing: {', '.join(missing)}")
         pytest.skip(f"missing: {', '.join(missing)}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def metadata_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Metadata files are sealed with the user's own key (paramedic.engine.metadata): the tests use a
+    key of their own, never the one in ~/.config."""
+    path = tmp_path_factory.mktemp("metadata-key") / "metadata.key"
+    old = os.environ.get("PARAMEDIC_METADATA_KEY")
+    os.environ["PARAMEDIC_METADATA_KEY"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("PARAMEDIC_METADATA_KEY", None)
+    else:
+        os.environ["PARAMEDIC_METADATA_KEY"] = old
 
 
 @pytest.fixture(scope="session")

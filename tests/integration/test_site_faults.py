@@ -338,6 +338,47 @@ def test_a_bomb_left_in_the_state_by_an_older_site_does_not_stop_a_restart(world
     assert not (state / job / "setup.bin").exists()
 
 
+def test_a_job_resumed_after_a_restart_regenerates_only_from_a_replica_that_verifies(
+    world, make_site, tmp_path: Path
+) -> None:
+    """Issue 23, item 1: a replica damaged while the site was down (times kept). A job resumed from
+    disk was never digested again (only a new job's open digests the replica): its chunks regenerated
+    from the changed bytes, and the report was published. Now it fails at the restart, saying why."""
+    import os
+    import shutil
+
+    import zstandard
+
+    replica = tmp_path / "replica"
+    shutil.copytree(world["replica"].parent, replica)
+    site = make_site(replica=replica / "uni")
+    state, job = site.server.store.state, "f" * 32
+    (state / job / "chunks").mkdir(parents=True)
+    (state / job / "decoded").mkdir()
+    (state / job / "pieces").mkdir()
+    setup = zstandard.ZstdCompressor().compress(json.dumps([["q", "MKVLAAGIVGLLLAQ"]]).encode())
+    (state / job / "setup.bin").write_bytes(setup)
+    record = {
+        "job": job,
+        "peer": "tls:compute-a",
+        "codec": "blast-metadata",
+        "setup": _blast_setup(world, site),
+    }
+    (state / job / "job.json").write_text(json.dumps(record))
+    site.stop()
+    whole = replica / "uni" / "whole.psq"
+    st = whole.stat()
+    data = bytearray(whole.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    whole.write_bytes(bytes(data))
+    os.utime(whole, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = make_site(root=site.root, replica=replica / "uni")
+    failure = again.server.store.jobs[job].failure
+    assert failure is not None and failure.startswith(
+        "cannot resume after a restart: storage site's replica is damaged"
+    ), failure
+
+
 # -- toy codecs (no BLAST): the store's mechanisms, through the real server -------------------------------------
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from paramedic.engine.metadata import _digest
 from tests.conftest import paramedic, take_fasta
 from tests.integration.equality import Site
 from tests.support.databases import Databases
@@ -76,6 +77,28 @@ def test_a_volume_changed_with_its_times_kept_is_refused(site: Site) -> None:
     assert proc.returncode == 4, proc.stderr
     assert "corrupt database" in proc.stderr and "f001" in proc.stderr
     assert proc.stderr.count("\n") == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("traceback", ["once", "per-fragment"])
+def test_a_fragment_alias_naming_another_volume_is_refused(site: Site, traceback: str) -> None:
+    """Item 1 probed again: a fragment's alias (what its searches name as -db) rewritten to name another
+    fragment's volume, same size, times kept. Every volume still matched its digest: with traceback once
+    the report was another one, exit 0 (388 lines differ); per fragment, exit 5 "unexpected BLAST+" and a
+    journal of that work kept for the next run. Now: exit 4, one line, no output, no journal."""
+    name = f"alias-{traceback}"
+    copy_db(site, name)
+    alias = site.root / name / "uniprot" / "frag001.pal"
+    st = alias.stat()
+    text = alias.read_bytes()
+    assert b"DBLIST f001\n" in text
+    with open(alias, "r+b") as fh:
+        fh.write(text.replace(b"DBLIST f001\n", b"DBLIST f000\n"))
+    os.utime(alias, ns=(st.st_atime_ns, st.st_mtime_ns))
+    flags = ("--strategy", "fragments", "--traceback", traceback)
+    proc, out = search(site, name, *flags, db_dir=name, check=False)
+    assert proc.returncode == 4, proc.stderr
+    assert "corrupt database: alias frag001.pal" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not out.exists() and not out.with_name(f".{out.name}.journal").exists()
 
 
 def test_a_volume_changed_during_the_search_is_refused_and_its_work_not_kept(site: Site) -> None:
@@ -190,6 +213,67 @@ def test_a_killed_search_with_damaged_or_foreign_journal_records_redoes_them(
     assert "dropped" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_journal_another_user_planted_beside_the_output_is_never_resumed(
+    databases: Databases, tmp_path: Path
+) -> None:
+    """Rule of items 1 and 4: the output in a shared directory (sticky and world-writable, as /tmp).
+    Another user who can run the same search kills it and plants its journal as `.hits.txt.journal`
+    there, with a piece of their own bytes tagged with their job.json's key: the victim's search resumed
+    from it, exit 0, the planted bytes in its output. Now a journal another user owns is dropped, or
+    refused when it cannot be removed (exit 6, one line); one of the user's own that others can write is
+    dropped and its work done again."""
+    import hashlib
+    import hmac
+    import shutil
+
+    from paramedic.engine.journal import PIECE_MAGIC
+    from tests.integration import test_resume as resume
+
+    data = resume.data.__wrapped__(databases, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    their_command = ["search", "blastp", *resume.blast_args(data.queries, data.db, theirs / "hits.txt"),
+                     *resume.ENGINE]  # fmt: skip
+    resume.kill_every_rank_when(their_command, theirs, theirs / ".hits.txt.journal", resume.pieces_done(2))
+    planted = theirs / ".hits.txt.journal"
+    key = bytes.fromhex(json.loads((planted / "job.json").read_text())["key"])
+    piece = (planted / "piece" / "0").read_bytes()[len(PIECE_MAGIC) + 32 :]
+    forged = piece.replace(b"Length=", b"Length=1forged", 1)  # still a report, with words of their choosing
+    assert forged != piece
+    tag = hmac.new(key, b"piece/0\0" + forged, hashlib.sha256).digest()
+    (planted / "piece" / "0").write_bytes(PIECE_MAGIC + tag + forged)
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    journal = shared / ".hits.txt.journal"
+    out = shared / "hits.txt"
+    command = ["search", "blastp", *resume.blast_args(data.queries, data.db, out), *resume.ENGINE]
+
+    def plant(owner: int, mode: int) -> None:
+        shutil.rmtree(journal, ignore_errors=True)
+        shutil.copytree(planted, journal)
+        for path in [journal, *journal.rglob("*")]:
+            os.chown(path, owner, owner)
+            path.chmod(mode if path.is_dir() else 0o666)
+
+    # another user's journal they left open to all: removed, searched afresh
+    plant(65534, 0o777)
+    proc = resume.paramedic(*command, "--np", "2", cwd=shared, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert b"1forged" not in out.read_bytes(), proc.stderr
+    assert out.read_bytes() == data.reference
+    assert "owned by another user" in proc.stderr and "dropped" in proc.stderr
+    out.unlink()
+    # the user's own journal that others can write: dropped, searched afresh
+    plant(os.geteuid(), 0o777)
+    proc = resume.paramedic(*command, "--np", "2", cwd=shared, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == data.reference
+    assert "others can write" in proc.stderr and "Traceback" not in proc.stderr
+    assert not journal.exists()
+
+
 def test_blast_warnings_are_passed_on_not_swallowed(site: Site, tmp_path: Path) -> None:
     """Item 18: BLAST+ warns about an all-X query and exits 0; the user sees its warning (once per worker
     rank, not once per fragment and batch), and the search still ends in its report."""
@@ -261,8 +345,9 @@ class _Factory:
 
 
 def test_a_metadata_file_with_a_subject_removed_is_refused(site: Site) -> None:
-    """Item 2: a metadata file edited after it was written (one subject id removed, one read as `true`,
-    JSON nested thousands deep) regenerates nothing: one line, exit 3."""
+    """Item 2: a metadata file edited after it was written (one subject id removed, with its SHA-256
+    recomputed or not, one read as `true`, JSON nested thousands deep) regenerates nothing: one line,
+    exit 3."""
     metadata = site.root / "meta.json"
     search(site, "with-metadata", "--metadata", str(metadata))
     data = json.loads(metadata.read_text())
@@ -270,8 +355,11 @@ def test_a_metadata_file_with_a_subject_removed_is_refused(site: Site) -> None:
     removed = {**data, "subjects": [s[:-1] if i == query else s for i, s in enumerate(data["subjects"])]}
     as_true = json.loads(metadata.read_text().replace(f"[{data['subjects'][query][0]},", "[true,", 1))
     assert as_true != data
+    # a forger recomputes the plain SHA-256 (it was exit 0 and another report: only the user's key seals)
+    resealed = {**removed, "sha256": _digest(removed)}
     for name, text in [
         ("removed", json.dumps(removed)),
+        ("removed-resealed", json.dumps(resealed)),
         ("as-true", json.dumps(as_true)),
         ("nested", "[" * 100_000 + "]" * 100_000),
     ]:

@@ -6,6 +6,7 @@ the job is refused with a clear error.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -115,3 +116,92 @@ def test_a_journal_site_job_naming_another_finished_job_is_not_believed(
         assert not (server.root / "b.out").exists()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("flip", ["residues", "everything"])
+def test_a_replica_changed_while_a_job_regenerates_publishes_nothing(
+    databases: Databases, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flip: str
+) -> None:
+    """Item 1 probed again: the replica rewritten in place (times kept) after the job's digest, while
+    the site regenerates from it (residues changed, not sentinels: BLAST+ reads it without crashing).
+    Made deterministic with the site's own BLAST+ as the moment: the first
+    blastp the site starts for the job rewrites whole.psq, then runs the real blastp. The site published
+    another report and the search exited 0; now the job fails when it finishes (exit 8, one line, and
+    the line saying the compute site's journal keeps its work), and nothing is published."""
+    import shutil
+
+    compute, storage = tmp_path / "compute", tmp_path / "storage"
+    for d in (compute, storage / "root"):
+        d.mkdir(parents=True)
+    databases.place(compute, 800, fragments=2)
+    databases.queries(compute / "q.fasta", 8)
+    subprocess.run(["cp", "-r", str(compute / "db"), str(storage / "replica")], check=True)
+    databases.keys(tmp_path / "keys")
+    log = tmp_path / "serve.log"
+    site_tmp = log.with_name(log.name + ".tmp")  # the site's TMPDIR (tests.support.site)
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    mark = tmp_path / "flip-once"
+    real = shutil.which("blastp")
+    assert real is not None
+    change = (
+        "[d.__setitem__(i, d[i] ^ 1) for i in range(len(d)//2, len(d), 997) if d[i] > 1]"  # residues only
+        if flip == "residues"  # BLAST+ reads it: another report
+        else "[d.__setitem__(i, d[i] ^ 0x5A) for i in range(len(d)//2, len(d), 97)]"  # BLAST+ crashes
+    )
+    script = (
+        "import os,sys; p=sys.argv[1]; st=os.stat(p); d=bytearray(open(p,'rb').read()); "
+        f"{change}; open(p,'r+b').write(d); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))"
+    )
+    (shims / "blastp").write_text(
+        "#!/bin/sh\n"
+        f'if [ "$TMPDIR" = "{site_tmp}" ] && mv "{mark}" "{mark}.taken" 2>/dev/null; then\n'
+        f'  python3 -c "{script}" "{storage / "replica" / "uni" / "whole.psq"}"\n'
+        "fi\n"
+        f'exec "{real}" "$@"\n'
+    )
+    (shims / "blastp").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}:{os.environ['PATH']}")
+    monkeypatch.setenv("PARAMEDIC_FORKSERVER", "0")  # each BLAST+ run started by its path: the shim runs
+    server = StorageSite(storage / "replica" / "uni", storage / "root", tmp_path / "keys" / "server", log)
+    server.start()
+    try:
+        sites = Sites(tmp_path, compute, tmp_path / "keys", server)
+        local = sites.local()
+        sites.search("first.out")  # the shim passes through: BLAST+'s bytes
+        assert (server.root / "first.out").read_bytes() == local
+        mark.write_text("")
+        proc = sites.search("second.out", check=False)
+        assert mark.with_name("flip-once.taken").exists(), "the site started no BLAST+ for the job"
+        assert proc.returncode == 8, proc.stderr
+        first, *rest = proc.stderr.splitlines()
+        assert "replica changed while this job regenerated" in first, proc.stderr
+        assert all("finished work is kept" in line for line in rest), proc.stderr  # the search's own
+        assert not (server.root / "second.out").exists()
+    finally:
+        server.stop()
+
+
+def test_a_site_started_while_its_replica_is_damaged_starts_and_refuses_only_regenerations(
+    sites: Sites,
+) -> None:
+    """An unlucky operator: the site restarted (by its service manager) while the replica is being
+    rewritten, or is damaged. `serve` exited 4 at every restart, so the site was down for plain output
+    and traces too. Now it starts and says so; a job that regenerates is refused while the replica
+    differs (exit 8, one line), and the next one, once the replica is whole again, is BLAST+'s bytes."""
+    whole = sites.server.replica / "whole.psq"
+    original = whole.read_bytes()
+    st = whole.stat()
+    sites.server.stop()
+    flip_keeping_times(whole)
+    sites.server.start()  # exit 4 "corrupt database" here before
+    assert "jobs that regenerate are refused until it is whole" in sites.server.log()
+    proc = sites.search("damaged.out", "--no-journal", check=False)
+    assert proc.returncode == 8, proc.stderr
+    assert "replica is damaged" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (sites.server.root / "damaged.out").exists()
+    with open(whole, "r+b") as fh:
+        fh.write(original)
+    os.utime(whole, ns=(st.st_atime_ns, st.st_mtime_ns))
+    sites.search("whole.out")
+    assert (sites.server.root / "whole.out").read_bytes() == sites.local()

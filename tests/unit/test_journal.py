@@ -272,3 +272,47 @@ def test_an_unreadable_journal_is_not_said_to_continue(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="unreadable"):
         Journal.open(path, IDENTITY, PLAN, restart=False)
     assert not tidy(path) and (path / "piece" / "0").exists()
+
+
+@pytest.mark.parametrize("who", ["another user", "others can write"])
+def test_a_journal_only_this_user_wrote_is_resumed(tmp_path: Path, who: str, capsys) -> None:
+    """Issue 23: a journal another user owns, or one others can write, may hold records someone else
+    tagged with a key of their own (they wrote job.json): its work is done again, never replayed."""
+    import os
+
+    path = tmp_path / ".out.journal"
+    journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
+    journal.piece_done(0, b"planted")
+    journal.close(complete=False)
+    assert path.stat().st_mode & 0o777 == 0o700
+    for part in [path, *path.rglob("*")]:
+        if who == "another user":
+            os.chown(part, 65534, 65534)
+        else:
+            part.chmod(0o777 if part.is_dir() else 0o666)
+    journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False)
+    assert replay.empty
+    assert (
+        f"journal .out.journal dropped ({'.out.journal is owned by another user' if who == 'another user' else 'others can write .out.journal'}"
+        in capsys.readouterr().err
+    )
+    assert path.stat().st_uid == os.geteuid() and path.stat().st_mode & 0o777 == 0o700
+    journal.close(complete=True)
+
+
+def test_a_journal_of_another_user_that_cannot_be_removed_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """As in a sticky directory (/tmp): another user's journal cannot be removed: one line, exit 6."""
+    import os
+
+    from paramedic.engine import journal as journal_module
+    from paramedic.errors import OutputError
+
+    path = tmp_path / ".out.journal"
+    journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
+    journal.piece_done(0, b"planted")
+    journal.close(complete=False)
+    for part in [path, *path.rglob("*")]:
+        os.chown(part, 65534, 65534)
+    monkeypatch.setattr(journal_module, "_remove_tree", lambda _path: None)  # the sticky bit's refusal
+    with pytest.raises(OutputError, match="cannot be trusted and cannot be removed .* uid 65534"):
+        Journal.open(path, IDENTITY, PLAN, restart=False)

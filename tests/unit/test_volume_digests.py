@@ -12,6 +12,7 @@ from pathlib import Path
 import blake3
 import pytest
 
+from paramedic.blast.alias import write_alias
 from paramedic.db.manifest import (
     FRAGMENT_DIGESTS,
     Fragment,
@@ -30,6 +31,8 @@ def database(root: Path) -> Manifest:
     fragments = [
         Fragment(f"frag{i:03d}", f"f{i:03d}", 1, 1, volume_sha256(root, f"f{i:03d}")) for i in range(2)
     ]
+    for i in range(2):  # each fragment's alias, as `paramedic format` writes it
+        write_alias(root / f"frag{i:03d}.pal", [f"f{i:03d}"], title="t", nseq=2, length=2)
     return Manifest(
         format_version=1,
         dbtype="prot",
@@ -94,3 +97,22 @@ def test_members_file_gives_each_fragments_ids_in_order_and_is_checked(tmp_path:
     (tmp_path / "other" / MEMBERS_NAME).write_bytes(bytes(bad))
     with pytest.raises(DatabaseError, match="members.bin does not match"):
         fragment_members(tmp_path / "other", 3, digest)
+
+
+@pytest.mark.parametrize("change", ["another volume", "missing", "a byte"])
+def test_a_fragment_alias_other_than_the_manifests_is_refused(tmp_path: Path, change: str) -> None:
+    """A fragment search names its alias as -db: one rewritten to name another volume (times kept) had
+    the search read bytes other than its fragment's, every digest passing."""
+    manifest = database(tmp_path)
+    verify_volumes(tmp_path, manifest)
+    alias = tmp_path / "frag001.pal"
+    if change == "another volume":
+        info = alias.stat()
+        alias.write_bytes(alias.read_bytes().replace(b"f001", b"f000"))
+        os.utime(alias, ns=(info.st_atime_ns, info.st_mtime_ns))
+    elif change == "missing":
+        alias.unlink()
+    else:
+        flip_keeping_times(alias)
+    with pytest.raises(DatabaseError, match="alias frag001.pal"):
+        verify_volumes(tmp_path, manifest)

@@ -21,6 +21,8 @@ from typing import Protocol
 
 import blake3
 
+from paramedic.blast.alias import alias_bytes
+from paramedic.blast.programs import alias_suffix
 from paramedic.errors import DatabaseError
 
 MANIFEST_NAME = "manifest.json"
@@ -147,6 +149,7 @@ def verify_volumes(db_dir: Path, manifest: Manifest) -> None:
     The volumes are digested on every core at once (hashlib releases the GIL): rank 0 does it before the
     search while the workers wait (worker threads search meanwhile, and their results wait for it:
     paramedic.engine.job `Job.verified`); 1.2 GB of a 420,000-protein database took 1.1 s on one core."""
+    check_aliases(db_dir, manifest)
     volumes = [(manifest.whole, manifest.whole_sha256)]
     if manifest.tools.get("digests") == FRAGMENT_DIGESTS:
         volumes += [(f.volume, f.sha256) for f in manifest.fragments]
@@ -197,6 +200,36 @@ def _digest_all(
     return results
 
 
+def _alias_files(db_dir: Path, manifest: Manifest) -> list[tuple[Path, bytes]]:
+    """Each fragment's alias file (what a fragment search names as -db) and the bytes the manifest says
+    it holds (`paramedic format` writes them from the same fields)."""
+    suffix = alias_suffix(manifest.dbtype)
+    return [
+        (
+            db_dir / (f.name + suffix),
+            alias_bytes([f.volume], title=manifest.title, nseq=manifest.nseq, length=manifest.length),
+        )
+        for f in manifest.fragments
+    ]
+
+
+def check_aliases(db_dir: Path, manifest: Manifest) -> None:
+    """Every fragment alias is the manifest's, in every job: an alias rewritten to name another volume
+    (times kept) made a fragment search read the wrong volume, whose digest passed; with `--traceback
+    once` the report was another one, exit 0 (issue 23)."""
+    for path, expected in _alias_files(db_dir, manifest):
+        try:
+            with open(path, "rb") as fh:
+                actual = fh.read(len(expected) + 1)
+        except OSError as exc:
+            raise DatabaseError(f"{db_dir}: alias {path.name} unreadable ({exc.strerror})") from exc
+        if actual != expected:
+            raise DatabaseError(
+                f"{db_dir}: corrupt database: alias {path.name} is not the one the manifest describes "
+                "(changed since `paramedic format`; format it again)"
+            )
+
+
 Stamp = tuple[str, int, int, int, int]  # a volume file's name, inode, size, mtime and ctime (ns)
 
 
@@ -205,15 +238,18 @@ def volume_stamps(db_dir: Path, manifest: Manifest) -> tuple[Stamp, ...]:
     by `check_stamps` once the searches are done, before the output is made final. A file written in
     place changes its ctime, which no user can set back (setting the times sets it to now), and a file
     replaced has another inode: so the volumes the searches read are the ones digested. A volume
-    rewritten during a search, times restored, gave another report, exit 0 (issue 23, item 1)."""
+    rewritten during a search, times restored, gave another report, exit 0 (issue 23, item 1). The
+    fragments' alias files are stamped too (`check_aliases` reads them before)."""
     stamps = []
+    files = [path for path, _ in _alias_files(db_dir, manifest)]  # what fragment searches open first
     for volume in {manifest.whole, *(f.volume for f in manifest.fragments)}:
-        for path in _volume_files(db_dir, volume):
-            try:
-                info = path.stat()
-            except OSError as exc:
-                raise DatabaseError(f"{path}: unreadable ({exc.strerror})") from exc
-            stamps.append((path.name, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+        files += _volume_files(db_dir, volume)
+    for path in files:
+        try:
+            info = path.stat()
+        except OSError as exc:
+            raise DatabaseError(f"{path}: unreadable ({exc.strerror})") from exc
+        stamps.append((path.name, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
     return tuple(sorted(stamps))
 
 

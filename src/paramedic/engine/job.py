@@ -33,7 +33,7 @@ from paramedic.db.locate import resolve_database
 from paramedic.db.manifest import Manifest, Stamp, verify_volumes, volume_stamps
 from paramedic.db.seqids import SeqIdTable
 from paramedic.engine.journal import journal_path
-from paramedic.engine.metadata import SearchIdentity, load_metadata
+from paramedic.engine.metadata import SearchIdentity, load_metadata, metadata_key
 from paramedic.engine.plan import DEFAULT_REGEN_GROUP, grouped, make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings, StageSettings
@@ -237,6 +237,7 @@ def prepare_job(
     save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None
     if save_path is not None:
         check_writable(save_path)
+        metadata_key(create=True, option="--metadata")  # a key that cannot be made fails now, not at the end
     preloaded = None
     if settings.from_metadata is not None:
         preloaded = load_metadata(_resolve(cwd, str(settings.from_metadata)), identity, len(queries), db.nseq)

@@ -32,6 +32,11 @@ Layout of `.<out>.journal/` (beside the output; with --site, beside the run reco
                         and opens a new one, sending what the journal holds again)
     output.partial      the report being written; renamed to the output when complete
 
+Only this user writes it: the directories are made 0700, and a journal (or its search/, piece/ or
+job.json) that another user owns or others can write is dropped at open, its work done again, or refused
+(exit 6) when it cannot be removed. With the output in a shared directory, another user could otherwise
+plant `.<out>.journal` with a job.json of their own key and records tagged with it (issue 23).
+
 Anything that is not what the layout says (a file or a link where a directory belongs, a directory, a
 FIFO or a link where a file belongs) is dropped at open, and its work done again: never followed, never
 waited on (a FIFO at `lock` blocked every run).
@@ -53,7 +58,9 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +132,7 @@ class Journal:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)  # a --site job's journal mirrors the remote path
             _own_directory(path)
+            _private(path)
             for part in ("search", "piece"):
                 _own_directory(path / part)
             lock = _open_lock(path)
@@ -433,7 +441,65 @@ def _own_directory(path: Path) -> None:
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         _warn(f"journal entry {path.name} dropped (not a directory): its work is done again")
         path.unlink()
-    path.mkdir(exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
+
+
+def _private(path: Path) -> None:
+    """The journal is read back as this user's own finished work, so only this user may have written it
+    (as ssh treats ~/.ssh). With the output in a shared directory (/tmp, a group's project directory),
+    another user could plant `.<out>.journal` with a job.json of their own key and records tagged with it:
+    the search resumed from it and wrote their bytes, exit 0. A journal, or a part of it, that another user
+    owns is refused (it cannot be removed in a sticky directory); one of this user's own that others can
+    write is dropped and begun again. Directories are made 0700."""
+    parts = [path, path / "search", path / "piece", path / "job.json"]
+    mine = _owner_of_new_files(path.parent)
+    for attempt in range(2):
+        foreign = writable = None
+        for part in parts:
+            try:
+                st = os.lstat(part)
+            except FileNotFoundError:
+                continue
+            if st.st_uid != mine:
+                foreign = foreign or (part, st.st_uid)
+            elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not stat.S_ISLNK(st.st_mode):
+                writable = writable or part
+        if foreign is None and writable is None:
+            return
+        if attempt == 0:
+            if foreign is not None:
+                reason = f"{foreign[0].relative_to(path.parent)} is owned by another user (uid {foreign[1]})"
+            else:
+                assert writable is not None
+                reason = f"others can write {writable.relative_to(path.parent)}"
+            _warn(
+                f"journal {path.name} dropped ({reason}: its records cannot be trusted): its work is done again"
+            )
+            _remove_tree(path)
+            _own_directory(path)
+    assert foreign is not None or writable is not None
+    what, uid = foreign if foreign is not None else (writable, None)
+    raise OutputError(
+        f"the journal {path} cannot be trusted and cannot be removed ({what} is "
+        + (f"owned by another user, uid {uid}" if uid is not None else "writable by others")
+        + "): remove it, or write the output to a directory of your own"
+    )
+
+
+def _owner_of_new_files(directory: Path) -> int:
+    """The owner a file made here by this process gets: this user, but on a filesystem that maps users
+    (NFS with root squashed, some FUSE mounts) the one it maps this user to, so that a journal this
+    user made there is not taken for another user's."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".paramedic-owner-", dir=directory)
+    except OSError:
+        return os.geteuid()
+    try:
+        return os.fstat(fd).st_uid
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name)
 
 
 def _readable(job_file: Path) -> bool:

@@ -44,6 +44,7 @@ from paramedic.engine.runner import Arrival, Transport, drive
 from paramedic.engine.scheduler import Plan, Task
 from paramedic.engine.shell import Runner, run_master, serial_runner
 from paramedic.engine.store import ALIGNMENTS_VARIABLE, Store
+from paramedic.errors import DatabaseError
 from paramedic.report.record import RankStats, RunRecord
 
 # How often the master looks up from waiting for a result (an interrupt is raised between looks).
@@ -74,7 +75,12 @@ def run_local_job(job: Job, workers: int, command: list[str]) -> RunRecord:
             record = run_master(job, plan, workers + 1, runner, command, journal, replay, store)
         except Exception:
             if job.verified is not None:
-                job.verified()  # a damaged database is the error to say, whatever a BLAST+ run met
+                try:
+                    job.verified()  # a damaged database is the error to say, whatever a BLAST+ run met
+                except DatabaseError:
+                    if journal is not None:  # the workers' records were made on bytes that failed it
+                        journal.close(complete=True)
+                    raise
             raise
         record.runner = "local"
         return record

@@ -17,8 +17,8 @@ workers finish together.
 from __future__ import annotations
 
 import bisect
-import itertools
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 

@@ -78,8 +78,11 @@ class LocalFile:
         else:
             job = os.environ.get("PARAMEDIC_JOB_ID") or str(os.getpid())
             self.tmp = partial or out.with_name(f".{out.name}.partial-{job}")
-            try:
-                self.fh = open(self.tmp, "wb")
+            try:  # made afresh, never written through a link or a file planted at its name (a name
+                # made of a pid can be guessed beside an output in a shared directory)
+                self.tmp.unlink(missing_ok=True)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                self.fh = os.fdopen(os.open(self.tmp, flags, 0o666), "wb")
             except OSError as exc:
                 raise OutputError(f"cannot write {out}: {exc.strerror}") from exc
 

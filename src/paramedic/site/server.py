@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from paramedic.db.locate import resolve_database
-from paramedic.errors import UsageError
+from paramedic.db.manifest import verify_volumes
+from paramedic.errors import DatabaseError, UsageError
 from paramedic.ship.tls import peer_name, server_context
 from paramedic.ship.wire import (
     MAX_PAYLOAD_BYTES,
@@ -145,7 +146,12 @@ class SiteServer:
         self.replica: Replica | None = None
         self.reads: ReplicaReads | None = None
         if settings.replica is not None:
-            database, manifest = resolve_database(str(settings.replica), Path.cwd())
+            database, manifest = resolve_database(str(settings.replica), Path.cwd(), digest=False)
+            try:  # a replica damaged (or being rewritten) now does not keep the site down: every job
+                # that regenerates digests it again and is refused while it differs (Replica.verify)
+                verify_volumes(database.directory, manifest)
+            except DatabaseError as exc:
+                log(f"warning: --replica: {exc}; jobs that regenerate are refused until it is whole")
             self.replica = Replica(database, manifest.checksum(), workdir, manifest, settings.max_setup_bytes)
             self.reads = ReplicaReads(database.directory, manifest) if settings.replica_reads else None
         self.context = server_context(settings.keys) if settings.keys is not None else None

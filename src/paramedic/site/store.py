@@ -52,7 +52,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from paramedic.blast.run import Database
-from paramedic.db.manifest import Manifest, verify_volumes
+from paramedic.db.manifest import Manifest, Stamp, check_stamps, verify_volumes, volume_stamps
 from paramedic.durable import fsync_dir, write_durably
 from paramedic.errors import DatabaseError, ParamedicError
 from paramedic.ship.apps import codec_needs_replica
@@ -107,15 +107,31 @@ class Replica:
     manifest: Manifest | None = None  # what the replica's bytes are checked against, once per job
     max_setup_bytes: int = DEFAULT_MAX_SETUP_BYTES  # a job's setup inflated at most (serve --max-setup)
 
-    def verify(self) -> None:
+    def verify(self) -> tuple[Stamp, ...] | None:
         """Digest the replica's volumes before a job regenerates from them: the replica may change while
-        `serve` runs (sizes and times kept or not). ProtocolError (the job is refused) when they differ."""
+        `serve` runs (sizes and times kept or not). ProtocolError (the job is refused) when they differ.
+        Returns the volume files' stamps, taken before the digest, for `unchanged` when the job ends."""
         if self.manifest is None:
-            return
+            return None
         try:
+            stamps = volume_stamps(self.database.directory, self.manifest)
             verify_volumes(self.database.directory, self.manifest)
         except DatabaseError as exc:
             raise ProtocolError(f"storage site's replica is damaged: {exc}") from None
+        return stamps
+
+    def unchanged(self, stamps: tuple[Stamp, ...] | None) -> None:
+        """JobFailed unless the replica's files are still the ones digested when the job opened: a
+        replica rewritten while the job regenerated (times kept) published another report (issue 23)."""
+        if stamps is None:
+            return
+        try:
+            check_stamps(self.database.directory, stamps)
+        except DatabaseError:
+            raise JobFailed(
+                "storage site's replica changed while this job regenerated from it (a volume written or "
+                "replaced): its report is not published"
+            ) from None
 
 
 def safe_output_path(root: Path, relative: str) -> Path:
@@ -163,6 +179,8 @@ class SiteJob:
     context: Any
     setup_header: dict[str, Any]
     location: OutputLocation | None = None
+    # the replica's files as digested when the job opened (Replica.verify); None after a restart
+    replica_stamps: tuple[Stamp, ...] | None = None
     acked: set[int] = field(default_factory=set)
     decoded: dict[int, dict[str, Any]] = field(default_factory=dict)
     failure: str | None = None
@@ -256,8 +274,9 @@ class JobStore:
         if not JOB_ID.match(job_id):
             raise ProtocolError("bad job id")
         codec_name = field_str(header, "codec", 64)
+        stamps = None
         if self.replica is not None and job_id not in self.jobs and make_codec(codec_name).layout == "pieces":
-            self.replica.verify()  # a new job that regenerates: its replica's bytes, digested (not locked)
+            stamps = self.replica.verify()  # a new job that regenerates: its replica's bytes, digested
         with self.lock:
             self._expire_idle_jobs()
             job = self.jobs.get(job_id)
@@ -322,6 +341,7 @@ class JobStore:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise ProtocolError(f"storage site cannot open the job: {_describe(exc)}") from None
             job = SiteJob(job_id, directory, peer, out, codec, context, setup, location)
+            job.replica_stamps = stamps
             job.stored_bytes = len(payload)
             self.jobs[job_id] = job
             with self.targets_lock:
@@ -551,7 +571,13 @@ class JobStore:
         except JobFailed:
             pass  # already failed (a quota), and logged
         except (ProtocolError, ParamedicError, OSError, ValueError) as exc:
-            self._fail(job, f"chunk {index}: {_describe(exc)}")
+            try:  # a BLAST+ that crashed on a replica changed under it: say that, not "exit -11"
+                if self.replica is not None:
+                    self.replica.unchanged(job.replica_stamps)
+            except JobFailed as changed:
+                self._fail(job, str(changed))
+            else:
+                self._fail(job, f"chunk {index}: {_describe(exc)}")
         except Exception as exc:  # a bug in a codec, or in BLAST+'s handling: fail, never hang
             self._fail(job, f"chunk {index}: internal error while decoding: {exc!r}")
         finally:
@@ -648,6 +674,8 @@ class JobStore:
             if indices != list(range(len(job.context.pieces))):
                 raise JobFailed("pieces missing or repeated")
             sums = {s[0]: s[2] if len(s) > 2 else None for s in segments}
+            if self.replica is not None:
+                self.replica.unchanged(job.replica_stamps)  # every piece is regenerated by now
             with location.open_partial(create=True, truncate=True) as fd:
                 out = _HashingFile(fd)
                 try:
@@ -701,6 +729,21 @@ class JobStore:
 
     # -- restart --------------------------------------------------------------------------------------
     def _resume_from_disk(self) -> None:
+        replica: list[tuple[Stamp, ...] | None | str] = []  # digested once, for every job resumed
+
+        def replica_now() -> tuple[Stamp, ...] | None:
+            """The replica's stamps, digested now (it may have changed while the site was down: the
+            digest at a job's open does not cover a restart); ProtocolError when it differs."""
+            if not replica:
+                try:
+                    assert self.replica is not None
+                    replica.append(self.replica.verify())
+                except ProtocolError as exc:
+                    replica.append(str(exc))
+            if isinstance(replica[0], str):
+                raise ProtocolError(replica[0])
+            return replica[0]
+
         for directory in sorted(self.state.iterdir()):
             if not JOB_ID.match(directory.name) or not (directory / "job.json").exists():
                 continue
@@ -731,6 +774,8 @@ class JobStore:
                 continue
             try:
                 job.context = self._prepare(codec, setup, (directory / "setup.bin").read_bytes(), job.job_id)
+                if codec.layout == "pieces" and self.replica is not None:
+                    job.replica_stamps = replica_now()
             except (ProtocolError, ParamedicError, OSError, ValueError, MemoryError) as exc:
                 self._fail(job, f"cannot resume after a restart: {_describe(exc)}")
                 continue
