@@ -154,3 +154,30 @@ def test_thousands_of_pending_handshakes_are_cheap_and_bounded_in_time(make_site
     finally:
         _close_all(silent)
     assert len(site.lines) <= 51, "a flood must not flood the log"
+
+
+def test_a_refused_certificate_is_said_even_to_a_client_that_wrote_first(make_site, keys: Path) -> None:
+    """A client certificate of another CA: TLS 1.3 finishes the handshake on the client's side before the
+    site checks the certificate, so the client's first request is already on its way. The site's alert
+    must reach it all the same: closed at once with that request unread, the close was a reset that
+    dropped the alert ("EOF occurred in violation of protocol": a lost link, retried until the timeout)."""
+    import ssl
+
+    from tests.conftest import paramedic
+
+    foreign = keys.parent / "foreign"
+    if not foreign.exists():
+        paramedic("keys", "--out", str(foreign), "--server", "localhost", "--client", "compute-a")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(cafile=str(keys / "compute-a" / "ca.pem"))  # the site is trusted
+    context.load_cert_chain(foreign / "compute-a" / "cert.pem", foreign / "compute-a" / "key.pem")
+    site = make_site()
+    for _ in range(5):
+        raw = socket.create_connection(("127.0.0.1", site.port), timeout=10)
+        with context.wrap_socket(raw, server_hostname="localhost") as tls:
+            send_frame(tls, {"op": "hello"})  # written before the site has judged the certificate
+            time.sleep(0.3)  # the site has refused it by now, with the request unread
+            with pytest.raises(ssl.SSLError) as refusal:
+                tls.recv(1)
+            assert not isinstance(refusal.value, ssl.SSLEOFError), refusal.value
+    site.wait_log("refused|certificate")

@@ -25,6 +25,13 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 ACCEPTS_PER_WAKE = 256  # a burst of new connections does not starve the handshakes already under way
+# A refused handshake (a client certificate of another CA) is closed in two steps: its write side first,
+# after the TLS alert that says why, then the socket once the client has read it and closed, or after
+# this long. Closed at once, the client's first request, already sent and not read here, made the close a
+# reset, which can drop the alert: the client saw "EOF occurred in violation of protocol", took it for a
+# lost link and retried until --ship-timeout instead of saying "refused" (seen under load).
+LINGER_SECONDS = 2.0
+MAX_LINGERING = 1024  # refused connections closing at once (the oldest is closed outright past it)
 NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
@@ -138,6 +145,14 @@ class Pending:
     started: bool = False  # wrapped in TLS
 
 
+@dataclass(eq=False)
+class Lingering:
+    """A refused connection whose write side is shut: what the client still sends is read and dropped."""
+
+    sock: socket.socket
+    deadline: float
+
+
 class HandshakeLoop:
     """Accepts connections and runs their TLS handshakes without blocking, in the calling thread.
 
@@ -164,6 +179,7 @@ class HandshakeLoop:
         self.refused = refused
         self.stopping = stopping
         self.selector = selectors.DefaultSelector()
+        self.lingering: dict[int, Lingering] = {}  # id -> refused connection closing, oldest first
 
     def run(self) -> None:
         try:
@@ -178,14 +194,21 @@ class HandshakeLoop:
                 for key, _ in self.selector.select(wait):
                     if key.data is None:
                         self._accept()
+                    elif isinstance(key.data, Lingering):
+                        self._drain(key.data)
                     else:
                         self._advance(key.data)
-                for entry in self.table.expired(time.monotonic()):
+                now = time.monotonic()
+                for entry in self.table.expired(now):
                     self._close(entry)
                     self.refused(entry.item.host, f"no TLS handshake within {self.seconds:g} s")
+                for lingering in [x for x in self.lingering.values() if x.deadline <= now]:
+                    self._end(lingering)
         finally:
             while (left := self.table.evict_one()) is not None:
                 self._close(left)
+            for lingering in list(self.lingering.values()):
+                self._end(lingering)
             self.selector.close()
 
     def _accept(self) -> None:
@@ -244,13 +267,49 @@ class HandshakeLoop:
             return
         except (ssl.SSLError, OSError, ValueError) as exc:
             self.table.discard(entry)
-            self._close(entry)
+            self._linger(tls)
             self.refused(pending.host, str(getattr(exc, "reason", None) or exc))
             return
         self.table.discard(entry)
         self.selector.unregister(tls)
         tls.setblocking(True)
         self.done(tls, pending.host)
+
+    def _linger(self, sock: socket.socket) -> None:
+        """Shut the write side (the alert is already written: the client reads it, then end of file) and
+        read what the client still sends until it closes or LINGER_SECONDS pass."""
+        try:
+            self.selector.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            socket.socket.shutdown(sock, socket.SHUT_WR)  # the descriptor's, under the TLS object
+            lingering = Lingering(sock, time.monotonic() + LINGER_SECONDS)
+            self.selector.register(sock, selectors.EVENT_READ, lingering)
+        except (OSError, ValueError):
+            sock.close()
+            return
+        self.lingering[id(lingering)] = lingering
+        if len(self.lingering) > MAX_LINGERING:
+            self._end(next(iter(self.lingering.values())))
+
+    def _drain(self, lingering: Lingering) -> None:
+        try:
+            data = socket.socket.recv(lingering.sock, 1 << 16)  # raw bytes, dropped unread
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the client closed (or reset): nothing left to protect
+            self._end(lingering)
+
+    def _end(self, lingering: Lingering) -> None:
+        self.lingering.pop(id(lingering), None)
+        try:
+            self.selector.unregister(lingering.sock)
+        except (KeyError, ValueError):
+            pass
+        lingering.sock.close()
 
     def _close(self, entry: Entry[Pending]) -> None:
         try:
