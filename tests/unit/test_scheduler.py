@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from paramedic.blast.hits import Hit
-from paramedic.engine.plan import fragment_groups, make_plan, search_units
+from paramedic.engine.plan import fragment_groups, make_plan, one_search_per_worker, search_units
 from paramedic.engine.plan import grouped as group
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
 from tests.unit.fragments import searched
@@ -300,20 +300,40 @@ def test_replica_groups_keep_each_worker_on_its_share_of_the_database():
 
 # -- fragment groups (paramedic.engine.plan) ------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("fragments", "batches", "workers", "units"),
+    ("fragments", "batches", "workers", "even", "units"),
     [
-        (8, 1, 2, 4),  # one batch: twice the workers
-        (8, 2, 2, 2),  # two batches: one search per worker and batch
-        (8, 10, 2, 2),
-        (8, 1, 16, 8),  # never more than the fragments
-        (64, 3, 16, 16),
-        (1, 1, 2, 1),
+        (8, 1, 2, False, 4),  # one batch: twice the workers, a slow rank's share moves to the others
+        (8, 1, 2, True, 2),  # even: one search per worker and batch
+        (8, 2, 2, False, 2),  # two batches: one search per worker and batch
+        (8, 10, 2, False, 2),
+        (8, 1, 16, False, 8),  # never more than the fragments
+        (8, 1, 16, True, 8),
+        (64, 3, 16, False, 16),
+        (64, 1, 16, True, 16),
+        (1, 1, 2, False, 1),
+        (1, 1, 2, True, 1),
     ],
 )
 def test_search_units_keep_every_worker_busy_with_few_searches(
-    fragments: int, batches: int, workers: int, units: int
+    fragments: int, batches: int, workers: int, even: bool, units: int
 ) -> None:
-    assert search_units(fragments, batches, workers) == units
+    assert search_units(fragments, batches, workers, even) == units
+
+
+@pytest.mark.parametrize(
+    ("program", "query_residues", "database_residues", "startup", "one"),
+    [
+        ("blastn", 34586, 306_000_000, 0.04, True),  # short megablast searches: a start is over 5%
+        ("blastn", 2519, 306_000_000, 0.04, True),
+        ("blastp", 621, 178_000_000, 0.04, False),  # 2.5 s searches: a start is under 5%
+        ("blastp", 14749, 178_000_000, 0.04, False),
+        ("blastp", 621, 178_000_000, 0.2, True),  # a slow start (a loaded machine) tips it
+    ],
+)
+def test_one_search_per_worker_when_a_start_is_a_large_share_of_a_search(
+    program: str, query_residues: int, database_residues: int, startup: float, one: bool
+) -> None:
+    assert one_search_per_worker(program, query_residues, database_residues, 2, startup) is one
 
 
 @pytest.mark.parametrize(

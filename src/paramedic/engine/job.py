@@ -34,7 +34,7 @@ from paramedic.db.manifest import Manifest, Stamp, verify_volumes, volume_stamps
 from paramedic.db.seqids import SeqIdTable
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata, metadata_key
-from paramedic.engine.plan import DEFAULT_REGEN_GROUP, grouped, make_plan
+from paramedic.engine.plan import DEFAULT_REGEN_GROUP, grouped, make_plan, one_search_per_worker
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings, StageSettings
 from paramedic.engine.strategy import (
@@ -92,11 +92,27 @@ class Job:
     # The -db volumes' files as they were digested (paramedic.db.manifest.volume_stamps)
     volume_stamps: tuple[Stamp, ...] = ()
 
-    def plan(self, workers: int) -> Plan:
+    def plan(self, workers: int, one_machine: bool = False) -> Plan:
+        """The job's plan for `workers` (`one_machine`: worker threads of this process, equal workers)."""
         inputs = dict(self.plan_inputs)
         group = inputs.pop("group_fragments", False)
         plan = make_plan(workers=workers, **inputs)  # type: ignore[arg-type]
-        return grouped(plan, inputs["fragment_residues"], workers) if group else plan  # type: ignore[arg-type]
+        if not group:
+            return plan
+        lengths: list[int] = inputs["query_lengths"]  # type: ignore[assignment]
+        residues: list[int] = inputs["fragment_residues"]  # type: ignore[assignment]
+        even = (
+            one_machine
+            and len(plan.batches) == 1
+            and one_search_per_worker(
+                self.program,
+                sum(lengths),
+                sum(residues),
+                workers,
+                float(inputs["startup_seconds"]),  # type: ignore[arg-type]
+            )
+        )
+        return grouped(plan, residues, workers, even)
 
     def journal_identity(self) -> dict[str, object]:
         """What the journaled work depends on: a journal made with anything else is not continued."""

@@ -14,7 +14,6 @@ removes them, and only them:
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -36,6 +35,8 @@ def dies_with_this_process() -> Callable[[], None] | None:
     cannot be asked (not Linux). Why: mpiexec, a session of its own, ran on with its ranks after its
     launcher was killed outright (a user's kill -9, the OOM killer), searching for nobody; killed, it
     stops its ranks. The call is made ready here, before the fork: the child only makes the system call."""
+    import ctypes  # here: a local search, which starts no mpiexec, does not load it (3 ms)
+
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):

@@ -55,7 +55,7 @@ STOP_SECONDS = 10.0
 
 def run_local_job(job: Job, workers: int, command: list[str]) -> RunRecord:
     """Run `job` with `workers` worker threads in this process; the run record."""
-    plan = job.plan(workers)
+    plan = job.plan(workers, one_machine=True)  # threads of one machine search equal shares
     journal: Journal | None = None
     replay: Replay = NOTHING
     if job.journal is not None:  # resuming: the journal's plan, whatever the workers are this time

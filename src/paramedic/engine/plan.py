@@ -109,25 +109,41 @@ def make_plan(
     )
 
 
-def grouped(plan: Plan, fragment_residues: Sequence[int], workers: int) -> Plan:
+def grouped(plan: Plan, fragment_residues: Sequence[int], workers: int, even: bool = False) -> Plan:
     """`plan` with consecutive fragments searched together (`fragment_groups`; the whole database fits in
-    each worker's memory), as few searches as keep the workers busy (`search_units`)."""
+    each worker's memory), as few searches as keep the workers busy (`search_units`; `even`: one search
+    per worker and batch)."""
     if plan.query_segmentation:
         return plan
     groups = fragment_groups(
-        fragment_residues, search_units(len(fragment_residues), len(plan.batches), workers)
+        fragment_residues, search_units(len(fragment_residues), len(plan.batches), workers, even)
     )
     if len(groups) == plan.n_fragments:
         return plan
     return dataclasses.replace(plan, n_fragments=len(groups), groups=groups)
 
 
-def search_units(fragments: int, batches: int, workers: int) -> int:
+def search_units(fragments: int, batches: int, workers: int, even: bool = False) -> int:
     """How many searches a batch's fragments are grouped into: enough that every worker has a search of
-    every batch, and twice as many searches as workers over the job (so a slow worker's share moves to
-    the others), never more than the fragments. Each search pays a BLAST+ start and the lookup table of
-    its batch's queries (0.2 s for 12 proteins); a fragment searched alone pays them once per fragment."""
-    return max(1, min(fragments, max(workers, math.ceil(2 * workers / max(1, batches)))))
+    every batch, never more than the fragments. Each search pays a BLAST+ start and the lookup table of
+    its batch's queries (0.2 s for 12 proteins; megablast's is 64 MB); a fragment searched alone pays
+    them once per fragment. Over the job, twice as many searches as workers, so a slow worker's share
+    moves to the others; `even` (`one_search_per_worker`): one search per worker and batch."""
+    spread = workers if even else math.ceil(2 * workers / max(1, batches))
+    return max(1, min(fragments, max(workers, spread)))
+
+
+def one_search_per_worker(
+    program: str, batch_residues: int, database_residues: int, workers: int, startup_seconds: float
+) -> bool:
+    """Whether worker threads of one machine (equal workers) search a batch in one search each rather
+    than two: when a search's start would be over STARTUP_SHARE of the smaller search (RATE). Measured,
+    two threads, one batch, medians (bench/RESULTS.md): blastn 20 queries against 306 Mbp, whose
+    searches are short and each builds megablast's 64 MB table, 0.705 s in 2 searches against 0.745 s
+    in 4; blastp 1 query against 178 M residues, 2.5 s searches, 2.96 s against 2.89 s (the halves'
+    own speeds differ by up to 0.25 s on this machine, which 4 searches even out)."""
+    smaller = _seconds_per_query_residue(program, database_residues) * batch_residues / (2 * workers)
+    return startup_seconds > STARTUP_SHARE * smaller
 
 
 def fragment_groups(fragment_residues: Sequence[int], units: int) -> tuple[tuple[int, ...], ...]:

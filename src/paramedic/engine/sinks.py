@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -326,6 +325,8 @@ def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = Non
     earlier = journal.earlier_site_job() if journal is not None else None
     if earlier is not None:  # a killed run's job still holds the output path at the site
         cancel_site_job(job.ship, earlier)
+    import uuid  # here: a search that ships nothing does not load it (4 ms with platform)
+
     job_id = uuid.uuid4().hex
     if journal is not None:  # noted before the site opens it: a run killed while it opens is cancelled too
         journal.note_site_job(job_id)
