@@ -14,7 +14,7 @@ import struct
 import sys
 import threading
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -147,57 +147,165 @@ def verify_volumes(db_dir: Path, manifest: Manifest) -> None:
     all three, so nothing is remembered between jobs. The cost is one read of the database per job (the
     page cache usually holds it for the search that follows): under 1% of a search, bench/RESULTS.md.
     The volumes are digested on every core at once (hashlib releases the GIL): rank 0 does it before the
-    search while the workers wait (worker threads search meanwhile, and their results wait for it:
-    paramedic.engine.job `Job.verified`); 1.2 GB of a 420,000-protein database took 1.1 s on one core."""
-    check_aliases(db_dir, manifest)
-    volumes = [(manifest.whole, manifest.whole_sha256)]
-    if manifest.tools.get("digests") == FRAGMENT_DIGESTS:
-        volumes += [(f.volume, f.sha256) for f in manifest.fragments]
-    if manifest.volume_blake3:  # the cheaper digest, of every volume, when the manifest has it
-        volumes = [(v, manifest.volume_blake3.get(v, "")) for v, _ in volumes]
-    digest = volume_blake3 if manifest.volume_blake3 else volume_sha256
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    digests = _digest_all(digest, db_dir, [v for v, _ in volumes], max(1, min(cores, len(volumes))))
-    for volume, expected in volumes:
-        actual = digests[volume]
-        if isinstance(actual, OSError):
-            raise DatabaseError(f"{db_dir}: volume {volume} unreadable ({actual.strerror})") from actual
-        if isinstance(actual, Exception):
-            raise actual
-        if actual != expected:
-            raise DatabaseError(
-                f"{db_dir}: corrupt database: volume {volume} does not match the manifest's checksum "
-                "(changed or damaged since `paramedic format`; format it again)"
-            )
+    search while the workers wait (a local search starts it as soon as it knows its -db: `Verification`);
+    1.2 GB of a 420,000-protein database took 1.1 s on one core."""
+    Verification(db_dir, manifest, stamps=False)()
 
 
-def _digest_all(
-    digest: Callable[[Path, str], str], db_dir: Path, volumes: list[str], threads: int
-) -> dict[str, str | Exception]:
-    """Each volume's digest (or the error that stopped it), on `threads` threads at once (the hashing
-    releases the interpreter's lock). Plain threads: concurrent.futures imports logging and traceback,
-    a tenth of a small search's start."""
-    results: dict[str, str | Exception] = {}
-    todo = list(reversed(volumes))
-    lock = threading.Lock()
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
-    def work() -> None:
+
+class Verification:
+    """A database's digest (`verify_volumes`) running while the caller goes on, with the volumes' stamps
+    taken before it (`volume_stamps`, unless `stamps=False`). Calling the object waits for the digest
+    and raises its refusal; `failed` looks without waiting.
+
+    On `threads` threads of this process (default: every core), or in a child process of its own
+    (`child`): a local search starts it as soon as it knows its -db (paramedic.engine.launch), and the
+    interpreter's imports and the job's checks (0.15-0.2 s) leave a core idle. A thread digests little
+    there: it needs the interpreter's lock between reads, which the importing thread holds for its
+    switch interval (5 ms) each time (a 107 MiB digest took 3.6 s beside a busy thread, 0.12-0.18 s
+    alone); a forked child holds a lock of its own. Done there, the digest no longer shares the
+    cores with the first searches (blastn, 20 queries against 306 Mbp: 0.12 s of CPU)."""
+
+    def __init__(
+        self,
+        db_dir: Path,
+        manifest: Manifest,
+        threads: int | None = None,
+        stamps: bool = True,
+        child: bool = False,
+    ):
+        self.directory = db_dir
+        self.checksum = manifest.checksum()
+        self.stamps = volume_stamps(db_dir, manifest) if stamps else ()  # before the digest
+        check_aliases(db_dir, manifest)
+        volumes = [(manifest.whole, manifest.whole_sha256)]
+        if manifest.tools.get("digests") == FRAGMENT_DIGESTS:
+            volumes += [(f.volume, f.sha256) for f in manifest.fragments]
+        if manifest.volume_blake3:  # the cheaper digest, of every volume, when the manifest has it
+            volumes = [(v, manifest.volume_blake3.get(v, "")) for v, _ in volumes]
+        self._digest = volume_blake3 if manifest.volume_blake3 else volume_sha256
+        self._expected = volumes
+        self._todo = [v for v, _ in reversed(volumes)]  # popped from the end: the whole volume first
+        self._results: dict[str, str | Exception] = {}
+        self._lock = threading.Lock()
+        self._active = 0  # digesting threads
+        self._failure: list[BaseException] = []
+        self._done = threading.Event()
+        if child and hasattr(os, "fork"):
+            self._active = 1
+            names, self._todo = list(reversed(self._todo)), []
+            pid, reader = self._fork(names)  # here, not on a thread: the child needs no lock held
+            threading.Thread(
+                target=self._from_child, args=(pid, reader, names), name="paramedic-digest", daemon=True
+            ).start()
+        else:
+            self._start_threads(threads or _cores())
+
+    def _start_threads(self, threads: int) -> None:
+        with self._lock:
+            more = max(1, min(threads, len(self._todo)))
+            self._active += more
+        for _ in range(more):
+            threading.Thread(target=self._work, name="paramedic-digest", daemon=True).start()
+
+    def _work(self) -> None:
         while True:
-            with lock:
-                if not todo:
+            with self._lock:
+                if not self._todo:
+                    self._leave()
                     return
-                volume = todo.pop()
-            try:
-                results[volume] = digest(db_dir, volume)
-            except Exception as exc:  # handed to the caller
-                results[volume] = exc
+                volume = self._todo.pop()
+            self._digest_here(volume)
 
-    pool = [threading.Thread(target=work, name="paramedic-digest", daemon=True) for _ in range(threads)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    return results
+    def _digest_here(self, volume: str) -> None:
+        try:
+            self._results[volume] = self._digest(self.directory, volume)
+        except Exception as exc:  # handed to the waiter
+            self._results[volume] = exc
+
+    def _leave(self) -> None:
+        """A digesting thread is done (under the lock): the last one out compares, every digest in."""
+        self._active -= 1
+        if self._active == 0:
+            self._conclude()
+
+    def _fork(self, volumes: list[str]) -> tuple[int, int]:
+        """A child that digests `volumes` in order and writes a line for each: `volume TAB =digest`,
+        `!strerror` (unreadable) or `?message` (a refusal); the child's pid and the pipe's read end."""
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(reader)
+                for volume in volumes:
+                    try:
+                        line = "=" + self._digest(self.directory, volume)
+                    except OSError as exc:
+                        line = "!" + (exc.strerror or str(exc))
+                    except DatabaseError as exc:
+                        line = "?" + str(exc)
+                    os.write(writer, f"{volume}\t{line}\n".encode())
+            finally:
+                os._exit(0)  # no exit handlers, no flushing of the parent's buffers
+        os.close(writer)
+        return pid, reader
+
+    def _from_child(self, pid: int, reader: int, volumes: list[str]) -> None:
+        """The child's lines into the results; a volume it did not answer (killed) is digested here."""
+        try:
+            with open(reader, "rb") as fh:
+                for raw in fh:
+                    volume, _, line = raw.decode(errors="replace").rstrip("\n").partition("\t")
+                    if volume in volumes and line[:1] == "=":
+                        self._results[volume] = line[1:]
+                    elif volume in volumes and line[:1] == "!":
+                        self._results[volume] = OSError(0, line[1:])
+                    elif volume in volumes and line[:1] == "?":
+                        self._results[volume] = DatabaseError(line[1:])
+        finally:
+            os.waitpid(pid, 0)
+            for volume in volumes:
+                if volume not in self._results:
+                    self._digest_here(volume)
+            with self._lock:
+                self._leave()
+
+    def _conclude(self) -> None:
+        """The digests against the manifest's."""
+        try:
+            for volume, expected in self._expected:
+                actual = self._results[volume]
+                if isinstance(actual, OSError):
+                    raise DatabaseError(
+                        f"{self.directory}: volume {volume} unreadable ({actual.strerror})"
+                    ) from actual
+                if isinstance(actual, Exception):
+                    raise actual
+                if actual != expected:
+                    raise DatabaseError(
+                        f"{self.directory}: corrupt database: volume {volume} does not match the manifest's "
+                        "checksum (changed or damaged since `paramedic format`; format it again)"
+                    )
+        except BaseException as exc:
+            self._failure.append(exc)
+        self._done.set()
+
+    def of(self, db_dir: Path, manifest: Manifest) -> bool:
+        """Whether this is the digest of `manifest`'s database at `db_dir`."""
+        return db_dir == self.directory and manifest.checksum() == self.checksum
+
+    def __call__(self) -> None:
+        self._done.wait()
+        if self._failure:
+            raise self._failure[0]
+
+    @property
+    def failed(self) -> bool:
+        """Finished with a refusal (without waiting): a runner looks while its workers search."""
+        return self._done.is_set() and bool(self._failure)
 
 
 def _alias_files(db_dir: Path, manifest: Manifest) -> list[tuple[Path, bytes]]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -30,7 +28,7 @@ from paramedic.blast.run import Database
 from paramedic.blast.tools import startup_seconds
 from paramedic.db.fasta import read_fasta
 from paramedic.db.locate import resolve_database
-from paramedic.db.manifest import Manifest, Stamp, verify_volumes, volume_stamps
+from paramedic.db.manifest import Manifest, Stamp, Verification
 from paramedic.db.seqids import SeqIdTable
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata, metadata_key
@@ -88,7 +86,7 @@ class Job:
     # prepare_job(digest="later"): waits for the database's digest and raises its refusal. The local
     # runner calls it before any result is taken (paramedic.engine.master), so the digest overlaps
     # the first searches and still comes before any byte of output.
-    verified: Digest | None = field(default=None, compare=False, repr=False)
+    verified: Verification | None = field(default=None, compare=False, repr=False)
     # The -db volumes' files as they were digested (paramedic.db.manifest.volume_stamps)
     volume_stamps: tuple[Stamp, ...] = ()
 
@@ -133,6 +131,7 @@ def prepare_job(
     workers: int | None = None,
     digest: Literal["now", "later"] = "now",
     memory: WorkerMemory | None = None,  # a worker's on the job's tightest node (strategy.job_memory)
+    early: Verification | None = None,  # the database's digest, started by the caller
 ) -> Job:
     """The checked job; `workers`: how many worker ranks it will have (the launcher's; default: one
     per local core, as `paramedic search` starts them), which `--strategy auto` weighs. With
@@ -152,8 +151,11 @@ def prepare_job(
         (r.header, r.sequence) for r in read_fasta(query_path, program.query_type, _warn, program.name)
     ]
     db, manifest = resolve_database(options.get("db") or "", cwd, digest=False)
-    stamps = volume_stamps(db.directory, manifest)  # checked again before the output is made final
-    verified = _in_background(verify_volumes, db.directory, manifest)  # while the rest is checked
+    if early is not None and early.of(db.directory, manifest):
+        verified = early  # started before the engine was imported (paramedic.engine.launch)
+    else:  # while the rest is checked
+        verified = Verification(db.directory, manifest)
+    stamps = verified.stamps  # checked again before the output is made final
     if db.dbtype != program.db_type:
         kind = {"prot": "protein", "nucl": "nucleotide"}
         raise UsageError(
@@ -285,40 +287,6 @@ def prepare_job(
         stage=settings.stage,
         verified=verified if digest == "later" else None,
     )
-
-
-def _in_background(work: Callable[..., None], *args: object) -> Digest:
-    """Start `work(*args)` on a thread of its own. The database's digest (I/O and hashing that release
-    the interpreter's lock) runs while the job's other checks do, and with `prepare_job(digest="later")`
-    while the first searches run: a one-query search of a large database spends a tenth of its time on
-    it."""
-    return Digest(work, args)
-
-
-class Digest:
-    """Work on a thread of its own; calling the object waits for it and raises what it raised."""
-
-    def __init__(self, work: Callable[..., None], args: tuple[object, ...]):
-        self._failure: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                work(*args)
-            except BaseException as exc:  # handed to the waiter
-                self._failure.append(exc)
-
-        self._thread = threading.Thread(target=run, name="paramedic-digest", daemon=True)
-        self._thread.start()
-
-    def __call__(self) -> None:
-        self._thread.join()
-        if self._failure:
-            raise self._failure[0]
-
-    @property
-    def failed(self) -> bool:
-        """Finished with a refusal (without waiting): a runner looks while its workers search."""
-        return bool(self._failure)
 
 
 def _ship_data_when_inexact(settings: SearchSettings, inexact: str | None) -> SearchSettings:

@@ -28,10 +28,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from paramedic.engine.settings import SearchSettings
 from paramedic.errors import InternalError, JobError, ParamedicError, UsageError
+
+if TYPE_CHECKING:
+    from paramedic.db.manifest import Verification
 
 # Environment variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's srun) set in each rank.
 MPI_RANK_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
@@ -137,6 +140,7 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
     """The job as threads of this process (paramedic.engine.local): no MPI, no other interpreter. Ends
     as the MPI launcher's job does: one line for an error or an interrupt, then whether finished work is
     kept in the journal."""
+    early = _early_digest(settings)  # while the engine is imported and the job checked
     from paramedic.blast.tools import prestart
     from paramedic.engine.job import prepare_job
     from paramedic.engine.local import job_directory, run_local_job
@@ -148,7 +152,9 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
         with job_directory(JOB_ID_VARIABLE):  # TMPDIR is the job's from here, for every BLAST+ run
             prestart(settings.program, workers)  # the workers' fork servers start while the job is prepared
             # with worker threads the digest overlaps the first searches (their loop looks at it)
-            job = prepare_job(settings, workers=workers, digest="later" if workers > 1 else "now")
+            job = prepare_job(
+                settings, workers=workers, digest="later" if workers > 1 else "now", early=early
+            )
             record = run_local_job(job, workers, ["paramedic", *argv])
             conclude(record, job, settings.report)
         return 0
@@ -166,6 +172,24 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
     sys.stderr.flush()
     say_journal_kept(settings)
     return code
+
+
+def _early_digest(settings: SearchSettings) -> Verification | None:
+    """The -db database's digest, started in a child process before the engine is imported (a core is
+    idle while the interpreter imports it and the job is checked: paramedic.db.manifest.Verification); None
+    when the database cannot be found yet, which `prepare_job` then says in its own order."""
+    from paramedic.blast.options import BlastOptions
+    from paramedic.db.locate import resolve_database
+    from paramedic.db.manifest import Verification
+
+    try:
+        arg = BlastOptions.parse(settings.program, settings.blast_args).get("db")
+        if not arg:
+            return None
+        db, manifest = resolve_database(arg, settings.cwd, digest=False)
+        return Verification(db.directory, manifest, child=True)
+    except (ParamedicError, OSError, ValueError):
+        return None
 
 
 def refuse_srun_without_pmi() -> int:

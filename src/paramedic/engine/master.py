@@ -27,7 +27,7 @@ from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats
 
 if TYPE_CHECKING:
-    from paramedic.engine.job import Digest
+    from paramedic.db.manifest import Verification
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class Master:
         journal: Journal | None = None,
         replay: Replay = NOTHING,
         choose_sink: ChooseSink | None = None,
-        verified: Digest | None = None,
+        verified: Verification | None = None,
     ):
         if (sink is None) == (choose_sink is None):
             raise ValueError("a master needs a sink, or a way to choose one (--ship auto)")
