@@ -471,6 +471,51 @@ def test_a_piece_corrupted_on_disk_is_not_delivered(make_site, toy_codecs) -> No
     assert (site.root / "p" / "y.txt").read_bytes() == b"first\nsecond\n"
 
 
+@pytest.mark.parametrize("written", [False, True])
+def test_pieces_regenerated_before_a_restart_are_regenerated_again_if_the_replica_was_written(
+    world, make_site, toy_codecs, tmp_path: Path, written: bool
+) -> None:
+    """Issue 23: a restart digests the replica as it is then, which says nothing of the bytes the pieces
+    regenerated before it were made from: a replica written while the site was down and put back byte for
+    byte (so the restart's digest passes) kept those pieces. The site records the replica's stamps at a
+    job's open; a restart that finds them moved (a ctime no one can set back) drops the job's pieces and
+    decodes its chunks again. Here a piece regenerated "from changed bytes" (consistent with its own
+    checksum, as such a piece is) must be replaced, and kept when the replica was not written."""
+    import shutil
+
+    replica = tmp_path / "replica"
+    shutil.copytree(world["replica"].parent, replica)
+    site = make_site(replica=replica / "uni")
+    shipper = site.shipper("test-pieces", {"out": "p/r.txt", "pieces": 2}, b"setup")
+    try:
+        shipper.start()
+        shipper.send({"piece": 0}, b"first\n")
+        job = site.server.store.jobs[shipper.job_id]
+        _wait(lambda: len(job.decoded) == 1)
+    finally:
+        shipper.close()
+    directory = job.directory
+    assert (directory / "replica.json").is_file()
+    site.stop()
+    made_then = b"fir5t\n"  # what a regeneration from bytes changed at the time would have written
+    (directory / "pieces" / "0.out").write_bytes(made_then)
+    marker = json.loads((directory / "decoded" / "0.json").read_text())
+    marker["segments"] = [[0, len(made_then), sha256(made_then)]]
+    (directory / "decoded" / "0.json").write_text(json.dumps(marker))
+    if written:  # the same bytes written back: the digest passes, the inode and ctime moved
+        volume = next((replica / "uni").glob("*.psq"))
+        volume.write_bytes(volume.read_bytes())
+    again = make_site(root=site.root, replica=replica / "uni")
+    resumed = again.server.store.jobs[job.job_id]
+    assert resumed.failure is None
+    if written:
+        _wait(lambda: (directory / "pieces" / "0.out").is_file() and 0 in resumed.decoded)
+        assert (directory / "pieces" / "0.out").read_bytes() == b"first\n"
+        again.wait_log(r"the replica was written since its pieces were regenerated")
+    else:
+        assert 0 in resumed.decoded and (directory / "pieces" / "0.out").read_bytes() == made_then
+
+
 def ship_pieces(site: Site, out: str, pieces: list[bytes]) -> dict:
     shipper = site.shipper("test-pieces", {"out": out, "pieces": len(pieces)}, b"setup")
     try:

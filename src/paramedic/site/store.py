@@ -7,6 +7,8 @@ Every step is durable before it is acknowledged, so a restarted server resumes w
     state/<job>/chunks/N.bin     a chunk's payload, fsynced; then N.json (its header) marks it acknowledged
     state/<job>/decoded/N.json   the chunk is decoded: for "ranges" its bytes are in the partial output at
                                  their offset (pwrite, fsync); for "pieces" its pieces are in pieces/
+    state/<job>/replica.json     for "pieces" with a replica: the replica files' stamps the pieces were
+                                 regenerated under; a restart that finds them moved regenerates them again
     state/<job>/done.json        the final file is in place: its size and SHA-256
     state/<job>/failed.json      the job cannot complete: why (final; a restart does not retry it)
 
@@ -335,6 +337,8 @@ class JobStore:
                     "opened": time.time(),
                 }
                 write_durably(tmp / "job.json", json.dumps(record).encode())
+                if stamps is not None:
+                    _write_replica_stamps(tmp, stamps)
                 os.replace(tmp, directory)
                 fsync_dir(self.state)
             except OSError as exc:
@@ -776,6 +780,13 @@ class JobStore:
                 job.context = self._prepare(codec, setup, (directory / "setup.bin").read_bytes(), job.job_id)
                 if codec.layout == "pieces" and self.replica is not None:
                     job.replica_stamps = replica_now()
+                    if job.replica_stamps is not None and not _same_replica(directory, job.replica_stamps):
+                        _forget_pieces(directory)  # regenerated from bytes written since: again, from now
+                        _write_replica_stamps(directory, job.replica_stamps)
+                        self.log(
+                            f"job {job.job_id}: the replica was written since its pieces were regenerated; "
+                            "they are regenerated again"
+                        )
             except (ProtocolError, ParamedicError, OSError, ValueError, MemoryError) as exc:
                 self._fail(job, f"cannot resume after a restart: {_describe(exc)}")
                 continue
@@ -839,6 +850,38 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__  # (a MemoryError, or a ValueError without a message)
 
 
+# A job's record of the replica's stamps (paramedic.db.manifest.volume_stamps) its pieces were regenerated
+# under: the volume files' names, inodes, sizes and times, a few kilobytes at most.
+REPLICA_STAMPS = "replica.json"
+MAX_REPLICA_STAMPS_BYTES = 1 << 20
+
+
+def _write_replica_stamps(directory: Path, stamps: tuple[Stamp, ...]) -> None:
+    write_durably(directory / REPLICA_STAMPS, json.dumps([list(stamp) for stamp in stamps]).encode())
+
+
+def _same_replica(directory: Path, stamps: tuple[Stamp, ...]) -> bool:
+    """Whether the job's pieces were regenerated under these very replica files (issue 23): a replica
+    written while the site was down, even put back byte for byte, has new ctimes (no user can set
+    them back), so the pieces regenerated before the restart may hold bytes that no longer verify: the
+    restart's digest covers the replica now, not then. False when the record is missing or unreadable
+    (a job opened by an older site): its pieces are regenerated again, which is always exact."""
+    try:
+        with open(directory / REPLICA_STAMPS, "rb") as fh:
+            data = fh.read(MAX_REPLICA_STAMPS_BYTES + 1)
+        recorded = json.loads(data) if len(data) <= MAX_REPLICA_STAMPS_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        return False
+    return recorded == [list(stamp) for stamp in stamps]
+
+
+def _forget_pieces(directory: Path) -> None:
+    """Drop a job's regenerated pieces and their records; its chunks stay, to be decoded again."""
+    for sub, pattern in (("decoded", "*.json"), ("pieces", "*")):
+        for path in (directory / sub).glob(pattern):
+            path.unlink(missing_ok=True)
+
+
 def _end_processes_in(directory: Path) -> None:
     """Kill the processes (this site's BLAST+ runs) whose working directory is inside `directory`."""
     inside = str(directory.resolve()) + os.sep
@@ -865,6 +908,7 @@ def _drop_job_data(directory: Path) -> None:
     shutil.rmtree(directory / "decoded", ignore_errors=True)
     shutil.rmtree(directory / "pieces", ignore_errors=True)
     (directory / "setup.bin").unlink(missing_ok=True)
+    (directory / REPLICA_STAMPS).unlink(missing_ok=True)
 
 
 def _digest_fd(fd: int) -> tuple[str, int]:
