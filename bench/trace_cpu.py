@@ -47,7 +47,7 @@ def main() -> int:
     rows: list[tuple[str, str, str, float, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="trace-cpu-") as tmp:
         work = Path(tmp)
-        files = traces(work)
+        files = traces(work, [500], [])  # melt (500 steps) and flow.pois, as in the earlier sections
         paramedic("keys", "--out", str(work / "keys"), "--server", "localhost", "--client", "compute")
         servers: dict[str, tuple[subprocess.Popen[bytes], int, Path]] = {}
         try:
