@@ -105,6 +105,47 @@ def test_clog2_write_read_round_trip():
     assert (len(data) - clog2.PREAMBLE_SIZE - len(trace.commtable)) % 4096 == 0
 
 
+def test_write_in_either_byte_order_reads_back_the_same_records():
+    """The writer copies int32 columns as they are in the machine's byte order and packs bytes otherwise:
+    both files hold the same records, and each field is in its file's byte order."""
+    trace = clog2.read(make_trace([periodic_kinds(0, 40), random_kinds(1, 300, seed=3)]))
+    big = clog2.write(trace)
+    little_preamble = trace.preamble.replace(b"is_big_endian=\0TRUE ", b"is_big_endian=\0FALSE")
+    assert little_preamble != trace.preamble
+    swapped_table = clog2.world_comm_table(big_endian=False)
+    assert trace.commtable == clog2.world_comm_table(big_endian=True)
+    little_trace = clog2.Trace(
+        little_preamble, False, trace.block_size, trace.records, trace.end_head, trace.tails, swapped_table
+    )
+    little = clog2.write(little_trace)
+    assert len(little) == len(big) and little != big
+    back = clog2.read(little).records
+    assert np.array_equal(back.time, trace.records.time)
+    assert np.array_equal(back.head, trace.records.head)
+    assert np.array_equal(back.body, trace.records.body)
+    assert clog2.write(clog2.read(little)) == little
+    # the first record's fields, byte for byte
+    first = clog2.PREAMBLE_SIZE
+    rec = trace.records
+    assert little[first : first + 8] == rec.time[:1].astype("<u8").tobytes()
+    assert big[first : first + 8] == rec.time[:1].astype(">u8").tobytes()
+    assert little[first + 8 : first + 24] == rec.head[0].astype("<i4").tobytes()
+    assert big[first + 8 : first + 24] == rec.head[0].astype(">i4").tobytes()
+
+
+def test_word_rows_are_the_words_from_each_start_and_bounded():
+    words = np.arange(10, dtype=np.int32)
+    rows = clog2.word_rows(words, 3)
+    assert rows.shape == (8, 3)
+    starts = np.asarray([0, 4, 7])
+    assert np.array_equal(rows[starts], words[starts[:, None] + np.arange(3)])
+    with pytest.raises(IndexError):
+        rows[np.asarray([8])]  # a record whose words would run past the end
+    out = np.zeros(10, np.int64)
+    clog2.word_rows(out, 2, writeable=True)[np.asarray([1, 5])] = [[7, 8], [9, 10]]
+    assert out.tolist() == [0, 7, 8, 0, 0, 9, 10, 0, 0, 0]
+
+
 def test_periodic_trace_is_small_and_exact():
     data = make_trace([periodic_kinds(0, 400), periodic_kinds(1, 400)], period=9)
     encoded = codec.encode(data)

@@ -217,7 +217,7 @@ def read(data: bytes, max_records: int = 1 << 28) -> Trace:
         time = np.frombuffer(data, f"{bo}u8", count=slots, offset=PREAMBLE_SIZE)[start_slots].astype(
             np.uint64
         )
-        head = words[2 * start_slots[:, None] + np.arange(2, 6)].astype(np.int32)
+        head = word_rows(words, 4)[2 * start_slots + 2].astype(np.int32)
         body = gather_body_words(words, 2 * start_slots + HEADER_SIZE // 4, head[:, 3])
     if end_head is None or end_head[0] == -(1 << 31):
         end_head = (-(1 << 31), 0, 0)
@@ -320,11 +320,22 @@ def gather_body_words(words: np.ndarray, at: np.ndarray, rectypes: np.ndarray) -
         if size == 0:
             continue
         rows_of_type = np.flatnonzero(rectypes == rectype)
-        cols = np.arange(size)
-        for s in range(0, len(rows_of_type), step):  # in slices: the index arrays stay small
+        starts = word_rows(words, size)
+        for s in range(0, len(rows_of_type), step):  # in slices: the gathered rows stay small
             rows = rows_of_type[s : s + step]
-            body[rows, :size] = words[at[rows, None] + cols]
+            body[rows, :size] = starts[at[rows]]
     return body
+
+
+def word_rows(words: np.ndarray, width: int, writeable: bool = False) -> np.ndarray:
+    """`words` seen as rows of `width` words, row i starting at word i (overlapping, no copy): records are
+    gathered or placed by their start alone, with no (records x width) index array to build (half the CPU
+    of reading and writing a trace went to those). Bounds are the view's: a start too close to the end is
+    an IndexError, as with explicit indices."""
+    rows = max(len(words) - width + 1, 0)
+    return np.lib.stride_tricks.as_strided(
+        words, shape=(rows, width), strides=(words.strides[0],) * 2, writeable=writeable
+    )
 
 
 def gather_bodies(view: np.ndarray, offsets: np.ndarray, rectypes: np.ndarray, bo: str) -> np.ndarray:
@@ -347,10 +358,16 @@ def gather_bodies(view: np.ndarray, offsets: np.ndarray, rectypes: np.ndarray, b
 
 def _record_words(rec: Records, rows: np.ndarray, size: int, bo: str) -> np.ndarray:
     """Records `rows` (all of one size in bytes) as they are in the file, as rows of 8-byte words."""
+    words = (size - HEADER_SIZE) // 4
+    if np.dtype(f"{bo}i4").isnative:  # the machine's byte order: int32 columns copied as they are, no bytes
+        native = np.empty((len(rows), size // 4), np.int32)
+        native[:, 0:2] = rec.time[rows].view(np.int32).reshape(-1, 2)
+        native[:, 2:6] = rec.head[rows]
+        native[:, 6:] = rec.body[rows, :words]
+        return native.view(np.uint64)
     out = np.empty((len(rows), size), np.uint8)
     out[:, 0:8] = rec.time[rows].astype(f"{bo}u8").view(np.uint8).reshape(-1, 8)
     out[:, 8:24] = rec.head[rows].astype(f"{bo}i4").view(np.uint8).reshape(-1, 16)
-    words = (size - HEADER_SIZE) // 4
     out[:, 24:] = rec.body[rows, :words].astype(f"{bo}i4").view(np.uint8).reshape(-1, words * 4)
     return out.view(np.uint64)
 
@@ -401,10 +418,10 @@ def write(trace: Trace, max_size: int | None = None, order: np.ndarray | None = 
     word_at = at // 8
     for size in np.unique(sizes).tolist():
         places = np.flatnonzero(sizes == size)
-        cols = np.arange(size // 8)
-        for s in range(0, len(places), 1 << 16):  # in slices: the index arrays stay small
+        starts = word_rows(out_words, size // 8, writeable=True)  # records never overlap: rows written once
+        for s in range(0, len(places), 1 << 16):  # in slices: the records' copies stay small
             part = places[s : s + (1 << 16)]
-            out_words[word_at[part, None] + cols] = _record_words(rec, order[part], size, bo)
+            starts[word_at[part]] = _record_words(rec, order[part], size, bo)
     end_ints = np.asarray([end_icomm, end_rank, end_thread], f"{bo}i4")
     ends = [
         (offset, rec.time[order[i : i + 1]].astype(f"{bo}u8").tobytes(), REC_ENDBLOCK) for offset, i in closes
