@@ -318,3 +318,24 @@ def test_memory_budget_is_shared_and_returned():
     assert budget.held == 0
     with pytest.raises(ProtocolError, match="over this storage site's"), budget.take(101):
         pass
+
+
+@pytest.mark.parametrize("etype_range", [(-110, 170), (-(1 << 31), (1 << 31) - 1), (5, 6)])
+def test_kind_order_is_the_stable_sort_of_the_kinds(etype_range):
+    """The 16-bit key's radix sort and the int64 fallback give np.argsort's stable permutation, ties too."""
+    rng = np.random.default_rng(7)
+    rectypes = rng.choice([2, 5, 7, 8, 11], 5000).astype(np.int32)
+    etypes = rng.integers(*etype_range, 5000, dtype=np.int64).astype(np.int32)
+    etypes[::3] = etypes[0]  # many equal kinds: their order must be kept
+    kinds = rectypes.astype(np.int64) * (1 << 32) + etypes.astype(np.int64)
+    assert np.array_equal(codec.kind_order(rectypes, etypes, kinds), np.argsort(kinds, kind="stable"))
+    empty = np.zeros(0, np.int32)
+    assert len(codec.kind_order(empty, empty, empty.astype(np.int64))) == 0
+
+
+def test_zigzag_round_trip_at_the_extremes():
+    for dtype in (np.int32, np.int64):
+        info = np.iinfo(dtype)
+        values = np.asarray([0, 1, -1, 2, -2, info.max, info.min, info.min + 1], dtype)
+        assert np.array_equal(codec._unzigzag(codec._zigzag(values)), values)
+        assert codec._zigzag(values)[:5].tolist() == [0, 2, 1, 4, 3]

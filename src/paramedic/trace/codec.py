@@ -113,6 +113,21 @@ def record_kinds(rec: clog2.Records) -> np.ndarray:
     return rec.head[:, 3].astype(np.int64) * (1 << 32) + rec.body[:, 0].astype(np.int64)
 
 
+def kind_order(rectypes: np.ndarray, etypes: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """np.argsort(kinds, kind="stable"), for kinds = rectype * 2**32 + etype: the same permutation from a
+    16-bit key when the (rectype, etype) pairs span fewer than 2**16 values (a radix sort, 4x faster than
+    sorting the int64 kinds; the ranks of the pairs are kept, so equal kinds keep their order)."""
+    if len(kinds):
+        r = rectypes.astype(np.int64)
+        e = etypes.astype(np.int64)
+        r_low, e_low = int(r.min()), int(e.min())
+        span = int(e.max()) - e_low + 1
+        if (int(r.max()) - r_low + 1) * span <= 1 << 16:
+            key = ((r - r_low) * span + (e - e_low)).astype(np.uint16)
+            return np.argsort(key, kind="stable")
+    return np.argsort(kinds, kind="stable")
+
+
 # -- columns ------------------------------------------------------------------------------------------------
 
 
@@ -124,7 +139,9 @@ def _zigzag(a: np.ndarray) -> np.ndarray:
 
 def _unzigzag(u: np.ndarray) -> np.ndarray:
     signed = np.int64 if u.dtype == np.uint64 else np.int32
-    return ((u >> 1) ^ (np.zeros_like(u) - (u & 1))).view(signed)
+    low = u & 1
+    np.negative(low, out=low)  # 0 or all ones (unsigned negation wraps): no array of zeros to subtract from
+    return ((u >> 1) ^ low).view(signed)
 
 
 def _pack(columns: np.ndarray) -> bytes:
@@ -219,7 +236,7 @@ def _encode_stream(
         if len(diffed) < len(word_blob):
             word_blob, word_period = diffed, True
     rare_blob = _pack(np.ascontiguousarray(rec.body[index[rare], COMMON - 3 :].T))
-    by_kind = np.argsort(kinds, kind="stable")
+    by_kind = kind_order(head[:, 3], common[3], kinds)
     gaps = np.diff(times, prepend=np.int64(0))[None, :]
     time_blob = _pack(gaps[:, by_kind])
     time_period = False
@@ -254,7 +271,7 @@ def _decode_stream(
     kinds = head[:, 3].astype(np.int64) * (1 << 32) + body[:, 0].astype(np.int64)
     grouped = _unpack(blobs[2], (1, n), np.int64)
     gaps = np.empty_like(grouped)
-    gaps[:, np.argsort(kinds, kind="stable")] = grouped
+    gaps[:, kind_order(head[:, 3], body[:, 0], kinds)] = grouped
     if info["time_period"]:
         gaps = _period_undiff(gaps, period)
     times = np.cumsum(gaps[0], dtype=np.int64)
