@@ -322,15 +322,19 @@ def test_memory_budget_is_shared_and_returned():
 
 @pytest.mark.parametrize("etype_range", [(-110, 170), (-(1 << 31), (1 << 31) - 1), (5, 6)])
 def test_kind_order_is_the_stable_sort_of_the_kinds(etype_range):
-    """The 16-bit key's radix sort and the int64 fallback give np.argsort's stable permutation, ties too."""
+    """The 16-bit key (and the int64 fallback) give np.argsort's stable permutation, ties too, and
+    np.unique's ranks."""
     rng = np.random.default_rng(7)
     rectypes = rng.choice([2, 5, 7, 8, 11], 5000).astype(np.int32)
     etypes = rng.integers(*etype_range, 5000, dtype=np.int64).astype(np.int32)
     etypes[::3] = etypes[0]  # many equal kinds: their order must be kept
     kinds = rectypes.astype(np.int64) * (1 << 32) + etypes.astype(np.int64)
-    assert np.array_equal(codec.kind_order(rectypes, etypes, kinds), np.argsort(kinds, kind="stable"))
-    empty = np.zeros(0, np.int32)
-    assert len(codec.kind_order(empty, empty, empty.astype(np.int64))) == 0
+    assert np.array_equal(codec.kind_order(kinds), np.argsort(kinds, kind="stable"))
+    assert np.array_equal(codec._kind_ranks(kinds), np.unique(kinds, return_inverse=True)[1])
+    assert len(codec.kind_order(np.zeros(0, np.int64))) == 0
+    odd = np.asarray([np.iinfo(np.int64).max, -5, 3, -5, np.iinfo(np.int64).min], np.int64)  # not rectypes
+    assert np.array_equal(codec.kind_order(odd), np.argsort(odd, kind="stable"))
+    assert np.array_equal(codec._kind_ranks(odd), np.unique(odd, return_inverse=True)[1])
 
 
 def test_zigzag_round_trip_at_the_extremes():
