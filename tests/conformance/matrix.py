@@ -175,6 +175,7 @@ class Judge:
         self.sets = sets
         self.workdir = workdir
         self._references: dict[tuple, bytes | None] = {}
+        self._full_lists: dict[tuple, int] = {}
         self._count = 0
 
     def reference(self, cell: Cell) -> bytes | None:
@@ -190,7 +191,15 @@ class Judge:
         return self._references[key]
 
     def full_lists(self, cell: Cell) -> int:
-        """How many queries fill BLAST+'s preliminary list on the unsplit database (read by the shim)."""
+        """How many queries fill BLAST+'s preliminary list on the unsplit database (read by the shim),
+        cached as the reference is: the count depends on the BLAST+ command alone, which cells that differ
+        only in their engine settings (fragments, traceback, runner, groups) share."""
+        key = (cell.dataset, cell.program, cell.options, cell.outfmt)
+        if key not in self._full_lists:
+            self._full_lists[key] = self._count_full_lists(cell)
+        return self._full_lists[key]
+
+    def _count_full_lists(self, cell: Cell) -> int:
         library = shim()
         assert library is not None, "the preliminary-list shim needs a C compiler"
         data = self.sets[cell.dataset]

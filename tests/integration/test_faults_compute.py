@@ -97,6 +97,25 @@ def start_long_search(
     return proc, out
 
 
+def mapped_shared_memory(pids: list[int]) -> set[Path]:
+    """The files in /dev/shm these processes map (MPICH's segment for the node's ranks), not yet unlinked."""
+    found = set()
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            path = line.split(maxsplit=5)[-1]
+            if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
+                found.add(Path(path))
+    return found
+
+
+def assert_no_shared_memory_left(segments: set[Path]) -> None:
+    """Found by the fault soak (bench/faults.py, each job with a /dev/shm of its own): MPICH unlinks its
+    shared-memory segment only in MPI_Finalize, so every job that failed after MPI started (exit 5, 7, 8,
+    130) left a few MiB of memory in /dev/shm for ever. Checked by the two stop tests below, on the
+    segments their ranks mapped before the stop (a test of its own repeated their whole search)."""
+    assert [s for s in segments if s.exists()] == []
+
+
 def test_unexpected_error_while_preparing_ends_every_rank(site: Path, tmp_path: Path) -> None:
     """Issue 11 item 11: a non-paramedic exception on rank 0 before the job starts left the other ranks
     waiting in bcast for ever under `mpiexec -n 3`."""
@@ -124,6 +143,8 @@ def test_killed_rank_exits_7_with_one_message_and_nothing_left(site: Path, tmp_p
     proxy = children(mpiexec)[0]
     ranks = children(proxy)
     assert len(ranks) == 3
+    segments = mapped_shared_memory(ranks)
+    assert segments, "the ranks map no shared memory: nothing to check"
     os.kill(ranks[-1], signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 7, stderr
@@ -134,6 +155,7 @@ def test_killed_rank_exits_7_with_one_message_and_nothing_left(site: Path, tmp_p
     assert len(lines) <= 2, stderr
     assert not out.exists()
     assert left_behind(tmp_path, tmp_path / "tmp") == []
+    assert_no_shared_memory_left(segments)
 
 
 def test_interrupted_launcher_exits_130_and_leaves_nothing(site: Path, tmp_path: Path) -> None:
@@ -141,6 +163,8 @@ def test_interrupted_launcher_exits_130_and_leaves_nothing(site: Path, tmp_path:
     hydra = set(Path("/tmp").glob("hydra_hwloc_xmlfile_*"))  # MPICH's, in /tmp whatever $TMPDIR says
     proc, out = start_long_search(site, tmp_path)
     ranks = children(children(children(proc.pid)[0])[0])
+    segments = mapped_shared_memory(ranks)
+    assert segments, "the ranks map no shared memory: nothing to check"
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
@@ -153,6 +177,7 @@ def test_interrupted_launcher_exits_130_and_leaves_nothing(site: Path, tmp_path:
     assert left_behind(tmp_path, tmp_path / "tmp") == []
     assert not [pid for pid in ranks if alive(pid)]  # no rank outlives the launcher
     assert set(Path("/tmp").glob("hydra_hwloc_xmlfile_*")) <= hydra
+    assert_no_shared_memory_left(segments)
 
 
 def test_truncated_volume_is_a_database_error(site: Path, tmp_path: Path) -> None:
@@ -296,32 +321,3 @@ def test_terminated_launcher_exits_130_with_one_line(site: Path, tmp_path: Path,
     assert len(lines) == 1 and lines[0].startswith("paramedic: interrupted"), stderr
     assert stdout == b""
     assert left_behind(tmp_path, tmp) == []
-
-
-def mapped_shared_memory(pids: list[int]) -> set[Path]:
-    """The files in /dev/shm these processes map (MPICH's segment for the node's ranks), not yet unlinked."""
-    found = set()
-    for pid in pids:
-        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-            path = line.split(maxsplit=5)[-1]
-            if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
-                found.add(Path(path))
-    return found
-
-
-@pytest.mark.parametrize("how", ["rank killed", "launcher interrupted"])
-def test_a_stopped_job_leaves_no_shared_memory(site: Path, tmp_path: Path, how: str) -> None:
-    """Found by the fault soak (bench/faults.py, each job with a /dev/shm of its own): MPICH unlinks its
-    shared-memory segment only in MPI_Finalize, so every job that failed after MPI started (exit 5, 7, 8,
-    130) left a few MiB of memory in /dev/shm for ever."""
-    proc, out = start_long_search(site, tmp_path)
-    ranks = [r for m in children(proc.pid) for p in children(m) for r in children(p)]
-    segments = mapped_shared_memory(ranks)
-    assert segments, "the ranks map no shared memory: nothing to check"
-    if how == "rank killed":
-        os.kill(ranks[-1], signal.SIGKILL)
-    else:
-        proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
-    assert proc.returncode == (7 if how == "rank killed" else 130)
-    assert [s for s in segments if s.exists()] == []
