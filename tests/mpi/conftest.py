@@ -5,6 +5,7 @@ collected: they need ranks to talk to."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -15,6 +16,18 @@ from mpi4py import MPI
 
 if MPI.COMM_WORLD.Get_size() == 1:
     collect_ignore_glob = ["test_*.py"]
+
+# A directory of the caller's (tests/integration/test_mpi_ranks.py: its own tmp_path) under which each rank
+# gets a temporary root of its own: the ranks' pytest sessions cleaning up one shared pytest-of-<user>
+# directory at once failed with "Directory not empty" at the end of the session (seen in CI).
+BASETEMP_VARIABLE = "PARAMEDIC_MPI_BASETEMP"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    root = os.environ.get(BASETEMP_VARIABLE)
+    if root and config.option.basetemp is None:
+        config.option.basetemp = str(Path(root) / f"rank{MPI.COMM_WORLD.Get_rank()}")
 
 
 @pytest.fixture
