@@ -140,17 +140,20 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
     """The job as threads of this process (paramedic.engine.local): no MPI, no other interpreter. Ends
     as the MPI launcher's job does: one line for an error or an interrupt, then whether finished work is
     kept in the journal."""
-    early = _early_digest(settings)  # while the engine is imported and the job checked
     from paramedic.blast.tools import prestart
-    from paramedic.engine.job import prepare_job
-    from paramedic.engine.local import job_directory, run_local_job
-    from paramedic.engine.shell import conclude
-    from paramedic.engine.strategy import LOCAL_WORKERS_VARIABLE
+    from paramedic.engine.jobdir import LOCAL_WORKERS_VARIABLE, job_directory
 
-    os.environ[LOCAL_WORKERS_VARIABLE] = str(workers)
     try:
         with job_directory(JOB_ID_VARIABLE):  # TMPDIR is the job's from here, for every BLAST+ run
-            prestart(settings.program, workers)  # the workers' fork servers start while the job is prepared
+            # the workers' fork servers and the database's digest start before the engine is imported:
+            # their own starts overlap the imports and the job's checks (docs/DESIGN.md, "The local runner")
+            prestart(settings.program, workers)
+            early = _early_digest(settings)
+            from paramedic.engine.job import prepare_job
+            from paramedic.engine.local import run_local_job
+            from paramedic.engine.shell import conclude
+
+            os.environ[LOCAL_WORKERS_VARIABLE] = str(workers)
             # with worker threads the digest overlaps the first searches (their loop looks at it)
             job = prepare_job(
                 settings, workers=workers, digest="later" if workers > 1 else "now", early=early

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from paramedic.engine.jobdir import LOCAL_WORKERS_VARIABLE
 from paramedic.errors import UsageError
 from paramedic.report.record import StrategyReason
 
@@ -46,9 +47,6 @@ LOCAL_RANKS_VARIABLES = (
     "MV2_COMM_WORLD_LOCAL_SIZE",
 )
 MiB = 1 << 20
-# Set by the local runner (paramedic.engine.local): the job's workers are this many threads of one
-# process, which share its node and its memory cgroup.
-LOCAL_WORKERS_VARIABLE = "PARAMEDIC_LOCAL_WORKERS"
 
 
 @dataclass(frozen=True)
