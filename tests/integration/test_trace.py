@@ -284,6 +284,9 @@ def test_trace_ships_to_a_site_without_replica(tmp_path: Path, keys: Path, rando
             and decision["c_compress_seconds"] >= 0
             and "B*(f+g-c)" in decision["reason"]
         )
+        # g, the site's decoding, is estimated from f by the trace codec's measured share (not as f)
+        assert decision["g_estimated_per_f"] == 0.6
+        assert decision["g_seconds"] == pytest.approx(0.6 * decision["f_seconds"], abs=2e-4)
         assert json.loads(auto.read_text())["ship"]["mode"] == decision["mode"]
 
         bad = tmp_path / "not-a-trace"

@@ -74,6 +74,9 @@ class Codec(ABC):
     # query, database sequences), and the output is made at the storage site.
     ship_mode: ClassVar[str | None] = None
     ordered: ClassVar[bool] = False  # unpack chunks in encoding order (encode keeps state across units)
+    # The storage site's decoding as a share of the encoding's time here: `paramedic ship --ship auto`
+    # estimates g, the site's regeneration, as this times f (it does not decode here only to time it).
+    decode_per_encode: ClassVar[float] = 1.0
 
     # -- compute site ----------------------------------------------------------------------------------
     def job_setup(self, job: JobSpec) -> tuple[dict[str, Any], bytes]:

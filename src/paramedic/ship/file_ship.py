@@ -54,9 +54,9 @@ def _auto(
 ) -> tuple[str, dict[str, Any], Metadata, float, Callable[[], Metadata | None] | None]:
     """The mode `auto` picks for this file, the record of why, the metadata made on the way (f: its
     encoding, as the metadata path spends it) and its rebuild check (run only if the site refuses the
-    file, as on the metadata path). g, the site's regeneration, is estimated as f: the trace codec's
-    decoding costs about its encoding (0.32 against 0.35 s of CPU on a 28 MB trace); regenerating here
-    to time it cost as much again. The link is measured on a thread meanwhile (the probes wait on the
+    file, as on the metadata path). g, the site's regeneration, is estimated from f by the codec's
+    `decode_per_encode` (a trace's decoding costs 0.3-0.55 of its encoding); regenerating here to time
+    it would cost g again. The link is measured on a thread meanwhile (the probes wait on the
     network, the encoding on the CPU), and the compressed size on another (zstd releases the GIL). The
     compressed path's own cost, c (that zstd's time), is weighed too: metadata when D - x > B * (f + g - c)."""
     measured: list[Any] = [None]
@@ -80,14 +80,14 @@ def _auto(
         if failure is not None:
             raise failure
     compressed, c = int(sizes[0]), sizes[1]
-    g = f
+    g = f * codec.decode_per_encode
     decision: dict[str, Any] = {
         "D_output_bytes": len(data),
         "D_compressed_bytes": compressed,
         "x_metadata_bytes": len(made[1]),
         "f_seconds": round(f, 4),
         "g_seconds": round(g, 4),
-        "g_estimated_as_f": True,
+        "g_estimated_per_f": codec.decode_per_encode,
         "c_compress_seconds": round(c, 4),
     }
     link = measured[0]

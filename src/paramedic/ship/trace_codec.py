@@ -87,6 +87,12 @@ class TraceMetadataCodec(Codec):
     ship_mode = None  # its `--ship` mode is the application's (ship.apps: "metadata" of trace)
 
     precision = "lossless"  # the precision of the files it is given (trace.precision), recorded
+    # Decoding a trace (unpacking columns, two sorts, writing the file) costs 0.3-0.55 of encoding it
+    # (reading the file, the periods, four zstd packs): 0.014 / 0.047 s of CPU for LAMMPS melt, 0.256 /
+    # 0.462 s for flow.pois (bench/RESULTS.md, "Trace codec CPU, session 18"). Taken as 0.6: a little high,
+    # so that `auto` errs towards shipping the file. As 1.0 it picked compressed for melt at 10 Mbit/s,
+    # 0.74 s against metadata's 0.6 s.
+    decode_per_encode = 0.6
 
     def encode(self, unit: tuple[int, bytes]) -> tuple[dict[str, Any], bytes]:
         offset, data = unit
