@@ -1,8 +1,9 @@
 """Sizing the work: query batches for the search, query groups for regeneration.
 
-Search batches are made large enough that BLAST+ process start-up (measured at job start) stays under 5%
-of a task's time, estimated from query and fragment residues with a per-program rate calibrated on this
-machine kind; and small enough that every worker gets several tasks. Regeneration groups are small: the
+Search batches are made large enough that a search's fixed cost (BLAST+'s start-up, measured at job
+start, and for blastn its scan of the database, SCAN) stays under 5% of a task's time, estimated from
+query and fragment residues with a per-program rate calibrated on this machine kind; and small enough
+that every worker gets several tasks. Regeneration groups are small: the
 cost of a regeneration run is start-up plus (queries x union of their subjects), and measured on the
 mmseqs2 data a group of about 10 queries minimised it (batch 1: 7.6 s, 5: 4.5 s, 10: 4.3 s, 25: 5.0 s,
 100: 7.6 s for 100 queries). Reports written from the search's own alignments (`keep_alignments`) cost
@@ -26,9 +27,16 @@ from paramedic.engine.scheduler import Plan
 
 STARTUP_SHARE = 0.05
 # Seconds per (query residue x database residue), single thread, BLAST+ 2.12 (blastp measured: 100
-# mmseqs2 queries, 38,939 residues, against 9,055,569 residues in 18.8 s). blastn is far cheaper per
-# residue pair: its word size is 11-28, so scans are sparser.
-RATE = {"blastp": 5.3e-11, "blastx": 1.6e-10, "tblastn": 1.6e-10, "tblastx": 5e-10, "blastn": 2e-13}
+# mmseqs2 queries, 38,939 residues, against 9,055,569 residues in 18.8 s). blastn (megablast) is far
+# cheaper per residue pair: 500 bigdb queries (1,007,191 bp) against 306 Mbp took 4.22 s of CPU in one
+# run, 20 (34,586 bp) 0.52 s: 1.2-2.4e-14 once its per-search cost (SCAN) is taken out.
+RATE = {"blastp": 5.3e-11, "blastx": 1.6e-10, "tblastn": 1.6e-10, "tblastx": 5e-10, "blastn": 2e-14}
+# Seconds per database residue that every search pays however few its queries, beyond its start: blastn
+# scans each subject's words against its lookup table, and with more than a few queries that table
+# outgrows the caches. Measured (bench/RESULTS.md, "blastn's per-search scan"): the same 500 queries
+# against 306 Mbp as 1, 2, 4 and 8 runs took 4.22, 5.05, 5.98 and 7.20 s of CPU, 0.3-0.8 s more per run;
+# one query's whole run 0.27 s. The other programs' scans are per query (their work is RATE's).
+SCAN = {"blastn": 1.3e-9}
 DEFAULT_REGEN_GROUP = 10
 # Share of the remaining query residues each round of shrinking pieces hands out. Simulated on measured
 # per-query costs of the mmseqs2 queries (bench/plan_sim.py), 2/3 came closest to a perfect split on 2
@@ -93,7 +101,9 @@ def make_plan(
             traceback_once and not plan.query_segmentation,
         )
     if plan.query_segmentation and stitchable and batch is None:
-        smallest = smallest_piece_residues(program, sum(fragment_residues), startup_seconds)
+        smallest = smallest_piece_residues(
+            program, sum(fragment_residues), startup_seconds, sum(query_lengths), workers
+        )
         pieces = decreasing_batches(query_lengths, blast_batches, workers, smallest)
     else:
         pieces = aligned(plan.pieces, blast_batches)
@@ -200,7 +210,7 @@ def _make_plan(
         elif batch:
             pieces = _split(range(0, n), batch)
         else:
-            smallest = smallest_piece_residues(program, whole, startup_seconds)
+            smallest = smallest_piece_residues(program, whole, startup_seconds, sum(query_lengths), workers)
             pieces = decreasing_pieces(query_lengths, workers, smallest)
         return Plan(pieces, 1, pieces, hitlist_size, query_segmentation=True)
     if keep_alignments and batch is None:
@@ -211,7 +221,9 @@ def _make_plan(
         # two keep the last batch's reports on two workers). With metadata shipped instead, small
         # batches keep it flowing early, so only here are batches this large.
         mean_fragment = sum(fragment_residues) / len(fragment_residues)
-        smallest = smallest_piece_residues(program, mean_fragment, startup_seconds)
+        smallest = smallest_piece_residues(
+            program, mean_fragment, startup_seconds, sum(query_lengths), workers
+        )
         batches = decreasing_pieces(query_lengths, workers, smallest)
         if not stitchable:
             pieces = (range(0, n),)
@@ -237,10 +249,36 @@ def _split(queries: range, size: int) -> tuple[range, ...]:
     return tuple(range(s, min(queries.stop, s + size)) for s in range(queries.start, queries.stop, size))
 
 
-def smallest_piece_residues(program: str, database_residues: float, startup_seconds: float) -> int:
-    """Query residues of the smallest search of `database_residues` whose BLAST+ start-up is <= 5%."""
+def smallest_piece_residues(
+    program: str,
+    database_residues: float,
+    startup_seconds: float,
+    total: int | None = None,
+    workers: int = 1,
+) -> int:
+    """Query residues of the smallest search of `database_residues` whose fixed cost (BLAST+ start-up and
+    the program's per-search scan, `task_seconds`) is <= 5%.
+
+    Given the `total` query residues, never more than an even share of them per worker, unless that
+    share's own work would cost less than its fixed cost: the fixed cost is then paid on every worker at
+    once, which costs less wall than the whole work on one. blastn's scan made the 5% rule ask for one
+    piece of 500 queries against 306 Mbp (measured: 2 pieces 5.05 s of CPU, 2.9 s of wall, against one
+    run's 4.22 s of CPU); 20 queries' share costs less than its scan, so they stay one piece (the
+    fragments strategy splits the database instead)."""
     per_residue = _seconds_per_query_residue(program, database_residues)
-    return math.ceil(startup_seconds / (STARTUP_SHARE * per_residue)) if per_residue > 0 else 1
+    if per_residue <= 0:
+        return 1
+    fixed = task_seconds(program, database_residues, startup_seconds)
+    smallest = math.ceil(fixed / (STARTUP_SHARE * per_residue))
+    if total is None:
+        return smallest
+    return min(smallest, max(math.ceil(total / max(1, workers)), math.ceil(fixed / per_residue)))
+
+
+def task_seconds(program: str, database_residues: float, startup_seconds: float) -> float:
+    """What one search of `database_residues` costs however few its queries: BLAST+'s start (measured at
+    the job's start) and the program's scan of the database (SCAN)."""
+    return startup_seconds + SCAN.get(program, 0.0) * database_residues
 
 
 def _seconds_per_query_residue(program: str, database_residues: float) -> float:
@@ -308,7 +346,8 @@ def search_batch_size(
     mean_query = sum(query_lengths) / n
     mean_fragment = sum(fragment_residues) / len(fragment_residues)
     per_query = _seconds_per_query_residue(program, mean_fragment) * mean_query
-    wanted = math.ceil(startup_seconds / (STARTUP_SHARE * per_query)) if per_query > 0 else n
+    fixed = task_seconds(program, mean_fragment, startup_seconds)
+    wanted = math.ceil(fixed / (STARTUP_SHARE * per_query)) if per_query > 0 else n
     # At least ~4 tasks per worker so the last tasks do not leave workers idle for long.
     tasks_per_batch = len(fragment_residues)
     cap = max(1, math.ceil(n * tasks_per_batch / (4 * max(1, workers))))
