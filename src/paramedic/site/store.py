@@ -354,8 +354,11 @@ class JobStore:
             return job
 
     def _drop_scratch(self, job: SiteJob) -> None:
-        """The job's regeneration scratch directory (none at a site without a replica)."""
+        """The job's regeneration scratch directory (none at a site without a replica), and whatever BLAST+
+        still runs in it: a job failed or cancelled while a regeneration hung would otherwise leave that
+        process running, and the I/O worker thread waiting for it, for good."""
         if self.replica is not None:
+            _end_processes_in(self.replica.workdir / job.job_id)
             shutil.rmtree(self.replica.workdir / job.job_id, ignore_errors=True)
 
     def _job_replica(self, job_id: str) -> Replica:
