@@ -194,6 +194,50 @@ def test_failing_run_leaves_no_partial_file(site: Site, tmp_path: Path) -> None:
         assert [p.name for p in tmp_path.iterdir() if ".partial" in p.name] == []
 
 
+def test_full_output_disk_leaves_no_partial_file(site: Site, tmp_path: Path) -> None:
+    """The output's filesystem fills while the workers write (a 64 KiB tmpfs): exit 6, no partial file
+    left filling the disk, and one line that says why. Under our own mpiexec no launcher cleans up after
+    the job, and a worker whose MPI-IO write fails ends it (MPI_Abort), which kills rank 0 before it can
+    remove the file: the failing rank removes it. The reason is the innermost line of MPI's error stack
+    (No space left on device), not its first ("Other I/O error , error stack:"): said alone by the
+    launcher; under our own mpiexec each rank whose collective write failed says the same line (MPICH
+    forwards them interleaved, or drops them when the abort outruns its forwarding: checked when said)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    query = ["search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", site.db]
+    try:
+        for strategy, ranks in [
+            ("worker-individual", "3"),
+            ("worker-collective", "4"),
+            ("worker-merge", "3"),
+        ]:
+            out = disk / f"{strategy}.out"
+            proc = subprocess.run(
+                [str(BIN / "mpiexec"), "-n", ranks, str(BIN / "paramedic"), *query, "-out", str(out),
+                 "--output-strategy", strategy, *ENGINE],
+                cwd=site.root / "p3", capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert proc.returncode == 6, (strategy, proc.stderr)
+            said = [line for line in proc.stderr.splitlines() if "paramedic:" in line]
+            assert all("No space left on device" in line for line in said), proc.stderr
+            assert "error stack" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+            assert sorted(p.name for p in disk.iterdir()) == [], strategy
+        out = disk / "launched.out"
+        proc = paramedic(
+            *query, "-out", str(out), "--np", "2", "--output-strategy", "worker-individual", *ENGINE,
+            "--runner", "mpi", cwd=site.root / "p3", check=False,
+        )  # fmt: skip
+        assert proc.returncode == 6, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "No space left on device" in lines[0], proc.stderr
+        assert sorted(p.name for p in disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+
+
 def test_killed_worker_leaves_no_partial_file(site: Site, tmp_path: Path) -> None:
     """SIGKILL of a worker rank once the ranks have opened the file: the launcher removes it."""
     queries = take_fasta(site.root / "db.fasta", tmp_path / "q.fasta", 200)

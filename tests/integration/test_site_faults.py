@@ -760,6 +760,15 @@ def test_a_nearly_full_disk_refuses_new_jobs_with_a_reason(make_site) -> None:
         ship_bytes(site, "n/x.bin", b"x")
 
 
+def test_a_job_refused_at_open_leaves_no_directory(make_site) -> None:
+    """A job refused as it opens (here: the disk nearly full) left the directories on its output's way,
+    empty, at the site (seen probing item 15 with `paramedic serve` on a small tmpfs)."""
+    site = make_site(quota=Quota(reserve_bytes=2**62))
+    with pytest.raises(SiteError, match="storage site nearly full"):
+        ship_bytes(site, "run7/deep/x.bin", b"x")
+    assert sorted(p.name for p in site.root.iterdir() if not p.name.startswith(".")) == []
+
+
 def test_a_killed_search_started_again_supersedes_its_silent_job(make_site) -> None:
     """The same compute site, the same output, its earlier job silent for minutes: a search killed (no
     cancel) and run again must not wait for the old job to expire. Another site's job is never taken."""

@@ -717,6 +717,42 @@ def test_what_a_launcher_killed_outright_left_is_removed_by_the_next_run(site: S
     assert not any(Path("/dev/shm", name).exists() for name in shm)
 
 
+@pytest.mark.parametrize(
+    "engine", [["--runner", "local"], ["--runner", "mpi"], ["--output-strategy", "worker-individual"]]
+)
+def test_a_killed_launchers_partial_output_is_removed_by_the_next_run(
+    site: Site, tmp_path: Path, engine: list[str]
+) -> None:
+    """Item 17, probed again: with --no-journal the report is written to `.<out>.partial-<job id>` beside
+    the output (by rank 0, by the local runner, or by the workers with MPI-IO): a launcher SIGKILLed with
+    its whole process group left that file for good (the next run removed the job directory only), as
+    large as the report had grown. The job directory notes it; the next run removes both."""
+    import signal
+    import time
+
+    from tests.conftest import BIN
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    queries = take_fasta(site.root / "db.fasta", tmp_path / "many.fasta", 200)
+    argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(queries), "-db", "uniprot", "-out",
+            str(tmp_path / "killed.out"), "--np", "2", "--quiet", "--no-journal", *engine]  # fmt: skip
+    launcher = subprocess.Popen(argv, cwd=site.root / "p3", env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".killed.out.partial-*")):
+        assert launcher.poll() is None and time.monotonic() < deadline, "the search ended before the kill"
+        time.sleep(0.02)
+    os.killpg(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    proc = run_bounded([*argv[1:5], "-db", "uniprot", "-out", str(tmp_path / "next.out"), "--np", "2",
+                        "--quiet"], site.root / "p3", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if ".partial" in p.name) == []
+    assert os.listdir(tmp) == []
+
+
 def _parent(pid: int | None) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

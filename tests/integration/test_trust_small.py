@@ -149,6 +149,68 @@ def test_a_regeneration_that_never_returns_fails_its_job_and_is_killed(
     assert not (site.root / "x.out").exists()
 
 
+def test_a_regeneration_of_a_job_cancelled_by_its_compute_site_is_killed(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 7, probed again: a BLAST+ of the site that never returns (a real one stopped with SIGSTOP in the
+    probe; here a process in the regeneration's own directory) under the default --regen-timeout of an
+    hour, and a compute site that gives up first (--ship-timeout) and cancels the job. The job failed
+    ("cancelled by the compute site"), its scratch directory was removed, but the process ran on: the
+    timeout's kill looked only at jobs not failed yet. It held the I/O worker thread that waited for it
+    (the site's --io-workers, one each) for good."""
+    import os
+    import subprocess
+    import time
+
+    from paramedic.ship import blast_codec
+    from paramedic.site.server import ServeSettings
+    from tests.conftest import paramedic, take_fasta
+    from tests.integration.test_trust import run_bounded
+    from tests.support.site import start_site
+
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", tmp_path / "db.fasta", 40)
+    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", tmp_path / "q.fasta", 3)
+    paramedic("format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "2", "--out", "db/uni", "--quiet",
+              cwd=tmp_path)  # fmt: skip
+    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    started: list[int] = []
+
+    def never_returns(program, options, db, queries, subjects, workdir):
+        run_dir = workdir / "regen-stuck"
+        run_dir.mkdir(exist_ok=True)
+        proc = subprocess.Popen(["sleep", "600"], cwd=run_dir)
+        started.append(proc.pid)
+        proc.wait()
+        raise blast_codec.ParamedicError(f"blastp failed (exit {proc.returncode})")
+
+    monkeypatch.setattr(blast_codec, "regenerate", never_returns)
+    (tmp_path / "root").mkdir()
+    settings = ServeSettings(tmp_path / "db" / "uni", tmp_path / "root", "127.0.0.1:0", None)
+    site = start_site(settings, tmp_path / "keys", monkeypatch)
+    try:
+        proc = run_bounded(
+            ["search", "blastp", "-query", "q.fasta", "-db", "db/uni", "-out", "x.out", "--site",
+             f"tls://localhost:{site.port}", "--keys", str(tmp_path / "keys/compute-a"), "--ship", "metadata",
+             "--strategy", "fragments", "--quiet", "--ship-timeout", "3", "--np", "1"],
+            tmp_path, seconds=60,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while started and os.path.exists(f"/proc/{started[0]}/cwd") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        alive = [pid for pid in started if os.path.exists(f"/proc/{pid}/cwd")]
+    finally:
+        for pid in started:  # (before the fix nothing ended it)
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        site.stop()
+    assert proc.returncode == 8, proc.stderr
+    assert "--ship-timeout" in proc.stderr and proc.stderr.count("paramedic: error:") == 1, proc.stderr
+    assert started and not alive, "the cancelled job's BLAST+ still runs"
+    assert not (site.root / "x.out").exists()
+
+
 def test_an_inbox_client_waits_no_longer_than_its_timeout_whatever_progress_says(
     inbox_world, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

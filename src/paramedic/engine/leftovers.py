@@ -8,6 +8,8 @@ removes them, and only them:
 - a job directory is removed when the launcher that made it is gone: its `launcher` file names the pid and
   the pid's start time (a pid reused by another process does not count as alive); a directory of an older
   paramedic (no such file) when none of the ranks it lists is alive and it is older than ten minutes;
+- with a job directory, the partial outputs its job named after itself (`.<out>.partial-<job id>`, noted
+  in its `partials` file by paramedic.durable.note_partial): regular files of this user only;
 - a hydra topology file of this user, older than a minute, only while no mpiexec or hydra proxy of this
   user runs (a proxy reads it only as it starts).
 """
@@ -17,11 +19,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-JOB_PREFIX = "paramedic-job-"
+from paramedic.durable import JOB_DIR_PREFIX, PARTIALS_NOTE
+
+JOB_PREFIX = JOB_DIR_PREFIX
 LAUNCHER_FILE = "launcher"
 HYDRA_TOPOLOGY = "hydra_hwloc_xmlfile_"
 _OLD_JOB_SECONDS = 600.0
@@ -73,6 +78,7 @@ def remove_leftovers(tmp: Path, hydra_dir: Path = Path("/tmp")) -> int:
         if not job_dir.is_dir() or job_dir.is_symlink() or info.st_uid != uid or _in_use(job_dir, info):
             continue
         _remove_shared_memory(job_dir / "ranks")
+        _remove_partials(job_dir / PARTIALS_NOTE, uid)
         shutil.rmtree(job_dir, ignore_errors=True)
         removed += 1
     if not _mpi_running(uid):
@@ -119,6 +125,23 @@ def _remove_shared_memory(ranks: Path) -> None:
                 Path("/dev/shm", name).unlink(missing_ok=True)
             except OSError:
                 pass
+
+
+def _remove_partials(note: Path, uid: int) -> None:
+    try:
+        lines = note.read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return
+    for line in lines:
+        path = Path(line)
+        if not path.is_absolute() or not path.name.startswith(".") or ".partial-" not in path.name:
+            continue
+        try:
+            info = path.lstat()
+            if info.st_uid == uid and stat.S_ISREG(info.st_mode):
+                path.unlink()
+        except OSError:
+            pass
 
 
 def _mpi_running(uid: int) -> bool:

@@ -7,11 +7,13 @@ collective, so a rank writing on its own cannot change its view), or in a collec
 view over its ranges (an hindexed type of bytes) and `Write_all`. At the end every rank calls `Sync` and
 `Close` (both collective); rank 0 then checks the acknowledgements and renames the file into place
 (paramedic.engine.sinks.WorkerSink). A rank that fails ends the job (comm.Abort): rank 0, or the launcher
-after a kill, removes the temporary file.
+after a kill, removes the temporary file; a rank whose write fails removes it itself first (under the
+user's own mpiexec no launcher is there, and the abort kills rank 0 before it could).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -34,7 +36,7 @@ class OutputFile:
             self.fh = MPI.File.Open(comm, str(path), MPI.MODE_WRONLY | MPI.MODE_CREATE)
             self.fh.Set_size(0)  # a stale file of the same name (a killed run) must not leave a tail
         except MPI.Exception as exc:
-            raise OutputError(f"cannot write {path}: {exc.Get_error_string()}") from exc
+            raise OutputError(f"cannot write {path}: {mpi_reason(exc)}") from exc
         self.seconds += time.perf_counter() - start
 
     def write_at(self, offset: int, data: bytes | bytearray) -> None:
@@ -42,7 +44,7 @@ class OutputFile:
         try:
             self.fh.Write_at(offset, data)
         except MPI.Exception as exc:
-            raise OutputError(f"cannot write {self.path}: {exc.Get_error_string()}") from exc
+            raise self._failed(exc) from exc
         self.seconds += time.perf_counter() - start
 
     def write_all(self, ranges: list[tuple[int, bytes]]) -> None:
@@ -60,11 +62,23 @@ class OutputFile:
             self.fh.Write_all(b"".join(d for _, d in ranges))
             self.fh.Set_view(0, MPI.BYTE, MPI.BYTE)
         except MPI.Exception as exc:
-            raise OutputError(f"cannot write {self.path}: {exc.Get_error_string()}") from exc
+            raise self._failed(exc) from exc
         finally:
             if filetype is not None:
                 filetype.Free()
         self.seconds += time.perf_counter() - start
+
+    def _failed(self, exc: MPI.Exception) -> OutputError:
+        """A write failed: the file goes now (a partial file must not outlive the job, nor hold the
+        space that ran out); the error ends the job."""
+        reason = mpi_reason(exc)
+        try:
+            if "(" not in reason and os.statvfs(self.path.parent).f_bavail == 0:
+                reason += " (No space left on device)"  # a collective write's stack drops the errno
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return OutputError(f"cannot write {self.path}: {reason}")
 
     def close(self) -> None:
         """Durable on every rank (`Sync`), then closed: both collective."""
@@ -73,8 +87,20 @@ class OutputFile:
             self.fh.Sync()
             self.fh.Close()
         except MPI.Exception as exc:
-            raise OutputError(f"cannot write {self.path}: {exc.Get_error_string()}") from exc
+            raise self._failed(exc) from exc
         self.seconds += time.perf_counter() - start
+
+
+def mpi_reason(exc: MPI.Exception) -> str:
+    """MPI's error string as one line: its class ("Other I/O error") and the innermost cause from the
+    last line of the error stack ("No space left on device"), without the stack's call sites."""
+    text = exc.Get_error_string()
+    head = text.split(", error stack:", 1)[0].strip()
+    lines = text.strip().splitlines()
+    detail = lines[-1].split(": ", 1)[-1].strip() if len(lines) > 1 else ""
+    if detail.startswith(head):
+        detail = detail[len(head) :].strip()
+    return f"{head} ({detail})" if detail else head
 
 
 class Holder:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from paramedic.durable import fsync_dir
+from paramedic.durable import fsync_dir, note_partial
 from paramedic.engine.job import Job
 from paramedic.engine.journal import Journal
 from paramedic.engine.master import PieceHeld, PieceResult, Sink
@@ -116,6 +116,8 @@ class WorkerSink:
         self.out = out
         job = os.environ.get("PARAMEDIC_JOB_ID") or str(os.getpid())
         self.tmp = partial or out.with_name(f".{out.name}.partial-{job}")
+        if partial is None:  # named after the job: removed by a later run if the launcher is killed
+            note_partial(self.tmp)
         self.strategy = output_strategy(strategy)(len(pieces))
         self.agreement = AgreementCheck()
         self.own: dict[int, bytes] = {}  # rank 0's pieces until its Holder exists

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from paramedic.durable import fsync_dir
+from paramedic.durable import fsync_dir, note_partial
 from paramedic.errors import OutputError
 from paramedic.output.stitch import Stitcher
 
@@ -78,6 +78,8 @@ class LocalFile:
         else:
             job = os.environ.get("PARAMEDIC_JOB_ID") or str(os.getpid())
             self.tmp = partial or out.with_name(f".{out.name}.partial-{job}")
+            if partial is None:  # named after the job: noted before it exists, so that a later run
+                note_partial(self.tmp)  # removes it should the launcher be killed outright
             try:  # made afresh, never written through a link or a file planted at its name (a name
                 # made of a pid can be guessed beside an output in a shared directory)
                 self.tmp.unlink(missing_ok=True)

@@ -312,50 +312,59 @@ class JobStore:
                 # search killed and started again
                 self._fail(holder, "superseded: a new job of the same compute site writes the same output")
             location = output_location(self.root_fd, relative, job_id)
+            opened = False  # until then a refusal removes the directories made on the output's way
             try:
-                location.check_target_free()
-            except OSError as exc:
-                raise ProtocolError(f"output path {relative!r}: {_describe(exc)}") from None
-            if codec.layout == "pieces" and setup_payload is None:
-                return None
-            payload = setup_payload or b""
-            self._check_free_space(len(payload))
-            context = self._prepare(codec, setup, payload, job_id)
-            directory = self.state / job_id
-            tmp = self.state / f".{job_id}.tmp"
-            try:
-                shutil.rmtree(tmp, ignore_errors=True)
-                (tmp / "chunks").mkdir(parents=True)
-                (tmp / "decoded").mkdir()
-                (tmp / "pieces").mkdir()
-                write_durably(tmp / "setup.bin", payload)
-                record = {
-                    "job": job_id,
-                    "peer": peer,
-                    "codec": codec.name,
-                    "setup": setup,
-                    "opened": time.time(),
-                }
-                write_durably(tmp / "job.json", json.dumps(record).encode())
-                if stamps is not None:
-                    _write_replica_stamps(tmp, stamps)
-                os.replace(tmp, directory)
-                fsync_dir(self.state)
-            except OSError as exc:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise ProtocolError(f"storage site cannot open the job: {_describe(exc)}") from None
-            job = SiteJob(job_id, directory, peer, out, codec, context, setup, location)
-            job.replica_stamps = stamps
-            job.stored_bytes = len(payload)
-            self.jobs[job_id] = job
-            with self.targets_lock:
-                self.targets[relative] = job_id
-            self.log(f"job {job_id}: opened by {peer}, {codec.name}, output {relative}")
-            return job
+                try:
+                    location.check_target_free()
+                except OSError as exc:
+                    raise ProtocolError(f"output path {relative!r}: {_describe(exc)}") from None
+                if codec.layout == "pieces" and setup_payload is None:
+                    return None
+                payload = setup_payload or b""
+                self._check_free_space(len(payload))
+                context = self._prepare(codec, setup, payload, job_id)
+                directory = self.state / job_id
+                tmp = self.state / f".{job_id}.tmp"
+                try:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    (tmp / "chunks").mkdir(parents=True)
+                    (tmp / "decoded").mkdir()
+                    (tmp / "pieces").mkdir()
+                    write_durably(tmp / "setup.bin", payload)
+                    record = {
+                        "job": job_id,
+                        "peer": peer,
+                        "codec": codec.name,
+                        "setup": setup,
+                        "opened": time.time(),
+                    }
+                    write_durably(tmp / "job.json", json.dumps(record).encode())
+                    if stamps is not None:
+                        _write_replica_stamps(tmp, stamps)
+                    os.replace(tmp, directory)
+                    fsync_dir(self.state)
+                except OSError as exc:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise ProtocolError(f"storage site cannot open the job: {_describe(exc)}") from None
+                job = SiteJob(job_id, directory, peer, out, codec, context, setup, location)
+                job.replica_stamps = stamps
+                job.stored_bytes = len(payload)
+                self.jobs[job_id] = job
+                with self.targets_lock:
+                    self.targets[relative] = job_id
+                self.log(f"job {job_id}: opened by {peer}, {codec.name}, output {relative}")
+                opened = True
+                return job
+            finally:
+                if not opened:
+                    location.remove_empty_directories()
 
     def _drop_scratch(self, job: SiteJob) -> None:
-        """The job's regeneration scratch directory (none at a site without a replica)."""
+        """The job's regeneration scratch directory (none at a site without a replica), and whatever BLAST+
+        still runs in it: a job failed or cancelled while a regeneration hung would otherwise leave that
+        process running, and the I/O worker thread waiting for it, for good."""
         if self.replica is not None:
+            _end_processes_in(self.replica.workdir / job.job_id)
             shutil.rmtree(self.replica.workdir / job.job_id, ignore_errors=True)
 
     def _job_replica(self, job_id: str) -> Replica:
