@@ -51,13 +51,15 @@ def startup_seconds(program: str) -> float:
     Measured by starting the program plainly: the master runs no searches, so it starts no fork server
     of its own. Never taken below 40 ms, the cost of starting BLAST+ here without the fork server:
     batches stay large enough either way, and smaller query batches make BLAST+ scan each subject more
-    often. The least of three starts: one start alone, on a machine busy for a moment, made the plan's
-    pieces several times smaller than the machine's real cost calls for. Kept in the user's cache for
+    often. The least of three starts, in CPU seconds (user and system) rather than wall: the plan weighs
+    the start against searches' CPU (RATE), and a wall measured while the machine was busy for a moment
+    (0.137 s for blastp against 0.05 s quiet) was kept for hours and changed plans (blastp, 1 query: 2
+    searches instead of 4, 1.18x BLAST+'s wall instead of 1.10x). Kept in the user's cache for
     STARTUP_REUSE_SECONDS, keyed by the executable and the host.
     """
     exe = require_tool(program)
     key = f"{file_key(exe)}-{hashlib.sha256(os.uname().nodename.encode()).hexdigest()[:8]}"
-    cached = read_cached("startup", key)
+    cached = read_cached(STARTUP_CACHE, key)
     if cached is not None:
         try:
             measured_at, value = (float(x) for x in cached.split())
@@ -65,17 +67,27 @@ def startup_seconds(program: str) -> float:
                 return value
         except ValueError:
             pass  # measured again below, and the entry replaced
-    seconds = []
-    for _ in range(3):
-        start = time.perf_counter()
-        try:
-            subprocess.run([exe, "-version"], capture_output=True, check=True)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            raise BlastError(f"cannot run `{program} -version`: {exc}") from exc
-        seconds.append(time.perf_counter() - start)
-    value = max(0.04, min(seconds))
-    write_cached("startup", key, f"{time.time():.0f} {value:.6f}\n".encode())
+    value = max(0.04, min(_start_cpu_seconds(program, exe) for _ in range(3)))
+    write_cached(STARTUP_CACHE, key, f"{time.time():.0f} {value:.6f}\n".encode())
     return value
+
+
+# The cache of start-up measurements; "startup" held wall seconds (see startup_seconds).
+STARTUP_CACHE = "startup-cpu"
+
+
+def _start_cpu_seconds(program: str, exe: str) -> float:
+    """CPU seconds (user and system) of one `exe -version`, read from its own rusage (os.wait4), so that
+    no other child of this process counts."""
+    try:
+        proc = subprocess.Popen([exe, "-version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+    except OSError as exc:
+        raise BlastError(f"cannot run `{program} -version`: {exc}") from exc
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise BlastError(f"cannot run `{program} -version`: exit status {proc.returncode}")
+    return usage.ru_utime + usage.ru_stime
 
 
 def prestart(program: str, count: int) -> None:
