@@ -34,7 +34,7 @@ RATE = {"blastp": 5.3e-11, "blastx": 1.6e-10, "tblastn": 1.6e-10, "tblastx": 5e-
 # Seconds per database residue that every search pays however few its queries, beyond its start: blastn
 # scans each subject's words against its lookup table, and with more than a few queries that table
 # outgrows the caches. Measured (bench/RESULTS.md, "blastn's per-search scan"): the same 500 queries
-# against 306 Mbp as 1, 2, 4 and 8 runs took 4.22, 5.05, 5.98 and 7.20 s of CPU, 0.3-0.8 s more per run;
+# against 306 Mbp as 1, 2, 4 and 8 runs took 4.49, 5.65, 6.93 and 8.07 s of CPU, 0.5-1.2 s more per run;
 # one query's whole run 0.27 s. The other programs' scans are per query (their work is RATE's).
 SCAN = {"blastn": 1.3e-9}
 DEFAULT_REGEN_GROUP = 10
@@ -262,8 +262,8 @@ def smallest_piece_residues(
     Given the `total` query residues, never more than an even share of them per worker, unless that
     share's own work would cost less than its fixed cost: the fixed cost is then paid on every worker at
     once, which costs less wall than the whole work on one. blastn's scan made the 5% rule ask for one
-    piece of 500 queries against 306 Mbp (measured: 2 pieces 5.05 s of CPU, 2.9 s of wall, against one
-    run's 4.22 s of CPU); 20 queries' share costs less than its scan, so they stay one piece (the
+    piece of 500 queries against 306 Mbp (measured: 2 pieces 5.65 s of CPU against one run's 4.49 s, and
+    half the wall); 20 queries' share costs less than its scan, so they stay one piece (the
     fragments strategy splits the database instead)."""
     per_residue = _seconds_per_query_residue(program, database_residues)
     if per_residue <= 0:
