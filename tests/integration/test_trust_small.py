@@ -4,7 +4,10 @@ files (the fixtures of test_site_faults)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,19 +93,16 @@ def test_a_site_that_answers_running_for_ever_is_given_up_in_time(make_site, mon
         shipper.close()
 
 
-def test_a_regeneration_that_never_returns_fails_its_job_and_is_killed(
-    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Item 7: the site bounds a regeneration in time (--regen-timeout): its BLAST+ (here a real process
-    that never ends, in the regeneration's own directory) is killed and the search told, in seconds."""
-    import os
+def _site_whose_regeneration_never_returns(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, **serve: float
+) -> tuple[Any, list[int]]:
+    """A real site (keys, a 40-protein replica, 3 queries in tmp_path) whose every regeneration starts a
+    process in the regeneration's own directory that never ends, and the list its pids go into."""
     import subprocess
-    import time
 
     from paramedic.ship import blast_codec
     from paramedic.site.server import ServeSettings
     from tests.conftest import paramedic, take_fasta
-    from tests.integration.test_trust import run_bounded
     from tests.support.site import start_site
 
     take_fasta(data_dir / "mmseqs2" / "DB.fasta", tmp_path / "db.fasta", 40)
@@ -112,7 +112,7 @@ def test_a_regeneration_that_never_returns_fails_its_job_and_is_killed(
     paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
     started: list[int] = []
 
-    def never_returns(program, options, db, queries, subjects, workdir):
+    def never_returns(program, options, db, queries, subjects, workdir):  # type: ignore[no-untyped-def]
         run_dir = workdir / "regen-stuck"
         run_dir.mkdir(exist_ok=True)
         proc = subprocess.Popen(["sleep", "600"], cwd=run_dir)
@@ -122,25 +122,41 @@ def test_a_regeneration_that_never_returns_fails_its_job_and_is_killed(
 
     monkeypatch.setattr(blast_codec, "regenerate", never_returns)
     (tmp_path / "root").mkdir()
-    settings = ServeSettings(
-        tmp_path / "db" / "uni", tmp_path / "root", "127.0.0.1:0", None, regen_seconds=1.0
-    )
-    site = start_site(settings, tmp_path / "keys", monkeypatch)
+    settings = ServeSettings(tmp_path / "db" / "uni", tmp_path / "root", "127.0.0.1:0", None, **serve)
+    return start_site(settings, tmp_path / "keys", monkeypatch), started
+
+
+def _search_shipping_to(site: Any, tmp_path: Path, ship_timeout: str) -> subprocess.CompletedProcess[str]:
+    from tests.integration.test_trust import run_bounded
+
+    return run_bounded(
+        ["search", "blastp", "-query", "q.fasta", "-db", "db/uni", "-out", "x.out", "--site",
+         f"tls://localhost:{site.port}", "--keys", str(tmp_path / "keys/compute-a"), "--ship", "metadata",
+         "--strategy", "fragments", "--quiet", "--ship-timeout", ship_timeout, "--np", "1"],
+        tmp_path, seconds=60,
+    )  # fmt: skip
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:  # (before the fixes nothing ended them)
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+
+
+def test_a_regeneration_that_never_returns_fails_its_job_and_is_killed(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 7: the site bounds a regeneration in time (--regen-timeout): its BLAST+ (here a real process
+    that never ends, in the regeneration's own directory) is killed and the search told, in seconds."""
+    site, started = _site_whose_regeneration_never_returns(tmp_path, data_dir, monkeypatch, regen_seconds=1.0)
     try:
         begun = time.monotonic()
-        proc = run_bounded(
-            ["search", "blastp", "-query", "q.fasta", "-db", "db/uni", "-out", "x.out", "--site",
-             f"tls://localhost:{site.port}", "--keys", str(tmp_path / "keys/compute-a"), "--ship", "metadata",
-             "--strategy", "fragments", "--quiet", "--ship-timeout", "120", "--np", "1"],
-            tmp_path, seconds=60,
-        )  # fmt: skip
+        proc = _search_shipping_to(site, tmp_path, "120")
         took = time.monotonic() - begun
     finally:
-        for pid in started:  # (before the fix nothing ended it)
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
+        _kill(started)
         site.stop()
     assert proc.returncode == 8, proc.stderr
     assert "regenerating took longer than 1 s (serve --regen-timeout)" in proc.stderr
@@ -158,52 +174,15 @@ def test_a_regeneration_of_a_job_cancelled_by_its_compute_site_is_killed(
     ("cancelled by the compute site"), its scratch directory was removed, but the process ran on: the
     timeout's kill looked only at jobs not failed yet. It held the I/O worker thread that waited for it
     (the site's --io-workers, one each) for good."""
-    import os
-    import subprocess
-    import time
-
-    from paramedic.ship import blast_codec
-    from paramedic.site.server import ServeSettings
-    from tests.conftest import paramedic, take_fasta
-    from tests.integration.test_trust import run_bounded
-    from tests.support.site import start_site
-
-    take_fasta(data_dir / "mmseqs2" / "DB.fasta", tmp_path / "db.fasta", 40)
-    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", tmp_path / "q.fasta", 3)
-    paramedic("format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "2", "--out", "db/uni", "--quiet",
-              cwd=tmp_path)  # fmt: skip
-    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
-    started: list[int] = []
-
-    def never_returns(program, options, db, queries, subjects, workdir):
-        run_dir = workdir / "regen-stuck"
-        run_dir.mkdir(exist_ok=True)
-        proc = subprocess.Popen(["sleep", "600"], cwd=run_dir)
-        started.append(proc.pid)
-        proc.wait()
-        raise blast_codec.ParamedicError(f"blastp failed (exit {proc.returncode})")
-
-    monkeypatch.setattr(blast_codec, "regenerate", never_returns)
-    (tmp_path / "root").mkdir()
-    settings = ServeSettings(tmp_path / "db" / "uni", tmp_path / "root", "127.0.0.1:0", None)
-    site = start_site(settings, tmp_path / "keys", monkeypatch)
+    site, started = _site_whose_regeneration_never_returns(tmp_path, data_dir, monkeypatch)
     try:
-        proc = run_bounded(
-            ["search", "blastp", "-query", "q.fasta", "-db", "db/uni", "-out", "x.out", "--site",
-             f"tls://localhost:{site.port}", "--keys", str(tmp_path / "keys/compute-a"), "--ship", "metadata",
-             "--strategy", "fragments", "--quiet", "--ship-timeout", "3", "--np", "1"],
-            tmp_path, seconds=60,
-        )  # fmt: skip
+        proc = _search_shipping_to(site, tmp_path, "3")
         deadline = time.monotonic() + 10
         while started and os.path.exists(f"/proc/{started[0]}/cwd") and time.monotonic() < deadline:
             time.sleep(0.05)
         alive = [pid for pid in started if os.path.exists(f"/proc/{pid}/cwd")]
     finally:
-        for pid in started:  # (before the fix nothing ended it)
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
+        _kill(started)
         site.stop()
     assert proc.returncode == 8, proc.stderr
     assert "--ship-timeout" in proc.stderr and proc.stderr.count("paramedic: error:") == 1, proc.stderr
