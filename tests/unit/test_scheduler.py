@@ -207,6 +207,26 @@ def test_query_segmentation_pieces_shrink_so_workers_finish_together():
     assert _makespan(equal, lengths, 2)[0] > longest
 
 
+def test_blastn_tasks_pay_a_database_scan_so_many_queries_make_few_tasks():
+    """blastn scans the whole database in every run (plan.SCAN): 500 queries against 306 Mbp in 8 tasks
+    cost 8.07 s of CPU against 5.65 s in 2 (bench/scan_cost.py). The plan makes one task per worker for
+    them, and leaves 20 queries, whose share costs less than its scan, in one piece."""
+    from paramedic.engine.plan import make_plan
+
+    def pieces(n: int, workers: int = 2) -> tuple[range, ...]:
+        return make_plan(program="blastn", query_lengths=[2000] * n, fragment_residues=[38_000_000] * 8,
+                         workers=workers, hitlist_size=500, startup_seconds=0.05, stitchable=True,
+                         query_segmentation=True).pieces  # fmt: skip
+
+    assert [len(p) for p in pieces(500)] == [250, 250]
+    assert [len(p) for p in pieces(500, workers=4)] == [125] * 4
+    assert pieces(20) == (range(0, 20),)
+    # without the scan (blastp: its work is per query), the same queries are cut finer, as before
+    blastp = make_plan(program="blastp", query_lengths=[400] * 500, fragment_residues=[9_000_000], workers=2,
+                       hitlist_size=500, startup_seconds=0.05, stitchable=True, query_segmentation=True)  # fmt: skip
+    assert len(blastp.pieces) > 4
+
+
 def test_query_segmentation_keeps_unstitchable_formats_in_one_piece():
     from paramedic.engine.plan import make_plan
 
