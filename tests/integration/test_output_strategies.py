@@ -208,6 +208,11 @@ def test_full_output_disk_leaves_no_partial_file(site: Site, tmp_path: Path) -> 
     if made.returncode != 0:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     query = ["search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", site.db]
+    # the ranks MPI_Abort kills keep their temporary directories (no launcher there to remove them):
+    # in this test's own directory, not the machine's /tmp
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch))
     try:
         for strategy, ranks in [
             ("worker-individual", "3"),
@@ -218,7 +223,7 @@ def test_full_output_disk_leaves_no_partial_file(site: Site, tmp_path: Path) -> 
             proc = subprocess.run(
                 [str(BIN / "mpiexec"), "-n", ranks, str(BIN / "paramedic"), *query, "-out", str(out),
                  "--output-strategy", strategy, *ENGINE],
-                cwd=site.root / "p3", capture_output=True, text=True, timeout=300,
+                cwd=site.root / "p3", capture_output=True, text=True, timeout=300, env=env,
             )  # fmt: skip
             assert proc.returncode == 6, (strategy, proc.stderr)
             said = [line for line in proc.stderr.splitlines() if "paramedic:" in line]
