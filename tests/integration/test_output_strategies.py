@@ -213,6 +213,7 @@ def test_full_output_disk_leaves_no_partial_file(site: Site, tmp_path: Path) -> 
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = dict(os.environ, TMPDIR=str(scratch))
+    shared_before = set(os.listdir("/dev/shm"))  # and their MPICH shared-memory segments: removed below
     try:
         for strategy, ranks in [
             ("worker-individual", "3"),
@@ -241,6 +242,9 @@ def test_full_output_disk_leaves_no_partial_file(site: Site, tmp_path: Path) -> 
         assert sorted(p.name for p in disk.iterdir()) == []
     finally:
         subprocess.run(["umount", "-l", str(disk)])
+        for name in set(os.listdir("/dev/shm")) - shared_before:
+            if name.startswith("mpich"):
+                Path("/dev/shm", name).unlink(missing_ok=True)
 
 
 def test_killed_worker_leaves_no_partial_file(site: Site, tmp_path: Path) -> None:
