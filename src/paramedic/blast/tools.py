@@ -45,6 +45,10 @@ def blast_version() -> str:
 STARTUP_REUSE_SECONDS = 6 * 3600
 
 
+# The cache of start-up measurements; "startup" held wall seconds (see startup_seconds).
+STARTUP_CACHE = "startup-cpu"
+
+
 def startup_seconds(program: str) -> float:
     """Seconds of fixed cost per BLAST+ run on this machine (process start).
 
@@ -54,7 +58,7 @@ def startup_seconds(program: str) -> float:
     often. The least of three starts, in CPU seconds (user and system) rather than wall: the plan weighs
     the start against searches' CPU (RATE), and a wall measured while the machine was busy for a moment
     (0.137 s for blastp against 0.05 s quiet) was kept for hours and changed plans (blastp, 1 query: 2
-    searches instead of 4, 1.18x BLAST+'s wall instead of 1.10x). Kept in the user's cache for
+    searches instead of 4, 1.18x BLAST+'s wall instead of 1.13x). Kept in the user's cache for
     STARTUP_REUSE_SECONDS, keyed by the executable and the host.
     """
     exe = require_tool(program)
@@ -70,10 +74,6 @@ def startup_seconds(program: str) -> float:
     value = max(0.04, min(_start_cpu_seconds(program, exe) for _ in range(3)))
     write_cached(STARTUP_CACHE, key, f"{time.time():.0f} {value:.6f}\n".encode())
     return value
-
-
-# The cache of start-up measurements; "startup" held wall seconds (see startup_seconds).
-STARTUP_CACHE = "startup-cpu"
 
 
 def _start_cpu_seconds(program: str, exe: str) -> float:

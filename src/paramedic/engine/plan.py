@@ -28,7 +28,7 @@ from paramedic.engine.scheduler import Plan
 STARTUP_SHARE = 0.05
 # Seconds per (query residue x database residue), single thread, BLAST+ 2.12 (blastp measured: 100
 # mmseqs2 queries, 38,939 residues, against 9,055,569 residues in 18.8 s). blastn (megablast) is far
-# cheaper per residue pair: 500 bigdb queries (1,007,191 bp) against 306 Mbp took 4.22 s of CPU in one
+# cheaper per residue pair: 500 bigdb queries (1,007,191 bp) against 306 Mbp took 4.49 s of CPU in one
 # run, 20 (34,586 bp) 0.52 s: 1.2-2.4e-14 once its per-search cost (SCAN) is taken out.
 RATE = {"blastp": 5.3e-11, "blastx": 1.6e-10, "tblastn": 1.6e-10, "tblastx": 5e-10, "blastn": 2e-14}
 # Seconds per database residue that every search pays however few its queries, beyond its start: blastn
