@@ -171,3 +171,63 @@ def test_a_search_whose_engine_was_killed_outright_is_killed_too(tmp_path: Path)
     if alive:  # let it end: a writer opens and closes the FIFO it waits on
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     assert not alive, "the BLAST+ run went on after its engine was killed"
+
+
+def test_a_dead_or_stopped_server_is_replaced_and_a_bounded_run_is_not_waited_for(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 23: a thread's server that died failed every later run of that thread ("fork server
+    stopped"), and one stopped (SIGSTOP) held its thread for good. Now a run inside `bounded` fails at its
+    deadline with the server killed, and the thread's next run gets a new server, as after a death."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from paramedic.blast import forkserver
+    from paramedic.blast.tools import run_tool
+
+    if shim_path() is None:
+        pytest.skip("no C compiler: the engine starts BLAST+ normally")
+    take_fasta(data_dir / "mmseqs2" / "DB.fasta", tmp_path / "db.fasta", 50)
+    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", tmp_path / "q.fasta", 2)
+    subprocess.run(["makeblastdb", "-in", "db.fasta", "-dbtype", "prot", "-out", "db"], cwd=tmp_path, check=True,
+                   capture_output=True)  # fmt: skip
+    argv = ["blastp", "-query", "q.fasta", "-db", "db", "-outfmt", "6"]
+    fresh = subprocess.run(argv, cwd=tmp_path, capture_output=True, check=True).stdout
+    outcomes: list[object] = []
+
+    def server() -> forkserver.ForkServer:
+        (only,) = [s for k, s in forkserver._servers.items() if k[2] == threading.get_ident()]
+        return only
+
+    def thread() -> None:  # a thread of its own: its servers are its own, and end with the test
+        try:
+            outcomes.append(run_tool(argv, cwd=tmp_path).stdout)
+            first = server()
+            os.kill(first._proc.pid, signal.SIGKILL)  # died
+            first._proc.wait()
+            outcomes.append(run_tool(argv, cwd=tmp_path).stdout)  # before: "fork server stopped"
+            second = server()
+            assert second is not first
+            os.kill(second._proc.pid, signal.SIGSTOP)  # stopped
+            start = time.monotonic()
+            with forkserver.bounded(1.0):
+                try:
+                    run_tool(argv, cwd=tmp_path)
+                except Exception as exc:  # the run's failure, said as BLAST+ failures are
+                    outcomes.append((str(exc), time.monotonic() - start, second._proc.poll()))
+            outcomes.append(run_tool(argv, cwd=tmp_path).stdout)
+            assert server() is not second
+        except BaseException as exc:  # handed to the test
+            outcomes.append(exc)
+
+    worker = threading.Thread(target=thread, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "a run waited for a stopped fork server"
+    assert not any(isinstance(o, BaseException) for o in outcomes), outcomes
+    assert outcomes[0] == outcomes[1] == outcomes[3] == fresh
+    message, seconds, status = outcomes[2]  # type: ignore[misc]
+    assert "fork server did not answer in time" in message and seconds < 10, outcomes[2]
+    assert status == -signal.SIGKILL  # killed and reaped

@@ -4,6 +4,7 @@ files (the fixtures of test_site_faults)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -93,14 +94,8 @@ def test_a_site_that_answers_running_for_ever_is_given_up_in_time(make_site, mon
         shipper.close()
 
 
-def _site_whose_regeneration_never_returns(
-    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, **serve: float
-) -> tuple[Any, list[int]]:
-    """A real site (keys, a 40-protein replica, 3 queries in tmp_path) whose every regeneration starts a
-    process in the regeneration's own directory that never ends, and the list its pids go into."""
-    import subprocess
-
-    from paramedic.ship import blast_codec
+def _real_site(tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, **serve: float) -> Any:
+    """A real site in this process (keys, a 40-protein replica, 3 queries in tmp_path)."""
     from paramedic.site.server import ServeSettings
     from tests.conftest import paramedic, take_fasta
     from tests.support.site import start_site
@@ -110,6 +105,20 @@ def _site_whose_regeneration_never_returns(
     paramedic("format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "2", "--out", "db/uni", "--quiet",
               cwd=tmp_path)  # fmt: skip
     paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    (tmp_path / "root").mkdir()
+    settings = ServeSettings(tmp_path / "db" / "uni", tmp_path / "root", "127.0.0.1:0", None, **serve)  # type: ignore[arg-type]
+    return start_site(settings, tmp_path / "keys", monkeypatch)
+
+
+def _site_whose_regeneration_never_returns(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, **serve: float
+) -> tuple[Any, list[int]]:
+    """A real site (`_real_site`) whose every regeneration starts a process in the regeneration's own
+    directory that never ends, and the list its pids go into."""
+    import subprocess
+
+    from paramedic.ship import blast_codec
+
     started: list[int] = []
 
     def never_returns(program, options, db, queries, subjects, workdir):  # type: ignore[no-untyped-def]
@@ -121,16 +130,16 @@ def _site_whose_regeneration_never_returns(
         raise blast_codec.ParamedicError(f"blastp failed (exit {proc.returncode})")
 
     monkeypatch.setattr(blast_codec, "regenerate", never_returns)
-    (tmp_path / "root").mkdir()
-    settings = ServeSettings(tmp_path / "db" / "uni", tmp_path / "root", "127.0.0.1:0", None, **serve)
-    return start_site(settings, tmp_path / "keys", monkeypatch), started
+    return _real_site(tmp_path, data_dir, monkeypatch, **serve), started
 
 
-def _search_shipping_to(site: Any, tmp_path: Path, ship_timeout: str) -> subprocess.CompletedProcess[str]:
+def _search_shipping_to(
+    site: Any, tmp_path: Path, ship_timeout: str, out: str = "x.out"
+) -> subprocess.CompletedProcess[str]:
     from tests.integration.test_trust import run_bounded
 
     return run_bounded(
-        ["search", "blastp", "-query", "q.fasta", "-db", "db/uni", "-out", "x.out", "--site",
+        ["search", "blastp", "-query", "q.fasta", "-db", "db/uni", "-out", out, "--site",
          f"tls://localhost:{site.port}", "--keys", str(tmp_path / "keys/compute-a"), "--ship", "metadata",
          "--strategy", "fragments", "--quiet", "--ship-timeout", ship_timeout, "--np", "1"],
         tmp_path, seconds=60,
@@ -188,6 +197,43 @@ def test_a_regeneration_of_a_job_cancelled_by_its_compute_site_is_killed(
     assert "--ship-timeout" in proc.stderr and proc.stderr.count("paramedic: error:") == 1, proc.stderr
     assert started and not alive, "the cancelled job's BLAST+ still runs"
     assert not (site.root / "x.out").exists()
+
+
+def test_a_fork_server_that_stops_answering_is_killed_and_replaced(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 7, probed again: the site's BLAST+ fork server itself stopped (SIGSTOP), not a BLAST+ it forked
+    (that one runs in the job's scratch directory, where the --regen-timeout kill finds it). The job failed
+    at the timeout, but its I/O worker thread waited for the stopped server's reply for good: with one I/O
+    worker, every later job then waited until its compute site gave up. Now the server is killed at the
+    regeneration's bound and the thread's next regeneration starts a new one."""
+    from paramedic.blast import forkserver
+
+    site = _real_site(tmp_path, data_dir, monkeypatch, regen_seconds=6.0, io_workers=1)
+    stopped: list[int] = []
+    try:
+        first = _search_shipping_to(site, tmp_path, "60", "first.out")
+        assert first.returncode == 0, first.stderr
+        # the case this test exists for: the site's regeneration ran through a fork server of this process
+        stopped = [server._proc.pid for server in forkserver._servers.values()]
+        assert stopped, "the site's regeneration started no fork server"
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        second = _search_shipping_to(site, tmp_path, "60", "second.out")
+        third = _search_shipping_to(site, tmp_path, "40", "third.out")
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        site.stop()
+    assert second.returncode == 8 and second.stderr.count("paramedic: error:") == 1, second.stderr
+    assert "took longer than 6 s" in second.stderr or "fork server" in second.stderr, second.stderr
+    assert third.returncode == 0, third.stderr  # before: "did not finish the output within 40 s"
+    assert (site.root / "third.out").read_bytes() == (site.root / "first.out").read_bytes()
+    assert not (site.root / "second.out").exists()
+    assert not any(os.path.exists(f"/proc/{pid}/cwd") for pid in stopped)  # killed and reaped
 
 
 def test_an_inbox_client_waits_no_longer_than_its_timeout_whatever_progress_says(

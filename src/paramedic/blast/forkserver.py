@@ -22,7 +22,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from paramedic.cache import cache_dir
@@ -89,10 +90,31 @@ def compiled(
     return target
 
 
+# The deadline of this thread's fork-served runs (`bounded`), or none.
+_bound = threading.local()
+
+
+@contextmanager
+def bounded(seconds: float) -> Iterator[None]:
+    """Every BLAST+ run through this thread's fork server inside the block ends within `seconds` of the
+    block's start, or its server is killed, the run fails (TimeoutError) and the thread's next run gets a
+    new server. The storage site bounds a regeneration so (serve --regen-timeout): its housekeeping kills
+    the BLAST+ processes in the job's scratch directory, but a server that stopped answering (SIGSTOPped,
+    or hung before it forked) runs nothing there, and its I/O worker thread waited for the reply for good."""
+    previous = getattr(_bound, "deadline", None)
+    _bound.deadline = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _bound.deadline = previous
+
+
 class ForkServer:
-    """One BLAST+ program held ready to fork; requests are served one at a time."""
+    """One BLAST+ program held ready to fork; requests are served one at a time. A server that failed a
+    request (it died, or missed a `bounded` deadline and was killed) is `broken`: `server_for` replaces it."""
 
     def __init__(self, executable: str, shim: Path, preload: str | None = None):
+        self.broken = False
         request_read, self._requests = os.pipe()
         self._replies, reply_write = os.pipe()
         env = dict(os.environ)
@@ -128,20 +150,43 @@ class ForkServer:
         payload = b"".join(f.encode() + b"\0" for f in fields)
         if len(payload) > MAX_REQUEST:
             raise ValueError("BLAST+ command line too long for the fork server")
+        deadline = getattr(_bound, "deadline", None)
         try:
-            os.write(self._requests, struct.pack("=I", len(payload)) + payload)
-            reply = _read_exactly(self._replies, 4)
+            _write_all(self._requests, struct.pack("=I", len(payload)) + payload, deadline)
+            reply = _read_exactly(self._replies, 4, deadline)
+        except TimeoutError as exc:
+            self.kill()
+            raise TimeoutError(f"BLAST+ fork server {exc}: killed") from exc
         except OSError as exc:
+            self.broken = True
             raise BrokenPipeError(f"BLAST+ fork server stopped: {exc}") from exc
         return struct.unpack("=i", reply)[0]
+
+    def alive(self) -> bool:
+        return not self.broken and self._proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill the server (stopped or not: SIGKILL ends both) and reap it; a BLAST+ it forked runs on in its
+        working directory, where its caller's clean-up finds it (the site's job scratch)."""
+        self.broken = True
+        self.hang_up()
+        try:
+            self._proc.kill()
+        except OSError:
+            pass
+        self.reap(time.monotonic() + 5)
 
     def close(self) -> None:
         self.hang_up()
         self.reap(time.monotonic() + 5)
 
     def hang_up(self) -> None:
-        """End of input: the server exits (a run in progress ends first)."""
-        for fd in (self._requests, self._replies):
+        """End of input: the server exits (a run in progress ends first). Once: a descriptor number closed
+        twice may by then be another file's."""
+        fds, self._requests, self._replies = (self._requests, self._replies), -1, -1
+        for fd in fds:
+            if fd < 0:
+                continue
             try:
                 os.close(fd)
             except OSError:
@@ -166,9 +211,34 @@ class ForkServer:
             self._proc.wait()
 
 
-def _read_exactly(fd: int, n: int) -> bytes:
+def _wait_for(fd: int, writing: bool, deadline: float | None) -> None:
+    """Until `fd` is ready, or TimeoutError at `deadline` (None: no bound)."""
+    poller = select.poll()  # not select(): a site holding many connections has descriptors over 1024
+    poller.register(fd, select.POLLOUT if writing else select.POLLIN)
+    remaining = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000
+    if not poller.poll(remaining):
+        raise TimeoutError("did not answer in time (a bounded run: serve --regen-timeout)")
+
+
+def _write_all(fd: int, data: bytes, deadline: float | None) -> None:
+    """All of `data` to a pipe the server may have stopped reading: in pieces as it makes room."""
+    view = memoryview(data)
+    while view:
+        _wait_for(fd, True, deadline)
+        os.set_blocking(fd, False)
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:
+            written = 0
+        finally:
+            os.set_blocking(fd, True)
+        view = view[written:]
+
+
+def _read_exactly(fd: int, n: int, deadline: float | None = None) -> bytes:
     data = b""
     while len(data) < n:
+        _wait_for(fd, False, deadline)
         chunk = os.read(fd, n - len(data))
         if not chunk:
             raise OSError("end of file")
@@ -192,10 +262,14 @@ def server_for(executable: str, preload: str | None = None) -> ForkServer | None
         return None
     key = (executable, preload, threading.get_ident())
     with _servers_lock:
-        if key not in _servers:
+        server = _servers.get(key)
+        if server is not None and not server.alive():  # it died, or was killed at a deadline: a new one
+            server.kill()
+            server = None
+        if server is None:
             spares = _spares.get((executable, preload))
-            _servers[key] = spares.pop() if spares else ForkServer(executable, shim, preload)
-        return _servers[key]
+            server = _servers[key] = spares.pop() if spares else ForkServer(executable, shim, preload)
+        return server
 
 
 def prestart(executable: str, preload: str | None, count: int) -> None:

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from paramedic.blast.forkserver import bounded
 from paramedic.blast.run import Database
 from paramedic.db.manifest import Manifest, Stamp, check_stamps, verify_volumes, volume_stamps
 from paramedic.durable import fsync_dir, write_durably
@@ -557,9 +558,12 @@ class JobStore:
             job.decoding[index] = time.monotonic()
         start = time.perf_counter()
         try:
-            if not unpacked:
-                data = job.codec.unpack(header, data, job.context)
-            segments = job.codec.decode(header, data, job.context)
+            # the regeneration's bound reaches the BLAST+ fork server too: one that stops answering is
+            # killed at it, not waited for by this thread for good (housekeeping fails the job meanwhile)
+            with bounded(self.regen_seconds):
+                if not unpacked:
+                    data = job.codec.unpack(header, data, job.context)
+                segments = job.codec.decode(header, data, job.context)
             self._reserve(job, sum(len(seg.data) for seg in segments))
             placed: list[list[int | str]] = []  # [position, length] or [piece, length, sha256]
             with job.io_lock:
