@@ -666,7 +666,47 @@ def test_a_trickling_mirror_and_a_damaged_volume_end_in_bounded_time(site: Site,
     finally:
         remote.stop()
     assert proc.returncode == 4, proc.stderr
-    assert "corrupt database" in proc.stderr and proc.stderr.count("\n") == 1
+    # one error; before it, at most the mirror's warning (dropped when it did not open in time)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("paramedic: error:")]
+    assert len(errors) == 1 and "corrupt database" in errors[0], proc.stderr
+    assert proc.stderr.count("\n") - 1 == proc.stderr.count("paramedic: warning: --mirror ") <= 1, proc.stderr
+
+
+def test_a_trickling_mirror_costs_a_healthy_search_seconds_not_minutes(site: Site, tmp_path: Path) -> None:
+    """Found probing item 6 again: a mirror whose link trickles (50 bytes/s from it, so that even its TLS
+    handshake takes minutes) beside a complete -db. Its search took 57-119 s instead of 3: the mirrors were
+    opened one after another, each waiting out its own connection's timeout. Now an extra mirror that has
+    not opened within MIRROR_OPEN_SECONDS is dropped, said once, and the search is BLAST+'s."""
+    import time
+
+    from paramedic.db.stripes import MIRROR_OPEN_SECONDS
+    from tests.support.site import CuttingProxy, StorageSite
+
+    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    (tmp_path / "root").mkdir()
+    remote = StorageSite(site.root / "p3" / "uniprot", tmp_path / "root", tmp_path / "keys/server",
+                         tmp_path / "serve.log")  # fmt: skip
+    remote.start()
+    try:
+        begun = time.monotonic()
+        search(site, "no-mirror", "--stage", str(tmp_path / "plain-cache"))
+        alone = time.monotonic() - begun
+        with CuttingProxy(remote.port, down_rate=50) as slow:
+            begun = time.monotonic()
+            proc, out = search(
+                site, "trickling-mirror", "--stage", str(tmp_path / "cache"), "--keys",
+                str(tmp_path / "keys/compute-a"), "--mirror", f"tls://localhost:{slow.port}/uniprot",
+                quiet_ok=True,
+            )  # fmt: skip
+            took = time.monotonic() - begun
+    finally:
+        remote.stop()
+    assert took < alone + MIRROR_OPEN_SECONDS + 20, (took, alone)  # before: 57-119 s against 3
+    assert proc.stderr.count("paramedic: warning: --mirror ") == 1, proc.stderr
+    assert f"did not open within {MIRROR_OPEN_SECONDS:g} s" in proc.stderr, proc.stderr
+    record = json.loads(out.with_name(out.name + ".run.json").read_text())
+    replicas = [r for rank in record["ranks_stats"] if rank["stage"] for r in rank["stage"]["replicas"]]
+    assert all(r["dropped"] for r in replicas if r["replica"].startswith("tls://")), replicas
 
 
 def test_what_a_launcher_killed_outright_left_is_removed_by_the_next_run(site: Site, tmp_path: Path) -> None:

@@ -50,6 +50,7 @@ DEFAULT_INFLIGHT = 2  # reads in flight per replica (a remote replica uses one p
 DEFAULT_SKIP_RATIO = 4.0  # a replica this many times slower than the fastest gets no stripes
 DEFAULT_PROBE_SECONDS = 5.0  # a skipped replica gets one stripe this often, to notice a recovery
 POLICIES = ("adaptive", "round-robin")
+MIRROR_OPEN_SECONDS = 5.0  # an extra mirror not open (connected, manifest read) by then is dropped
 _WINDOW = 8  # a replica's throughput is measured over its last this many reads
 _MIN_SAMPLES = 2  # reads before a replica's rate counts for skipping (the first pays for connecting)
 _REISSUE_FACTOR = 1.5  # re-read a held stripe when the holder needs this much longer than we would
@@ -206,17 +207,26 @@ class ReplicaSet:
         dropped, with why (a replica of another database is still refused: a mistake to say at once)."""
         replicas: list[Replica] = []
         absent: dict[int, str] = {}
+        # the extra mirrors open side by side, each given MIRROR_OPEN_SECONDS: one after another, a mirror
+        # whose link trickled held the search for its connection's whole timeout (3 s became 57-119 s)
+        extra = {
+            position: _Opening(url, keys, opener)
+            for position, url in enumerate(urls)
+            if required is not None and position >= required
+        }
+        deadline = time.monotonic() + MIRROR_OPEN_SECONDS
         try:
             for position, url in enumerate(urls):
-                try:
+                if position in extra:
+                    try:
+                        replica, theirs = extra[position].result(deadline)
+                    except ReplicaError as exc:
+                        replicas.append(_Absent(url))
+                        absent[position] = str(exc)
+                        continue
+                else:
                     replica = opener(url, keys)
                     theirs = replica.manifest().checksum()
-                except ReplicaError as exc:
-                    if required is None or position < required:
-                        raise
-                    replicas.append(_Absent(url))
-                    absent[position] = str(exc)
-                    continue
                 replicas.append(replica)
                 if theirs != manifest.checksum():
                     raise DatabaseError(
@@ -228,6 +238,8 @@ class ReplicaSet:
                 made.uses[position].dropped = why
             return made
         except BaseException:
+            for opening in extra.values():
+                opening.abandon()
             for replica in replicas:
                 replica.close()
             raise
@@ -644,6 +656,65 @@ class ReplicaSet:
     def close(self) -> None:
         for replica in self.replicas:
             replica.close()
+
+
+class _Opening:
+    """A mirror being opened (connected, its manifest read) on a daemon thread of its own."""
+
+    def __init__(self, url: str, keys: Path | None, opener: ReplicaOpener):
+        self.label = url.split("?", 1)[0]
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._opened: tuple[Replica, str] | None = None
+        self._failure: BaseException | None = None
+        self._abandoned = False
+        threading.Thread(target=self._open, args=(url, keys, opener), daemon=True, name="open-mirror").start()
+
+    def _open(self, url: str, keys: Path | None, opener: ReplicaOpener) -> None:
+        try:
+            replica = opener(url, keys)
+        except BaseException as exc:  # handed to `result`
+            self._failure = exc
+            self._done.set()
+            return
+        try:
+            opened = (replica, replica.manifest().checksum())
+        except BaseException as exc:  # handed to `result`
+            replica.close()
+            self._failure = exc
+            self._done.set()
+            return
+        with self._lock:
+            if self._abandoned:  # too late: nobody will use or close it
+                replica.close()
+                return
+            self._opened = opened
+        self._done.set()
+
+    def result(self, deadline: float) -> tuple[Replica, str]:
+        """The replica and its manifest's checksum; what opening it raised; or ReplicaError once
+        `deadline` has passed (the mirror is then closed as soon as it opens)."""
+        self._done.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            if self._opened is None and self._failure is None:
+                self._abandoned = True
+                raise ReplicaError(
+                    f"replica {self.label}: did not open within {MIRROR_OPEN_SECONDS:g} s (a link that "
+                    "trickles, or a site that does not answer)"
+                )
+            if self._failure is not None:
+                raise self._failure
+            assert self._opened is not None
+            opened, self._opened = self._opened, None  # the caller's now, to use and close
+        return opened
+
+    def abandon(self) -> None:
+        """The set failed to open: close this mirror now, or when it opens."""
+        with self._lock:
+            self._abandoned = True
+            opened, self._opened = self._opened, None
+        if opened is not None:
+            opened[0].close()
 
 
 class _Absent:
