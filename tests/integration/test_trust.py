@@ -757,6 +757,55 @@ def test_what_a_launcher_killed_outright_left_is_removed_by_the_next_run(site: S
     assert not any(Path("/dev/shm", name).exists() for name in shm)
 
 
+def test_what_ranks_under_the_users_own_mpiexec_left_when_killed_is_removed_by_the_next_run(
+    site: Site, tmp_path: Path
+) -> None:
+    """Found probing item 17 again: a job under the user's own mpiexec (no paramedic launcher) whose ranks
+    were killed outright (MPI_Abort of a failing rank does that) left each rank's paramedic-rank*
+    directory, the paramedic-run-* directories of its BLAST+ runs and MPICH's shared memory, for good.
+    Now each rank keeps all of them in a home noting its pid and segment, and the next run removes the
+    homes of ranks that are gone (here a local search), never a live rank's."""
+    import signal
+    import time
+
+    from paramedic.engine.leftovers import OWNER_FILE, RANK_PREFIX
+    from tests.conftest import BIN
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    queries = take_fasta(site.root / "db.fasta", tmp_path / "many.fasta", 300)
+    argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(queries), "-db", "uniprot", "-out",
+            str(tmp_path / "killed.out"), "--quiet", "--no-journal"]  # fmt: skip
+    mpiexec = subprocess.Popen([str(BIN / "mpiexec"), "-n", "3", *argv], cwd=site.root / "p3", env=env,
+                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    homes: list[Path] = []
+    while len(homes) < 3 or not list(tmp.glob(f"{RANK_PREFIX}*/**/paramedic-run-*")):
+        assert mpiexec.poll() is None and time.monotonic() < deadline, "the search ended before the kill"
+        homes = [p for p in tmp.glob(f"{RANK_PREFIX}*") if (p / OWNER_FILE).exists()]
+        time.sleep(0.02)
+    shm = {p.name.removeprefix("shm.") for home in homes for p in home.glob("shm.*")}
+    ranks = [int((home / OWNER_FILE).read_text().split()[0]) for home in homes]
+    os.killpg(mpiexec.pid, signal.SIGKILL)  # mpiexec, its proxy and the ranks: none can clean up
+    mpiexec.wait()
+    for pid in ranks:
+        while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            time.sleep(0.05)
+    # the case this test exists for: the killed ranks left their homes, a BLAST+ run's directory among them
+    assert all(home.exists() for home in homes) and list(tmp.glob(f"{RANK_PREFIX}*/**/paramedic-run-*"))
+    assert shm and all(Path("/dev/shm", name).exists() for name in shm)
+    alive = tmp / f"{RANK_PREFIX}9-alive"  # a running rank's (this process stands in): kept
+    alive.mkdir()
+    start = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    (alive / OWNER_FILE).write_text(f"{os.getpid()} {start}\n")
+    proc = run_bounded([*argv[1:5], "-db", "uniprot", "-out", str(tmp_path / "next.out"), "--np", "2",
+                        "--quiet"], site.root / "p3", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp.iterdir()) == [alive.name]
+    assert not any(Path("/dev/shm", name).exists() for name in shm)
+
+
 @pytest.mark.parametrize(
     "engine", [["--runner", "local"], ["--runner", "mpi"], ["--output-strategy", "worker-individual"]]
 )

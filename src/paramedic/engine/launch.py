@@ -611,6 +611,17 @@ class _Refused(Exception):
 
 
 def _run_rank(settings: SearchSettings, argv: list[str], comm: Any, np_ignored: bool) -> int:
+    if LAUNCHED_VARIABLE in os.environ:  # paramedic's launcher: TMPDIR is its job directory, which it removes
+        return _run_rank_here(settings, argv, comm, np_ignored)
+    from paramedic.engine.leftovers import rank_home, remove_leftovers
+
+    if comm.Get_rank() == 0:
+        remove_leftovers(Path(tempfile.gettempdir()))  # what dead ranks of earlier jobs left on this node
+    with rank_home(comm.Get_rank()):  # every temporary file of this rank, removable by the next run
+        return _run_rank_here(settings, argv, comm, np_ignored)
+
+
+def _run_rank_here(settings: SearchSettings, argv: list[str], comm: Any, np_ignored: bool) -> int:
     from paramedic.blast.tools import warm_up
     from paramedic.engine.job import prepare_job
     from paramedic.engine.roles import run_job

@@ -20,14 +20,18 @@ import os
 import shutil
 import signal
 import stat
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from paramedic.durable import JOB_DIR_PREFIX, PARTIALS_NOTE
 
 JOB_PREFIX = JOB_DIR_PREFIX
+RANK_PREFIX = "paramedic-rank"
 LAUNCHER_FILE = "launcher"
+OWNER_FILE = "owner"  # in a rank's home (`rank_home`): the rank's pid and start time
 HYDRA_TOPOLOGY = "hydra_hwloc_xmlfile_"
 _OLD_JOB_SECONDS = 600.0
 _OLD_HYDRA_SECONDS = 60.0
@@ -62,9 +66,36 @@ def note_launcher(job_dir: Path) -> None:
     (job_dir / LAUNCHER_FILE).write_text(f"{os.getpid()} {start}\n")
 
 
+@contextmanager
+def rank_home(rank: int) -> Iterator[Path]:
+    """A directory for every temporary file of this rank (its work directory, each BLAST+ run's), for a
+    rank started by the user's own mpiexec or srun: there no paramedic launcher removes what a rank
+    killed outright (MPI_Abort of another rank, a kill -9) leaves, so the home says whose it is and which
+    MPI shared memory its rank maps, and the next run on the node removes it once that rank is gone
+    (`remove_leftovers`). TMPDIR points into it while the block runs, for BLAST+ runs too."""
+    from paramedic.engine.stopped import mapped_shared_memory, step_tag
+
+    home = Path(tempfile.mkdtemp(prefix=f"{RANK_PREFIX}{rank}-{step_tag()}"))
+    before = (tempfile.tempdir, os.environ.get("TMPDIR"))
+    try:
+        (home / OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        for name in mapped_shared_memory():
+            (home / f"shm.{name}").touch()
+        tempfile.tempdir, os.environ["TMPDIR"] = str(home), str(home)
+        yield home
+    finally:
+        tempfile.tempdir = before[0]
+        if before[1] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before[1]
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def remove_leftovers(tmp: Path, hydra_dir: Path = Path("/tmp")) -> int:
-    """Remove what dead launchers of this user left; how many job directories went."""
+    """Remove what dead launchers and ranks of this user left; how many job directories went."""
     uid = os.getuid()
+    _remove_dead_rank_homes(tmp, uid)
     removed = 0
     try:
         candidates = [p for p in tmp.iterdir() if p.name.startswith(JOB_PREFIX)]
@@ -84,6 +115,27 @@ def remove_leftovers(tmp: Path, hydra_dir: Path = Path("/tmp")) -> int:
     if not _mpi_running(uid):
         _remove_hydra_files(hydra_dir, uid)
     return removed
+
+
+def _remove_dead_rank_homes(tmp: Path, uid: int) -> None:
+    """Rank homes (`rank_home`) whose rank is gone, with the shared memory they noted. A home without an
+    owner note (being made, or another paramedic's work directory) is left alone."""
+    try:
+        homes = [p for p in tmp.iterdir() if p.name.startswith(RANK_PREFIX)]
+    except OSError:
+        return
+    for home in homes:
+        try:
+            info = home.lstat()
+            pid_text, _, start = (home / OWNER_FILE).read_text().strip().partition(" ")
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or not pid_text.isdigit():
+            continue
+        if _start_time(int(pid_text)) == start:
+            continue  # its rank runs
+        _remove_shared_memory(home)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _in_use(job_dir: Path, info: os.stat_result) -> bool:
