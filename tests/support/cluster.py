@@ -66,6 +66,9 @@ class Cluster:
     # Nodes with a memory cgroup of their own (cgroup v1), e.g. {"node3": 2 << 30}: its slurmd, and so
     # every job step and rank on it, runs under that limit (a node smaller than the others).
     memory: dict[str, int] = field(default_factory=dict)
+    # The daemons this object started, kept until `down` reaps them (a Popen dropped while its process
+    # runs is a ResourceWarning at whichever test the collector runs in)
+    spawned: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def bridge(self) -> str:
@@ -277,6 +280,7 @@ class Cluster:
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
                 start_new_session=True, cwd=self.root,
             )  # fmt: skip
+        self.spawned.append(proc)
         return proc.pid
 
     def _memory_cgroup(self, host: str) -> Path:
@@ -386,6 +390,13 @@ class Cluster:
             if n.startswith(f"{self.prefix}-")
         ]
         kill_all([p for ns in namespaces for p in _ns_pids(ns)], grace=5)
+        for proc in self.spawned:  # killed above with their namespaces: reaped here
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.spawned.clear()
         for ns in namespaces:
             _run("ip", "netns", "del", ns, check=False)
         links = _run("ip", "-o", "link", "show", check=False).stdout
