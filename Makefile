@@ -84,14 +84,16 @@ test-integration: setup slurm chromium mpi-trace data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q tests/integration
 
 # The MPI runners tested inside real ranks, as mpi4py tests itself (tests/mpi): the test process is every
-# rank, under mpiexec -n 2, 3 and 4, with line and branch coverage of those modules (about a minute).
+# rank, under mpiexec -n 2, 3 and 4, with line and branch coverage of those modules (about a minute). Each
+# rank gets a pytest root of its own (tests/mpi/conftest.py): sharing one, their clean-ups collided.
 MPI_RUNNERS := src/paramedic/engine/launch.py,src/paramedic/engine/ranks.py,src/paramedic/engine/partitions.py,\
   src/paramedic/engine/roles.py,src/paramedic/engine/mpiio.py,src/paramedic/engine/runner.py
 .PHONY: test-mpi
 test-mpi: setup data
 	rm -f .coverage.mpi .coverage.mpi.*
-	for n in 2 3 4; do COVERAGE_FILE=$(CURDIR)/.coverage.mpi PARAMEDIC_DATA=$(DATA) $(VENV)/bin/mpiexec -n $$n \
-	  $(PY) -m coverage run -m pytest -q -p no:cacheprovider tests/mpi || exit 1; done
+	base=$$(mktemp -d) && for n in 2 3 4; do PARAMEDIC_MPI_BASETEMP=$$base COVERAGE_FILE=$(CURDIR)/.coverage.mpi \
+	  PARAMEDIC_DATA=$(DATA) $(VENV)/bin/mpiexec -n $$n $(PY) -m coverage run -m pytest -q -p no:cacheprovider \
+	  tests/mpi || { rm -rf $$base; exit 1; }; done; rm -rf $$base
 	COVERAGE_FILE=$(CURDIR)/.coverage.mpi $(VENV)/bin/coverage combine -q
 	COVERAGE_FILE=$(CURDIR)/.coverage.mpi $(VENV)/bin/coverage report --include='$(subst $(eval) ,,$(MPI_RUNNERS))'
 
