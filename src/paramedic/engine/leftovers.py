@@ -97,11 +97,7 @@ def remove_leftovers(tmp: Path, hydra_dir: Path = Path("/tmp")) -> int:
     uid = os.getuid()
     _remove_dead_rank_homes(tmp, uid)
     removed = 0
-    try:
-        candidates = [p for p in tmp.iterdir() if p.name.startswith(JOB_PREFIX)]
-    except OSError:
-        candidates = []
-    for job_dir in candidates:
+    for job_dir in _named(tmp, JOB_PREFIX):
         try:
             info = job_dir.lstat()
         except OSError:
@@ -117,14 +113,18 @@ def remove_leftovers(tmp: Path, hydra_dir: Path = Path("/tmp")) -> int:
     return removed
 
 
+def _named(directory: Path, prefix: str) -> list[Path]:
+    """The entries of `directory` whose names start with `prefix` (none when it cannot be listed)."""
+    try:
+        return [p for p in directory.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return []
+
+
 def _remove_dead_rank_homes(tmp: Path, uid: int) -> None:
     """Rank homes (`rank_home`) whose rank is gone, with the shared memory they noted. A home without an
     owner note (being made, or another paramedic's work directory) is left alone."""
-    try:
-        homes = [p for p in tmp.iterdir() if p.name.startswith(RANK_PREFIX)]
-    except OSError:
-        return
-    for home in homes:
+    for home in _named(tmp, RANK_PREFIX):
         try:
             info = home.lstat()
             pid_text, _, start = (home / OWNER_FILE).read_text().strip().partition(" ")
@@ -213,11 +213,7 @@ def _mpi_running(uid: int) -> bool:
 
 def _remove_hydra_files(hydra_dir: Path, uid: int) -> None:
     now = time.time()
-    try:
-        paths = [p for p in hydra_dir.iterdir() if p.name.startswith(HYDRA_TOPOLOGY)]
-    except OSError:
-        return
-    for path in paths:
+    for path in _named(hydra_dir, HYDRA_TOPOLOGY):
         try:
             info = path.lstat()
             if info.st_uid == uid and path.is_file() and now - info.st_mtime > _OLD_HYDRA_SECONDS:
