@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +51,10 @@ DEFAULT_SKIP_RATIO = 4.0  # a replica this many times slower than the fastest ge
 DEFAULT_PROBE_SECONDS = 5.0  # a skipped replica gets one stripe this often, to notice a recovery
 POLICIES = ("adaptive", "round-robin")
 MIRROR_OPEN_SECONDS = 5.0  # an extra mirror not open (connected, manifest read) by then is dropped
+# An extra mirror that has not listed a volume's files this long after the first replica did is dropped
+# for the run: the listings are asked side by side (one after another, a mirror that opened and then
+# trickled held every volume's copy for its reply's deadline: 120 s, at 5 B/s)
+MIRROR_LIST_SECONDS = 5.0
 _WINDOW = 8  # a replica's throughput is measured over its last this many reads
 _MIN_SAMPLES = 2  # reads before a replica's rate counts for skipping (the first pays for connecting)
 _REISSUE_FACTOR = 1.5  # re-read a held stripe when the holder needs this much longer than we would
@@ -171,6 +175,7 @@ class ReplicaSet:
     probe_seconds: float = DEFAULT_PROBE_SECONDS
     inflight: int | None = None  # reads in flight per replica (None: the replica's own `parallelism`)
     max_bytes: int | None = None  # the current copy's bound (fetch_volume's max_bytes)
+    required: int | None = None  # the first so many are waited for; later ones (mirrors) are raced
 
     def __post_init__(self) -> None:
         if not 0 < self.stripe_bytes <= MAX_READ_BYTES:
@@ -234,6 +239,7 @@ class ReplicaSet:
                         f"{theirs[:12]}, expected {manifest.checksum()[:12]}): refused"
                     )
             made = cls(replicas, **options)  # type: ignore[arg-type]
+            made.required = required
             for position, why in absent.items():
                 made.uses[position].dropped = why
             return made
@@ -284,9 +290,15 @@ class ReplicaSet:
     def _listings(self, volume: str) -> list[tuple[list[VolumeFile], list[int]]]:
         """Live replicas grouped by how they list the volume's files, the most agreed-on listing first."""
         groups: dict[tuple[VolumeFile, ...], list[int]] = {}
-        for index in self.live():
+        live = self.live()
+        asked = {index: _Listing(self.replicas[index], volume) for index in live}
+        required = len(self.uses) if self.required is None else self.required
+        deadline: float | None = None  # the mirrors' race: from the first listing that came in
+        for index in sorted(live, key=lambda i: i >= required):  # the required replicas first
+            if index >= required and deadline is None:
+                deadline = _first_listed(asked.values()) + MIRROR_LIST_SECONDS
             try:
-                files = self.replicas[index].volume_files(volume)
+                files = asked[index].result(deadline if index >= required else None)
                 _check_listing(volume, files, self.max_bytes)
             except ReplicaError as exc:
                 self.drop(index, str(exc))
@@ -715,6 +727,51 @@ class _Opening:
             opened, self._opened = self._opened, None
         if opened is not None:
             opened[0].close()
+
+
+class _Listing:
+    """A replica's listing of a volume, asked on a daemon thread of its own: a mirror that trickles holds
+    that thread (until its own connection's deadlines end it), never the copy."""
+
+    def __init__(self, replica: Replica, volume: str):
+        self.label = replica.label
+        self.volume = volume
+        self.done = threading.Event()
+        self.files: list[VolumeFile] | None = None
+        self.failure: ReplicaError | None = None
+        threading.Thread(target=self._list, args=(replica,), daemon=True, name="list-volume").start()
+
+    def _list(self, replica: Replica) -> None:
+        try:
+            self.files = replica.volume_files(self.volume)
+        except ReplicaError as exc:
+            self.failure = exc
+        except Exception as exc:  # noqa: BLE001 - any failure of a replica drops it, never the run
+            self.failure = ReplicaError(f"replica {self.label}: listing failed: {type(exc).__name__}: {exc}")
+        self.done.set()
+
+    def result(self, deadline: float | None) -> list[VolumeFile]:
+        """The listing, or ReplicaError (the replica's own, or at `deadline`: not listed in time)."""
+        if not self.done.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+            raise ReplicaError(
+                f"replica {self.label}: did not list volume {self.volume} within {MIRROR_LIST_SECONDS:g} s of "
+                "the first replica (a link that trickles, or a site that stopped answering)"
+            )
+        if self.failure is not None:
+            raise self.failure
+        assert self.files is not None
+        return self.files
+
+
+def _first_listed(asked: Iterable[_Listing]) -> float:
+    """When the first listing came in, or the last failed (monotonic): the mirrors race that."""
+    pending = list(asked)
+    while not any(a.done.is_set() and a.failure is None for a in pending):
+        waiting = [a for a in pending if not a.done.is_set()]
+        if not waiting:
+            break
+        waiting[0].done.wait(0.05)
+    return time.monotonic()
 
 
 class _Absent:
