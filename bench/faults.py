@@ -21,7 +21,10 @@ there is its own. Meanwhile a chaos thread, at random times:
     then puts it back (issue 23): a search that read it mid-way must refuse (exit 4), never exit 0;
   - among the query sets, one BLAST+ cannot search at all (all-X proteins: no preliminary stage) (issue 23);
   - stops the site's BLAST+ runs (SIGSTOP) for longer than its --regen-timeout (a regeneration that never
-    returns), then continues them (issue 23, item 7).
+    returns), then continues them (issue 23, item 7);
+  - before a failed job runs again, changes a piece of its kept journal in place, size and times kept
+    (--journal-flips of the resumes): the resume must redo that work or refuse, never publish other
+    bytes (issue 23, items 1 and 10).
 
 Beside the site's clients, a local client (bench/faults_compute.py; `--no-compute-side` leaves it out)
 searches with --stage on a small disk of its own and two mirrors, into a pipe its reader may close early,
@@ -598,6 +601,8 @@ class Soak:
             for attempt in range(1 + self.args.retries):
                 if attempt and self.stop_jobs.is_set():
                     break
+                if attempt and rng.random() < self.args.journal_flips:
+                    self.flip_journal_piece(workdir, rng)
                 at = Attempt(f"{job}t{attempt}", job, attempt, client, kind, mode, streams,
                              self.work / "jobs" / job / f"t{attempt}", workdir, f"runs/{job}-k{kind.index}.out")  # fmt: skip
                 try:
@@ -613,6 +618,22 @@ class Soak:
                 self.stop_jobs.wait(rng.uniform(2.0, 8.0))
             self.end_job(workdir, kind, f"runs/{job}-k{kind.index}.out")
             self.stop_jobs.wait(rng.uniform(0, 1.0))
+
+    def flip_journal_piece(self, workdir: Path, rng: random.Random) -> None:
+        """A byte of one file of the job's kept journal changed in place, its size and times kept."""
+        pieces = sorted(p for p in workdir.rglob("*") if p.is_file() and _in_journal(p) and p.stat().st_size)
+        if not pieces:
+            return
+        path = rng.choice(pieces)
+        st = path.stat()
+        with open(path, "r+b") as fh:
+            at = rng.randrange(st.st_size)
+            fh.seek(at)
+            byte = fh.read(1)
+            fh.seek(at)
+            fh.write(bytes([byte[0] ^ 0x5A]))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        self.event("journal piece flipped", path=str(path.relative_to(workdir)))  # counted there
 
     def end_job(self, workdir: Path, kind: Kind, out: str) -> None:
         """After a job's last run: what a failed job left (a journal kept for a resume that will not come
@@ -1209,6 +1230,7 @@ class Soak:
                 "handshake_floods": self.counts["handshake flood"],
                 "hellos_through_floods": self.counts["hello through a flood"],
                 "volume_bit_flips": self.counts["volume bit flip"],
+                "journal_piece_flips": self.counts["journal piece flipped"],
                 "regenerations_stuck": self.counts["regeneration stuck"],
                 "blast_runs_stopped_at_the_site": self.counts["BLAST+ runs stopped at the site"],
             },
@@ -1366,6 +1388,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--flip-every", type=float, nargs=2, default=(45.0, 100.0), metavar=("MIN", "MAX"),
                    help="seconds between volume or alias flips (default 45 100)")  # fmt: skip
+    p.add_argument("--journal-flips", type=float, default=0.3,
+                   help="share of resumes whose kept journal gets a byte changed first (default 0.3)")  # fmt: skip
     args = p.parse_args(argv)
     args.client_kill_every = (8.0, 25.0)
     args.site_kill_every = (40.0, 90.0)

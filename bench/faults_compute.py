@@ -7,8 +7,13 @@ that most runs copy a volume; two `--mirror`s, a directory and the soak's storag
 few bytes (`| head -c N`). Meanwhile its chaos thread, at random times:
 
   - fills the stage disk (a copy hits ENOSPC or sees no room: the volume is searched where it lies);
-  - makes the TLS mirror trickle (a few KB/s) or die (connections cut, new ones refused);
-  - makes the directory mirror dead (moved away, then back).
+  - makes the TLS mirror trickle (50 B/s, as the probe that found a 3 s search taking 57-119 s, or a few
+    KB/s) or die (connections cut, new ones refused);
+  - makes the directory mirror dead (moved away, then back);
+  - changes a volume file of the directory mirror in place, size and times kept, then puts it back: its
+    stripes do not verify, it is blamed and dropped, the search is BLAST+'s (issue 23, item 1);
+  - changes a published copy in the stage cache in place, size and mtime kept (left so: the cache must
+    find it): copied again before a use, or, changed during one, the run refuses (exit 4) (item 1).
 
 The soak's own chaos adds stuck regenerations: the site's BLAST+ processes are stopped (SIGSTOP) for
 longer than the site's --regen-timeout, then continued (`Soak.stop_regeneration`).
@@ -36,6 +41,14 @@ from pathlib import Path
 from typing import Any
 
 DOCUMENTED = "README, 'Exit codes'"
+FAULTS = (
+    "stage disk full",
+    "mirror trickle",
+    "mirror dead",
+    "directory mirror dead",
+    "directory mirror flipped",
+    "stage copy flipped",
+)
 
 
 class MirrorLink:
@@ -140,6 +153,20 @@ class ComputeFaults:
         assert proc.stdout is not None
         digest, size, code = hashlib.sha256(), 0, None
         reader_closed = False
+        # the reader blocks in read1 while a hung run says nothing: a watchdog says it hung at its time,
+        # with what each of its processes waits in (the kernel's wchan, the threads), and kills it
+        ended, hung = threading.Event(), threading.Event()
+
+        def watchdog() -> None:
+            if ended.wait(a.hang_seconds):
+                return
+            hung.set()
+            prefix = f"{soak.run_id}:job:{aid}:"
+            soak.violation("hang (compute side)", job=aid, seconds=a.hang_seconds,
+                           processes=_process_states(tools.marked(prefix)))  # fmt: skip
+            tools.kill_marked(prefix)
+
+        threading.Thread(target=watchdog, daemon=True, name=f"watchdog-{aid}").start()
         try:
             deadline = started + a.hang_seconds
             while True:
@@ -157,10 +184,12 @@ class ComputeFaults:
             left = max(1.0, deadline - time.monotonic())
             code = proc.wait(timeout=left)
         except subprocess.TimeoutExpired:
-            soak.violation("hang (compute side)", job=aid, seconds=a.hang_seconds)
+            if not hung.is_set():
+                soak.violation("hang (compute side)", job=aid, seconds=a.hang_seconds)
             tools.kill_marked(f"{soak.run_id}:job:{aid}:")
             code = proc.wait()
         finally:
+            ended.set()
             with contextlib.suppress(OSError):
                 proc.stdout.close()
         seconds = time.monotonic() - started
@@ -173,7 +202,9 @@ class ComputeFaults:
             soak.violation("traceback or internal error (compute side)", **where, stderr=stderr[-600:])
         if reader_closed:
             said = [line for line in stderr.splitlines() if line.strip()]
-            refused = code == 4 and _refused_damaged_db(stderr, self.db)  # the flip came first (session 17)
+            refused = code == 4 and (  # the flip came first (session 17)
+                _refused_damaged_db(stderr, self.db) or _refused_changed_copy(stderr, self.stage)
+            )
             if not refused and (
                 code not in (0, 141) or not all(line.startswith("paramedic: warning: ") for line in said)
             ):
@@ -181,6 +212,10 @@ class ComputeFaults:
             self.counts["pipes closed by the reader"] += 1
         elif code == 4 and _refused_damaged_db(stderr, self.db):
             self.counts["refused: the -db changed in place (the soak's bit flips)"] += 1
+        elif code == 4 and _refused_changed_copy(stderr, self.stage):
+            self.counts["refused: a stage copy changed during its use (the soak's bit flips)"] += 1
+        elif hung.is_set():
+            pass  # said by the watchdog, with its processes' states
         elif code != 0:
             soak.violation("compute-side run failed", **where, stderr=stderr[-600:])
         elif digest.hexdigest() != kind.sha256:
@@ -195,7 +230,7 @@ class ComputeFaults:
             soak.violation("processes left behind (compute side)", **where, pids=left_pids)
             tools.kill_marked(f"{soak.run_id}:job:{aid}:")
         tmp_left = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
-        if tmp_left:
+        if tmp_left and not hung.is_set():  # a hung run killed with -9 could not clean up
             soak.violation("left behind in TMPDIR (compute side)", **where, files=tmp_left[:10])
         fills = (
             [str(p.relative_to(self.stage)) for p in self.stage.glob("*/.fill-*")]
@@ -214,9 +249,7 @@ class ComputeFaults:
     def chaos(self) -> None:
         a = self.args
         while not self.stop.wait(self.rng.uniform(*a.compute_fault_every)):
-            what = self.rng.choice(
-                ["stage disk full", "mirror trickle", "mirror dead", "directory mirror dead"]
-            )
+            what = self.rng.choice(FAULTS)
             seconds = self.rng.uniform(5.0, 20.0)
             self.soak.event(what, seconds=round(seconds, 1))
             self.tools.log(f"compute side: {what} for {seconds:.1f} s")
@@ -229,8 +262,25 @@ class ComputeFaults:
                     self.stop.wait(seconds)
                 finally:
                     self.stage_disk.release()
+            elif what == "stage copy flipped":
+                copies = (
+                    sorted(p for p in self.stage.glob("*/f*/f[0-9]*.*") if p.is_file())
+                    if self.stage.exists()
+                    else []
+                )
+                if copies:
+                    with contextlib.suppress(OSError):  # evicted or discarded meanwhile: nothing to flip
+                        _flip_keeping_times(self.rng.choice(copies), self.rng)
+            elif what == "directory mirror flipped":
+                volumes = sorted(self.mirror.glob("f[0-9]*.*"))
+                target = self.rng.choice(volumes)
+                original = _flip_keeping_times(target, self.rng)
+                try:
+                    self.stop.wait(seconds)
+                finally:
+                    _put_back(target, original)
             elif what == "mirror trickle":
-                self.link.trickle(self.rng.choice([500.0, 4000.0, 20000.0]))
+                self.link.trickle(self.rng.choice([50.0, 500.0, 4000.0, 20000.0]))
                 try:
                     self.stop.wait(seconds)
                 finally:
@@ -266,10 +316,10 @@ class ComputeFaults:
             "outputs_verified_sha256": self.counts["outputs verified"],
             "pipes_closed_by_the_reader": self.counts["pipes closed by the reader"],
             "refused_damaged_db": self.counts["refused: the -db changed in place (the soak's bit flips)"],
-            "faults": {
-                k: self.counts[k]
-                for k in ("stage disk full", "mirror trickle", "mirror dead", "directory mirror dead")
-            },
+            "refused_changed_stage_copy": self.counts[
+                "refused: a stage copy changed during its use (the soak's bit flips)"
+            ],
+            "faults": {k: self.counts[k] for k in FAULTS},
         }
 
     def close(self) -> None:
@@ -291,6 +341,56 @@ def _refused_damaged_db(stderr: str, db: Path) -> bool:
     )
     midway = last.startswith(f"paramedic: error: {db}: the database changed while this search ran (")
     return (digest or midway) and all(line.startswith("paramedic: warning: ") for line in lines[:-1])
+
+
+def _process_states(pids: list[int]) -> list[dict[str, Any]]:
+    """What each process waits in: its state, the kernel function it sleeps in, its threads' wchans."""
+    states = []
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            threads = Counter(
+                Path(f"/proc/{pid}/task/{task}/wchan").read_text() or "running"
+                for task in os.listdir(f"/proc/{pid}/task")
+            )
+        except OSError:
+            continue
+        states.append({"pid": pid, "cmd": cmdline[:160], "state": state, "threads_by_wchan": dict(threads)})
+    return states
+
+
+def _refused_changed_copy(stderr: str, stage: Path) -> bool:
+    """The one line that refuses a search whose stage copy the soak's chaos changed while it was read."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    return (
+        last.startswith(f"paramedic: error: --stage {stage}: the copy of ")
+        and "changed while it was searched" in last
+        and all(line.startswith("paramedic: warning: ") for line in lines[:-1])
+    )
+
+
+def _flip_keeping_times(path: Path, rng: random.Random) -> tuple[bytes, int, int]:
+    """Change a few bytes of `path` in place (same inode and size) and put its times back; returns what
+    `_put_back` needs."""
+    st = path.stat()
+    data = path.read_bytes()
+    changed = bytearray(data)
+    for _ in range(max(1, len(changed) // 4096)):
+        if changed:
+            changed[rng.randrange(len(changed))] ^= 0x5A
+    with open(path, "r+b") as fh:
+        fh.write(changed)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return data, st.st_atime_ns, st.st_mtime_ns
+
+
+def _put_back(path: Path, original: tuple[bytes, int, int]) -> None:
+    data, atime, mtime = original
+    with open(path, "r+b") as fh:
+        fh.write(data)
+    os.utime(path, ns=(atime, mtime))
 
 
 def _published_bytes(stage: Path) -> int:
