@@ -67,6 +67,9 @@ class VirtualClock:
         assert lock is None, "a virtual condition owns its lock"
         return _Condition(self)
 
+    def Event(self) -> _Event:  # noqa: N802 - threading's name
+        return _Event(self)
+
     # -- the bookkeeping ----------------------------------------------------------------------------------
     def _park(self, timeout: float | None) -> _Waiter:
         """The calling thread is about to wait (until woken, or `timeout` virtual seconds from now)."""
@@ -126,7 +129,9 @@ class VirtualClock:
         return types.SimpleNamespace(monotonic=self.monotonic, sleep=self.sleep)
 
     def threading_module(self) -> types.SimpleNamespace:
-        return types.SimpleNamespace(Thread=self.Thread, Condition=self.Condition, Lock=threading.Lock)
+        return types.SimpleNamespace(
+            Thread=self.Thread, Condition=self.Condition, Event=self.Event, Lock=threading.Lock
+        )
 
 
 class _Thread(threading.Thread):
@@ -206,6 +211,26 @@ class _Condition:
     def notify_all(self) -> None:
         woken, self._waiters = self._waiters, []
         self._clock._notify(woken)
+
+
+class _Event:
+    """threading.Event's interface, its waits in virtual time."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self._cond = _Condition(clock)
+        self._flag = False
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        with self._cond:
+            self._flag = True
+            self._cond.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._flag, timeout)
 
 
 def patch_module(monkeypatch: Any, module: types.ModuleType, clock: VirtualClock) -> None:

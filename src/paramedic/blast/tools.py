@@ -165,7 +165,10 @@ def _run_forked(
     stdout_path: Path | None,
     env: Mapping[str, str],
 ) -> subprocess.CompletedProcess[bytes]:
-    with tempfile.TemporaryDirectory(prefix="paramedic-run-") as tmp:
+    # in the run's own working directory when it has one (a storage site's job scratch, a rank's work
+    # directory): whoever clears that clears this too, also after a kill -9 (the site's restart empties
+    # its scratch; in TMPDIR a killed site's run directories stayed for good)
+    with tempfile.TemporaryDirectory(prefix="paramedic-run-", dir=cwd) as tmp:
         out = Path(stdout_path) if stdout_path is not None else Path(tmp) / "stdout"
         err = Path(tmp) / "stderr"
         code = server.run(argv, str(Path(cwd or ".").resolve()), str(out.resolve()), str(err), env)
