@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from paramedic.db.manifest import load_manifest, volume_sha256
+from paramedic.db.manifest import load_manifest
 from paramedic.db.stripes import MIRROR_LIST_SECONDS, MIRROR_OPEN_SECONDS, ReplicaSet
 from paramedic.ship.transport import open_replica
+from tests.integration.test_mirrors import fetch_all
 from tests.support.databases import Databases
 from tests.support.site import CuttingProxy, StorageSite
 
@@ -57,17 +58,6 @@ def silent() -> Iterator[int]:
         yield listener.getsockname()[1]
     finally:
         listener.close()
-
-
-def fetch_all(rs: ReplicaSet, base: Path, dest: Path) -> None:
-    manifest = load_manifest(base / "db/uni")
-    dest.mkdir(exist_ok=True)
-    for fragment in manifest.fragments:
-        rs.fetch_volume(fragment.volume, fragment.sha256, dest)
-        assert volume_sha256(dest, fragment.volume) == fragment.sha256
-        for path in (base / "db/uni").glob(fragment.volume + ".*"):
-            if path.suffix != ".pal":
-                assert (dest / path.name).read_bytes() == path.read_bytes()
 
 
 def test_mirrors_that_trickle_or_never_answer_are_dropped_within_the_bound_when_opened(
