@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 from paramedic.cli import main
 from tests.conftest import DATA, take_fasta
+from tests.mpi.end_writes import WorkerAtEnd  # registers a third worker output strategy
 
 WORLD = MPI.COMM_WORLD
 
@@ -99,6 +100,19 @@ def test_a_job_on_these_ranks_writes_what_blast_writes(site: Path, flags: tuple[
     if WORLD.Get_rank() == 0:
         assert (site / out).read_bytes() == (site / "ref.tsv").read_bytes()
         assert not [p for p in site.iterdir() if p.name.startswith(".") and out in p.name]
+
+
+def test_an_output_strategy_added_by_the_recipe_writes_what_blast_writes(site: Path) -> None:
+    """docs/CONTRIBUTING.md "Add an output strategy", followed: a strategy of one module and one
+    registration (tests/mpi/end_writes.py) is an `--output-strategy` choice, and the ranks carry out its
+    orders. The record says it was the one used, for every piece."""
+    out = f"out-at-end-{WORLD.Get_size()}.tsv"
+    assert search(site, out, "--strategy", "fragments", "--output-strategy", WorkerAtEnd.name) == 0
+    if WORLD.Get_rank() == 0:
+        assert (site / out).read_bytes() == (site / "ref.tsv").read_bytes()
+        record = json.loads((site / (out + ".run.json")).read_text())
+        assert record["output_strategy"] == WorkerAtEnd.name
+        assert record["output_writes"] == {"late_writes": record["pieces"]} and record["pieces"] >= 1
 
 
 def test_partitions_on_these_ranks_write_what_blast_writes(site: Path) -> None:
