@@ -94,6 +94,9 @@ KEPT = "paramedic: finished work is kept in "  # the launcher's second line when
 JOURNAL_NOTES = (
     "paramedic: the database's files changed since this journal was written",
     "paramedic: journal ",
+    # BLAST+'s own warnings, relayed as BLAST+ prints them (issue 23 item 18: an all-X query's "nothing to
+    # search"); a run that then fails still says its error in one line (session 21: counted "not one line")
+    "paramedic: warning: ",
 )
 
 
