@@ -6,7 +6,9 @@
    stopped whatever happens), a search that ships only metadata over TLS, the regenerated file checked.
 3. ParaMEDIC's second application: LAMMPS traced on 2 ranks (`paramedic trace`, CLOG2), the trace
    shipped to a storage site as metadata and rebuilt there byte for byte.
-4. The report page of the run, opened from a file in any browser.
+4. Trust: a database volume changed behind paramedic's back (one byte, size and times kept) is refused
+   before anything is written, in one line with its exit code.
+5. The report page of the run, opened from a file in any browser.
 
 Everything is written under the --out directory; nothing is left running.
 """
@@ -266,6 +268,40 @@ def trace_step(out: Path) -> Path | None:
     return work / "melt.html"
 
 
+def tampered_database(out: Path) -> None:
+    """Step 4: a copy of the database with one byte of a fragment changed in place, its size and times
+    kept (what a bad disk, a half-synced copy or another user does): the search refuses it."""
+    started = step(4, "trust: a database changed behind paramedic's back")
+    shutil.copytree(out / "db", out / "tampered", copy_function=shutil.copy2)
+    volume = out / "tampered" / "uniprot" / "f002.psq"
+    stat = volume.stat()
+    with open(volume, "r+b") as fh:  # one residue of one protein becomes another
+        fh.seek(stat.st_size // 2)
+        byte = fh.read(1)
+        fh.seek(stat.st_size // 2)
+        fh.write(bytes([byte[0] ^ 0x01]))
+    os.utime(volume, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    say(f"changed one byte of {volume.relative_to(out)} in place ({stat.st_size:,} bytes, times kept)")
+    args = [PARAMEDIC, "search", "blastp", "-query", "queries.fasta", "-db", "tampered/uniprot", "-out",
+            "tampered.tsv", "-outfmt", "6", "-evalue", "1e-5", "--strategy", "fragments", "--np", "2"]  # fmt: skip
+    say("$ " + " ".join(args).replace(PARAMEDIC, "paramedic"))
+    proc = subprocess.run(args, cwd=out, capture_output=True, text=True)
+    lines = proc.stderr.strip().splitlines()
+    for line in lines:
+        say(line)
+    written = (out / "tampered.tsv").exists()
+    say(f"exit {proc.returncode} (README 'Exit codes': 4 is a missing, incomplete or corrupt database); "
+        f"output file {'WRITTEN' if written else 'not written'}")  # fmt: skip
+    if proc.returncode != 4 or written or len(lines) != 1:
+        sys.exit("demo: a changed database volume was not refused in one line with exit 4")
+    say(
+        "proved: bytes that changed after `paramedic format` never reach an output: every volume a job "
+        "reads is checked against the digests in the database's manifest."
+    )
+    shutil.rmtree(out / "tampered")
+    say(f"({time.monotonic() - started:.0f} s)")
+
+
 def _interrupted(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt  # so that every `finally` runs: the storage site is stopped
 
@@ -288,7 +324,8 @@ def main() -> int:
     pilot = fragments_vs_blast(args.data, out)
     shipped = paramedic_two_sites(out)
     timeline = trace_step(out)
-    step(4, "the report page")
+    tampered_database(out)
+    step(5, "the report page")
     predicted = run(PARAMEDIC, "simulate", "--record", str(pilot), "--query-file", "queries.fasta",
                     "--workers", "2", "--json", cwd=out)  # fmt: skip
     (out / "prediction.json").write_text(predicted.stdout)
