@@ -343,13 +343,6 @@ def _end_stragglers(ranks_dir: Path) -> None:
             pass
 
 
-def _shared_memory() -> set[str]:
-    """Names of the files in /dev/shm this process maps (MPICH's segment for the node's ranks)."""
-    with open("/proc/self/maps") as fh:
-        paths = {line.split(maxsplit=5)[-1].strip() for line in fh if " /dev/shm/" in line}
-    return {path.removeprefix("/dev/shm/") for path in paths if not path.endswith("(deleted)")} - {""}
-
-
 def _remove_shared_memory(ranks_dir: Path) -> None:
     """MPICH unlinks its shared-memory segment in MPI_Finalize only: a job that aborts (any failure after
     MPI started) or is killed leaves it in /dev/shm, megabytes of memory for ever. The ranks noted what
@@ -570,6 +563,8 @@ def report_failure(line: str) -> None:
 def run_under_mpi(settings: SearchSettings, argv: list[str], np_ignored: bool = False) -> int:
     """Every rank runs this, all of it under the abort handler (as `mpi4py.run` does): any failure on
     any rank ends every rank with one message, never a rank left waiting."""
+    from paramedic.engine.stopped import mapped_shared_memory
+
     ranks_dir = os.environ.get(RANKS_DIR_VARIABLE)
     try:
         from mpi4py import MPI  # MPI_Init: an interrupt in it is raised once it returns
@@ -577,13 +572,13 @@ def run_under_mpi(settings: SearchSettings, argv: list[str], np_ignored: bool = 
         if ranks_dir:  # for the launcher: this rank's process id, and MPI's shared memory
             try:
                 Path(ranks_dir, str(os.getpid())).touch()
-                for name in _shared_memory():
+                for name in mapped_shared_memory():
                     Path(ranks_dir, f"shm.{name}").touch()
             except OSError:
                 pass
 
     comm = MPI.COMM_WORLD
-    from paramedic.engine.stopped import Stopped, catch_stop, end_stopped
+    from paramedic.engine.stopped import Stopped, catch_stop, end_stopped, unlink_shared_memory
 
     catch_stop(LAUNCHED_VARIABLE in os.environ)  # under srun: SIGTERM unwinds the rank (its files go)
     try:
@@ -602,6 +597,7 @@ def run_under_mpi(settings: SearchSettings, argv: list[str], np_ignored: bool = 
             import traceback
 
             traceback.print_exc()
+        unlink_shared_memory()  # MPI_Abort leaves MPICH's segment; the job ends here
         comm.Abort(code)
         return code
 

@@ -39,6 +39,7 @@ def _raise(signum: int, _frame: FrameType | None) -> None:
     # Once: srun forwards the step's SIGTERM as slurmstepd sends its own, and a second one must not cut
     # the clean-up short.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    unlink_shared_memory()  # first: the batch system's SIGKILL may follow before the unwinding ends
     raise Stopped(signum)
 
 
@@ -69,11 +70,7 @@ def end_stopped(rank: int, say_journal: Callable[[], None]) -> None:
         remove_step_dirs(Path(tempfile.gettempdir()))
     except OSError:
         pass
-    for name in mapped_shared_memory():
-        try:
-            Path("/dev/shm", name).unlink(missing_ok=True)
-        except OSError:
-            pass
+    unlink_shared_memory()
     if rank == 0:
         print(
             "paramedic: interrupted: the batch system stopped the job (SIGTERM: scancel, its time limit, "
@@ -85,6 +82,18 @@ def end_stopped(rank: int, say_journal: Callable[[], None]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_CODE)
+
+
+def unlink_shared_memory() -> None:
+    """Unlink the /dev/shm files this process maps, for a rank whose job is ending without MPI_Finalize
+    (stopped, or about to call MPI_Abort): MPICH unlinks its segment only in MPI_Finalize, and an aborted
+    job's segment stayed for good (3 MiB each, seen under the user's own mpiexec). The ranks that map it
+    keep their mapping; only the name goes."""
+    for name in mapped_shared_memory():
+        try:
+            Path("/dev/shm", name).unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def mapped_shared_memory() -> set[str]:
