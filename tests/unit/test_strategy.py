@@ -124,9 +124,10 @@ def fake_root(tmp_path: Path, membership: str, mountinfo: str, memory_gib: int =
     return tmp_path
 
 
-def process(root: Path, pid: int, cmdline: bytes = CMDLINE) -> str:
+def process(root: Path, pid: int, cmdline: bytes = CMDLINE, parent: int = 1) -> str:
     (root / "proc" / str(pid)).mkdir(parents=True)
     (root / "proc" / str(pid) / "cmdline").write_bytes(cmdline)
+    (root / "proc" / str(pid) / "stat").write_text(f"{pid} (python3 x) S {parent} {pid} {pid} 0 -1\n")
     return str(pid)
 
 
@@ -155,6 +156,20 @@ def test_v1_job_cgroup_shared_by_its_ranks(tmp_path: Path) -> None:
         "memory cgroup limit 3,072 MiB (/sys/fs/cgroup/memory/slurm/job_7) shared by 2 workers"
         in m.describe()
     )
+
+
+def test_a_ranks_child_that_has_not_execd_is_not_a_rank(tmp_path: Path) -> None:
+    """Two ranks in a job cgroup of 2 GiB, one of them forking (its fork server before exec, its digest's
+    child): the child has the rank's command line, and is not counted (seen in make test-cluster: 3)."""
+    root = fake_root(tmp_path, "0::/job/step\n", MOUNTINFO_V2)
+    job = root / "sys/fs/cgroup/job"
+    (job / "step").mkdir(parents=True)
+    (job / "memory.max").write_text(f"{2 * GiB}\n")
+    (job / "step/memory.max").write_text("max\n")
+    pids = [process(root, 100, parent=50), process(root, 101, parent=50), process(root, 102, parent=101)]
+    (job / "step/cgroup.procs").write_text("\n".join(pids) + "\n")
+    m = worker_memory(root, {"MPI_LOCALNRANKS": "2"})
+    assert m.ranks_in_cgroup == 2 and m.per_worker == 2 * GiB
 
 
 def test_v1_a_cgroup_per_rank(tmp_path: Path) -> None:

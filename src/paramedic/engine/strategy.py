@@ -449,13 +449,15 @@ def _read_limit(path: Path) -> int | None:
 
 def ranks_in(directory: Path, root: Path = Path("/")) -> int:
     """How many of this job's ranks share a cgroup's limit: processes under `directory` (its subtree)
-    running this process's own command line, at least 1 (this one). Ranks in cgroups of their own count
-    one each; a batch system's job cgroup holds all the node's ranks."""
+    running this process's own command line, at least 1 (this one), less a rank's own children that
+    have not exec'd yet (a fork server starting, the digest's child: same command line, their parent one
+    of the ranks; counting one made a node of 2 ranks count 3, seen in `make test-cluster`). Ranks in
+    cgroups of their own count one each; a batch system's job cgroup holds all the node's ranks."""
     try:
         mine = (root / "proc/self/cmdline").read_bytes()
     except OSError:
         return 1
-    count = 0
+    matching: dict[str, str | None] = {}  # pid -> its parent's pid
     for current, _, files in os.walk(directory):
         if "cgroup.procs" not in files:
             continue
@@ -466,10 +468,18 @@ def ranks_in(directory: Path, root: Path = Path("/")) -> int:
         for pid in pids:
             try:
                 if (root / "proc" / pid / "cmdline").read_bytes() == mine:
-                    count += 1
+                    matching[pid] = _parent(root, pid)
             except OSError:
                 continue
-    return max(1, count)
+    return max(1, sum(1 for parent in matching.values() if parent not in matching))
+
+
+def _parent(root: Path, pid: str) -> str | None:
+    """A process's parent pid from /proc/PID/stat (after the command name, which may hold spaces)."""
+    try:
+        return (root / "proc" / pid / "stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return None
 
 
 def _mib(n: int) -> str:
