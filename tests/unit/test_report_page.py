@@ -65,6 +65,9 @@ def test_shipping_and_a_prediction_add_what_they_measured() -> None:
     assert len(charts(page)) == 6 and "Prediction beside the measured run" in page
     assert "411x" in page or "412x" in page  # the headline ratio
     assert "regenerate at the storage site" in page  # g, in the phase split
+    # the prediction is of the search: the run's 4.0 s less its 0.5 s wait for the site is compared with it
+    assert "3.5 s of it before it waited 0.5 s for the storage site" in page
+    assert "before it waited" not in render(record(), PREDICTION)  # a run that ships nothing waits for none
 
 
 def test_an_older_record_without_start_times_says_so() -> None:
