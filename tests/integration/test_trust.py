@@ -757,6 +757,24 @@ def test_what_a_launcher_killed_outright_left_is_removed_by_the_next_run(site: S
     assert not any(Path("/dev/shm", name).exists() for name in shm)
 
 
+def _search_under_own_mpiexec(
+    site: Site, tmp_path: Path, out: str
+) -> tuple[Path, dict[str, str], list[str], subprocess.Popen[str]]:
+    """A search of 300 queries under the user's own `mpiexec -n 3` (no paramedic launcher), with a TMPDIR
+    of its own: (that TMPDIR, the environment, the command, the mpiexec process; stderr piped)."""
+    from tests.conftest import BIN
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    queries = take_fasta(site.root / "db.fasta", tmp_path / "many.fasta", 300)
+    argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(queries), "-db", "uniprot", "-out",
+            str(tmp_path / out), "--quiet", "--no-journal"]  # fmt: skip
+    mpiexec = subprocess.Popen([str(BIN / "mpiexec"), "-n", "3", *argv], cwd=site.root / "p3", env=env,
+                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return tmp, env, argv, mpiexec
+
+
 def test_what_ranks_under_the_users_own_mpiexec_left_when_killed_is_removed_by_the_next_run(
     site: Site, tmp_path: Path
 ) -> None:
@@ -769,16 +787,8 @@ def test_what_ranks_under_the_users_own_mpiexec_left_when_killed_is_removed_by_t
     import time
 
     from paramedic.engine.leftovers import OWNER_FILE, RANK_PREFIX
-    from tests.conftest import BIN
 
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp)}
-    queries = take_fasta(site.root / "db.fasta", tmp_path / "many.fasta", 300)
-    argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(queries), "-db", "uniprot", "-out",
-            str(tmp_path / "killed.out"), "--quiet", "--no-journal"]  # fmt: skip
-    mpiexec = subprocess.Popen([str(BIN / "mpiexec"), "-n", "3", *argv], cwd=site.root / "p3", env=env,
-                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    tmp, env, argv, mpiexec = _search_under_own_mpiexec(site, tmp_path, "killed.out")
     deadline = time.monotonic() + 60
     homes: list[Path] = []
     while len(homes) < 3 or not list(tmp.glob(f"{RANK_PREFIX}*/**/paramedic-run-*")):
@@ -788,7 +798,7 @@ def test_what_ranks_under_the_users_own_mpiexec_left_when_killed_is_removed_by_t
     shm = {p.name.removeprefix("shm.") for home in homes for p in home.glob("shm.*")}
     ranks = [int((home / OWNER_FILE).read_text().split()[0]) for home in homes]
     os.killpg(mpiexec.pid, signal.SIGKILL)  # mpiexec, its proxy and the ranks: none can clean up
-    mpiexec.wait()
+    mpiexec.communicate()  # its stderr read and closed
     for pid in ranks:
         while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
             time.sleep(0.05)
@@ -818,16 +828,8 @@ def test_a_job_that_aborts_under_the_users_own_mpiexec_leaves_no_shared_memory(
     import time
 
     from paramedic.engine.leftovers import OWNER_FILE, RANK_PREFIX
-    from tests.conftest import BIN
 
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp)}
-    queries = take_fasta(site.root / "db.fasta", tmp_path / "many.fasta", 300)
-    argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(queries), "-db", "uniprot", "-out",
-            str(tmp_path / "aborted.out"), "--quiet", "--no-journal"]  # fmt: skip
-    mpiexec = subprocess.Popen([str(BIN / "mpiexec"), "-n", "3", *argv], cwd=site.root / "p3", env=env,
-                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    tmp, _, _, mpiexec = _search_under_own_mpiexec(site, tmp_path, "aborted.out")
     try:
         deadline = time.monotonic() + 60
         shm: set[str] = set()
