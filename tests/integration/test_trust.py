@@ -757,6 +757,68 @@ def test_what_a_launcher_killed_outright_left_is_removed_by_the_next_run(site: S
     assert not any(Path("/dev/shm", name).exists() for name in shm)
 
 
+# Started in every interpreter whose PYTHONPATH holds it: rank 1 of a paramedic-launched job hangs before
+# MPI_Init (the first time, or always), so the job's other ranks wait in MPI_Init for it, as when MPICH's
+# start hangs by itself (seen 1 run in 22: every rank spinning in PMPI_Init_thread for minutes)
+HANG_IN_START = """
+import os, pathlib, time
+marker = os.environ.get("TEST_HANG_MARKER")
+if marker and os.environ.get("PMI_RANK") == "1" and os.environ.get("PARAMEDIC_LAUNCHED"):
+    if os.environ.get("TEST_HANG_ALWAYS") or not pathlib.Path(marker).exists():
+        pathlib.Path(marker).touch()
+        time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("always", [False, True], ids=["once", "always"])
+def test_an_mpi_start_that_hangs_is_stopped_and_started_again(
+    site: Site, tmp_path: Path, always: bool
+) -> None:
+    """The soak's silent hang (issue 23): a job whose ranks never all come out of MPI_Init waited for
+    ever. The launcher now stops it after PARAMEDIC_MPI_START_SECONDS (every process of the job, which
+    answers no signal there), starts it once more with a warning, and if MPI hangs again ends with one
+    line and exit 7. Nothing of either attempt is left: no process, no file in TMPDIR or /dev/shm."""
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(HANG_IN_START)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    marker = tmp_path / "hung"
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(tmp_path / "inject"),
+           "PARAMEDIC_MPI_START_SECONDS": "3", "TEST_HANG_MARKER": str(marker)}  # fmt: skip
+    if always:
+        env["TEST_HANG_ALWAYS"] = "1"
+    shm_before = set(os.listdir("/dev/shm"))
+    out = site.root / f"mpi-start-{always}.out"
+    proc = run_bounded(["search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot",
+                        "-outfmt", "0", "-out", str(out), "--np", "2", "--runner", "mpi", "--quiet"],
+                       site.root / "p3", seconds=90, env=env)  # fmt: skip
+    assert marker.exists()  # the case this test exists for: a rank hung before MPI started
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == (
+        "paramedic: warning: MPI did not start within 3 s (a rank hung in MPI_Init); the job was stopped and "
+        "is started again"
+    ), proc.stderr
+    if always:
+        assert proc.returncode == 7 and len(lines) == 2 and not out.exists(), proc.stderr
+        assert lines[1].startswith("paramedic: error: MPI did not start within 3 s, twice"), proc.stderr
+    else:
+        assert proc.returncode == 0 and len(lines) == 1, proc.stderr
+        site.assert_matches(out, None, "0")
+    left = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _has_env(p, str(marker))]
+    assert not left and not list(tmp.iterdir()), (left, list(tmp.iterdir()))
+    # a segment of this job's is mapped by no process any more (another job's, running beside, is)
+    from paramedic.engine.stopped import mapped_shared_memory
+
+    mapped = {n for p in Path("/proc").iterdir() if p.name.isdigit() for n in mapped_shared_memory(p.name)}
+    assert not [n for n in set(os.listdir("/dev/shm")) - shm_before - mapped if n.startswith("mpich")]
+
+
+def _has_env(proc: Path, value: str) -> bool:
+    with contextlib.suppress(OSError):
+        return value.encode() in (proc / "environ").read_bytes()
+    return False
+
+
 def _search_under_own_mpiexec(
     site: Site, tmp_path: Path, out: str
 ) -> tuple[Path, dict[str, str], list[str], subprocess.Popen[str]]:

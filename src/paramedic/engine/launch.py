@@ -50,6 +50,12 @@ JOB_ID_VARIABLE = "PARAMEDIC_JOB_ID"
 RANKS_DIR_VARIABLE = "PARAMEDIC_RANKS_DIR"
 # Seconds mpiexec gets to stop its ranks after an interrupt before it is killed.
 STOP_SECONDS = 10.0
+# How long the launcher waits for every rank to come out of MPI_Init (each notes its pid in the ranks
+# directory then). MPICH's start hung for good in 1 of 22 runs here (every rank spinning in
+# PMPI_Init_thread for over 6 minutes: the soak's silent 406 s hang); one machine's ranks start in well
+# under a second. A job whose MPI did not start is stopped and started once more.
+MPI_START_SECONDS = 60.0
+MPI_START_VARIABLE = "PARAMEDIC_MPI_START_SECONDS"  # another bound, in seconds (tests)
 # MPICH prints these besides the ranks' own output: `Abort(5) on node 0 (rank 0 in comm 0): ...` on
 # stderr, hydra's "BAD TERMINATION" banner on stdout. The launcher prints one paramedic line instead.
 _MPICH_STDERR = re.compile(rb"^(Abort\(\d+\) on node |\[mpiexec@|\[proxy:)")
@@ -125,7 +131,27 @@ def launch_or_run(settings: SearchSettings, workers: int | None, argv: list[str]
         )
         command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "paramedic", *argv]
         hydra_before, started = _hydra_files(), time.time()
-        code = _supervise(command, env, job_dir, show_bar=not settings.quiet and sys.stderr.isatty())
+        show_bar = not settings.quiet and sys.stderr.isatty()
+        code = _supervise(command, env, job_dir, show_bar, ranks)
+        if code is None:  # MPI did not start: once more, from a clean job directory
+            print(
+                f"paramedic: warning: MPI did not start within {_mpi_start_seconds():.0f} s (a rank hung "
+                "in MPI_Init); the job was stopped and is started again",
+                file=sys.stderr,
+                flush=True,
+            )
+            for part in ("tmp", "ranks"):
+                shutil.rmtree(job_dir / part, ignore_errors=True)
+                (job_dir / part).mkdir()
+            code = _supervise(command, env, job_dir, show_bar, ranks)
+            if code is None:
+                print(
+                    f"paramedic: error: MPI did not start within {_mpi_start_seconds():.0f} s, twice (a rank "
+                    f"hung in MPI_Init; {MPI_START_VARIABLE} sets the bound); every rank was stopped",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                code = JobError.exit_code
         if code != 0:
             _remove_hydra_files(hydra_before, started)
     finally:
@@ -248,9 +274,22 @@ def check_before_launch(settings: SearchSettings) -> None:
     os.environ[CHECKED_VARIABLE] = "1"
 
 
-def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar: bool) -> int:
-    """Run mpiexec in a session of its own (a terminal's Ctrl-C reaches only us; we stop the job)."""
+def _mpi_start_seconds() -> float:
+    try:
+        return max(1.0, float(os.environ.get(MPI_START_VARIABLE, MPI_START_SECONDS)))
+    except ValueError:
+        return MPI_START_SECONDS
+
+
+def _supervise(
+    command: list[str], env: dict[str, str], job_dir: Path, show_bar: bool, ranks: int
+) -> int | None:
+    """Run mpiexec in a session of its own (a terminal's Ctrl-C reaches only us; we stop the job). None
+    when MPI did not start (`ranks` ranks out of MPI_Init) within `_mpi_start_seconds`: every process of
+    the job is then killed, and what MPI made in /dev/shm removed."""
     interrupted: list[float] = []  # when the first interrupt came
+    start_by: float | None = time.monotonic() + _mpi_start_seconds()
+    stuck: list[float] = []  # when the job was killed for a rank stuck in MPI_Init
 
     def on_signal(signum: int, _frame: Any) -> None:
         if not interrupted:
@@ -275,7 +314,7 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
     exit_string: list[bytes] = []
     said: list[bytes] = []  # paramedic's own error lines the ranks printed
     closed: list[float] = []  # when our stdout's reader went away (`| head -1`)
-    stopping = _Either(interrupted, closed)  # the ranks' complaints while stopped are not shown
+    stopping = _Either(interrupted, closed, stuck)  # the ranks' complaints while stopped are not shown
     relays = [
         threading.Thread(target=_relay_stdout, args=(proc.stdout, exit_string, closed), daemon=True),
         threading.Thread(target=_relay_stderr, args=(proc.stderr, bar, said, stopping), daemon=True),
@@ -297,6 +336,12 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
                 first = interrupted[0] if interrupted else closed[0] if closed else None
                 if first is not None and time.monotonic() - first > STOP_SECONDS:
                     os.killpg(proc.pid, signal.SIGKILL)  # mpiexec did not stop its ranks in time
+                if not stuck and start_by is not None and time.monotonic() > start_by:
+                    if _started(job_dir / "ranks") >= ranks:
+                        start_by = None  # every rank is out of MPI_Init: no bound from here on
+                    else:  # a rank in MPI_Init answers no signal: kill every process of the job
+                        stuck.append(time.monotonic())
+                        _kill_job(env[JOB_ID_VARIABLE], proc.pid)
         for t in relays:
             t.join(timeout=5)
         _end_stragglers(job_dir / "ranks")
@@ -306,6 +351,8 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
             signal.signal(s, handler)
         if bar is not None:
             bar.close(success=False)
+    if stuck and not interrupted:
+        return None
     if closed and not interrupted:  # as BLAST+ into a closed pipe: no message, 141
         from paramedic.pipes import stdout_closed
 
@@ -326,6 +373,43 @@ def _supervise(command: list[str], env: dict[str, str], job_dir: Path, show_bar:
         flush=True,
     )
     return JobError.exit_code
+
+
+def _started(ranks_dir: Path) -> int:
+    """Ranks out of MPI_Init: each notes its pid in the ranks directory then (`run_under_mpi`)."""
+    try:
+        return sum(1 for p in ranks_dir.iterdir() if p.name.isdigit())
+    except OSError:
+        return 0
+
+
+def _kill_job(job_id: str, mpiexec: int) -> None:
+    """Kill mpiexec's process group and every process of this user that carries the job's id in its
+    environment (ranks hung in MPI_Init noted nothing, and outlive a killed hydra proxy), after removing
+    the /dev/shm files they map (MPICH makes its segment in MPI_Init)."""
+    from paramedic.engine.stopped import mapped_shared_memory
+
+    mark = f"{JOB_ID_VARIABLE}={job_id}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if entry.stat().st_uid != os.getuid() or mark not in (entry / "environ").read_bytes().split(
+                b"\0"
+            ):
+                continue
+        except OSError:
+            continue
+        pids.append(int(entry.name))
+        for name in mapped_shared_memory(entry.name):
+            with contextlib.suppress(OSError):
+                Path("/dev/shm", name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        os.killpg(mpiexec, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _end_stragglers(ranks_dir: Path) -> None:

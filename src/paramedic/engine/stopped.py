@@ -96,11 +96,11 @@ def unlink_shared_memory() -> None:
             pass
 
 
-def mapped_shared_memory() -> set[str]:
-    """Names of the files in /dev/shm this process maps (MPICH's segment for the node's ranks): the
-    other ranks of the node map it too, and keep it until they end; only its name goes."""
+def mapped_shared_memory(pid: int | str = "self") -> set[str]:
+    """Names of the files in /dev/shm a process (this one by default) maps (MPICH's segment for the
+    node's ranks): the other ranks of the node map it too, and keep it until they end; only its name goes."""
     try:
-        with open("/proc/self/maps") as fh:
+        with open(f"/proc/{pid}/maps") as fh:
             paths = {line.split(maxsplit=5)[-1].strip() for line in fh if " /dev/shm/" in line}
     except OSError:
         return set()
