@@ -22,8 +22,10 @@ integrity checks into the parsers behind them):
     chunk     the codecs' chunk decoders: direct, compressed (zstd, bombs), blast-metadata (the id
               container of `idcodec`, re-sealed after mutation) with the job's id history
     journal   a journal's search record (`Store.keys` with alignments, `Store.alignments`) and report
-              piece (`Journal._read_piece`), sometimes re-tagged with the journal's key after mutation
-              (issue 23)
+              piece (`Journal._read_piece`), sometimes re-tagged with the journal's key after mutation,
+              and its header (`job.json` through `Journal.open`, sometimes with its sha256 recomputed so
+              that mutations reach the fields behind it): read, dropped as damaged, or refused (exit 2),
+              never an exception, and never read when its bytes fail their digest (issue 23)
     metadata  `load_metadata` on a metadata file, sometimes re-sealed (its plain SHA-256 recomputed, as a
               forger can; only the user's key seals: a changed file accepted is a finding) (issue 23)
     replica   a storage site's replies to a mirror (`TlsReplica.manifest`, `volume_files`, `read`, then
@@ -904,8 +906,24 @@ class Harness:
             record = self.jstore.record(0, 0).read_bytes()
             piece = PIECE_MAGIC + self.journal._piece_tag(0, b"report %d" % n) + b"report %d" % n
             pool.append(pack_parts([record, piece, b"", b"reseal"]))
+        # a real journal's header and a piece tagged with its key: each execution opens a journal made
+        # of them, its job.json mutated (the identity and plan it was made with are this search's)
+        from paramedic.engine import journal as journal_module
+        from paramedic.engine.scheduler import Plan
+
+        journal_module._warn = lambda text: None  # a dropped header says so on stderr: not here
+        self.jplan = Plan(batches=(range(0, 2),), n_fragments=2, pieces=(range(0, 2),), hitlist_size=5)
+        self.jidentity = {"program": "blastp", "options": ["-evalue", "1e-5"], "queries": "ab" * 32}
+        made = self.work / "made" / ".out.journal"
+        made.parent.mkdir()
+        journal, _, _ = Journal.open(made, self.jidentity, self.jplan, restart=False)
+        journal.piece_done(0, b"report")
+        journal.close(complete=False)
+        self.jpiece = (made / "piece" / "0").read_bytes()
+        header = (made / "job.json").read_bytes()
+        pool += [pack_parts([b"", b"", header, b"reseal"]), pack_parts([b"", b"", header, b""])]
         self.pool = pool
-        self.kinds = ["bytes", "bytes", "bytes", "bytes"]
+        self.kinds = ["bytes", "bytes", "json", "bytes"]
 
     def _setup_metadata(self) -> None:
         from paramedic.engine.metadata import SearchIdentity, save_metadata
@@ -1287,7 +1305,53 @@ class Harness:
             outcome.append("piece read")
         except (ValueError, OSError):
             outcome.append("piece refused")
+        if parts[2]:
+            outcome.append(self._open_journal(parts[2], reseal=parts[3] == b"reseal"))
         return ", ".join(outcome)
+
+    def _open_journal(self, header: bytes, reseal: bool) -> str:
+        """`Journal.open` on a journal whose job.json is `header` (its piece 0 tagged with the key of the
+        header it was mutated from): read (the piece replays), dropped, or refused with a UsageError."""
+        import hashlib as hashlib_
+        import shutil
+
+        from paramedic.engine.journal import CHECK_FIELD, Journal, _header_bytes
+        from paramedic.errors import UsageError
+
+        if reseal:
+            try:
+                fields = json.loads(header)
+                if isinstance(fields, dict):
+                    fields.pop(CHECK_FIELD, None)
+                    header = _header_bytes(fields)
+            except (ValueError, RecursionError, TypeError):
+                pass
+        path = self.work / "open" / ".out.journal"
+        shutil.rmtree(path.parent, ignore_errors=True)
+        for part in ("search", "piece"):
+            (path / part).mkdir(parents=True, mode=0o700)
+        path.chmod(0o700)
+        (path / "piece" / "0").write_bytes(self.jpiece)
+        (path / "job.json").write_bytes(header)
+        try:
+            journal, _, replay = Journal.open(path, self.jidentity, self.jplan, restart=False)
+        except UsageError as exc:
+            said = str(exc)
+            why = next((w for w in ("another search", "another paramedic version", "not a paramedic journal",
+                                    "does not fit") if w in said), said[:40])  # fmt: skip
+            return f"header refused ({why})"
+        journal.close(complete=True)
+        if replay.empty:
+            return "header dropped, or read with another key (its piece not replayed)"
+        try:  # read: then its bytes are the ones its own digest names
+            fields = json.loads(header)
+            check = fields.pop(CHECK_FIELD)
+            canonical = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+        except (ValueError, RecursionError, TypeError, KeyError, AttributeError) as exc:
+            raise Finding(f"a journal header that does not parse or has no digest was read ({exc})") from None
+        if check != hashlib_.sha256(canonical).hexdigest():
+            raise Finding("a journal header whose bytes fail their digest was read")
+        return "header read"
 
     # prelim: the shim's records of a fragment search, read back (issue 23: skipped batches)
     def _run_prelim(self, data: bytes) -> str:
@@ -1710,7 +1774,11 @@ WHAT = {
     "inbox": ("`InboxWatcher._look_into`", "job directories that reached `done.json`", lambda k: "done" in k),
     "setup": ("`BlastMetadataCodec.prepare`", "setups accepted", lambda k: k == "accepted"),
     "chunk": ("codecs' `unpack` + `decode`", "chunks decoded", lambda k: k.endswith("decoded")),
-    "journal": ("`Store.keys`/`alignments`, `_read_piece`", "records read", lambda k: "record read" in k),
+    "journal": (
+        "`Store.keys`/`alignments`, `_read_piece`, `Journal.open`",
+        "records read",
+        lambda k: "record read" in k,
+    ),
     "metadata": ("`load_metadata`", "files accepted", lambda k: k == "accepted"),
     "replica": (
         "`TlsReplica` replies, `_check_listing`",

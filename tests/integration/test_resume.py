@@ -196,6 +196,38 @@ def test_a_changed_search_is_refused_and_restart_starts_afresh(data: Data, tmp_p
     assert not journal.exists()
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "flipped-still-parses"])
+def test_a_damaged_journal_header_is_dropped_and_the_same_command_succeeds(
+    data: Data, tmp_path: Path, damage: str
+) -> None:
+    """Issue 23 (found by the fault soak): a killed search's job.json (the journal's header) cut short,
+    garbage, or with one byte flipped: refused on every rerun, exit 2, "add --restart" (or, when the
+    flipped header still parsed, "from another search (different options)"). It holds nothing usable:
+    the same command drops it with one line and writes BLAST+'s bytes."""
+    out = tmp_path / "hits.txt"
+    journal = tmp_path / ".hits.txt.journal"
+    command = ["search", "blastp", *blast_args(data.queries, data.db, out), *ENGINE]
+    kill_every_rank_when(command, tmp_path, journal, pieces_done(2))
+    header = (journal / "job.json").read_bytes()
+    if damage == "truncated":
+        damaged = header[: len(header) * 2 // 3]
+    elif damage == "garbage":
+        damaged = bytes((i * 151 + 7) % 256 for i in range(len(header)))
+    else:  # the -evalue's digit, as the soak flipped it: parses, and named the user's options before
+        at = header.index(b'"1e-5"') + 4
+        damaged = header[:at] + bytes([header[at] ^ 0x01]) + header[at + 1 :]
+        assert json.loads(damaged) != json.loads(header)
+    (journal / "job.json").write_bytes(damaged)
+    proc = paramedic(*command, "--np", "1", cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == data.reference
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("paramedic: journal header .hits.txt.journal/job.json dropped (damaged: "), line
+    assert line.endswith("its finished work is done again"), line
+    record = json.loads((tmp_path / "hits.txt.run.json").read_text())
+    assert record["resumed"] == {"searches": 0, "pieces": 0} and not journal.exists()
+
+
 def test_a_journal_in_use_is_not_shared(data: Data, tmp_path: Path) -> None:
     """Two runs of one search at once: the second is refused (before it writes anything)."""
     out = tmp_path / "hits.txt"

@@ -431,7 +431,7 @@ def _stager(tmp_path: Path, db: Path, opened: list[Path]):
 
     attempts = iter(opened)
 
-    def open_replicas(urls, manifest, keys, required=None):
+    def open_replicas(urls, manifest, keys, required=None, dropped=None):
         return ReplicaSet.open([str(next(attempts))], manifest, keys)
 
     stager = staging.Stager(

@@ -262,3 +262,36 @@ def test_every_replica_reads_from_the_first_stripe_however_fast_the_first_one_is
         rs.fetch_volume(first.volume, first.sha256, dest)
         assert volume_sha256(dest, first.volume) == first.sha256
         assert "served bytes that did not verify" in str(by_label(rs)[str(bad)]["dropped"]), rs.report()
+
+
+def test_a_mirror_the_jobs_check_dropped_is_never_opened_again(tmp_path):
+    """Issue 23: a slow mirror cost the job its open's bound three times (the job's check, then each
+    rank's open, then a listing). The check's verdict reaches the ranks (StageSettings.dropped_mirrors):
+    a mirror dropped there is listed as dropped, with why, and never opened; the others open as before."""
+    db, manifest = make_db(tmp_path / "a")
+    live = mirror(db, tmp_path / "b" / "db")
+    dead = str(tmp_path / "c" / "db")  # the opener would be asked for it: it is not
+    opened: list[str] = []
+
+    def opener(url, keys):
+        opened.append(url)
+        return LocalReplica(Path(url))
+
+    verdict = {dead: "did not open within 5 s (a link that trickles)"}
+    rs = ReplicaSet.open([str(db), str(live), dead], manifest, required=1, opener=opener, dropped=verdict,
+                         stripe_bytes=STRIPE)  # fmt: skip
+    try:
+        fetch_all(rs, manifest, tmp_path / "out")
+        report = by_label(rs)
+    finally:
+        rs.close()
+    assert sorted(opened) == sorted([str(db), str(live)])
+    assert report[dead]["dropped"] == (
+        "dropped at the job's start, not opened again (did not open within 5 s (a link that trickles))"
+    )
+    assert report[dead]["bytes"] == 0 and report[dead]["stripes"] == 0
+    assert report[str(live)]["dropped"] is None and report[str(db)]["dropped"] is None
+    # the -db directory is required: a verdict never drops it
+    rs = ReplicaSet.open([str(db)], manifest, required=1, opener=opener, dropped={str(db): "x"})
+    assert by_label(rs)[str(db)]["dropped"] is None
+    rs.close()

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -202,6 +202,7 @@ class ReplicaSet:
         keys: Path | None = None,
         required: int | None = None,
         opener: ReplicaOpener = open_directory_replica,
+        dropped: Mapping[str, str] | None = None,
         **options: object,
     ) -> ReplicaSet:
         """The replicas at `urls`, each checked to hold the database of `manifest` (refused if not).
@@ -209,19 +210,28 @@ class ReplicaSet:
 
         `required`: how many of the first URLs must be reachable (the -db directory); a later one that
         cannot be reached or serves no reads is an extra source lost, not the run's end: it is listed as
-        dropped, with why (a replica of another database is still refused: a mistake to say at once)."""
+        dropped, with why (a replica of another database is still refused: a mistake to say at once).
+
+        `dropped`: extra mirrors (URL -> why) that the job's check at its start already dropped: listed as
+        dropped ("at the job's start"), never opened, so that each rank does not wait MIRROR_OPEN_SECONDS
+        for a mirror the job knows is down or slow."""
         replicas: list[Replica] = []
         absent: dict[int, str] = {}
+        known = dict(dropped or {})
         # the extra mirrors open side by side, each given MIRROR_OPEN_SECONDS: one after another, a mirror
         # whose link trickled held the search for its connection's whole timeout (3 s became 57-119 s)
         extra = {
             position: _Opening(url, keys, opener)
             for position, url in enumerate(urls)
-            if required is not None and position >= required
+            if required is not None and position >= required and url not in known
         }
         deadline = time.monotonic() + MIRROR_OPEN_SECONDS
         try:
             for position, url in enumerate(urls):
+                if required is not None and position >= required and url in known:
+                    replicas.append(_Absent(url))
+                    absent[position] = f"dropped at the job's start, not opened again ({known[url]})"
+                    continue
                 if position in extra:
                     try:
                         replica, theirs = extra[position].result(deadline)

@@ -202,8 +202,7 @@ def prepare_job(
     settings = _ship_data_when_inexact(settings, inexact)
     strategy = choose_strategy(settings, db, manifest, inexact, balance, memory)
     query_segmentation = strategy.strategy == "queries"
-    if settings.stage is not None:
-        check_stage(settings.stage, manifest, db.arg)
+    stage = None if settings.stage is None else check_stage(settings.stage, manifest, db.arg)
     if not query_segmentation and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
     ships_metadata = settings.ship is not None and _ships_pieces(settings.ship.mode)
@@ -284,7 +283,7 @@ def prepare_job(
         strategy=strategy,
         traceback_reason=None if query_segmentation else traceback_reason,
         output_strategy=settings.output_strategy,
-        stage=settings.stage,
+        stage=stage,
         verified=verified if digest == "later" else None,
     )
 
@@ -361,21 +360,27 @@ def _ships_pieces(mode: str) -> bool:
     return ships_pieces(mode)
 
 
-def check_stage(stage: StageSettings, manifest: Manifest, where: str) -> None:
-    """Before MPI starts: the database can be staged, the cache directory used, and every --mirror
-    holds this very database (manifest checksum), or one line and a refusal now."""
+def check_stage(stage: StageSettings, manifest: Manifest, where: str) -> StageSettings:
+    """Before the job's work starts: the database can be staged, the cache directory used, and every
+    --mirror holds this very database (manifest checksum), or one line and a refusal now. Returns the
+    settings with the mirrors found down or slow (said once) in `dropped_mirrors`: the ranks skip them
+    rather than wait for each again (MIRROR_OPEN_SECONDS per rank, on top of this check's)."""
     from paramedic.db.stage import StageCache, check_stageable
     from paramedic.engine.staging import open_replicas
 
     check_stageable(manifest, where)
     StageCache(stage.directory, stage.limit)
-    if stage.mirrors:  # one down is an extra source lost (said once), another database a mistake
-        replicas = open_replicas(stage.mirrors, manifest, stage.keys, required=0)
-        for use in replicas.uses:
-            if use.dropped is not None:
-                print(f"paramedic: warning: --mirror {use.label}: {use.dropped}; searching without it",
-                      file=sys.stderr, flush=True)  # fmt: skip
-        replicas.close()
+    if not stage.mirrors:
+        return stage
+    dropped = []  # one down is an extra source lost (said once), another database a mistake
+    replicas = open_replicas(stage.mirrors, manifest, stage.keys, required=0)
+    for url, use in zip(stage.mirrors, replicas.uses, strict=True):
+        if use.dropped is not None:
+            print(f"paramedic: warning: --mirror {use.label}: {use.dropped}; searching without it",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            dropped.append((url, use.dropped))
+    replicas.close()
+    return replace(stage, dropped_mirrors=tuple(dropped))
 
 
 def _warn(text: str) -> None:

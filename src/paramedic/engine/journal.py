@@ -14,9 +14,13 @@ journal's, whatever the number of ranks this time.
 
 Layout of `.<out>.journal/` (beside the output; with --site, beside the run record):
 
-    job.json            what the output depends on (program, options, database manifest, queries digest,
-                        strategy) and the plan (with its fragment groups: a resumed run keeps them,
-                        whatever its workers); a journal made by another search is refused
+    job.json            the header: what the output depends on (program, options, database manifest,
+                        queries digest, strategy) and the plan (with its fragment groups: a resumed run
+                        keeps them, whatever its workers), the records' key, and `sha256`, the digest of
+                        all the rest (canonical JSON): a header made by another search or another
+                        paramedic version (its own digest holds) is refused; one that is damaged (does not
+                        parse, fails its digest, or its fields do not read) is dropped with the whole
+                        journal, and its work done again (see `_header`)
     lock                held (flock) by the run that owns the journal: two runs never share one
     search/B-F          fragment F's result for search batch B (a paramedic.engine.store record, written
                         by the worker that searched when every rank sees the journal, else by rank 0);
@@ -75,8 +79,10 @@ from paramedic.errors import OutputError, UsageError
 KIND = "paramedic-journal"
 PIECE_MAGIC = b"paramedic-piece1"  # then the 32-byte tag, then the piece's bytes
 # 2: search records in the store's layout (keys first, alignments per query); 3: the plan's fragment
-# groups (a record B-F is then group F's search) and `search/B-F.lists`
-VERSION = 3
+# groups (a record B-F is then group F's search) and `search/B-F.lists`; 4: job.json carries `sha256`,
+# its own digest (a later version that digests it otherwise must name that field otherwise)
+VERSION = 4
+CHECK_FIELD = "sha256"
 
 
 def journal_path(output: Path) -> Path:
@@ -165,7 +171,7 @@ class Journal:
             key = secrets.token_bytes(32)
             self._write(
                 job_file,
-                json.dumps(
+                _header_bytes(
                     {
                         "kind": KIND,
                         "version": VERSION,
@@ -174,21 +180,38 @@ class Journal:
                         "key": key.hex(),
                         "volumes": self.volumes,
                     }
-                ).encode(),
+                ),
             )
             self.key = key
             return plan
+        header = f"journal header {self.path.name}/job.json dropped"
         try:
-            data = json.loads(job_file.read_text())
-            if data.get("kind") != KIND or data.get("version") != VERSION:
-                raise ValueError(f"not a version {VERSION} journal")
-            stored = data["identity"]
-            journaled = _plan_from_json(data["plan"])
-            key = data.get("key")
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            data = _header(job_file)
+        except OSError as exc:
+            raise OutputError(f"cannot read the search's journal {job_file}: {exc.strerror}") from None
+        except _Foreign as exc:
             raise UsageError(
-                f"the journal {self.path} is unreadable ({exc}); add --restart to discard it and start afresh"
-            ) from exc
+                f"the journal {self.path} {exc}: add --restart to discard it and start afresh"
+            ) from None
+        except _Damaged as exc:
+            return self._begin_again(f"{header} (damaged: {exc})", identity, plan)
+        # The header parsed, is this version's and its digest holds, so it is the one a paramedic wrote:
+        # fields that still do not read (a missing plan, a key that is not one) were written so by a
+        # paramedic with a bug, or by hand. No command can continue such a journal (the next run of the
+        # same command would meet them again), so refusing it would only make the user add --restart for
+        # the same outcome: it is dropped as a damaged header is, and its work done again.
+        try:
+            stored = data["identity"]
+            if not isinstance(stored, dict):
+                raise TypeError(f"identity is a {type(stored).__name__}")
+            journaled = _plan_from_json(data["plan"])
+            key = data["key"]
+            if not (isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key)):
+                raise ValueError("its key is not 32 bytes in hex")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
+            # (OverflowError: a plan's range longer than a size, len() refuses it: found by bench/fuzz.py)
+            why = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+            return self._begin_again(f"{header} (damaged: its fields do not read: {why})", identity, plan)
         if stored != identity:
             differs = sorted(k for k in set(stored) | set(identity) if stored.get(k) != identity.get(k))
             raise UsageError(
@@ -200,23 +223,26 @@ class Journal:
                 f"the journal {self.path} does not fit this search; add --restart to start afresh"
             )
         if data.get("volumes") != self.volumes:
-            _warn(
+            return self._begin_again(
                 "the database's files changed since this journal was written (a volume rewritten or "
-                "replaced): its finished work is done again"
+                "replaced)",
+                identity,
+                plan,
             )
-            for part in ("search", "piece"):
-                _remove_tree(self.path / part)
-                (self.path / part).mkdir()
-            for name in ("output.partial", "site-job"):
-                (self.path / name).unlink(missing_ok=True)
-            job_file.unlink()
-            return self._agree(identity, plan)  # a new journal
-        if isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key):
-            self.key = bytes.fromhex(key)
-        else:  # an older paramedic's journal: a key from now on, its untagged pieces are written again
-            self.key = secrets.token_bytes(32)
-            self._write(job_file, json.dumps({**data, "key": self.key.hex()}).encode())
+        self.key = bytes.fromhex(key)
         return journaled
+
+    def _begin_again(self, why: str, identity: dict[str, Any], plan: Plan) -> Plan:
+        """Drop every record (each is bound to the header's key, or was done on other bytes) and the
+        header: one line says why, and the search's work is done again in a new journal."""
+        _warn(f"{why}: its finished work is done again")
+        for part in ("search", "piece"):
+            _remove_tree(self.path / part)
+            (self.path / part).mkdir(mode=0o700)
+        for name in ("output.partial", "site-job"):
+            (self.path / name).unlink(missing_ok=True)
+        (self.path / "job.json").unlink(missing_ok=True)
+        return self._agree(identity, plan)  # a new journal
 
     def _replay(self, plan: Plan) -> Replay:
         searches = []
@@ -502,18 +528,78 @@ def _owner_of_new_files(directory: Path) -> int:
             os.unlink(name)
 
 
+class _Damaged(ValueError):
+    """A job.json that holds nothing usable: dropped, the journal begun again."""
+
+
+class _Foreign(ValueError):
+    """A job.json whose own digest holds (or that has none) made by another paramedic, or not a journal
+    header at all: refused, the user says (--restart) whether to discard it."""
+
+
+def _digest(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _header_bytes(fields: dict[str, Any]) -> bytes:
+    return json.dumps({**fields, CHECK_FIELD: _digest(fields)}).encode()
+
+
+def _header(job_file: Path) -> dict[str, Any]:
+    """job.json's fields, its digest checked; _Damaged or _Foreign (OSError: it cannot be read).
+
+    A header that does not parse, or whose `sha256` does not match the rest, was cut short or changed
+    after it was written (a bit flipped on the disk, a copy cut short by a full disk): it holds nothing
+    usable by any command, and is dropped (before, it was refused on every run, "add --restart", or,
+    when the flipped header still parsed, said to be "from another search", blaming the user's options).
+    One whose digest holds (or that has none: an older paramedic's, versions 1-3) but that names another
+    kind or version was made by another paramedic: refused, as that paramedic may continue it. A flip in
+    `kind` or `version` of this version's header fails its digest, so it is not taken for another
+    version's."""
+    raw = job_file.read_bytes()
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise _Damaged(f"does not parse: {_one_line(exc)}") from None
+    if not isinstance(data, dict):
+        raise _Damaged(f"a JSON {type(data).__name__}, not an object")
+    check = data.pop(CHECK_FIELD, None)
+    try:
+        digest = _digest(data)
+    except RecursionError:  # nested deeper than json.dumps goes: no header paramedic writes
+        raise _Damaged("nested too deep") from None
+    if check is not None and check != digest:
+        raise _Damaged("its bytes do not match its own digest")
+    kind, version = data.get("kind"), data.get("version")
+    if kind != KIND:
+        raise _Foreign("is not a paramedic journal (its job.json is not a journal header)")
+    if version != VERSION:
+        raise _Foreign(
+            f"was made by another paramedic version (journal version {_one_line(version)[:20]}; this "
+            f"paramedic reads version {VERSION})"
+        )
+    if check is None:
+        raise _Damaged(f"no {CHECK_FIELD}, which every version {VERSION} header has")
+    return data
+
+
+def _one_line(value: object) -> str:
+    return " ".join(str(value).split())[:200]
+
+
 def _readable(job_file: Path) -> bool:
-    """A job.json this paramedic can continue from (else the run said to add --restart, and saying that
-    the same command continues would contradict it); no job.json at all is a journal just begun."""
+    """A job.json this paramedic continues from (else the run said to add --restart, or that its work
+    is done again, and saying that the same command continues would contradict it); no job.json at all
+    is a journal just begun. A damaged one is left for the next run, which drops it and says so."""
     if not job_file.exists():
         return True
     try:
         if not job_file.is_file() or job_file.stat().st_size > 64 << 20:
             return False
-        data = json.loads(job_file.read_bytes())
-    except (OSError, ValueError, RecursionError):
+        _header(job_file)
+    except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and data.get("kind") == KIND and data.get("version") == VERSION
+    return True
 
 
 def _open_lock(path: Path) -> IO[bytes]:

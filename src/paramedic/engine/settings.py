@@ -30,6 +30,10 @@ class StageSettings:
     mirrors: tuple[str, ...] = ()  # --mirror: other replicas of the database to copy from
     keys: Path | None = None  # --keys for tls:// mirrors
     copies: int = DEFAULT_STAGE_COPIES  # --stage-copies: copies in flight at once
+    # (--mirror URL, why) for each mirror the job's check at its start dropped (down, slow, serving no
+    # reads: paramedic.engine.job.check_stage): the ranks list it as dropped and never open it, so a
+    # mirror found dead once is not waited for again (its open's bound, per rank) in the same job
+    dropped_mirrors: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.copies < 1:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,7 +51,13 @@ class Stager:
     def _replicas(self) -> ReplicaSet:
         if self.replicas is None:
             urls = [str(self.db.directory), *self.settings.mirrors]
-            self.replicas = open_replicas(urls, self.manifest, self.settings.keys, required=1)
+            self.replicas = open_replicas(
+                urls,
+                self.manifest,
+                self.settings.keys,
+                required=1,
+                dropped=dict(self.settings.dropped_mirrors),
+            )
             atexit.register(self.replicas.close)  # a storage site's streams end with the rank
         return self.replicas
 
@@ -99,22 +105,33 @@ STRIPE_VARIABLE = "PARAMEDIC_STRIPE_BYTES"
 
 
 def open_replicas(
-    urls: Sequence[str], manifest: Manifest, keys: Path | None, required: int | None = None
+    urls: Sequence[str],
+    manifest: Manifest,
+    keys: Path | None,
+    required: int | None = None,
+    dropped: Mapping[str, str] | None = None,
 ) -> ReplicaSet:
     """The replicas at `urls`, identity checked; a URL's scheme plugin opens it (`tls://`: a storage site).
     `required`: the first so many must be reachable (the -db directory); the mirrors after them are extra
-    sources, dropped (with why, in the record) when down or serving no reads."""
+    sources, dropped (with why, in the record) when down or serving no reads. `dropped`: mirrors the job's
+    check already dropped (URL -> why): listed as dropped, not opened again."""
     from paramedic.db.replicas import MAX_READ_BYTES
     from paramedic.db.stripes import ReplicaSet
     from paramedic.ship.transport import open_replica  # each URL's scheme plugin
 
     stripe = os.environ.get(STRIPE_VARIABLE)
     if not stripe:
-        return ReplicaSet.open(urls, manifest, keys, required=required, opener=open_replica)
+        return ReplicaSet.open(urls, manifest, keys, required=required, opener=open_replica, dropped=dropped)
     if not stripe.isdigit() or not 0 < int(stripe) <= MAX_READ_BYTES:
         raise UsageError(f"{STRIPE_VARIABLE}={stripe}: expected 1 to {MAX_READ_BYTES} bytes")
     return ReplicaSet.open(
-        urls, manifest, keys, required=required, opener=open_replica, stripe_bytes=int(stripe)
+        urls,
+        manifest,
+        keys,
+        required=required,
+        opener=open_replica,
+        dropped=dropped,
+        stripe_bytes=int(stripe),
     )
 
 
@@ -164,6 +181,7 @@ def summary(stage: StageSettings | None, per_rank: Sequence[dict[str, Any] | Non
         "directory": str(stage.directory),
         "limit_bytes": stage.limit,
         "mirrors": list(stage.mirrors),
+        "mirrors_dropped_at_start": dict(stage.dropped_mirrors),  # by the job's check: no rank opened them
         "copies_in_flight_bound": stage.copies,
         "nodes": sorted(per_node),
         "per_node": dict(sorted(per_node.items())),
