@@ -124,6 +124,11 @@ class TraceMetadataCodec(Codec):
 
         return ({"offset": offset, "size": len(data), "mode": made.mode}, made.data), check
 
+    def unit_count(self, data: bytes) -> int | None:
+        """How many units `units` cuts the file into, from its preamble alone (None: it ships whole)."""
+        units = _units()
+        return units.count(data, self.unit_bytes or units.UNIT_BYTES)
+
     def units(self, data: bytes) -> list[Unit] | None:
         """The file's ranges, shipped one chunk each (`encode_unit`); None: it ships whole (`encode`)."""
         units = _units()

@@ -76,20 +76,36 @@ def range_digest(offset: int, data: bytes) -> str:
     return hashlib.sha256(offset.to_bytes(8, "big") + data).hexdigest()
 
 
-def cut(data: bytes, unit_bytes: int = UNIT_BYTES) -> list[Unit] | None:
-    """The file's units, or None when it is one (under two units' size) or cannot be cut (not a CLOG2
-    file this module follows: trace.codec then says what is wrong, or ships it whole)."""
+def _plan(data: bytes, unit_bytes: int) -> tuple[clog2.Preamble, int, int] | None:
+    """The preamble, the file's blocks and the blocks per unit; None for a file shipped whole."""
     if len(data) < 2 * unit_bytes:
         return None
     try:
         pre = clog2.parse_preamble(data, len(data))
     except clog2.TraceFormatError:
         return None
-    bs = pre.block_size
-    nblocks = (pre.commtable_fptr - clog2.PREAMBLE_SIZE) // bs
-    per_unit = max(-(-unit_bytes // bs), -(-nblocks // MAX_UNITS), 1)
+    nblocks = (pre.commtable_fptr - clog2.PREAMBLE_SIZE) // pre.block_size
+    per_unit = max(-(-unit_bytes // pre.block_size), -(-nblocks // MAX_UNITS), 1)
     if nblocks < 2 * per_unit:
         return None
+    return pre, nblocks, per_unit
+
+
+def count(data: bytes, unit_bytes: int = UNIT_BYTES) -> int | None:
+    """How many units `cut` makes of the file, from its preamble alone (no block is read); None: one. (`cut`
+    may still find a block it cannot cut at, and give None.)"""
+    plan = _plan(data, unit_bytes)
+    return None if plan is None else -(-plan[1] // plan[2])
+
+
+def cut(data: bytes, unit_bytes: int = UNIT_BYTES) -> list[Unit] | None:
+    """The file's units, or None when it is one (under two units' size) or cannot be cut (not a CLOG2
+    file this module follows: trace.codec then says what is wrong, or ships it whole)."""
+    plan = _plan(data, unit_bytes)
+    if plan is None:
+        return None
+    pre, nblocks, per_unit = plan
+    bs = pre.block_size
     bo = ">" if pre.big_endian else "<"
     preamble = data[: clog2.PREAMBLE_SIZE]
     table = data[pre.commtable_fptr :]
