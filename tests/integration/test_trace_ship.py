@@ -255,3 +255,88 @@ def test_a_layout_the_columns_do_not_rebuild_ships_checked(
     assert proc.returncode == 3 and proc.stderr.startswith("paramedic: error:")
     assert len(proc.stderr.splitlines()) == 1
     assert sorted(p.name for p in site.root.iterdir()) == [".paramedic-state", "odd.clog2"]
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trace of random_comm over 24,000 steps (about 10 MB: three units of trace.units.UNIT_BYTES)."""
+    need("mpicc.openmpi", "mpiexec.openmpi")
+    base = tmp_path_factory.mktemp("large")
+    random_comm = base / "random_comm"
+    subprocess.run(["mpicc.openmpi", "-O2", "-o", str(random_comm), str(RANDOM_COMM)], check=True)
+    out = base / "large.clog2"
+    paramedic("trace", "-out", str(out), "--", "mpiexec.openmpi", "-n", "2", str(random_comm), "24000", "9",
+              env=OMPI_ENV)  # fmt: skip
+    return out
+
+
+def test_a_large_trace_ships_in_units_each_regenerated_as_it_arrives(
+    tmp_path: Path, keys: Path, site, large: Path
+) -> None:
+    """A trace of more than two units ships as metadata unit by unit (each range of whole blocks its own
+    chunk, encoded while the one before is sent) over real TLS; the site regenerates each range, checks it,
+    and the whole file's SHA-256: its file is identical to the local trace. `auto` through the signed inbox
+    (no link to measure: metadata) ships the same units, and leaves the inbox empty."""
+    from paramedic.trace import units
+
+    data = large.read_bytes()
+    cut = units.cut(data)
+    assert cut is not None and len(cut) == 3
+    inbox, root = tmp_path / "inbox", tmp_path / "inbox-root"
+    root.mkdir()
+    server = StorageSite(None, root, keys / "server", tmp_path / "inbox.log", 1, inbox=inbox)
+    server.start()
+    try:
+        for mode, url, at in (("metadata", site.url, site.root), ("auto", f"file://{inbox}", root)):
+            record = tmp_path / f"{mode}.json"
+            proc = paramedic("ship", str(large), "-out", f"{mode}.clog2", "--site", url, "--keys",
+                             str(keys / "compute-a"), "--ship", mode, "--ship-timeout", "60",
+                             "--record", str(record))  # fmt: skip
+            assert "identical" in proc.stderr
+            assert (at / f"{mode}.clog2").read_bytes() == data
+            section = json.loads(record.read_text())["ship"]
+            assert section["mode"] == "metadata" and section["codec"] == "trace-metadata"
+            assert section["chunks"] == len(cut) and section["chunks_resent"] == 0
+            assert section["shipped_payload_bytes"] * 8 < len(data)
+        assert list(inbox.iterdir()) == []
+    finally:
+        server.stop()
+    assert sorted(p.name for p in site.root.iterdir()) == [".paramedic-state", "metadata.clog2"]
+    assert sorted(p.name for p in root.iterdir()) == [".paramedic-state", "auto.clog2"]
+
+
+def test_a_hostile_unit_is_refused_and_nothing_is_written(keys: Path, site, large: Path) -> None:
+    """Units whose metadata is sound but whose header puts a range's end record's time wrong (the unit's
+    own digest is kept: the site's regenerated range then differs from it) and, in a second job, a unit sent
+    for another unit's place: the site fails the job with one line, and writes nothing."""
+    import hashlib
+
+    from paramedic.ship.client import SiteAddress, TlsShipper
+    from paramedic.ship.trace_codec import TraceMetadataCodec
+    from paramedic.ship.transport import SiteError
+
+    data = large.read_bytes()
+    made = TraceMetadataCodec()
+    cut = made.units(data)
+    assert cut is not None
+    chunks = [made.encode_unit(u) for u in cut]
+    wrong_time = [dict(h) for h, _ in chunks]
+    wrong_time[1] = {**wrong_time[1], "unit": {**wrong_time[1]["unit"], "end_time": "00" * 8}}
+    misplaced = [dict(h) for h, _ in chunks]
+    misplaced[1], misplaced[2] = {**misplaced[1], "offset": misplaced[2]["offset"]}, misplaced[1]
+    for name, headers, refusal in (
+        ("wrong-time.clog2", wrong_time, "range's SHA-256 differs"),
+        ("misplaced.clog2", misplaced, "trace chunk"),
+    ):
+        shipper = TlsShipper(SiteAddress.parse(site.url), keys / "compute-a", "trace-metadata",
+                             {"out": name}, b"", streams=2, timeout=20)  # fmt: skip
+        shipper.start()
+        for header, (_, payload) in zip(headers, chunks, strict=True):
+            shipper.send(header, payload)
+        with pytest.raises(SiteError, match=refusal) as failed:
+            shipper.finish({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        assert "\n" not in str(failed.value)
+        shipper.close()
+        assert not (site.root / name).exists()
+    assert [p.name for p in site.root.iterdir()] == [".paramedic-state"]
+    assert "Traceback" not in site.log()

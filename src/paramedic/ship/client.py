@@ -109,6 +109,7 @@ class TlsShipper:
         self.stats = ShipStats()
         self.shared = _Shared()
         self.next_index = 0
+        self.opened = False  # a stream has opened the job (`start` waits for it)
         self.stats_lock = threading.Lock()
         self.threads = [
             threading.Thread(target=self._stream, args=(i,), daemon=True, name=f"ship-{i}")
@@ -140,15 +141,15 @@ class TlsShipper:
         return set(reply["acked"])
 
     def start(self) -> None:
-        """Open the job (fails fast if the site refuses it), then start the streams."""
-        deadline = time.monotonic() + self.timeout
-
-        def connect_and_open() -> None:
-            with self.connect() as tls:
-                self._open(tls)
-
-        self._with_retry(connect_and_open, deadline)
-        for thread in self.threads:
+        """Open the job on the first stream (fails fast if the site refuses it), then start the others. The
+        first stream goes on with the job it opened: chunks leave a TLS handshake and a round trip sooner
+        than when the job was opened on a connection of its own first."""
+        self.threads[0].start()
+        with self.shared.cond:
+            while not self.opened and self.shared.failure is None:
+                self.shared.cond.wait(0.5)
+            self._raise_failure()
+        for thread in self.threads[1:]:
             thread.start()
 
     def _with_retry(self, action: Callable[[], Any], deadline: float) -> Any:
@@ -189,6 +190,9 @@ class TlsShipper:
                 with tls:
                     acked = self._open(tls)
                     self._acknowledge(acked)
+                    with self.shared.cond:
+                        self.opened = True
+                        self.shared.cond.notify_all()
                     deadline = time.monotonic() + self.timeout
                     if self._pump(tls):
                         return
@@ -203,7 +207,12 @@ class TlsShipper:
                 with self.stats_lock:
                     self.stats.reconnects += 1
                 if time.monotonic() > deadline:
-                    self._fail(SiteError(f"lost the storage site {self.address} for {self.timeout:.0f} s"))
+                    if not self.opened:
+                        self._fail(SiteError(f"cannot reach the storage site {self.address}: {exc}"))
+                    else:
+                        self._fail(
+                            SiteError(f"lost the storage site {self.address} for {self.timeout:.0f} s")
+                        )
                     return
                 time.sleep(0.2)
             except BaseException as exc:  # a bug: fail the job instead of hanging it
@@ -305,7 +314,16 @@ class TlsShipper:
 
     # -- finishing ------------------------------------------------------------------------------------
     def finish(self, final: dict[str, Any]) -> dict[str, Any]:
-        """Wait until every chunk is acknowledged, then until the site's file is durable; its digest."""
+        """Wait until every chunk is acknowledged, then until the site's file is durable; its digest. The
+        connection that asks is made while the last chunks are on their way (a TLS handshake and the job's
+        reopening: 50-60 ms after the last acknowledgement before)."""
+        early = _EarlyConnection(self)
+        try:
+            return self._finish(final, early)
+        finally:
+            early.close()
+
+    def _finish(self, final: dict[str, Any], early: _EarlyConnection) -> dict[str, Any]:
         with self.shared.cond:
             while self.shared.pending and self.shared.failure is None:
                 self.shared.cond.wait(0.5)
@@ -320,8 +338,15 @@ class TlsShipper:
         poll = [0.01]
 
         def ask() -> dict[str, Any]:
-            with self.connect() as tls:
-                self._open(tls)
+            tls = early.take()
+            if tls is None:
+                tls = self.connect()
+                try:
+                    self._open(tls)
+                except BaseException:
+                    tls.close()
+                    raise
+            with tls:
                 while True:
                     tls.settimeout(min(REPLY_SECONDS, max(deadline - time.monotonic(), 0.5)))
                     reply = self.request(tls, header)
@@ -377,6 +402,53 @@ class TlsShipper:
         for thread in self.threads:
             if thread.is_alive():
                 thread.join(timeout=2)
+
+
+class _EarlyConnection:
+    """A connection to the site, the job reopened on it, made on a thread of its own: `take` gives it once
+    it is made (None when making it failed, or when it is older than KEEPALIVE_SECONDS: the site may have
+    closed it as idle), and only once; `close` closes one nobody took."""
+
+    def __init__(self, shipper: TlsShipper):
+        self.shipper = shipper
+        self.tls: ssl.SSLSocket | None = None
+        self.made = 0.0
+        self.taken = False
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._make, daemon=True, name="ship-finish")
+        self.thread.start()
+
+    def _make(self) -> None:
+        try:
+            tls = self.shipper.connect()
+        except (OSError, ProtocolError):
+            return  # the finish connects again itself (and says why if it cannot)
+        try:
+            self.shipper._open(tls)
+        except (OSError, ProtocolError, SiteError):
+            tls.close()
+            return
+        with self.lock:
+            if self.taken:
+                tls.close()
+                return
+            self.tls, self.made = tls, time.monotonic()
+
+    def take(self) -> ssl.SSLSocket | None:
+        if not self.taken:
+            self.thread.join(CONNECT_SECONDS + REPLY_SECONDS)
+        with self.lock:
+            tls, self.tls, self.taken = self.tls, None, True
+        if tls is not None and time.monotonic() - self.made > KEEPALIVE_SECONDS:
+            tls.close()
+            return None
+        return tls
+
+    def close(self) -> None:
+        with self.lock:
+            tls, self.tls, self.taken = self.tls, None, True
+        if tls is not None:
+            tls.close()
 
 
 def finished_job(address: SiteAddress, keys: Path, job_id: str, out: str) -> dict[str, Any] | None:

@@ -5,7 +5,9 @@ final check (the site's file has this file's size and SHA-256) and the same run 
 modes:
 
     --ship metadata    the application's metadata (a trace: its first period and differences); the storage
-                       site regenerates the file and checks it before writing
+                       site regenerates the file and checks it before writing. A codec that cuts a file into
+                       units (a large trace: ranges of whole blocks) is pipelined: each unit is sent as soon
+                       as it is encoded, while the next is encoded, and the site regenerates it meanwhile
     --ship compressed  the file zstd-compressed, in ranges
     --ship direct      the file as it is, in ranges
     --ship auto        measure the link, then the ParaMEDIC rule (ship.auto.ship_metadata) on this file's
@@ -37,6 +39,7 @@ from paramedic.ship.transport import Opening, SiteError, open_transport, scheme_
 from paramedic.ship.wire import MAX_PAYLOAD_BYTES
 
 Metadata = tuple[dict[str, Any], bytes]
+Check = Callable[[], Metadata | None]
 OPEN_WAIT_ON_FAILURE = 1.0  # seconds a failed encoding waits for the site's job to open, to cancel it (a job
 # still opening then idles out at the site, or the same command run again reopens it: its id is the same)
 
@@ -51,10 +54,10 @@ def _codec(app: Application, mode: str, precision: str) -> Any:
 
 def _auto(
     settings: ShipSettings, app: Application, data: bytes, precision: str
-) -> tuple[str, dict[str, Any], Metadata, float, Callable[[], Metadata | None] | None]:
+) -> tuple[str, dict[str, Any], list[Metadata], float, Check | None, list[Any] | None]:
     """The mode `auto` picks for this file, the record of why, the metadata made on the way (f: its
-    encoding, as the metadata path spends it) and its rebuild check (run only if the site refuses the
-    file, as on the metadata path). g, the site's regeneration, is estimated from f by the codec's
+    encoding, as the metadata path spends it; every unit's, when the codec cuts the file), its rebuild
+    check (run only if the site refuses the file, as on the metadata path) and the units. g, the site's regeneration, is estimated from f by the codec's
     `decode_per_encode` (a trace's decoding costs 0.3-0.55 of its encoding); regenerating here to time
     it would cost g again. The link is measured on a thread meanwhile (the probes wait on the
     network, the encoding on the CPU), and the compressed size on another (zstd releases the GIL). The
@@ -73,7 +76,8 @@ def _auto(
 
     probing = _Background(measure)
     codec = _codec(app, METADATA, precision)
-    made, check, f = _encode_overlapped(codec, data)
+    units = _units_of(codec, data)
+    made, check, f = _encode_all(codec, data, units)
     compressing = _Background(compress)  # after the encoding: the two would share its cores
     for job in (compressing, probing):
         failure = job.wait()[1]
@@ -84,7 +88,7 @@ def _auto(
     decision: dict[str, Any] = {
         "D_output_bytes": len(data),
         "D_compressed_bytes": compressed,
-        "x_metadata_bytes": len(made[1]),
+        "x_metadata_bytes": _payload(made),
         "f_seconds": round(f, 4),
         "g_seconds": round(g, 4),
         "g_estimated_per_f": codec.decode_per_encode,
@@ -99,11 +103,12 @@ def _auto(
     else:
         bandwidth = link.bandwidth_bytes_per_second
         added = max(f + g - c, 0.0)
-        mode = METADATA if ship_metadata(compressed, len(made[1]), bandwidth, added, 0.0) else COMPRESSED
+        x = _payload(made)
+        mode = METADATA if ship_metadata(compressed, x, bandwidth, added, 0.0) else COMPRESSED
         decision["link"] = {"rtt_seconds": link.rtt_seconds, "bandwidth_bytes_per_second": bandwidth}
-        reason = f"D-x = {compressed - len(made[1])} bytes vs B*(f+g-c) = {bandwidth * added:.0f} bytes"
+        reason = f"D-x = {compressed - x} bytes vs B*(f+g-c) = {bandwidth * added:.0f} bytes"
     decision.update({"mode": mode, "reason": reason})
-    return mode, decision, made, f, check
+    return mode, decision, made, f, check, units
 
 
 def ship_file(
@@ -115,19 +120,28 @@ def ship_file(
     if settings.mode not in app.ship_modes + ("auto",):
         raise UsageError(f"--ship {settings.mode}: {app.name} ships {', '.join(app.ship_modes)} or auto")
     mode, decision = settings.mode, None
-    made: Metadata | None = None
-    auto_check: Callable[[], Metadata | None] | None = None
+    made: list[Metadata] | None = None
+    auto_check: Check | None = None
+    units: list[Any] | None = None
     encode_seconds = 0.0
     if mode == "auto":
-        mode, decision, made, encode_seconds, auto_check = _auto(settings, app, data, precision)
+        mode, decision, made, encode_seconds, auto_check, units = _auto(settings, app, data, precision)
     codec = _codec(app, mode, precision)
+    if mode != METADATA:
+        units = None
+    # how many units the file is cut into (cut while the site's job opens), from its header alone
+    planned = None if mode != METADATA else len(units) if units else _unit_count(codec, data)
     sha = hashlib.sha256(data)  # once: 0.03 s of CPU for a 28 MB trace each time it is not done again
-    job_id = resumable_job_id(settings.out or "", codec.name, data, sha.digest())
+    # a file cut in units has chunks of its own: its job is not one of the file shipped whole
+    job_codec = codec.name if planned is None else f"{codec.name}/units-{planned}"
+    job_id = resumable_job_id(settings.out or "", job_codec, data, sha.digest())
     # an earlier run's file may have gone as the general codec's metadata: its job id is asked too
     general = resumable_job_id(settings.out or "", "general", data, sha.digest())
     ids = [job_id] + ([general] if mode == METADATA else [])
-    transport = open_transport(_opening(settings, codec.name, job_id))
-    check: Callable[[], Metadata | None] | None = auto_check if mode == METADATA else None
+    # units go over one stream, in order: the site regenerates each while the next arrives (over four
+    # streams they shared the link and all arrived at the end, and so were regenerated at the end)
+    transport = open_transport(_opening(settings, codec.name, job_id, 1 if planned is not None else None))
+    check: Check | None = auto_check if mode == METADATA else None
     if mode == METADATA and made is None:
         # the site is asked for an earlier run's file and the job opens (TLS handshakes) while the
         # metadata is made; the metadata is not decoded here (where the codec offers that): the site
@@ -142,8 +156,14 @@ def ship_file(
 
         opened = _Background(open_unless_published)
         try:
-            made, check, encode_seconds = _encode_overlapped(codec, data)
-            _limit(app, made)
+            units = _units_of(codec, data) if planned is not None else None
+            if units is not None:  # the first unit now, the others while the ones before are sent
+                made, check, encode_seconds = _encode_all(codec, data, units[:1])
+                check = _units_check(codec, units, data)
+            else:
+                made, check, encode_seconds = _encode_all(codec, data, None)
+            for one in made:
+                _limit(app, one)
         except BaseException:
             finished, failure = opened.wait(OPEN_WAIT_ON_FAILURE)
             if finished and failure is None and earlier[0] is None:  # the job is open: the site drops it
@@ -158,15 +178,22 @@ def ship_file(
         done = _published_earlier_of(settings, ids, data, sha.hexdigest())
         if done is not None:
             return _with_precision(done, app, precision)
-        if made is not None:
-            _limit(app, made)
+        for one in made or []:
+            _limit(app, one)
         transport.start()
     shipping = Shipping(settings, mode, codec, transport, 0)
     shipping.decision = decision
     try:
         if made is not None and mode == METADATA:
+            for one in made:
+                transport.send(*one)
+            for unit in (units or [])[len(made) :]:
+                start = time.perf_counter()
+                one = codec.encode_unit(unit)
+                encode_seconds += time.perf_counter() - start
+                _limit(app, one)
+                transport.send(*one)
             shipping.encode_seconds = encode_seconds
-            transport.send(*made)
             shipping.output_bytes = len(data)
             shipping.digest = sha.copy()
         else:
@@ -189,7 +216,10 @@ def ship_file(
     except BaseException:
         shipping.abort()
         raise
-    return _with_precision(shipping.report(), app, precision)
+    report = shipping.report()
+    if planned is not None:
+        report["streams"] = 1
+    return _with_precision(report, app, precision)
 
 
 def _reship(
@@ -221,15 +251,16 @@ def _reship(
     return _with_precision(shipping.report(), app, precision)
 
 
-def _opening(settings: ShipSettings, codec: str, job_id: str) -> Opening:
-    """A shipping job of one file to the site: no setup, `-out` named, its id resumable."""
+def _opening(settings: ShipSettings, codec: str, job_id: str, streams: int | None = None) -> Opening:
+    """A shipping job of one file to the site: no setup, `-out` named, its id resumable; over `streams`
+    (--streams when None)."""
     return Opening(
         settings.site,
         settings.keys,
         codec,
         {"out": settings.out},
         b"",
-        settings.streams,
+        streams or settings.streams,
         settings.timeout,
         job_id=job_id,
     )
@@ -247,12 +278,25 @@ def resumable_job_id(out: str, codec: str, data: bytes, file_digest: bytes | Non
 def _published_earlier_of(
     settings: ShipSettings, job_ids: list[str], data: bytes, digest: str
 ) -> ShipReport | None:
-    """`_published_earlier` of the first of `job_ids` the site published."""
-    for job_id in job_ids:
-        done = _published_earlier(settings, job_id, data, digest)
-        if done is not None:
-            return done
-    return None
+    """`_published_earlier` of the first of `job_ids` the site published. The ids are asked at once (a TLS
+    site: one connection each, as the site closes a connection on the refusal an unknown job gets; asked
+    one after the other they cost the metadata path 50 ms more before its job opened)."""
+    answers: list[ShipReport | None] = [None] * len(job_ids)
+
+    def asker(i: int) -> Callable[[], None]:
+        def ask() -> None:
+            answers[i] = _published_earlier(settings, job_ids[i], data, digest)
+
+        return ask
+
+    asking = [_Background(asker(i)) for i in range(1, len(job_ids))]
+    if job_ids:
+        asker(0)()
+    for job in asking:
+        failure = job.wait()[1]
+        if failure is not None:
+            raise failure
+    return next((done for done in answers if done is not None), None)
 
 
 def _published_earlier(settings: ShipSettings, job_id: str, data: bytes, digest: str) -> ShipReport | None:
@@ -333,15 +377,38 @@ def _limit(app: Application, made: Metadata) -> None:
         )
 
 
-def _encode_overlapped(
-    codec: Any, data: bytes
-) -> tuple[Metadata, Callable[[], Metadata | None] | None, float]:
-    """The metadata, and its rebuild check when the codec offers it apart (else it is checked already)."""
+def _units_of(codec: Any, data: bytes) -> list[Any] | None:
+    """The units the codec cuts `data` into (ship.trace_codec), None when it ships the file whole."""
+    return codec.units(data) if hasattr(codec, "units") else None
+
+
+def _unit_count(codec: Any, data: bytes) -> int | None:
+    return codec.unit_count(data) if hasattr(codec, "unit_count") else None
+
+
+def _units_check(codec: Any, units: list[Any], data: bytes) -> Check:
+    return lambda: codec.check_units(units, data)
+
+
+def _payload(made: list[Metadata]) -> int:
+    return sum(len(payload) for _, payload in made)
+
+
+def _encode_all(
+    codec: Any, data: bytes, units: list[Any] | None
+) -> tuple[list[Metadata], Check | None, float]:
+    """The metadata of `units` (or of the whole file when None), and its rebuild check when the codec offers
+    it apart (else it is checked already)."""
     start = time.perf_counter()
-    if hasattr(codec, "encode_unchecked"):
-        made, check = codec.encode_unchecked((0, data))
+    check: Check | None
+    if units is not None:
+        made = [codec.encode_unit(unit) for unit in units]
+        check = _units_check(codec, units, data)
+    elif hasattr(codec, "encode_unchecked"):
+        one, check = codec.encode_unchecked((0, data))
+        made = [one]
     else:
-        made, check = codec.encode((0, data)), None
+        made, check = [codec.encode((0, data))], None
     return made, check, time.perf_counter() - start
 
 

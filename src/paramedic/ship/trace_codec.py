@@ -1,10 +1,14 @@
 """The trace codec: ship a CLOG2 trace as its period metadata (trace.codec), regenerate it at the storage site.
 
-A unit is a whole trace (offset 0, the file's bytes); the payload is its metadata, whose SHA-256 of the
-regenerated file the storage site checks before it writes anything. The file comes back as ranges of at
-most RANGE_CHUNK_BYTES, so the site writes it as it writes any "ranges" codec's output. Payloads larger than
-the wire's MAX_PAYLOAD_BYTES (32 MiB of metadata: traces of hundreds of millions of events) are not
-supported yet.
+A unit is a whole trace (offset 0, the file's bytes), or, for a trace of at least two trace.units.UNIT_BYTES,
+one of its ranges of whole blocks (`units`, `encode_unit`: each the metadata of a standalone CLOG2 file, and
+the header fields that turn it back into the range, `unit`): the compute site encodes the next range while
+the one before is on the link, and the storage site regenerates each range as it arrives, so the encoding
+and the regeneration hide behind the transfer (issue 22). The payload is metadata whose regenerated file's
+SHA-256 the storage site checks, and then the range's own, before it writes anything; the whole file's is
+checked when the job finishes. The file comes back as ranges of at most RANGE_CHUNK_BYTES, so the site
+writes it as it writes any "ranges" codec's output. Payloads larger than the wire's MAX_PAYLOAD_BYTES (32
+MiB of metadata: traces of hundreds of millions of events) are not supported yet.
 
 Regenerating holds the whole file and its records in memory, about ten times the file (trace.codec
 DECODE_MEMORY_PER_BYTE), and 32 MiB of metadata can claim a file of up to MAX_TRACE_BYTES: the site's
@@ -20,11 +24,14 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paramedic.errors import ParamedicError
 from paramedic.ship.codecs import RANGE_CHUNK_BYTES, Codec, Segment, register_codec
 from paramedic.ship.wire import ProtocolError
+
+if TYPE_CHECKING:
+    from paramedic.trace.units import Unit  # (imported when used: it brings numpy, as _trace does)
 
 # What the site's refusal of a trace over its memory budget says (the compute site reads it: the file is
 # sound, the site cannot hold its regeneration; `auto` then ships it compressed).
@@ -93,6 +100,7 @@ class TraceMetadataCodec(Codec):
     # so that `auto` errs towards shipping the file. As 1.0 it picked compressed for melt at 10 Mbit/s,
     # 0.74 s against metadata's 0.6 s.
     decode_per_encode = 0.6
+    unit_bytes: int | None = None  # the bytes of trace per unit (None: trace.units.UNIT_BYTES)
 
     def encode(self, unit: tuple[int, bytes]) -> tuple[dict[str, Any], bytes]:
         offset, data = unit
@@ -116,22 +124,75 @@ class TraceMetadataCodec(Codec):
 
         return ({"offset": offset, "size": len(data), "mode": made.mode}, made.data), check
 
+    def unit_count(self, data: bytes) -> int | None:
+        """How many units `units` cuts the file into, from its preamble alone (None: it ships whole)."""
+        units = _units()
+        return units.count(data, self.unit_bytes or units.UNIT_BYTES)
+
+    def units(self, data: bytes) -> list[Unit] | None:
+        """The file's ranges, shipped one chunk each (`encode_unit`); None: it ships whole (`encode`)."""
+        units = _units()
+        return units.cut(data, self.unit_bytes or units.UNIT_BYTES)
+
+    def encode_unit(self, unit: Unit) -> tuple[dict[str, Any], bytes]:
+        """A range's chunk: the metadata of its standalone file, not checked here (the site checks the
+        range's SHA-256 before it writes it; `check_units` runs only if the site refuses)."""
+        made = _trace().encode(unit.standalone, check=False, precision=self.precision)
+        header = {"offset": unit.offset, "size": len(unit.data), "mode": made.mode, "unit": unit.header()}
+        return header, made.data
+
+    def check_units(self, units: list[Unit], data: bytes) -> tuple[dict[str, Any], bytes] | None:
+        """After the site refused a file shipped in `units`: None when every range's metadata rebuilds it
+        here (the refusal is another matter), else the whole file's checked metadata to ship instead."""
+        for unit in units:
+            header, payload = self.encode_unit(unit)
+            try:
+                rebuilt = _units().restore(
+                    _trace().decode(payload, max_size=len(unit.standalone)),
+                    header["unit"],
+                    unit.offset,
+                    len(unit.data),
+                )
+            except ParamedicError:
+                rebuilt = b""
+            if rebuilt != unit.data:
+                return self.encode((0, data))
+        return None
+
     def decode(self, header: dict[str, Any], payload: bytes, context: Any) -> list[Segment]:
         size = header.get("size")
         offset = header.get("offset")
         if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_TRACE_BYTES:
             raise ProtocolError("trace chunk: bad size")
-        if offset != 0:
-            raise ProtocolError("trace chunk: a trace ships whole, at offset 0")
+        unit = header.get("unit")
+        if unit is None:
+            if offset != 0:
+                raise ProtocolError("trace chunk: a trace shipped whole is at offset 0")
+            standalone = size
+        else:
+            if (
+                not isinstance(unit, dict)
+                or not isinstance(offset, int)
+                or isinstance(offset, bool)
+                or not 0 <= offset <= MAX_TRACE_BYTES
+            ):
+                raise ProtocolError("trace chunk: bad unit or offset")
+            # the standalone file: the range, a preamble unless it has the file's, an empty table unless
+            # it has the file's (trace.units)
+            standalone = size + (0 if offset == 0 else 1024) + (0 if unit.get("last") is True else 4)
         try:
-            need = _trace().decode_memory(payload, max_size=size)
+            need = _trace().decode_memory(payload, max_size=standalone)
             with MEMORY.take(need):
-                data = _trace().decode(payload, max_size=size)
+                data = _trace().decode(payload, max_size=standalone)
+                if unit is not None:
+                    data = _units().restore(data, unit, offset, size)
         except ParamedicError as exc:
             raise ProtocolError(f"trace chunk: {exc}") from exc
         if len(data) != size:
             raise ProtocolError("trace chunk: regenerated size differs from the header")
-        return [Segment(s, data[s : s + RANGE_CHUNK_BYTES]) for s in range(0, size, RANGE_CHUNK_BYTES)]
+        return [
+            Segment(offset + s, data[s : s + RANGE_CHUNK_BYTES]) for s in range(0, size, RANGE_CHUNK_BYTES)
+        ]
 
 
 def _trace() -> ModuleType:
@@ -140,3 +201,9 @@ def _trace() -> ModuleType:
     from paramedic.trace import codec
 
     return codec
+
+
+def _units() -> ModuleType:
+    from paramedic.trace import units
+
+    return units
