@@ -29,12 +29,15 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A trace of random_comm (2 ranks, 600 steps) under Open MPI."""
+    return trace_random_comm(tmp_path_factory.mktemp("traced") / "run.clog2", steps=600)
+
+
+def trace_random_comm(out: Path, steps: int) -> Path:
+    """random_comm built with Open MPI's mpicc beside `out`, traced on 2 ranks for `steps` steps."""
     need("mpicc.openmpi", "mpiexec.openmpi")
-    base = tmp_path_factory.mktemp("traced")
-    random_comm = base / "random_comm"
+    random_comm = out.parent / "random_comm"
     subprocess.run(["mpicc.openmpi", "-O2", "-o", str(random_comm), str(RANDOM_COMM)], check=True)
-    out = base / "run.clog2"
-    paramedic("trace", "-out", str(out), "--", "mpiexec.openmpi", "-n", "2", str(random_comm), "600", "9",
+    paramedic("trace", "-out", str(out), "--", "mpiexec.openmpi", "-n", "2", str(random_comm), str(steps), "9",
               env=OMPI_ENV)  # fmt: skip
     return out
 
@@ -260,14 +263,7 @@ def test_a_layout_the_columns_do_not_rebuild_ships_checked(
 @pytest.fixture(scope="module")
 def large(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A trace of random_comm over 24,000 steps (about 10 MB: three units of trace.units.UNIT_BYTES)."""
-    need("mpicc.openmpi", "mpiexec.openmpi")
-    base = tmp_path_factory.mktemp("large")
-    random_comm = base / "random_comm"
-    subprocess.run(["mpicc.openmpi", "-O2", "-o", str(random_comm), str(RANDOM_COMM)], check=True)
-    out = base / "large.clog2"
-    paramedic("trace", "-out", str(out), "--", "mpiexec.openmpi", "-n", "2", str(random_comm), "24000", "9",
-              env=OMPI_ENV)  # fmt: skip
-    return out
+    return trace_random_comm(tmp_path_factory.mktemp("large") / "large.clog2", steps=24000)
 
 
 def test_a_large_trace_ships_in_units_each_regenerated_as_it_arrives(
