@@ -72,9 +72,7 @@ class Cell:
     options: tuple[str, ...]
     outfmt: str
     fragments: int
-    # "fragments" (the engine), "queries" (query segmentation; its few queries are one task, searched
-    # with BLAST+'s threads) or "auto" (the default)
-    strategy: str
+    strategy: str  # "fragments" (the engine) or "auto" (the default)
     saturates: bool = False  # exists to fill BLAST+'s preliminary list: checked on the unsplit database
     # --traceback: "auto" (the default), or the fragments engine's path by name: "once" (fragment
     # searches stop after the preliminary stage, each query aligned once) or "per-fragment"
@@ -107,9 +105,6 @@ def cells(full: bool) -> Iterator[Cell]:
     if not full:
         for program, (dataset, _) in PROGRAMS.items():  # MPI ranks; the other cells run as threads
             yield Cell(dataset, program, (), "6", 4, "fragments", runner="mpi")
-        for program, (dataset, _) in PROGRAMS.items():  # one worker, its BLAST+ runs with threads
-            yield Cell(dataset, program, (), "6", 4, "queries")
-        yield Cell("genomes", "tblastn", (), "0", 4, "queries")
         yield Cell("genomes", "blastn", ("-max_target_seqs", "5"), "6", 16, "fragments", saturates=True)
         yield Cell("genomes", "tblastx", ("-max_target_seqs", "5"), "6", 4, "fragments", saturates=True)
         yield Cell("genomes", "tblastn", (), "0", 4, "fragments")
@@ -130,10 +125,6 @@ def cells(full: bool) -> Iterator[Cell]:
         for n in FRAGMENT_COUNTS:
             yield Cell(dataset, program, (), "6", n, "fragments")
         yield Cell(dataset, program, (), "6", 4, "auto")
-        yield Cell(dataset, program, (), "6", 4, "queries")
-        for outfmt in OUTFMTS:
-            if outfmt != "6":
-                yield Cell(dataset, program, (), outfmt, 4, "queries")
         for options in OPTIONS[program][1:]:
             for strategy in ("fragments", "auto"):
                 yield Cell(dataset, program, options, "6", 4, strategy)
@@ -285,9 +276,6 @@ def _batches_given(out: Path) -> str:
         return ""
     given = sum(r["tasks"].get("injected", 0) for r in record.get("ranks_stats", []))
     notes = [f"{given} piece batches aligned as given" if given else ""]
-    threads = (record.get("strategy_reason") or {}).get("blast_threads", 1)
-    if threads > 1:
-        notes.append(f"{record['workers']} worker, BLAST+ runs with {threads} threads")
     if record.get("fragment_groups"):
         notes.append(f"{record['fragments']} fragments in {record['fragment_groups']} searches per batch")
     return "; ".join(n for n in notes if n)

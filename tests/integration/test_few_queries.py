@@ -1,7 +1,7 @@
 """Few queries against a database many times their preliminary lists: the job database segmentation
-exists for (issue 21). On one machine the defaults search it with BLAST+'s own threads; the fragments
-strategy by name does the traceback once; both say why in the run record and write BLAST+'s bytes;
-`--traceback per-fragment` (the other path, by name) too. Real BLAST+, real ranks (`--np 2`), 80,000 real and mutated proteins in 4 fragments.
+exists for (issue 21). The defaults must choose the fragments strategy with the traceback done once,
+say why in the run record, and write BLAST+'s bytes; `--traceback per-fragment` (the other path, by
+name) too. Real BLAST+, real ranks (`--np 2`), 80,000 real and mutated proteins in 4 fragments.
 """
 
 from __future__ import annotations
@@ -51,9 +51,7 @@ def given(record: dict) -> int:
 
 
 @pytest.mark.parametrize("outfmt", ["6", "7"])
-def test_defaults_on_one_machine_give_blast_the_idle_cores(proteins: Path, outfmt: str) -> None:
-    """One query is one task: on one machine the default searches it with one worker whose BLAST+ run
-    has both cores as threads (not fragment searches and a traceback pass), and says so in numbers."""
+def test_defaults_choose_fragments_and_one_traceback(proteins: Path, outfmt: str) -> None:
     expected, out = proteins / f"ref.{outfmt}", proteins / f"auto.{outfmt}"
     blast(
         "blastp", "-query", "../one.fasta", "-db", "saturating", "-outfmt", outfmt, "-out", str(expected),
@@ -61,25 +59,9 @@ def test_defaults_on_one_machine_give_blast_the_idle_cores(proteins: Path, outfm
     )  # fmt: skip
     record = search(proteins, out, outfmt=outfmt)
     assert out.read_bytes() == expected.read_bytes()
-    assert record["strategy"] == "queries" and record["workers"] == 1
-    why = record["strategy_reason"]
-    assert why["blast_threads"] == 2
-    assert "query segmentation would make 1 task for 2 workers" in why["reason"] and "2.00x" in why["reason"]
-    assert "1 worker, each BLAST+ run with 2 threads (-num_threads)" in why["reason"]
-    assert [c[0] for r in record["ranks_stats"] for c in r["task_costs"]] == ["whole"]
-
-
-@pytest.mark.parametrize("outfmt", ["6", "7"])
-def test_fragments_choose_one_traceback(proteins: Path, outfmt: str) -> None:
-    expected, out = proteins / f"ref.{outfmt}", proteins / f"frag.{outfmt}"
-    blast(
-        "blastp", "-query", "../one.fasta", "-db", "saturating", "-outfmt", outfmt, "-out", str(expected),
-        cwd=proteins / "ref",
-    )  # fmt: skip
-    record = search(proteins, out, "--strategy", "fragments", outfmt=outfmt)
-    assert out.read_bytes() == expected.read_bytes()
     assert record["strategy"] == "fragments" and record["traceback"] == "once"
-    assert record["strategy_reason"]["blast_threads"] == 1
+    reason = record["strategy_reason"]["reason"]
+    assert "query segmentation would make 1 task for 2 workers" in reason and "2.00x" in reason
     assert (
         "1 query x 1,050 subjects) are 1.3% of the database's 80,000 sequences" in record["traceback_reason"]
     )

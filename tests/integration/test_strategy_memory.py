@@ -114,10 +114,8 @@ def test_record_says_why_auto_chose(small_db: Path, runner: str, counted_from: s
     )
     why = reason(small_db)
     whole = sum(p.stat().st_size for p in (small_db / "db").glob("whole.*"))
-    # the database fits, but 3 queries are one BLAST+ batch: one task, one worker; on one machine its
-    # BLAST+ run takes both cores as threads, over MPI ranks the fragments strategy uses both workers
-    chosen, threads = ("queries", 2) if runner == "local" else ("fragments", 1)
-    assert (why["asked"], why["chosen"], why["blast_threads"]) == ("auto", chosen, threads)
+    # the database fits, but 3 queries are one BLAST+ batch: one task, one worker; fragments use both
+    assert (why["asked"], why["chosen"]) == ("auto", "fragments")
     assert "query segmentation would make 1 task for 2 workers" in why["reason"]
     assert why["database_bytes"] == whole
     assert why["fragments"] == 4 and 0 < why["largest_fragment_bytes"] < whole
@@ -154,7 +152,7 @@ def test_explicit_strategy_is_recorded(small_db: Path) -> None:
 def test_cgroup_limit_makes_auto_choose_fragments(larger_db: Path, cgroup: Path) -> None:
     """320 MiB for the job's three ranks: 160 MiB per worker, half of it 80 MiB, less than the whole
     database (~95 MiB); a fragment (~12 MiB) fits. Without the limit the database fits, and auto would
-    search by queries, its 2 queries one task with both cores as BLAST+'s threads (the balance rule)."""
+    search by queries but for its 2 queries being one task (the balance rule: fragments again)."""
     (cgroup / "memory.limit_in_bytes").write_text(str(320 * MiB))
     args = ("search", "blastp", "-query", "q.fasta", "-db", "db", "-out", "out.txt", "--np", "2", "--quiet")
     run_paramedic(*args, cwd=larger_db, cgroup=cgroup)
@@ -175,6 +173,5 @@ def test_cgroup_limit_makes_auto_choose_fragments(larger_db: Path, cgroup: Path)
     run_paramedic(*args, cwd=larger_db)  # the same search, no limit: the database fits now
     unlimited = reason(larger_db)
     assert "fits in 50% of the memory available per worker" in unlimited["reason"]
-    assert unlimited["chosen"] == "queries" and "1 task for 2 workers" in unlimited["reason"]
-    assert unlimited["blast_threads"] == 2
+    assert unlimited["chosen"] == "fragments" and "1 task for 2 workers" in unlimited["reason"]
     assert (larger_db / "out.txt").read_bytes() == (larger_db / "limited.txt").read_bytes()

@@ -3,21 +3,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from paramedic.engine.strategy import (
     QUERIES_MEMORY_SHARE,
-    QueryBalance,
     WorkerMemory,
     cgroup_limit,
     decide,
     job_memory,
     local_workers,
-    query_balance,
-    threaded_layout,
     worker_memory,
 )
 from paramedic.errors import UsageError
@@ -97,54 +93,6 @@ def test_auto_inexact_queries_metadata_fragments_conflicts_refused() -> None:
         decide("queries", needs_metadata=True, **sizes)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="--strategy fragments"):
         decide("fragments", inexact="cannot honour -culling_limit", **sizes)  # type: ignore[arg-type]
-
-
-def batches(residues: list[int]) -> Callable[[int], QueryBalance]:
-    """Query segmentation's balance over n workers when its tasks are these BLAST+ batches."""
-    return lambda workers: query_balance(residues, workers)
-
-
-def test_threaded_layout_halves_the_workers_until_the_tasks_balance() -> None:
-    one_batch = threaded_layout(batches([5000]), 8)
-    assert one_batch is not None and (one_batch.balance.workers, one_batch.threads) == (1, 8)
-    two_even = threaded_layout(batches([5000, 5000]), 8)
-    assert two_even is not None and (two_even.balance.workers, two_even.threads) == (2, 4)
-    # 18 + 2 queries' worth: over 2 workers 1.8x an even share, so one worker with both cores
-    uneven = threaded_layout(batches([9000, 1000]), 2)
-    assert uneven is not None and (uneven.balance.workers, uneven.threads) == (1, 2)
-    # 6 workers: 3 (2 threads each), then 1 (6 threads); 3 cores of 7 are never split unevenly
-    three = threaded_layout(batches([100, 100, 100]), 7)
-    assert three is not None and (three.balance.workers, three.threads) == (3, 2)
-    assert threaded_layout(batches([5000]), 1) is None  # one worker: no idle cores to give
-
-
-def test_unbalanced_queries_on_one_machine_take_blast_threads_else_fragments() -> None:
-    fits = dict(database_bytes=100 * MiB, fragment_bytes=[25 * MiB] * 4, memory=physical(GiB))
-    balance = query_balance([5000], 2)
-    assert not balance.balanced
-    layout = threaded_layout(batches([5000]), 2)
-    mpi = decide("auto", balance=balance, **fits)  # type: ignore[arg-type]
-    assert mpi.strategy == "fragments" and mpi.blast_threads == 1 and mpi.workers(2) == 2
-    assert "the fragments strategy spreads the database over every worker" in mpi.reason
-    local = decide("auto", balance=balance, threaded=layout, **fits)  # type: ignore[arg-type]
-    assert local.strategy == "queries" and local.blast_threads == 2 and local.workers(2) == 1
-    assert "1 task for 2 workers" in local.reason and "2.00x an even share" in local.reason
-    assert "1 worker, each BLAST+ run with 2 threads (-num_threads)" in local.reason
-    assert local.record()["blast_threads"] == 2
-    # asked by name, and chosen because fragments would be inexact: the same threads
-    asked = decide("queries", balance=balance, threaded=layout, **fits)  # type: ignore[arg-type]
-    assert asked.blast_threads == 2 and asked.reason.startswith("--strategy queries was asked; ")
-    culled = decide("auto", balance=balance, threaded=layout, inexact="cannot honour -culling_limit", **fits)  # type: ignore[arg-type]
-    assert culled.strategy == "queries" and culled.blast_threads == 2
-    # balanced tasks keep every worker with one thread; the fragments strategy never takes threads
-    even = query_balance([5000, 5000], 2)
-    kept = decide("auto", balance=even, threaded=layout, **fits)  # type: ignore[arg-type]
-    assert kept.strategy == "queries" and kept.blast_threads == 1 and kept.workers(2) == 2
-    named = decide("fragments", balance=balance, threaded=layout, **fits)  # type: ignore[arg-type]
-    assert named.strategy == "fragments" and named.blast_threads == 1
-    # a database too large for the memory rule: fragments, threads or not
-    big = dict(database_bytes=1024 * MiB, fragment_bytes=[64 * MiB] * 16, memory=physical(256 * MiB))
-    assert decide("auto", balance=balance, threaded=layout, **big).strategy == "fragments"  # type: ignore[arg-type]
 
 
 def test_local_workers_from_the_launcher() -> None:

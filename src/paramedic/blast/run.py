@@ -180,11 +180,8 @@ def regenerate(
     subjects: Sequence[Sequence[int]] | None,
     workdir: Path,
     lists: bytes | None = None,
-    threads: int = 1,
 ) -> tuple[bytes, RunStats]:
-    """The user's report for a query group, written by BLAST+ itself against the merged subjects only
-    (`threads`: BLAST+'s -num_threads, which splits the database among threads and writes the same
-    report).
+    """The user's report for a query group, written by BLAST+ itself against the merged subjects only.
 
     The database is restricted with an OIDLIST alias over the whole database that carries the whole
     database's NSEQ, LENGTH and TITLE, placed so that the user's own -db string names it: titles, size
@@ -205,14 +202,13 @@ def regenerate(
     write_queries(query_file, queries)
     argv = [
         program,
-        *options.without("query", "db", "out", *(("num_threads",) if threads > 1 else ())).argv(),
+        *options.without("query", "db", "out").argv(),
         "-query",
         str(query_file),
         "-db",
         db_name,
         "-out",
         str(out_file),
-        *(("-num_threads", str(threads)) if threads > 1 else ()),
     ]
     env = None
     if lists is not None:

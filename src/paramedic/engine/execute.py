@@ -92,10 +92,7 @@ def execute(
             stats.tasks["render_fallbacks"] += 1
     if data is None:
         lists = _lists(task, job, plan, store)
-        threads = job.strategy.blast_threads if job.strategy is not None and task.subjects is None else 1
-        data, run = regenerate(
-            job.program, job.options, job.db, queries, task.subjects, workdir, lists, threads
-        )
+        data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir, lists)
         stats.tasks["injected"] += run.injected
     phase = "search" if task.subjects is None else "regenerate"  # query segmentation searches and writes
     stats.add(phase, run.seconds)

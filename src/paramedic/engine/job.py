@@ -36,13 +36,11 @@ from paramedic.engine.plan import DEFAULT_REGEN_GROUP, grouped, make_plan, one_s
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings, StageSettings
 from paramedic.engine.strategy import (
-    QueryBalance,
     StrategyChoice,
     WorkerMemory,
     choose_strategy,
     local_workers,
     query_balance,
-    threaded_layout,
 )
 from paramedic.errors import OutputError, UsageError
 from paramedic.output.stitch import can_stitch
@@ -134,14 +132,11 @@ def prepare_job(
     digest: Literal["now", "later"] = "now",
     memory: WorkerMemory | None = None,  # a worker's on the job's tightest node (strategy.job_memory)
     early: Verification | None = None,  # the database's digest, started by the caller
-    one_machine: bool = False,  # worker threads of this process (paramedic.engine.local)
 ) -> Job:
     """The checked job; `workers`: how many worker ranks it will have (the launcher's; default: one
     per local core, as `paramedic search` starts them), which `--strategy auto` weighs. With
     `digest="later"` the database's digest is still running when the job is returned: the caller must
-    call `Job.verified` before it takes any result. `one_machine`: the workers are threads of this
-    process, so query segmentation may give the cores of idle workers to BLAST+ as threads
-    (paramedic.engine.strategy `threaded_layout`); `Job.strategy.workers` says how many search."""
+    call `Job.verified` before it takes any result."""
     program = PROGRAMS.get(settings.program)
     if program is None:
         raise UsageError(f"unknown program {settings.program!r}: choose one of {', '.join(PROGRAMS)}")
@@ -191,27 +186,21 @@ def prepare_job(
     )
     if workers is None:
         workers = local_workers(os.environ)[0]
-
-    def balance_for(searching: int) -> QueryBalance:
-        segments = make_plan(
-            program=program.name,
-            query_lengths=lengths,
-            fragment_residues=[f.length for f in manifest.fragments],
-            workers=searching,
-            hitlist_size=options.hitlist_size(),
-            startup_seconds=segments_startup,
-            stitchable=can_stitch(options.outfmt()),
-            batch=settings.batch,
-            query_segmentation=True,
-            blast_batches=blast_batches,
-        )
-        return query_balance([sum(lengths[q] for q in p) for p in segments.pieces], searching)
-
-    segments_startup = startup_seconds(program.name)
-    balance = balance_for(workers)
-    threaded = threaded_layout(balance_for, workers) if one_machine and not balance.balanced else None
+    segments = make_plan(
+        program=program.name,
+        query_lengths=lengths,
+        fragment_residues=[f.length for f in manifest.fragments],
+        workers=workers,
+        hitlist_size=options.hitlist_size(),
+        startup_seconds=(segments_startup := startup_seconds(program.name)),
+        stitchable=can_stitch(options.outfmt()),
+        batch=settings.batch,
+        query_segmentation=True,
+        blast_batches=blast_batches,
+    )
+    balance = query_balance([sum(lengths[q] for q in p) for p in segments.pieces], workers)
     settings = _ship_data_when_inexact(settings, inexact)
-    strategy = choose_strategy(settings, db, manifest, inexact, balance, memory, threaded)
+    strategy = choose_strategy(settings, db, manifest, inexact, balance, memory)
     query_segmentation = strategy.strategy == "queries"
     stage = None if settings.stage is None else check_stage(settings.stage, manifest, db.arg)
     if not query_segmentation and settings.from_metadata is None:

@@ -182,11 +182,7 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
             os.environ[LOCAL_WORKERS_VARIABLE] = str(workers)
             # with worker threads the digest overlaps the first searches (their loop looks at it)
             job = prepare_job(
-                settings,
-                workers=workers,
-                digest="later" if workers > 1 else "now",
-                early=early,
-                one_machine=True,
+                settings, workers=workers, digest="later" if workers > 1 else "now", early=early
             )
             record = run_local_job(job, workers, ["paramedic", *argv])
             conclude(record, job, settings.report)

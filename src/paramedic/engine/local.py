@@ -50,10 +50,7 @@ STOP_SECONDS = 10.0
 
 
 def run_local_job(job: Job, workers: int, command: list[str]) -> RunRecord:
-    """Run `job` with `workers` worker threads in this process (fewer when its strategy gives BLAST+ the
-    cores of idle workers as threads); the run record."""
-    if job.strategy is not None:
-        workers = job.strategy.workers(workers)
+    """Run `job` with `workers` worker threads in this process; the run record."""
     plan = job.plan(workers, one_machine=True)  # threads of one machine search equal shares
     journal: Journal | None = None
     replay: Replay = NOTHING

@@ -13,19 +13,13 @@ memory cgroup's limit (cgroup v1 or v2, read from /proc/self/cgroup, shared by t
 cgroup) and the physical memory (shared by the workers on this node). `decide` is the rule, a pure
 function of those numbers; `choose_strategy` measures them. The choice and its reason go to the run
 record (`strategy_reason`).
-
-On one machine (the local runner's worker threads), query segmentation whose tasks are too few for the
-workers does not leave cores idle: fewer workers search, each BLAST+ run with the idle workers' cores as
-its own threads (`-num_threads`; BLAST+'s threads over the database write the same report as one
-thread). A few queries against a large database then cost one BLAST+ run, not fragment searches and a
-traceback pass (docs/DESIGN.md, "Few queries on one machine").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -110,46 +104,14 @@ class QueryBalance:
         """The busiest worker's residues over an even share (1.0: perfectly even)."""
         return self.busiest * self.workers / max(1, self.total)
 
-    @property
-    def balanced(self) -> bool:
-        return self.ratio <= QUERIES_BALANCE_LIMIT
-
     def describe(self) -> str:
         return (
             f"query segmentation would make {self.tasks} task{'s' if self.tasks != 1 else ''} for "
             f"{self.workers} worker{'s' if self.workers != 1 else ''} (tasks start only where BLAST+ starts "
             f"a query batch): its busiest worker would search {self.ratio:.2f}x an even share of the "
-            f"{self.total:,} query residues (over {QUERIES_BALANCE_LIMIT:.2f}x)"
+            f"{self.total:,} query residues (over {QUERIES_BALANCE_LIMIT:.2f}x); the fragments strategy "
+            "spreads the database over every worker"
         )
-
-
-@dataclass(frozen=True)
-class Threaded:
-    """Query segmentation on one machine over fewer workers, each BLAST+ run with `threads` threads (the
-    cores of the workers left idle): `balance` is its tasks' spread over those workers."""
-
-    balance: QueryBalance
-    threads: int
-
-    def describe(self) -> str:
-        workers = self.balance.workers
-        return (
-            f"on one machine BLAST+'s own threads take the idle cores: {workers} worker"
-            f"{'s' if workers != 1 else ''}, each BLAST+ run with {self.threads} threads "
-            f"(-num_threads), its busiest worker {self.balance.ratio:.2f}x an even share"
-        )
-
-
-def threaded_layout(balance_for: Callable[[int], QueryBalance], workers: int) -> Threaded | None:
-    """The most workers (halving from `workers`) whose query tasks balance, each BLAST+ run with the
-    threads of `workers` cores shared among them; None with one worker (no cores to share)."""
-    searching = workers // 2
-    while searching >= 1:
-        balance = balance_for(searching)
-        if balance.balanced or searching == 1:
-            return Threaded(balance, workers // searching)
-        searching //= 2
-    return None
 
 
 def query_balance(task_residues: list[int], workers: int) -> QueryBalance:
@@ -171,16 +133,6 @@ class StrategyChoice:
     largest_fragment_bytes: int  # the largest fragment's BLAST+ files
     fragments: int
     memory: WorkerMemory
-    threaded: Threaded | None = None  # query segmentation over fewer workers with BLAST+'s threads
-
-    @property
-    def blast_threads(self) -> int:
-        """-num_threads of each BLAST+ run (1: BLAST+'s default)."""
-        return self.threaded.threads if self.threaded is not None else 1
-
-    def workers(self, available: int) -> int:
-        """How many of `available` workers search."""
-        return self.threaded.balance.workers if self.threaded is not None else available
 
     def fits_each_worker(self) -> bool:
         """Whether the whole database fits in the share of memory each worker may use for it (the rule
@@ -206,7 +158,6 @@ class StrategyChoice:
             workers_on_node_from=m.workers_on_node_from,
             cgroup=m.cgroup,
             ranks_in_cgroup=m.ranks_in_cgroup,
-            blast_threads=self.blast_threads,
         )
 
 
@@ -219,21 +170,15 @@ def decide(
     inexact: str | None = None,
     needs_metadata: bool = False,
     balance: QueryBalance | None = None,
-    threaded: Threaded | None = None,
 ) -> StrategyChoice:
     """The rule. `inexact` says why the fragments strategy would not be exact here (then auto avoids it);
     `needs_metadata`: --metadata, --from-metadata or --ship metadata/auto, which only fragments make;
-    `balance`: how evenly query segmentation's tasks would spread over the workers; `threaded`: the
-    layout on one machine when they would not (`threaded_layout`; None: not one machine).
+    `balance`: how evenly query segmentation's tasks would spread over the workers.
     Raises UsageError for a combination that cannot run."""
     largest = max(fragment_bytes, default=0)
-    unbalanced = balance is not None and not balance.balanced
-    layout = threaded if unbalanced else None
 
-    def choice(strategy: str, reason: str, threads: Threaded | None = None) -> StrategyChoice:
-        return StrategyChoice(
-            strategy, asked, reason, database_bytes, largest, len(fragment_bytes), memory, threads
-        )
+    def choice(strategy: str, reason: str) -> StrategyChoice:
+        return StrategyChoice(strategy, asked, reason, database_bytes, largest, len(fragment_bytes), memory)
 
     if asked == "queries" or (asked == "auto" and inexact and not needs_metadata):
         if needs_metadata:
@@ -242,19 +187,7 @@ def decide(
                 "(--metadata, --from-metadata, --ship metadata/auto)"
             )
         if asked == "queries":
-            if layout is not None and balance is not None:
-                return choice(
-                    "queries",
-                    f"--strategy queries was asked; {balance.describe()}; {layout.describe()}",
-                    layout,
-                )
             return choice("queries", "--strategy queries was asked")
-        if layout is not None and balance is not None:
-            return choice(
-                "queries",
-                f"the fragments strategy {inexact}; {balance.describe()}; {layout.describe()}",
-                layout,
-            )
         return choice("queries", f"the fragments strategy {inexact}")
     if asked == "fragments" or needs_metadata:
         if inexact:
@@ -272,18 +205,8 @@ def decide(
     whole = f"the whole database ({_mib(database_bytes)})"
     share = f"{QUERIES_MEMORY_SHARE:.0%} of the memory available per worker ({memory.describe()})"
     if database_bytes <= budget:
-        if balance is not None and unbalanced:
-            if layout is not None:
-                return choice(
-                    "queries",
-                    f"{whole} fits in {share}, but {balance.describe()}; {layout.describe()}",
-                    layout,
-                )
-            return choice(
-                "fragments",
-                f"{whole} fits in {share}, but {balance.describe()}; the fragments strategy spreads the "
-                "database over every worker",
-            )
+        if balance is not None and balance.ratio > QUERIES_BALANCE_LIMIT:
+            return choice("fragments", f"{whole} fits in {share}, but {balance.describe()}")
         return choice("queries", f"{whole} fits in {share}: each worker searches it whole")
     if largest <= budget:
         return choice(
@@ -306,7 +229,6 @@ def choose_strategy(
     inexact: str | None = None,
     balance: QueryBalance | None = None,
     memory: WorkerMemory | None = None,
-    threaded: Threaded | None = None,
 ) -> StrategyChoice:
     """The strategy for this search (rank 0, before the work starts); `memory`: what a worker may use on
     the job's tightest node (`job_memory`), else measured on this node."""
@@ -339,7 +261,6 @@ def choose_strategy(
         inexact=inexact,
         needs_metadata=needs_metadata,
         balance=balance,
-        threaded=threaded,
     )
 
 

@@ -69,7 +69,6 @@ class StrategyReason(TypedDict):
     workers_on_node_from: str  # e.g. "MPI_LOCALNRANKS=3"
     cgroup: str | None  # the memory cgroup whose limit binds
     ranks_in_cgroup: int  # this job's ranks sharing that limit
-    blast_threads: int  # -num_threads of each BLAST+ run (more than 1: query segmentation on one machine)
 
 
 class TaskCost(NamedTuple):
