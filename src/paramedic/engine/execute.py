@@ -57,8 +57,7 @@ def execute(
         stats.tasks["search"] += 1
         stats.fragments.append(task.fragment)
         stats.search_output_bytes += run.output_bytes
-        fragment_residues = job.plan_inputs["fragment_residues"]
-        assert isinstance(fragment_residues, list)
+        fragment_residues = job.plan_inputs.fragment_residues
         stats.add_task(
             TaskCost(
                 "search",

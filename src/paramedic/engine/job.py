@@ -32,7 +32,7 @@ from paramedic.db.manifest import Manifest, Stamp, Verification
 from paramedic.db.seqids import SeqIdTable
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata, metadata_key
-from paramedic.engine.plan import DEFAULT_REGEN_GROUP, grouped, make_plan, one_search_per_worker
+from paramedic.engine.plan import DEFAULT_REGEN_GROUP, PlanInputs, make_plan
 from paramedic.engine.scheduler import Plan
 from paramedic.engine.settings import SearchSettings, StageSettings
 from paramedic.engine.strategy import (
@@ -59,7 +59,7 @@ class Job:
     queries: list[tuple[str, str]]
     out: Path | None  # None: standard output
     record: Path | None
-    plan_inputs: dict[str, object]
+    plan_inputs: PlanInputs
     quiet: bool
     manifest_checksum: str
     identity: SearchIdentity
@@ -92,25 +92,7 @@ class Job:
 
     def plan(self, workers: int, one_machine: bool = False) -> Plan:
         """The job's plan for `workers` (`one_machine`: worker threads of this process, equal workers)."""
-        inputs = dict(self.plan_inputs)
-        group = inputs.pop("group_fragments", False)
-        plan = make_plan(workers=workers, **inputs)  # type: ignore[arg-type]
-        if not group:
-            return plan
-        lengths: list[int] = inputs["query_lengths"]  # type: ignore[assignment]
-        residues: list[int] = inputs["fragment_residues"]  # type: ignore[assignment]
-        even = (
-            one_machine
-            and len(plan.batches) == 1
-            and one_search_per_worker(
-                self.program,
-                sum(lengths),
-                sum(residues),
-                workers,
-                float(inputs["startup_seconds"]),  # type: ignore[arg-type]
-            )
-        )
-        return grouped(plan, residues, workers, even)
+        return self.plan_inputs.plan(workers, one_machine)
 
     def journal_identity(self) -> dict[str, object]:
         """What the journaled work depends on: a journal made with anything else is not continued."""
@@ -119,9 +101,9 @@ class Job:
             "options": self.options.without("query", "db", "out").argv(),
             "database": self.manifest_checksum,
             "queries": self.identity.queries_sha256,
-            "strategy": "queries" if self.plan_inputs["query_segmentation"] else "fragments",
+            "strategy": "queries" if self.plan_inputs.query_segmentation else "fragments",
             "alignments": self.keep_alignments,
-            "traceback_once": bool(self.plan_inputs.get("traceback_once")),
+            "traceback_once": self.plan_inputs.traceback_once,
             "from_metadata": self.preloaded is not None,
         }
 
@@ -230,26 +212,25 @@ def prepare_job(
         and can_render(program.name, options)
         and SeqIdTable.exists(db.directory)
     )
-    plan_inputs = {
-        "program": program.name,
-        "query_lengths": lengths,
-        "fragment_residues": [f.length for f in manifest.fragments],
-        "hitlist_size": options.hitlist_size(),
-        "startup_seconds": segments_startup,
-        "stitchable": can_stitch(options.outfmt()),
-        "batch": settings.batch,
-        "piece_queries": settings.piece_queries,
-        "query_segmentation": query_segmentation,
-        "keep_alignments": keep_alignments,
-        # pieces cut at BLAST+'s own query batches where it fixes them (paramedic.blast.prelim)
-        "blast_batches": blast_batches,
-        "search_filled_again": composition_adjusted(options, program.name) or options.has("qcov_hsp_perc"),
-        "traceback_once": traceback_once,
-        "group_fragments": settings.fragment_groups == "auto"
+    plan_inputs = PlanInputs(
+        program=program.name,
+        query_lengths=lengths,
+        fragment_residues=[f.length for f in manifest.fragments],
+        hitlist_size=options.hitlist_size(),
+        startup_seconds=segments_startup,
+        stitchable=can_stitch(options.outfmt()),
+        batch=settings.batch,
+        piece_queries=settings.piece_queries,
+        query_segmentation=query_segmentation,
+        keep_alignments=keep_alignments,
+        blast_batches=blast_batches,
+        search_filled_again=composition_adjusted(options, program.name) or options.has("qcov_hsp_perc"),
+        traceback_once=traceback_once,
+        group_fragments=settings.fragment_groups == "auto"
         and settings.stage is None  # a staged fragment is copied and searched on its own
         and settings.replica_group_size is None  # workers keep to their share of the fragments
         and strategy.fits_each_worker(),
-    }
+    )
     identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
     save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None
     if save_path is not None:

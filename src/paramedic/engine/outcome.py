@@ -43,7 +43,7 @@ def run_record(
         strategy="queries" if segmented else "fragments",
         search_batch_queries=len(plan.batches[0]),
         regen_group_queries=len(plan.pieces[0]),
-        blast_startup_seconds=float(job.plan_inputs["startup_seconds"]),  # type: ignore[arg-type]
+        blast_startup_seconds=job.plan_inputs.startup_seconds,
         wall_seconds=round(wall_seconds, 3),
         output=(f"{job.ship.site}/{job.ship.out}" if job.ship else str(job.out) if job.out else "-"),
         output_bytes=sink.output_bytes,

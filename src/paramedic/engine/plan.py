@@ -119,6 +119,62 @@ def make_plan(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class PlanInputs:
+    """What a job's plan is made from (every rank makes the same plan from them, for its own number of
+    workers): the job's queries and fragments in residues, and the choices `prepare_job` made."""
+
+    program: str
+    query_lengths: list[int]
+    fragment_residues: list[int]
+    hitlist_size: int
+    startup_seconds: float  # a BLAST+ start, measured on this machine (paramedic.blast.tools)
+    stitchable: bool  # the report's pieces can be joined (paramedic.output.stitch)
+    batch: int | None  # --batch
+    piece_queries: int | None  # --regen-batch
+    query_segmentation: bool
+    keep_alignments: bool
+    # pieces cut at BLAST+'s own query batches where it fixes them (paramedic.blast.prelim)
+    blast_batches: list[range]
+    search_filled_again: bool
+    traceback_once: bool
+    # consecutive fragments searched together in one BLAST+ run (--fragment-groups)
+    group_fragments: bool
+
+    def plan(self, workers: int, one_machine: bool = False) -> Plan:
+        """The plan for `workers` (`one_machine`: worker threads of one process, equal workers)."""
+        plan = make_plan(
+            program=self.program,
+            query_lengths=self.query_lengths,
+            fragment_residues=self.fragment_residues,
+            workers=workers,
+            hitlist_size=self.hitlist_size,
+            startup_seconds=self.startup_seconds,
+            stitchable=self.stitchable,
+            batch=self.batch,
+            piece_queries=self.piece_queries,
+            query_segmentation=self.query_segmentation,
+            keep_alignments=self.keep_alignments,
+            blast_batches=self.blast_batches,
+            search_filled_again=self.search_filled_again,
+            traceback_once=self.traceback_once,
+        )
+        if not self.group_fragments:
+            return plan
+        even = (
+            one_machine
+            and len(plan.batches) == 1
+            and one_search_per_worker(
+                self.program,
+                sum(self.query_lengths),
+                sum(self.fragment_residues),
+                workers,
+                self.startup_seconds,
+            )
+        )
+        return grouped(plan, self.fragment_residues, workers, even)
+
+
 def grouped(plan: Plan, fragment_residues: Sequence[int], workers: int, even: bool = False) -> Plan:
     """`plan` with consecutive fragments searched together (`fragment_groups`; the whole database fits in
     each worker's memory), as few searches as keep the workers busy (`search_units`; `even`: one search
