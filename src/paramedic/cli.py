@@ -736,6 +736,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
     if args.np is not None and args.np < 1:
         raise UsageError("--np must be at least 1")  # the launcher's, not the job's: not in the settings
 
+    from paramedic.blast.options import typed_value
     from paramedic.engine.launch import launch_or_run
     from paramedic.engine.settings import SearchSettings
 
@@ -743,7 +744,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
     if args.site is not None:
         from paramedic.ship.destination import ShipSettings
 
-        out = next((blast_args[i + 1] for i, a in enumerate(blast_args[:-1]) if a == "-out"), None)
+        out = typed_value(blast_args, "out")
         _check_site_db(blast_args)
         ship = ShipSettings.build(
             args.site, args.keys, args.ship or "auto", out, args.streams, args.ship_timeout
@@ -801,7 +802,9 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
 def _check_site_db(blast_args: list[str]) -> None:
     """With --site the -db string goes to the storage site, which names its own replica with it (outfmt 5
     and 7 print it) and refuses a '..' in it: said here, before the search, with what to give instead."""
-    db = next((blast_args[i + 1] for i, a in enumerate(blast_args[:-1]) if a == "-db"), None)
+    from paramedic.blast.options import typed_value
+
+    db = typed_value(blast_args, "db")
     if db is not None and ".." in Path(db).parts:
         raise UsageError(
             f"-db {db}: with --site the -db string is sent to the storage site, which refuses '..' in it; "

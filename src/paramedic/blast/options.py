@@ -95,6 +95,13 @@ def _parse_help(text: str) -> dict[str, bool]:
     return options
 
 
+def typed_value(argv: list[str], name: str) -> str | None:
+    """The value the user gave BLAST+'s `-name` in `argv` (its first), before the options are parsed
+    against the program's own list: what the launcher needs before any BLAST+ runs (-out, -db)."""
+    flag = f"-{name}"
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag), None)
+
+
 @dataclass
 class BlastOptions:
     """An ordered BLAST+ option list: name -> value (None for flags)."""

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from paramedic.blast.options import typed_value
 from paramedic.engine.settings import SearchSettings
 from paramedic.errors import InternalError, JobError, ParamedicError, UsageError
 
@@ -576,7 +577,7 @@ def _output_path(settings: SearchSettings) -> Path | None:
     if settings.ship is not None:
         return settings.cwd / settings.ship.out
     args = settings.blast_args
-    out = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "-out"), None)
+    out = typed_value(args, "out")
     if not out or out == "-":
         return None
     return Path(out) if Path(out).is_absolute() else settings.cwd / out

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from paramedic.blast.options import typed_value
 from paramedic.errors import UsageError
 from paramedic.output.strategies import MASTER, output_strategy_names
 
@@ -153,7 +154,7 @@ class SearchSettings:
             return
         flag = f"--output-strategy {self.output_strategy}"
         args = self.blast_args
-        out = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "-out"), None)
+        out = typed_value(args, "out")
         if self.ship is not None:
             raise UsageError(f"{flag} writes a file here; with --site rank 0 sends the output: drop {flag}")
         if out is None or out == "-":
