@@ -19,6 +19,7 @@ import pytest
 from mpi4py import MPI
 
 from paramedic.cli import main
+from paramedic.engine import ranks
 from tests.conftest import DATA, take_fasta
 from tests.mpi.end_writes import WorkerAtEnd  # registers a third worker output strategy
 
@@ -123,6 +124,37 @@ def test_partitions_on_these_ranks_write_what_blast_writes(site: Path) -> None:
     assert search(site, out, "--strategy", "fragments", "--partition-size", "2") in (0,)
     if WORLD.Get_rank() == 0:
         assert (site / out).read_bytes() == (site / "ref.tsv").read_bytes()
+
+
+@pytest.mark.parametrize("flags", [(), ("--partition-size", "2")], ids=["one-master", "partitions"])
+def test_a_worker_rank_holds_only_its_tasks_queries(
+    site: Path, flags: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: the job a worker rank receives holds no queries; each task arrives with its own, and
+    those are the job's queries in the task's range (checked against the query file)."""
+    if flags and WORLD.Get_size() < 4:
+        pytest.skip("partitions need a supermaster and two partitions of a master and a worker")
+    seen: list[tuple[int, str, list[str]]] = []
+    real = ranks.execute
+
+    def recording(task, job, plan, workdir, stats, store=None, queries=None):  # type: ignore[no-untyped-def]
+        seen.append((len(job.queries), repr(task), [header for header, _ in queries or []]))
+        return real(task, job, plan, workdir, stats, store, queries)
+
+    monkeypatch.setattr(ranks, "execute", recording)
+    out = f"out-held-{'-'.join(flags) or 'one'}-{WORLD.Get_size()}.tsv"
+    assert search(site, out, "--strategy", "fragments", *flags) == 0
+    everyone = WORLD.gather(seen, root=0)
+    if WORLD.Get_rank() == 0:
+        assert (site / out).read_bytes() == (site / "ref.tsv").read_bytes()
+        lines = (site / "q.fasta").read_text().splitlines()
+        headers = [line[1:] for line in lines if line[:1] == ">"]  # as read_fasta keeps them
+        worked = [r for r in everyone[1:] if r]
+        assert worked, "no worker rank ran a task"
+        for ran in worked:
+            for held, task, queries in ran:
+                assert held == 0, f"a worker held {held} queries of the job"
+                assert queries and queries == headers[headers.index(queries[0]) :][: len(queries)], task
 
 
 def test_a_refused_job_is_one_exit_code_on_every_rank(site: Path) -> None:

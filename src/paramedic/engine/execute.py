@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,13 +31,28 @@ from paramedic.report.record import RankStats, TaskCost
 PIECE_LISTS_VARIABLE = "PARAMEDIC_PIECE_LISTS"
 
 
-def execute(
-    task: Task, job: Job, plan: Plan, workdir: Path, stats: RankStats, store: Store | None = None
-) -> Result:
-    """Run one task on this rank; `store`: the search store, when every rank sees it."""
+def task_queries(task: Task, plan: Plan, queries: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The queries `task` searches or writes: what a worker rank is sent with it (it holds no others)."""
     if isinstance(task, SearchTask):
         batch = plan.batches[task.batch]
-        queries = job.queries[batch.start : batch.stop]
+        return list(queries[batch.start : batch.stop])
+    return list(queries[task.first_query : task.first_query + task.n_queries])
+
+
+def execute(
+    task: Task,
+    job: Job,
+    plan: Plan,
+    workdir: Path,
+    stats: RankStats,
+    store: Store | None = None,
+    queries: list[tuple[str, str]] | None = None,
+) -> Result:
+    """Run one task on this rank; `store`: the search store, when every rank sees it; `queries`: the
+    task's own (`task_queries`), which a worker rank receives with it (default: from the job's)."""
+    if queries is None:
+        queries = task_queries(task, plan, job.queries)
+    if isinstance(task, SearchTask):
         members = job.db.directory, len(job.db.fragments), job.db.members_blake3
         fragments = plan.fragments_of(task.fragment)
         with _place(job, fragments, stats) as db:
@@ -73,7 +88,6 @@ def execute(
             return SearchResult(task, found)
         store.put(task.batch, task.fragment, found)
         return SearchResult(task, keys_only(found), stored=True)
-    queries = job.queries[task.first_query : task.first_query + task.n_queries]
     data = None
     if task.renderable:
         try:
@@ -90,7 +104,7 @@ def execute(
         except (Unrenderable, RecordError):
             stats.tasks["render_fallbacks"] += 1
     if data is None:
-        lists = _lists(task, job, plan, store)
+        lists = _lists(task, job, plan, store, queries)
         data, run = regenerate(job.program, job.options, job.db, queries, task.subjects, workdir, lists)
         stats.tasks["injected"] += run.injected
     phase = "search" if task.subjects is None else "regenerate"  # query segmentation searches and writes
@@ -141,7 +155,9 @@ def _injects(job: Job, plan: Plan) -> bool:
     return plan.traceback_once and job.program in INJECTABLE and injection_works(job.program)
 
 
-def _lists(task: PieceTask, job: Job, plan: Plan, store: Store | None) -> bytes | None:
+def _lists(
+    task: PieceTask, job: Job, plan: Plan, store: Store | None, queries: list[tuple[str, str]]
+) -> bytes | None:
     """The lists a traceback-once piece aligns without scanning for them, or None (it scans its mask:
     the same report, slower), e.g. when a search's lists are missing from the store."""
     if store is None or task.subjects is None or not _injects(job, plan):
@@ -154,7 +170,7 @@ def _lists(task: PieceTask, job: Job, plan: Plan, store: Store | None) -> bytes 
                 searched += [(batch.start, store.lists(b, f)) for f in range(plan.n_fragments)]
     except RecordError:
         return None
-    lengths = [len(sequence) for _, sequence in job.queries[first : first + n]]
+    lengths = [len(sequence) for _, sequence in queries]
     residues = piece_batch_residues(job.program, job.options)
     return injection(searched, first, task.subjects, query_batches(lengths, residues), job.program)
 

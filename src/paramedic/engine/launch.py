@@ -732,11 +732,15 @@ def _run_rank_here(settings: SearchSettings, argv: list[str], comm: Any, np_igno
             failure = InternalError(
                 f"internal error: {type(exc).__name__}: {exc} (PARAMEDIC_DEBUG=1 shows more)"
             )
-    job, failure = comm.bcast((job, failure), root=0)
+    # the workers' job holds no queries: each task brings its own (rank 0 keeps the whole job)
+    shared = comm.bcast((job.for_workers() if job is not None else None, failure), root=0)
+    if rank != 0:
+        job, failure = shared
     if failure is not None:
         if rank == 0:
             raise _Refused(failure)
         return failure.exit_code
+    assert job is not None  # prepared, or the failure was said
     record = run_job(job, comm, ["paramedic", *argv])
     if record is not None:
         conclude(record, job, settings.report)

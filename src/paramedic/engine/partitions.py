@@ -22,6 +22,7 @@ Not with --from-metadata: refused up front.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections import deque
@@ -79,6 +80,8 @@ TAG_WANT, TAG_SEGMENT, TAG_PIECE, TAG_SHIP, TAG_DONE = range(20, 25)
 TAG_HELD, TAG_ORDERS, TAG_ROUND, TAG_JOINED, TAG_FINAL = range(25, 30)
 # ... with --ship auto: a partition's probe piece (up), whether it holds its pieces as metadata (down)
 TAG_PROBE, TAG_MODE = range(30, 32)
+# rank 0 to each partition master: the job's queries, which worker ranks do not hold (Job.for_workers)
+TAG_QUERIES = 32
 
 
 def run_partitioned(
@@ -98,9 +101,12 @@ def run_partitioned(
     color = next((i for i, group in enumerate(groups) if rank in group), MPI.UNDEFINED)
     local = comm.Split(color, key=rank)
     if rank == 0:
+        for group in groups:  # a partition master sends each task's queries with it
+            comm.send(job.queries, dest=group[0], tag=TAG_QUERIES)
         return _supermaster(job, plan, comm, groups, command, journal, replay, store)
     group = groups[color]
     if rank == group[0]:
+        job = dataclasses.replace(job, queries=comm.recv(source=0, tag=TAG_QUERIES))
         _partition_master(job, plan, comm, local, group, store)
     else:
         run_worker(job, plan, local, workdir, store, world=comm)
@@ -202,10 +208,10 @@ def _partition_master(
         file, data_comm = open_output(comm, None)
         relay = Relay(comm, group)
         worker_stats, written = run_tasks(
-            master, local, stats, relay, Holder(file, data_comm), upstream=link, ranks=group
+            master, local, stats, job.queries, relay, Holder(file, data_comm), upstream=link, ranks=group
         )
     else:
-        worker_stats = run_workers(master, local, stats, upstream=link, ranks=group)
+        worker_stats = run_workers(master, local, stats, job.queries, upstream=link, ranks=group)
     merged = {q: s for b in scheduler.assigned or () for q in plan.batches[b] if (s := scheduler.metadata(q))}
     close_fork_servers()
     stats.measure_memory()

@@ -18,7 +18,7 @@ from typing import Any, Protocol, cast
 from mpi4py import MPI
 
 from paramedic.blast.forkserver import close_fork_servers
-from paramedic.engine.execute import execute
+from paramedic.engine.execute import execute, task_queries
 from paramedic.engine.job import Job
 from paramedic.engine.master import Master, PieceHeld, PieceResult, Result
 from paramedic.engine.mpiio import Holder, OutputFile
@@ -78,11 +78,12 @@ def run_worker(
     stats = RankStats(rank=(world or comm).Get_rank(), role="worker")
     comm.send(None, dest=0, tag=TAG_READY)
     while True:
-        task, _, tag, _ = patient_recv(comm, source=0)
+        message, _, tag, _ = patient_recv(comm, source=0)
         if tag == TAG_STOP:
             break
+        task, queries = message  # a task comes with its queries (RankTransport.send)
         try:
-            payload = execute(task, job, plan, workdir, stats, store)
+            payload = execute(task, job, plan, workdir, stats, store, queries)
         except Exception as exc:
             send_failure(comm, exc)
             return
@@ -120,6 +121,7 @@ def run_workers(
     master: Master,
     comm: MPI.Comm,
     stats: RankStats,
+    queries: Sequence[tuple[str, str]],
     upstream: Upstream | None = None,
     ranks: Sequence[int] | None = None,
 ) -> list[RankStats]:
@@ -132,13 +134,13 @@ def run_workers(
         file, data_comm = open_output(comm, sink.tmp)
         holder = sink.attach(file, data_comm)
         figures, written = run_tasks(
-            master, comm, stats, StrategyConductor(master, sink, comm.Get_size()), holder
+            master, comm, stats, queries, StrategyConductor(master, sink, comm.Get_size()), holder
         )
         sink.write_seconds += file.seconds
         sink.acknowledge(*written)
         sink.closed_by_ranks()
         return figures
-    figures, _ = run_tasks(master, comm, stats, Unconducted(master, upstream), None, upstream, ranks)
+    figures, _ = run_tasks(master, comm, stats, queries, Unconducted(master, upstream), None, upstream, ranks)
     return figures
 
 
@@ -197,8 +199,9 @@ def run_writing_worker(
             holder.round(message)
             comm.send(None, dest=0, tag=TAG_READY)
             continue
+        task, queries = message  # a task comes with its queries (RankTransport.send)
         try:
-            payload = execute(message, job, plan, workdir, stats, store)
+            payload = execute(task, job, plan, workdir, stats, store, queries)
             if isinstance(payload, PieceResult):
                 task = payload.task
                 data, agreement = stitch_alone(
@@ -331,10 +334,14 @@ class RankTransport(Transport[Task, Result]):
         stats: RankStats,
         conductor: Conductor,
         holder: Holder | None,
+        plan: Plan,
+        queries: Sequence[tuple[str, str]],
         upstream: Upstream | None = None,
         ranks: Sequence[int] | None = None,
     ):
         self.comm = comm
+        self.plan = plan
+        self.queries = queries
         self.size = comm.Get_size()
         self.stats = stats
         self.conductor = conductor
@@ -352,7 +359,8 @@ class RankTransport(Transport[Task, Result]):
         return self.size - 1
 
     def send(self, worker: int, task: Task) -> None:
-        self.comm.send(task, dest=worker, tag=TAG_TASK)
+        # with its queries: a worker rank holds none of the job's (paramedic.engine.job `for_workers`)
+        self.comm.send((task, task_queries(task, self.plan, self.queries)), dest=worker, tag=TAG_TASK)
 
     def ended(self, master: Driven[Task, Result]) -> bool:
         return self.conductor.ended
@@ -446,6 +454,7 @@ def run_tasks(
     master: Master,
     comm: MPI.Comm,
     stats: RankStats,
+    queries: Sequence[tuple[str, str]],
     conductor: Conductor,
     holder: Holder | None,
     upstream: Upstream | None = None,
@@ -453,7 +462,8 @@ def run_tasks(
 ) -> tuple[list[RankStats], tuple[int, int]]:
     """A master's runner over MPI ranks: the one loop (paramedic.engine.runner) over `RankTransport`,
     then the stop. Returns the workers' figures and the pieces and bytes written by this master and its
-    workers."""
-    transport = RankTransport(comm, stats, conductor, holder, upstream, ranks)
+    workers. `queries`: the job's, each task's sent with it."""
+    plan = master.scheduler.plan
+    transport = RankTransport(comm, stats, conductor, holder, plan, queries, upstream, ranks)
     drive(master, transport)
     return transport.stop()

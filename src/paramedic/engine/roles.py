@@ -61,7 +61,7 @@ def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
             runner: Runner = (
                 serial_runner(job, plan, workdir, store)
                 if size == 1
-                else lambda master, stats: run_workers(master, comm, stats)
+                else lambda master, stats: run_workers(master, comm, stats, job.queries)
             )
             return run_master(job, plan, size, runner, command, journal, replay, store)
         run_worker(job, plan, comm, workdir, store)
