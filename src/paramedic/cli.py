@@ -297,7 +297,7 @@ def _keys(argv: list[str]) -> int:
 
 def _serve(argv: list[str]) -> int:
     from paramedic.site.server import ServeSettings, serve
-    from paramedic.site.store import Quota
+    from paramedic.site.space import Quota
 
     parser = _parser("serve", "Storage site: receive output or metadata over TLS and write the output.")
     parser.add_argument(

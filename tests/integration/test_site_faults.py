@@ -23,7 +23,7 @@ from paramedic.ship.client import SiteError
 from paramedic.ship.codecs import Codec, DirectCodec, Segment
 from paramedic.ship.wire import FrameDeadlines, recv_frame, send_frame
 from paramedic.site.server import Limits, ServeSettings
-from paramedic.site.store import Quota
+from paramedic.site.space import Quota
 from tests.conftest import paramedic
 from tests.support.databases import Databases
 from tests.support.site import Site, closed_within, sha256, ship_bytes, start_site
@@ -741,7 +741,7 @@ def test_a_full_disk_fails_the_job_and_frees_its_space(
         # (a site quota as large as the disk: issue 23's default share, half of it, is not what this tests)
         site = make_site(root=disk, quota=Quota(reserve_bytes=0, peer_bytes=2**40))
         if seen != "before":
-            monkeypatch.setattr(site.server.store, "_check_free_space", lambda more: None)
+            monkeypatch.setattr(site.server.store.space, "check_free", lambda more: None)
         message = r"nearly full \(\d+ bytes free" if seen == "before" else r"no space left on device"
         with pytest.raises(SiteError, match=message):
             _ship_ranges(site, "full/x.bin", [1_000_000] * 6)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from paramedic.ship.client import SiteError
-from paramedic.site.store import Quota
+from paramedic.site.space import Quota
 from tests.integration.test_site_faults import _ship_ranges, make_site, world  # noqa: F401  (fixtures)
 from tests.support.databases import Databases
 

@@ -52,6 +52,7 @@ from paramedic.ship.wire import (
 )
 from paramedic.site.handshakes import HandshakeLoop
 from paramedic.site.replica_reads import READ_OPS, ReplicaReads
+from paramedic.site.space import Quota
 from paramedic.site.store import (
     DEFAULT_EXPIRE_SECONDS,
     DEFAULT_MAX_SETUP_BYTES,
@@ -60,7 +61,6 @@ from paramedic.site.store import (
     STATE_DIR_NAME,
     JobFailed,
     JobStore,
-    Quota,
     Replica,
 )
 

@@ -64,6 +64,7 @@ from paramedic.ship.paths import output_path_problem
 from paramedic.ship.registry import make_codec
 from paramedic.ship.wire import ProtocolError, field_int, field_str, loads_json
 from paramedic.site.safefs import OutputLocation, TargetExists, UnsafePath
+from paramedic.site.space import Quota, Space
 
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 MAX_ACTIVE_JOBS = 256
@@ -75,22 +76,10 @@ DEFAULT_OPEN_IDLE_SECONDS = 3600.0
 # The most one chunk's decoding (a metadata chunk: BLAST+ regenerating its pieces) may take; a BLAST+ that
 # never returns fails its job, and is killed, after this (serve --regen-timeout)
 DEFAULT_REGEN_SECONDS = 3600.0
-# Without --site-quota, the part of the space jobs may use that one compute site's jobs may hold
-DEFAULT_PEER_SHARE = 0.5
 KEEPALIVE_SECONDS = 30.0  # how often a live compute site touches its job (ship.client)
 STALE_SECONDS = 4 * KEEPALIVE_SECONDS  # a job this silent is no longer fed by a live compute site
 HOUSEKEEPING_SECONDS = 60.0
 STATE_DIR_NAME = ".paramedic-state"
-
-
-@dataclass(frozen=True)
-class Quota:
-    """Bytes a job, and all of one compute site's jobs, may hold (chunks, pieces, the partial output), and
-    the free space kept on the state's and the root's file systems (None: a bound not set)."""
-
-    job_bytes: int | None = None
-    peer_bytes: int | None = None
-    reserve_bytes: int = 256 * 2**20
 
 
 class JobFailed(Exception):
@@ -256,7 +245,7 @@ class JobStore:
         self.expire_seconds = expire_seconds
         self.open_idle_seconds = min(open_idle_seconds, expire_seconds)
         self.regen_seconds = regen_seconds
-        self.quota = quota or Quota()
+        self.space = Space(quota or Quota(), (state, self.root))
         self.log = log
         self.jobs: dict[str, SiteJob] = {}
         self.targets: dict[str, str] = {}  # output path -> the active job that writes it
@@ -322,7 +311,7 @@ class JobStore:
                 if codec.layout == "pieces" and setup_payload is None:
                     return None
                 payload = setup_payload or b""
-                self._check_free_space(len(payload))
+                self.space.check_free(len(payload))
                 context = self._prepare(codec, setup, payload, job_id)
                 directory = self.state / job_id
                 tmp = self.state / f".{job_id}.tmp"
@@ -426,65 +415,18 @@ class JobStore:
                 self.log(f"housekeeping: {type(exc).__name__}: {exc}")
 
     # -- space ----------------------------------------------------------------------------------------
-    def _check_free_space(self, more: int) -> None:
-        for path in (self.state, self.root):
-            try:
-                info = os.statvfs(path)
-            except OSError:
-                continue
-            free = info.f_bavail * info.f_frsize
-            if free - more < self.quota.reserve_bytes:
-                raise ProtocolError(
-                    f"storage site nearly full ({free} bytes free, {self.quota.reserve_bytes} kept in reserve)"
-                )
-
-    def _default_share(self, held: int) -> int:
-        """Without --site-quota, one compute site's jobs may hold half of what it could use: the free space
-        above the reserve plus what it holds itself (`held`, on disk now), not what other sites hold (two
-        sites took half of everything each, and a third failed). Whoever comes next always finds half of
-        the free space: no site, nor a few together, can make every other site's jobs fail."""
-        free = []
-        for path in (self.state, self.root):
-            try:
-                info = os.statvfs(path)
-            except OSError:
-                continue
-            free.append(info.f_bavail * info.f_frsize)
-        if not free:
-            return 2**62
-        return max(int((min(free) - self.quota.reserve_bytes + held) * DEFAULT_PEER_SHARE), 0)
-
     def _reserve(self, job: SiteJob, more: int) -> None:
         """Count `more` bytes against the job, or fail the job (JobFailed) if they would pass a quota or eat
-        into the free-space reserve. Counted at once, so concurrent decodes cannot both pass a bound."""
-        quota = self.quota
-        problem = None
+        into the free-space reserve (site.space). Counted at once, so concurrent decodes cannot both pass
+        a bound."""
         with job.lock:
-            if quota.job_bytes is not None and job.stored_bytes + more > quota.job_bytes:
-                problem = (
-                    f"the job would hold more than the storage site's per-job quota ({quota.job_bytes} bytes)"
-                )
-            else:
+            problem = self.space.job_problem(job.stored_bytes + more)
+            if problem is None:
                 job.stored_bytes += more
         if problem is None:
             with self.lock:
                 active = [j for j in self.jobs.values() if j.active]
-            held = sum(j.stored_bytes for j in active if j.peer == job.peer)
-            if quota.peer_bytes is not None and held > quota.peer_bytes:
-                problem = (
-                    f"this compute site's jobs would hold more than its quota ({quota.peer_bytes} bytes)"
-                )
-            elif quota.peer_bytes is None and held > (share := self._default_share(held - more)):
-                problem = (
-                    f"this compute site's jobs would hold more than its default share of the storage "
-                    f"site's space ({share} bytes, half of what is free and what it holds; serve "
-                    "--site-quota sets it)"
-                )
-        if problem is None:
-            try:
-                self._check_free_space(more)
-            except ProtocolError as exc:
-                problem = str(exc)
+            problem = self.space.peer_problem(sum(j.stored_bytes for j in active if j.peer == job.peer), more)
         if problem is not None:
             self._fail(job, problem)
             raise JobFailed(job.failure or problem)

@@ -1,0 +1,90 @@
+"""The storage site's disk space: what a job, and all of one compute site's jobs, may hold, and the free
+space kept in reserve on the file systems of the site's state and output root.
+
+A bound is checked when bytes are counted against a job (`site.store.JobStore`), so that a compute site
+cannot fill the disk the site and the other compute sites share. Without `serve --site-quota`, one
+compute site's jobs may hold half of what it could use (`Space.default_share`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from paramedic.ship.wire import ProtocolError
+
+# Without --site-quota, one compute site's jobs may hold this share of the free space above the reserve
+# (plus what they hold themselves)
+DEFAULT_PEER_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Bytes a job, and all of one compute site's jobs, may hold (chunks, pieces, the partial output), and
+    the free space kept on the state's and the root's file systems (None: a bound not set)."""
+
+    job_bytes: int | None = None
+    peer_bytes: int | None = None
+    reserve_bytes: int = 256 * 2**20
+
+
+class Space:
+    """The bounds of `quota` over the file systems of `paths` (the site's state and its output root)."""
+
+    def __init__(self, quota: Quota, paths: tuple[Path, ...]):
+        self.quota = quota
+        self.paths = paths
+
+    def _free(self) -> list[int]:
+        free = []
+        for path in self.paths:
+            try:
+                info = os.statvfs(path)
+            except OSError:
+                continue
+            free.append(info.f_bavail * info.f_frsize)
+        return free
+
+    def check_free(self, more: int) -> None:
+        """ProtocolError when `more` bytes would eat into the reserve of free space."""
+        for free in self._free():
+            if free - more < self.quota.reserve_bytes:
+                raise ProtocolError(
+                    f"storage site nearly full ({free} bytes free, {self.quota.reserve_bytes} kept in reserve)"
+                )
+
+    def default_share(self, held: int) -> int:
+        """Without --site-quota, one compute site's jobs may hold half of what it could use: the free space
+        above the reserve plus what it holds itself (`held`, on disk now), not what other sites hold (two
+        sites took half of everything each, and a third failed). Whoever comes next always finds half of
+        the free space: no site, nor a few together, can make every other site's jobs fail."""
+        free = self._free()
+        if not free:
+            return 2**62
+        return max(int((min(free) - self.quota.reserve_bytes + held) * DEFAULT_PEER_SHARE), 0)
+
+    def job_problem(self, holding: int) -> str | None:
+        """Why a job may not hold `holding` bytes (its per-job quota), or None."""
+        limit = self.quota.job_bytes
+        if limit is not None and holding > limit:
+            return f"the job would hold more than the storage site's per-job quota ({limit} bytes)"
+        return None
+
+    def peer_problem(self, held: int, more: int) -> str | None:
+        """Why one compute site's jobs may not hold `held` bytes, `more` of them new (its quota, its
+        default share, the reserve of free space), or None."""
+        limit = self.quota.peer_bytes
+        if limit is not None and held > limit:
+            return f"this compute site's jobs would hold more than its quota ({limit} bytes)"
+        if limit is None and held > (share := self.default_share(held - more)):
+            return (
+                f"this compute site's jobs would hold more than its default share of the storage "
+                f"site's space ({share} bytes, half of what is free and what it holds; serve "
+                "--site-quota sets it)"
+            )
+        try:
+            self.check_free(more)
+        except ProtocolError as exc:
+            return str(exc)
+        return None

@@ -1,0 +1,53 @@
+"""The storage site's space bounds (site.space), on this machine's real file system under tmp_path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from paramedic.ship.wire import ProtocolError
+from paramedic.site.space import DEFAULT_PEER_SHARE, Quota, Space
+
+
+def free_bytes(path: Path) -> int:
+    info = os.statvfs(path)
+    return info.f_bavail * info.f_frsize
+
+
+def test_a_job_may_hold_up_to_its_quota_and_not_a_byte_more(tmp_path: Path) -> None:
+    space = Space(Quota(job_bytes=1000, reserve_bytes=0), (tmp_path,))
+    assert space.job_problem(1000) is None
+    assert "per-job quota (1000 bytes)" in (space.job_problem(1001) or "")
+    assert Space(Quota(reserve_bytes=0), (tmp_path,)).job_problem(10**15) is None  # no per-job bound
+
+
+def test_a_compute_sites_quota_binds_before_its_default_share(tmp_path: Path) -> None:
+    space = Space(Quota(peer_bytes=5000, reserve_bytes=0), (tmp_path,))
+    assert space.peer_problem(5000, 10) is None
+    assert "more than its quota (5000 bytes)" in (space.peer_problem(5001, 10) or "")
+
+
+def test_without_a_quota_a_compute_site_may_hold_half_of_what_it_could_use(tmp_path: Path) -> None:
+    space = Space(Quota(reserve_bytes=0), (tmp_path,))
+    free = free_bytes(tmp_path)
+    assert space.default_share(0) == pytest.approx(free * DEFAULT_PEER_SHARE, rel=0.01)
+    # what it holds already counts on its side: holding `held`, it could use free + held
+    held = free // 4
+    assert space.default_share(held) == pytest.approx((free + held) * DEFAULT_PEER_SHARE, rel=0.01)
+    # so it may hold as much as is still free, and no more (held > (free + held) / 2 when held > free)
+    over = space.peer_problem(2 * free, 1)
+    assert over is not None and "default share" in over and "--site-quota" in over
+    assert space.peer_problem(int(free * 0.9), 1) is None
+
+
+def test_the_reserve_of_free_space_is_kept(tmp_path: Path) -> None:
+    free = free_bytes(tmp_path)
+    space = Space(Quota(peer_bytes=2**62, reserve_bytes=free // 2), (tmp_path,))
+    space.check_free(free // 4)
+    with pytest.raises(ProtocolError, match="nearly full"):
+        space.check_free(free - free // 4)
+    assert "nearly full" in (space.peer_problem(0, free - free // 4) or "")
+    # a path that cannot be read binds nothing
+    Space(Quota(reserve_bytes=2**62), (tmp_path / "missing",)).check_free(1)
