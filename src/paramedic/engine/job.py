@@ -53,33 +53,81 @@ COMPRESSED_MODE = "compressed"  # the --ship mode that sends the output itself, 
 
 
 @dataclass(frozen=True)
+class Target:
+    """Where a job's results go: the report (a local file, standard output, or a storage site), who
+    writes it, the run record, the journal a killed search resumes from, and the metadata file."""
+
+    out: Path | None  # the local report; None: standard output, or the storage site (`ship`)
+    record: Path | None  # the run record
+    ship: ShipSettings | None = None  # --site: the report goes to a storage site
+    # Where finished work is kept so that the search resumes after a kill (paramedic.engine.journal);
+    # None when the report goes to standard output or --no-journal
+    journal: Path | None = None
+    restart: bool = False  # --restart: an earlier run's journal is discarded
+    save_metadata: Path | None = None  # --metadata FILE
+    output_strategy: str = "master"  # who writes the report file (paramedic.output.strategies)
+
+    def describe(self) -> str:
+        """Where the report goes, as the run record says it."""
+        if self.ship is not None:
+            return f"{self.ship.site}/{self.ship.out}"
+        return str(self.out) if self.out else "-"
+
+
+def _target(settings: SearchSettings, options: BlastOptions) -> Target:
+    """The job's target, its files checked writable now (not after the search)."""
+    cwd = settings.cwd
+    if settings.ship is not None:
+        # -out names the file under the storage site's root; the run record stays here, at the same
+        # relative path (one record per output path, as for a local -out)
+        from paramedic.ship.destination import check_shippable
+
+        check_shippable(options)
+        out_path = None
+        record: Path | None = settings.record or cwd / (settings.ship.out + ".run.json")
+        journal = journal_path(cwd / settings.ship.out) if settings.journal else None
+    else:
+        out = options.get("out")
+        out_path = _resolve(cwd, out) if out and out != "-" else None
+        if out_path is not None:
+            check_writable(out_path)
+        record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
+        journal = journal_path(out_path) if out_path and settings.journal else None
+    save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None
+    if save_path is not None:
+        check_writable(save_path)
+        metadata_key(create=True, option="--metadata")  # a key that cannot be made fails now, not at the end
+    return Target(
+        out=out_path,
+        record=record,
+        ship=settings.ship,
+        journal=journal,
+        restart=settings.restart,
+        save_metadata=save_path,
+        output_strategy=settings.output_strategy,
+    )
+
+
+@dataclass(frozen=True)
 class Job:
     program: str
     options: BlastOptions
     db: Database
     queries: list[tuple[str, str]]
-    out: Path | None  # None: standard output
-    record: Path | None
+    target: Target
     plan_inputs: PlanInputs
     quiet: bool
     manifest_checksum: str
     identity: SearchIdentity
-    save_metadata: Path | None
     preloaded: list[list[int]] | None  # metadata loaded with --from-metadata
-    ship: ShipSettings | None = None
     # Fragment searches keep their alignments and reports are written from them (paramedic.blast.render)
     keep_alignments: bool = False
-    # Where finished work is kept so that the search resumes after a kill (paramedic.engine.journal);
-    # None when the report goes to standard output
-    journal: Path | None = None
     partition_size: int | None = None  # --partition-size (paramedic.engine.partitions)
     replica_group_size: int | None = None  # --replica-group-size (paramedic.engine.scheduler)
-    restart: bool = False
     # Which strategy, and why (paramedic.engine.strategy; the run record's strategy_reason)
     strategy: StrategyChoice | None = None
     # How fragment searches align (--traceback) and why, in numbers (the run record's traceback_reason)
     traceback_reason: str | None = None
-    output_strategy: str = "master"  # who writes the report file (paramedic.output.strategies)
     stage: StageSettings | None = None  # --stage: fragments searched from a node-local copy
     # With --stage, per rank of the job: its node's name and the fragments already staged there, as
     # every rank reported at start (paramedic.engine.staging; set in paramedic.engine.roles)
@@ -152,22 +200,7 @@ def prepare_job(
         )
     # BLAST+ checks the values (skipped if done, or passed before for this database)
     check_values(program.name, options, str(db.directory), manifest.checksum())
-    out = options.get("out")
-    if settings.ship is not None:
-        # -out names the file under the storage site's root; the run record stays here, at the same
-        # relative path (one record per output path, as for a local -out)
-        from paramedic.ship.destination import check_shippable
-
-        check_shippable(options)
-        out_path = None
-        record: Path | None = settings.record or cwd / (settings.ship.out + ".run.json")
-        journal = journal_path(cwd / settings.ship.out) if settings.journal else None
-    else:
-        out_path = _resolve(cwd, out) if out and out != "-" else None
-        if out_path is not None:
-            check_writable(out_path)
-        record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
-        journal = journal_path(out_path) if out_path and settings.journal else None
+    target = _target(settings, options)
     lengths = [len(s) for _, s in queries]
     inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
     blast_batches = (
@@ -239,10 +272,6 @@ def prepare_job(
         and strategy.fits_each_worker(),
     )
     identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
-    save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None
-    if save_path is not None:
-        check_writable(save_path)
-        metadata_key(create=True, option="--metadata")  # a key that cannot be made fails now, not at the end
     preloaded = None
     if settings.from_metadata is not None:
         preloaded = load_metadata(_resolve(cwd, str(settings.from_metadata)), identity, len(queries), db.nseq)
@@ -253,24 +282,19 @@ def prepare_job(
         options=options,
         db=db,
         queries=queries,
-        out=out_path,
-        record=record,
+        # --ship auto may have become compressed (`_ship_data_when_inexact`) since the target was made
+        target=replace(target, ship=settings.ship),
         plan_inputs=plan_inputs,
         quiet=settings.quiet,
         manifest_checksum=manifest.checksum(),
         volume_stamps=stamps,
         identity=identity,
-        save_metadata=save_path,
         preloaded=preloaded,
-        ship=settings.ship,
         keep_alignments=keep_alignments,
-        journal=journal,
-        restart=settings.restart,
         partition_size=settings.partition_size,
         replica_group_size=settings.replica_group_size,
         strategy=strategy,
         traceback_reason=None if query_segmentation else traceback_reason,
-        output_strategy=settings.output_strategy,
         stage=stage,
         verified=verified if digest == "later" else None,
     )

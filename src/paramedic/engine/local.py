@@ -54,9 +54,9 @@ def run_local_job(job: Job, workers: int, command: list[str]) -> RunRecord:
     plan = job.plan(workers, one_machine=True)  # threads of one machine search equal shares
     journal: Journal | None = None
     replay: Replay = NOTHING
-    if job.journal is not None:  # resuming: the journal's plan, whatever the workers are this time
+    if job.target.journal is not None:  # resuming: the journal's plan, whatever the workers are this time
         journal, plan, replay = Journal.open(
-            job.journal, job.journal_identity(), plan, job.restart, job.volume_stamps
+            job.target.journal, job.journal_identity(), plan, job.target.restart, job.volume_stamps
         )
     workdir = Path(tempfile.mkdtemp(prefix="paramedic-local-"))
     try:

@@ -196,10 +196,10 @@ def _partition_master(
         replica_group=job.replica_group_size,
         **scheduling(job.stage, job.stage_nodes, group),  # --stage: the partition's workers' nodes
     )
-    if job.ship is not None and job.ship.mode == "auto":  # rank 0 decides from the first probe
+    if job.target.ship is not None and job.target.ship.mode == "auto":  # rank 0 decides from the first probe
         master = Master(scheduler, None, Progress(0, quiet=True), stats, choose_sink=_asking(comm))
     else:
-        holds = job.ship is not None and ships_pieces(job.ship.mode)
+        holds = job.target.ship is not None and ships_pieces(job.target.ship.mode)
         master = Master(scheduler, Forward(comm, holds), Progress(0, quiet=True), stats)
     partition = PartitionMaster(master, workers=local.Get_size() - 1)
     link = SupermasterLink(partition, comm, store, plan)
@@ -435,9 +435,9 @@ def _supermaster(
     start = time.perf_counter()
     stats = RankStats(rank=0, role="supermaster")
     progress = Progress(len(job.queries), quiet=job.quiet)
-    auto = job.ship is not None and job.ship.mode == "auto"
+    auto = job.target.ship is not None and job.target.ship.mode == "auto"
     chooser = AutoChooser(job, plan, measure_site(job), journal) if auto else None
-    sink = None if auto else open_sink(job, plan, job.ship.mode if job.ship else None, journal)
+    sink = None if auto else open_sink(job, plan, job.target.ship.mode if job.target.ship else None, journal)
     shell = JobShell(job, journal, progress)
     segments: SegmentMaster | None = None
 

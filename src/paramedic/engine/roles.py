@@ -38,9 +38,9 @@ def run_job(job: Job, comm: MPI.Comm, command: list[str]) -> RunRecord | None:
     replay = NOTHING
     if comm.Get_rank() == 0:
         plan = job.plan(max(1, comm.Get_size() - 1))
-        if job.journal is not None:  # resuming: the journal's plan, whatever the ranks are this time
+        if job.target.journal is not None:  # resuming: the journal's plan, whatever the ranks are this time
             journal, plan, replay = Journal.open(
-                job.journal, job.journal_identity(), plan, job.restart, job.volume_stamps
+                job.target.journal, job.journal_identity(), plan, job.target.restart, job.volume_stamps
             )
         if job.partition_size is not None:
             check_partitioning(job, plan, comm.Get_size(), job.partition_size)

@@ -74,8 +74,8 @@ class JobShell:
         check_stamps(self.job.db.directory, self.job.volume_stamps, self.journal)
         commit()
         self.progress.finish()
-        if self.job.save_metadata is not None:
-            save_metadata(self.job.save_metadata, self.job.identity, merged)
+        if self.job.target.save_metadata is not None:
+            save_metadata(self.job.target.save_metadata, self.job.identity, merged)
 
 
 def run_master(
@@ -101,7 +101,7 @@ def run_master(
     )
     shell = JobShell(job, journal, progress)
     published = published_earlier(job, journal)
-    auto = job.ship is not None and job.ship.mode == "auto" and published is None
+    auto = job.target.ship is not None and job.target.ship.mode == "auto" and published is None
     chooser = AutoChooser(job, plan, measure_site(job), journal) if auto else None
     master: Master | None = None
     sink: Output | None = None
@@ -109,7 +109,7 @@ def run_master(
         if published is not None:
             sink = PublishedSink(job, published)
         elif not auto:
-            sink = open_sink(job, plan, job.ship.mode if job.ship else None, journal)
+            sink = open_sink(job, plan, job.target.ship.mode if job.target.ship else None, journal)
         master = Master(
             Scheduler(
                 plan,
@@ -131,7 +131,7 @@ def run_master(
                 master.scheduler.mark_piece_done(piece)
             if not job.quiet:
                 print(
-                    f"paramedic: the storage site already holds {job.ship.out if job.ship else ''} from an "
+                    f"paramedic: the storage site already holds {job.target.ship.out if job.target.ship else ''} from an "
                     "earlier run of this search, stopped before it heard so: nothing left to do",
                     file=sys.stderr,
                 )
@@ -162,12 +162,12 @@ def run_master(
 
 def conclude(record: RunRecord, job: Job, report: Path | None) -> None:
     """After the output is complete: the run record, the summary, and the page (--report)."""
-    if job.record is not None:
-        record.write(job.record)
+    if job.target.record is not None:
+        record.write(job.target.record)
     if not job.quiet:
         print(record.summary(), file=sys.stderr)
     if report is not None:
-        _write_page(record, report, job.record, job.quiet)
+        _write_page(record, report, job.target.record, job.quiet)
 
 
 def _write_page(record: RunRecord, page: Path, source: Path | None, quiet: bool) -> None:

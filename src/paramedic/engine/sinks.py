@@ -58,7 +58,7 @@ class Output(Sink, Protocol):
 
 def workers_write(job: Job) -> bool:
     """The workers write the report file (--output-strategy other than master, with -out FILE)."""
-    return output_strategy(job.output_strategy).workers_write and job.out is not None
+    return output_strategy(job.target.output_strategy).workers_write and job.target.out is not None
 
 
 class WriterSink:
@@ -258,12 +258,12 @@ class MetadataSink:
 def open_sink(job: Job, plan: Plan, mode: str | None, journal: Journal | None) -> Output:
     """The job's sink: `mode` None for a local -out (or standard output), else how --site ships."""
     outfmt = job.options.outfmt()
-    if job.ship is None or mode is None:
+    if job.target.ship is None or mode is None:
         partial = journal.partial_output if journal is not None else None
         if workers_write(job):
-            assert job.out is not None  # workers write only into a file
-            return WorkerSink(outfmt, plan.pieces, job.output_strategy, job.out, partial)
-        return WriterSink(outfmt, plan.pieces, LocalFile(job.out, partial))
+            assert job.target.out is not None  # workers write only into a file
+            return WorkerSink(outfmt, plan.pieces, job.target.output_strategy, job.target.out, partial)
+        return WriterSink(outfmt, plan.pieces, LocalFile(job.target.out, partial))
     return shipped_sink(job, plan, open_shipping(job, plan, mode, journal))
 
 
@@ -312,7 +312,7 @@ def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = Non
     from paramedic.ship.destination import cancel_site_job, start_shipping
     from paramedic.ship.registry import ships_pieces
 
-    assert job.ship is not None
+    assert job.target.ship is not None
     if ships_pieces(mode) and plan.query_segmentation:
         raise JobError(f"--ship {mode} needs the fragments strategy (query segmentation merges nothing)", 2)
     spec = JobSpec(
@@ -326,13 +326,13 @@ def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = Non
     )
     earlier = journal.earlier_site_job() if journal is not None else None
     if earlier is not None:  # a killed run's job still holds the output path at the site
-        cancel_site_job(job.ship, earlier)
+        cancel_site_job(job.target.ship, earlier)
     import uuid  # here: a search that ships nothing does not load it (4 ms with platform)
 
     job_id = uuid.uuid4().hex
     if journal is not None:  # noted before the site opens it: a run killed while it opens is cancelled too
         journal.note_site_job(job_id)
-    return start_shipping(job.ship, mode, spec, job_id)
+    return start_shipping(job.target.ship, mode, spec, job_id)
 
 
 def measure_site(job: Job) -> Link | None:
@@ -340,8 +340,8 @@ def measure_site(job: Job) -> Link | None:
     from paramedic.ship.auto import measure_link
     from paramedic.ship.transport import SiteError
 
-    assert job.ship is not None
-    link, manifest = measure_link(job.ship.site, job.ship.keys)
+    assert job.target.ship is not None
+    link, manifest = measure_link(job.target.ship.site, job.target.ship.keys)
     if manifest is not None and manifest != job.manifest_checksum:
         raise SiteError(
             "storage site: the storage site's replica is not the compute site's database "
@@ -354,15 +354,20 @@ def published_earlier(job: Job, journal: Journal | None) -> dict[str, Any] | Non
     """With --site: the site's `done` answer when an earlier run of this search, stopped before it heard
     it, had the site publish the output (the journal names that run's site job). Such a run cannot open a
     new job (the site never replaces a file), and has nothing left to do."""
-    if job.ship is None or journal is None or job.save_metadata is not None or job.ship.keys is None:
+    if (
+        job.target.ship is None
+        or journal is None
+        or job.target.save_metadata is not None
+        or job.target.ship.keys is None
+    ):
         return None
     earlier = journal.earlier_site_job()
     if earlier is None:
         return None
     from paramedic.ship.transport import scheme_named
 
-    scheme = scheme_named(job.ship.site.scheme, f"--site {job.ship.site}")
-    return scheme.finished_job(job.ship.site, job.ship.keys, earlier, job.ship.out)
+    scheme = scheme_named(job.target.ship.site.scheme, f"--site {job.target.ship.site}")
+    return scheme.finished_job(job.target.ship.site, job.target.ship.keys, earlier, job.target.ship.out)
 
 
 class PublishedSink:
@@ -371,8 +376,8 @@ class PublishedSink:
     holds_pieces = True
 
     def __init__(self, job: Job, done: dict[str, Any]):
-        assert job.ship is not None
-        self.ship_settings = job.ship
+        assert job.target.ship is not None
+        self.ship_settings = job.target.ship
         self.done = done
 
     def add(self, index: int, data: bytes) -> int:

@@ -48,6 +48,7 @@ import signal
 import stat
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -688,6 +689,7 @@ class JobStore:
 
     # -- restart --------------------------------------------------------------------------------------
     def _resume_from_disk(self) -> None:
+        """The jobs a stopped site held, taken up again from their directories in the state."""
         replica: list[tuple[Stamp, ...] | None | str] = []  # digested once, for every job resumed
 
         def replica_now() -> tuple[Stamp, ...] | None:
@@ -704,72 +706,79 @@ class JobStore:
             return replica[0]
 
         for directory in sorted(self.state.iterdir()):
-            if not JOB_ID.match(directory.name) or not (directory / "job.json").exists():
-                continue
+            if JOB_ID.match(directory.name) and (directory / "job.json").exists():
+                self._resume(directory, replica_now)
+
+    def _resume(self, directory: Path, replica_now: Callable[[], tuple[Stamp, ...] | None]) -> None:
+        """One job's directory: its record read back (or the job left on disk, said), a failed or done job
+        kept as it is, an unfinished one prepared again and its stored chunks decoded."""
+        try:
+            record = loads_json((directory / "job.json").read_bytes(), "job.json")
+            codec = make_codec(record["codec"])
+            setup = record["setup"]
+            relative = setup["out"]
+            out = safe_output_path(self.root, relative)
+            peer = str(record["peer"])
+            if ":" not in peer and peer != "inbox":  # recorded before owners had a transport prefix
+                peer = f"tls:{peer}"
+        except (ProtocolError, ParamedicError, OSError, ValueError, KeyError, TypeError) as exc:
+            self.log(f"job {directory.name}: cannot resume ({_describe(exc)}); left on disk")
+            return
+        location = output_location(self.root_fd, relative, directory.name)
+        job = SiteJob(directory.name, directory, peer, out, codec, None, setup, location)
+        job.touched = max(p.stat().st_mtime for p in (directory, *directory.rglob("*")))
+        self.jobs[job.job_id] = job
+        failed = directory / "failed.json"
+        if failed.exists():
             try:
-                record = loads_json((directory / "job.json").read_bytes(), "job.json")
-                codec = make_codec(record["codec"])
-                setup = record["setup"]
-                relative = setup["out"]
-                out = safe_output_path(self.root, relative)
-                peer = str(record["peer"])
-                if ":" not in peer and peer != "inbox":  # recorded before owners had a transport prefix
-                    peer = f"tls:{peer}"
-            except (ProtocolError, ParamedicError, OSError, ValueError, KeyError, TypeError) as exc:
-                self.log(f"job {directory.name}: cannot resume ({_describe(exc)}); left on disk")
-                continue
-            location = output_location(self.root_fd, relative, directory.name)
-            job = SiteJob(directory.name, directory, peer, out, codec, None, setup, location)
-            job.touched = max(p.stat().st_mtime for p in (directory, *directory.rglob("*")))
-            self.jobs[job.job_id] = job
-            failed = directory / "failed.json"
-            if failed.exists():
-                try:
-                    job.failure = str(loads_json(failed.read_bytes(), "failed.json").get("message", "failed"))
-                except (ProtocolError, OSError, AttributeError):
-                    job.failure = "failed"
-                continue
-            if job.done() is not None:
-                continue
-            try:
-                job.context = self._prepare(codec, setup, (directory / "setup.bin").read_bytes(), job.job_id)
-                if codec.layout == "pieces" and self.replica is not None:
-                    job.replica_stamps = replica_now()
-                    if job.replica_stamps is not None and not _same_replica(directory, job.replica_stamps):
-                        _forget_pieces(directory)  # regenerated from bytes written since: again, from now
-                        _write_replica_stamps(directory, job.replica_stamps)
-                        self.log(
-                            f"job {job.job_id}: the replica was written since its pieces were regenerated; "
-                            "they are regenerated again"
-                        )
-            except (ProtocolError, ParamedicError, OSError, ValueError, MemoryError) as exc:
-                self._fail(job, f"cannot resume after a restart: {_describe(exc)}")
-                continue
-            with self.targets_lock:
-                holder = self.targets.setdefault(relative, job.job_id)
-            if holder != job.job_id:
-                self._fail(job, f"output path {relative!r}: another job is writing it now")
-                continue
-            for path in (directory / "decoded").glob("*.json"):
-                job.decoded[int(path.stem)] = json.loads(path.read_text())
-            for path in (directory / "chunks").glob("*.json"):
-                job.acked.add(int(path.stem))
-            job.stored_bytes = sum(
-                p.stat().st_size for sub in ("chunks", "pieces") for p in (directory / sub).glob("*")
-            )
-            if codec.layout == "ranges":
-                job.stored_bytes += sum(seg[1] for m in job.decoded.values() for seg in m["segments"])
-            pending = len(job.acked - job.decoded.keys())
-            if codec.ordered:
-                self._unpack_in_order(job)  # replays every stored chunk, decodes the undecoded ones
-            else:
-                for index in sorted(job.acked - job.decoded.keys()):
-                    header = json.loads((directory / "chunks" / f"{index}.json").read_text())
-                    data = (directory / "chunks" / f"{index}.bin").read_bytes()
-                    self._queue_decode(job, index, header, data, unpacked=False)
-            self.log(
-                f"job {job.job_id}: resumed from disk, {len(job.acked)} chunks held, {pending} to decode"
-            )
+                job.failure = str(loads_json(failed.read_bytes(), "failed.json").get("message", "failed"))
+            except (ProtocolError, OSError, AttributeError):
+                job.failure = "failed"
+            return
+        if job.done() is not None:
+            return
+        try:
+            job.context = self._prepare(codec, setup, (directory / "setup.bin").read_bytes(), job.job_id)
+            if codec.layout == "pieces" and self.replica is not None:
+                job.replica_stamps = replica_now()
+                if job.replica_stamps is not None and not _same_replica(directory, job.replica_stamps):
+                    _forget_pieces(directory)  # regenerated from bytes written since: again, from now
+                    _write_replica_stamps(directory, job.replica_stamps)
+                    self.log(
+                        f"job {job.job_id}: the replica was written since its pieces were regenerated; "
+                        "they are regenerated again"
+                    )
+        except (ProtocolError, ParamedicError, OSError, ValueError, MemoryError) as exc:
+            self._fail(job, f"cannot resume after a restart: {_describe(exc)}")
+            return
+        with self.targets_lock:
+            holder = self.targets.setdefault(relative, job.job_id)
+        if holder != job.job_id:
+            self._fail(job, f"output path {relative!r}: another job is writing it now")
+            return
+        self._reload_chunks(job)
+
+    def _reload_chunks(self, job: SiteJob) -> None:
+        """A resumed job's stored chunks: those decoded counted, the others decoded again."""
+        directory = job.directory
+        for path in (directory / "decoded").glob("*.json"):
+            job.decoded[int(path.stem)] = json.loads(path.read_text())
+        for path in (directory / "chunks").glob("*.json"):
+            job.acked.add(int(path.stem))
+        job.stored_bytes = sum(
+            p.stat().st_size for sub in ("chunks", "pieces") for p in (directory / sub).glob("*")
+        )
+        if job.codec.layout == "ranges":
+            job.stored_bytes += sum(seg[1] for m in job.decoded.values() for seg in m["segments"])
+        pending = len(job.acked - job.decoded.keys())
+        if job.codec.ordered:
+            self._unpack_in_order(job)  # replays every stored chunk, decodes the undecoded ones
+        else:
+            for index in sorted(job.acked - job.decoded.keys()):
+                header = json.loads((directory / "chunks" / f"{index}.json").read_text())
+                data = (directory / "chunks" / f"{index}.bin").read_bytes()
+                self._queue_decode(job, index, header, data, unpacked=False)
+        self.log(f"job {job.job_id}: resumed from disk, {len(job.acked)} chunks held, {pending} to decode")
 
     def close(self) -> None:
         self.stopping.set()
