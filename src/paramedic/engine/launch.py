@@ -288,18 +288,6 @@ def _supervise(
     """Run mpiexec in a session of its own (a terminal's Ctrl-C reaches only us; we stop the job). None
     when MPI did not start (`ranks` ranks out of MPI_Init) within `_mpi_start_seconds`: every process of
     the job is then killed, and what MPI made in /dev/shm removed."""
-    interrupted: list[float] = []  # when the first interrupt came
-    start_by: float | None = time.monotonic() + _mpi_start_seconds()
-    stuck: list[float] = []  # when the job was killed for a rank stuck in MPI_Init
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        if not interrupted:
-            interrupted.append(time.monotonic())
-        try:
-            proc.send_signal(signal.SIGINT)  # hydra stops every rank
-        except OSError:
-            pass
-
     from paramedic.engine.leftovers import dies_with_this_process
 
     proc = subprocess.Popen(
@@ -310,14 +298,14 @@ def _supervise(
         start_new_session=True,
         preexec_fn=dies_with_this_process(),  # killed with us: its ranks never search for nobody
     )
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    watch = _Watch(proc, job_dir / "ranks", ranks, env[JOB_ID_VARIABLE])
+    previous = {s: signal.signal(s, watch.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     bar = _Bar(job_dir / "progress") if show_bar else None
     exit_string: list[bytes] = []
     said: list[bytes] = []  # paramedic's own error lines the ranks printed
-    closed: list[float] = []  # when our stdout's reader went away (`| head -1`)
-    stopping = _Either(interrupted, closed, stuck)  # the ranks' complaints while stopped are not shown
+    stopping = _Either(watch.interrupted, watch.closed, watch.stuck)  # complaints while stopped: not shown
     relays = [
-        threading.Thread(target=_relay_stdout, args=(proc.stdout, exit_string, closed), daemon=True),
+        threading.Thread(target=_relay_stdout, args=(proc.stdout, exit_string, watch.closed), daemon=True),
         threading.Thread(target=_relay_stderr, args=(proc.stderr, bar, said, stopping), daemon=True),
     ]
     for t in relays:
@@ -330,19 +318,7 @@ def _supervise(
             except subprocess.TimeoutExpired:
                 if bar is not None:
                     bar.update()
-                if closed and len(closed) == 1:  # nobody reads the report any more: stop the job
-                    closed.append(time.monotonic())
-                    with contextlib.suppress(OSError):
-                        proc.send_signal(signal.SIGINT)
-                first = interrupted[0] if interrupted else closed[0] if closed else None
-                if first is not None and time.monotonic() - first > STOP_SECONDS:
-                    os.killpg(proc.pid, signal.SIGKILL)  # mpiexec did not stop its ranks in time
-                if not stuck and start_by is not None and time.monotonic() > start_by:
-                    if _started(job_dir / "ranks") >= ranks:
-                        start_by = None  # every rank is out of MPI_Init: no bound from here on
-                    else:  # a rank in MPI_Init answers no signal: kill every process of the job
-                        stuck.append(time.monotonic())
-                        _kill_job(env[JOB_ID_VARIABLE], proc.pid)
+                watch.look()
         for t in relays:
             t.join(timeout=5)
         _end_stragglers(job_dir / "ranks")
@@ -352,17 +328,63 @@ def _supervise(
             signal.signal(s, handler)
         if bar is not None:
             bar.close(success=False)
-    if stuck and not interrupted:
+    if watch.stuck and not watch.interrupted:
         return None
-    if closed and not interrupted:  # as BLAST+ into a closed pipe: no message, 141
+    if watch.closed and not watch.interrupted:  # as BLAST+ into a closed pipe: no message, 141
         from paramedic.pipes import stdout_closed
 
         return stdout_closed()
-    if interrupted:
+    if watch.interrupted:
         print("paramedic: interrupted: the job was stopped and its temporary files removed", file=sys.stderr)
         return 130
     if code == 0 or said:  # a job refused before its search: rank 0 said why and every rank exited
         return code
+    return _unexplained(code, job_dir, exit_string)
+
+
+class _Watch:
+    """What the launcher watches while mpiexec runs: an interrupt (stop the job), our stdout's reader
+    gone (`| head -1`: stop it too), a stop that takes too long (kill it), and MPI's start (a rank in
+    MPI_Init past `_mpi_start_seconds` answers no signal: kill every process of the job). Each list holds
+    when that happened, once it has."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], ranks_dir: Path, ranks: int, job_id: str):
+        self.proc = proc
+        self.ranks_dir = ranks_dir
+        self.ranks = ranks
+        self.job_id = job_id
+        self.start_by: float | None = time.monotonic() + _mpi_start_seconds()
+        self.interrupted: list[float] = []  # when the first interrupt came
+        self.closed: list[float] = []  # when our stdout's reader went away
+        self.stuck: list[float] = []  # when the job was killed for a rank stuck in MPI_Init
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        if not self.interrupted:
+            self.interrupted.append(time.monotonic())
+        with contextlib.suppress(OSError):
+            self.proc.send_signal(signal.SIGINT)  # hydra stops every rank
+
+    def look(self) -> None:
+        """One look while mpiexec runs (every 0.2 s)."""
+        now = time.monotonic()
+        if len(self.closed) == 1:  # nobody reads the report any more: stop the job
+            self.closed.append(now)
+            with contextlib.suppress(OSError):
+                self.proc.send_signal(signal.SIGINT)
+        first = self.interrupted[0] if self.interrupted else self.closed[0] if self.closed else None
+        if first is not None and now - first > STOP_SECONDS:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # mpiexec did not stop its ranks in time
+        if not self.stuck and self.start_by is not None and now > self.start_by:
+            if _started(self.ranks_dir) >= self.ranks:
+                self.start_by = None  # every rank is out of MPI_Init: no bound from here on
+            else:  # a rank in MPI_Init answers no signal: kill every process of the job
+                self.stuck.append(now)
+                _kill_job(self.job_id, self.proc.pid)
+
+
+def _unexplained(code: int, job_dir: Path, exit_string: list[bytes]) -> int:
+    """A job that failed without a rank saying why on its way out: the error a rank left in the job's
+    directory, else what mpiexec said of the rank that ended."""
     message = _read(job_dir / "error.txt")
     if message:
         print(message.splitlines()[0], file=sys.stderr, flush=True)
