@@ -7,7 +7,6 @@ Every problem a user can cause surfaces here as one clear error, before the para
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field, replace
@@ -147,7 +146,7 @@ class Job:
         """The job as a worker rank gets it: without the queries (each task brings its own,
         paramedic.engine.ranks `RankTransport.send`) or the metadata loaded for the master, so that no
         rank holds every query but rank 0 and the partition masters."""
-        return dataclasses.replace(self, queries=[], preloaded=None, verified=None)
+        return replace(self, queries=[], preloaded=None, verified=None)
 
     def journal_identity(self) -> dict[str, object]:
         """What the journaled work depends on: a journal made with anything else is not continued."""
