@@ -559,16 +559,7 @@ def predict(
     engine's, docs/CONTRIBUTING.md "Add a scheduler policy")."""
     started = time.perf_counter()
     rng = random.Random(settings.seed)
-    if settings.query_file is not None:
-        program = PROGRAMS[model.program]
-        lengths = [len(r.sequence) for r in read_fasta(settings.query_file, program.query_type)]
-    n = len(lengths) if settings.query_file is not None else settings.queries
-    assert n is not None
-    picks = [model.queries[rng.randrange(len(model.queries))] for _ in range(n)]
-    if settings.query_file is None:
-        lengths = [q.length for q in picks]
-    residues = [0, *itertools.accumulate(lengths)]
-    piece_cost = [0.0, *itertools.accumulate(q.piece_seconds for q in picks)]
+    lengths, picks = _workload(model, settings, rng)
     fragment_residues = model.database(settings.fragments, settings.database_scale)
     blast_residues = batch_residues(model.program, BlastOptions())
     plan = make_plan(
@@ -585,60 +576,155 @@ def predict(
         keep_alignments=model.keep_alignments,
         blast_batches=query_batches(lengths, blast_residues) if blast_residues else (),
     )
-    whole_residues = sum(fragment_residues)
     output = OUTPUT_COSTS[settings.output_strategy]
-
-    def cost(task: Task) -> float:
-        return shared * blast_seconds(task)
-
-    def blast_seconds(task: Task) -> float:
-        if isinstance(task, SearchTask):
-            batch = plan.batches[task.batch]
-            q = residues[batch.stop] - residues[batch.start]
-            rate = model.search_rates[rng.randrange(len(model.search_rates))]
-            return model.startup + rate * q * fragment_residues[task.fragment]
-        stop = task.first_query + task.n_queries
-        if task.subjects is None:  # query segmentation: the whole database searched
-            rate = model.search_rates[rng.randrange(len(model.search_rates))]
-            return model.startup + rate * (residues[stop] - residues[task.first_query]) * whole_residues
-        return model.startup + piece_cost[stop] - piece_cost[task.first_query]
-
-    nothing: dict[int, FragmentSearch] = {}
-
-    def result(task: Task) -> SearchResult | PieceResult:
-        if isinstance(task, SearchTask):
-            n = len(plan.batches[task.batch])
-            if n not in nothing:
-                nothing[n] = FragmentSearch([[] for _ in range(n)], [None] * n)
-            return SearchResult(task, nothing[n], stored=model.alignments_stored)
-        return PieceResult(task, b"", 0.0)
-
+    tasks = _TaskCosts(model, plan, lengths, picks, fragment_residues, rng)
     # the ranks: rank 0 (the only master, or the supermaster over partitions of a master and workers),
     # each master's loop the runner's own (paramedic.engine.runner) on one virtual clock
     ranks = settings.workers + 1
-    partitioned = settings.partition_size is not None
-    groups = [list(range(ranks))]  # rank 0 the master, then its workers
-    if settings.partition_size is not None:
-        try:
-            groups = partitions(ranks, settings.partition_size)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        try:
-            supermaster = Supermaster(plan)
-        except ValueError:
-            raise UsageError(
-                "--partition-size: the pilot's -outfmt is written in one piece (not stitched), which "
-                "cannot be cut into query segments"
-            ) from None
+    groups, supermaster = _partition_groups(settings, plan, ranks)
     searching = sum(len(group) - 1 for group in groups)  # the ranks running BLAST+
-    shared = max(1.0, searching / settings.cores) if settings.cores else 1.0
+    tasks.shared = max(1.0, searching / settings.cores) if settings.cores else 1.0
     costs = _Shared(model, output, plan, settings.message_seconds, settings.latency_seconds, searching)
     network = VirtualNetwork()
-    zero = RankZeroCosts(costs) if partitioned else None
+    zero = RankZeroCosts(costs) if supermaster is not None else None
+    links, masters = _masters(model, settings, plan, scheduler, groups, network, costs, tasks, zero)
+    segments = None
+    if supermaster is not None and zero is not None:
+        rank0 = _Sink(plan, lambda index: None)  # its cost is charged as the piece arrives
+        segments = SegmentMaster(supermaster, rank0, Progress(0, quiet=True), RankStats(0, "supermaster"))
+        network.join(segments, zero)
+    network.run()
+    if not (segments.finished if segments is not None else masters[0].finished):
+        raise UsageError("internal: the simulated job stalled (the scheduler handed out no task)")
+    end = max(network.now, *(link.free for link in links), zero.free if zero is not None else 0.0)
+    if output.round_bytes is not None and costs.unwritten:
+        costs.write_round(end)
+    wall = max(end, costs.round_until) + model.fixed_seconds
+    return Prediction(
+        settings=settings,
+        queries=len(lengths),
+        wall_seconds=wall,
+        work_seconds=costs.work,
+        ranks=ranks,
+        partitions=len(groups) if supermaster is not None else 0,
+        plan_batches=len(plan.batches),
+        plan_pieces=len(plan.pieces),
+        fragments=plan.n_fragments,
+        tasks=costs.tasks,
+        roles=_roles(zero, links, searching, costs),
+        fixed_seconds=model.fixed_seconds,
+        scheduler_seconds=network.loop_seconds,
+        simulate_seconds=time.perf_counter() - started,
+        last_segment_seconds=zero.last_segment if zero is not None else None,
+        output_rounds=costs.rounds,
+    )
+
+
+def _workload(
+    model: CostModel, settings: SimulateSettings, rng: random.Random
+) -> tuple[list[int], list[QuerySample]]:
+    """The job's query lengths (its query file's, or the pilot's sampled) and a pilot query sampled for
+    each, whose costs it takes."""
+    n = settings.queries
+    lengths: list[int] = []
+    if settings.query_file is not None:
+        program = PROGRAMS[model.program]
+        lengths = [len(r.sequence) for r in read_fasta(settings.query_file, program.query_type)]
+        n = len(lengths)
+    assert n is not None
+    picks = [model.queries[rng.randrange(len(model.queries))] for _ in range(n)]
+    if settings.query_file is None:
+        lengths = [q.length for q in picks]
+    return lengths, picks
+
+
+class _TaskCosts:
+    """A task's virtual seconds (the pilot's rates, sampled per search; `shared`: how much slower each
+    BLAST+ run goes with more running ranks than cores) and the empty result a simulated task returns."""
+
+    def __init__(
+        self,
+        model: CostModel,
+        plan: Plan,
+        lengths: Sequence[int],
+        picks: Sequence[QuerySample],
+        fragment_residues: Sequence[int],
+        rng: random.Random,
+    ):
+        self.model = model
+        self.plan = plan
+        self.rng = rng
+        self.residues = [0, *itertools.accumulate(lengths)]
+        self.piece_cost = [0.0, *itertools.accumulate(q.piece_seconds for q in picks)]
+        self.fragment_residues = fragment_residues
+        self.whole_residues = sum(fragment_residues)
+        self.shared = 1.0
+        self._nothing: dict[int, FragmentSearch] = {}
+
+    def cost(self, task: Task) -> float:
+        return self.shared * self.blast_seconds(task)
+
+    def _rate(self) -> float:
+        return self.model.search_rates[self.rng.randrange(len(self.model.search_rates))]
+
+    def blast_seconds(self, task: Task) -> float:
+        model, residues = self.model, self.residues
+        if isinstance(task, SearchTask):
+            batch = self.plan.batches[task.batch]
+            q = residues[batch.stop] - residues[batch.start]
+            return model.startup + self._rate() * q * self.fragment_residues[task.fragment]
+        stop = task.first_query + task.n_queries
+        if task.subjects is None:  # query segmentation: the whole database searched
+            q = residues[stop] - residues[task.first_query]
+            return model.startup + self._rate() * q * self.whole_residues
+        return model.startup + self.piece_cost[stop] - self.piece_cost[task.first_query]
+
+    def result(self, task: Task) -> SearchResult | PieceResult:
+        if isinstance(task, SearchTask):
+            n = len(self.plan.batches[task.batch])
+            if n not in self._nothing:
+                self._nothing[n] = FragmentSearch([[] for _ in range(n)], [None] * n)
+            return SearchResult(task, self._nothing[n], stored=self.model.alignments_stored)
+        return PieceResult(task, b"", 0.0)
+
+
+def _partition_groups(
+    settings: SimulateSettings, plan: Plan, ranks: int
+) -> tuple[list[list[int]], Supermaster | None]:
+    """The ranks of each master (the first of each group; one group without partitions), and the
+    supermaster over the partitions."""
+    if settings.partition_size is None:
+        return [list(range(ranks))], None
+    try:
+        groups = partitions(ranks, settings.partition_size)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        return groups, Supermaster(plan)
+    except ValueError:
+        raise UsageError(
+            "--partition-size: the pilot's -outfmt is written in one piece (not stitched), which "
+            "cannot be cut into query segments"
+        ) from None
+
+
+def _masters(
+    model: CostModel,
+    settings: SimulateSettings,
+    plan: Plan,
+    scheduler: type[Scheduler],
+    groups: list[list[int]],
+    network: VirtualNetwork,
+    costs: _Shared,
+    tasks: _TaskCosts,
+    zero: RankZeroCosts | None,
+) -> tuple[list[MasterCosts], list[Master]]:
+    """Each group's master, as the engine builds it, joined to the network with its workers' costs."""
+    partitioned = zero is not None
     links: list[MasterCosts] = []
     masters: list[Master] = []
     for group in groups:
-        link = MasterCosts(costs, len(group) - 1, result, cost, zero)
+        link = MasterCosts(costs, len(group) - 1, tasks.result, tasks.cost, zero)
         policy = scheduler(
             plan,
             keep_alignments=model.keep_alignments,
@@ -653,43 +739,21 @@ def predict(
         network.join(master, link)
         links.append(link)
         masters.append(master)
-    segments = None
-    if zero is not None:
-        rank0 = _Sink(plan, lambda index: None)  # its cost is charged as the piece arrives
-        segments = SegmentMaster(supermaster, rank0, Progress(0, quiet=True), RankStats(0, "supermaster"))
-        network.join(segments, zero)
-    network.run()
-    if not (segments.finished if segments is not None else masters[0].finished):
-        raise UsageError("internal: the simulated job stalled (the scheduler handed out no task)")
-    end = max(network.now, *(link.free for link in links), zero.free if zero is not None else 0.0)
-    if output.round_bytes is not None and costs.unwritten:
-        costs.write_round(end)
-    wall = max(end, costs.round_until) + model.fixed_seconds
+    return links, masters
+
+
+def _roles(
+    zero: RankZeroCosts | None, links: list[MasterCosts], searching: int, costs: _Shared
+) -> dict[str, Role]:
+    """Each kind of rank's count and busy seconds."""
     roles: dict[str, Role] = {}
     if zero is not None:
         roles["supermaster"] = Role(1, zero.busy)
-        roles["partition masters"] = Role(len(groups), sum(link.busy for link in links))
+        roles["partition masters"] = Role(len(links), sum(link.busy for link in links))
     else:
         roles["master"] = Role(1, links[0].busy)
     roles["workers"] = Role(searching, costs.worker_busy)
-    return Prediction(
-        settings=settings,
-        queries=n,
-        wall_seconds=wall,
-        work_seconds=costs.work,
-        ranks=ranks,
-        partitions=len(groups) if partitioned else 0,
-        plan_batches=len(plan.batches),
-        plan_pieces=len(plan.pieces),
-        fragments=plan.n_fragments,
-        tasks=costs.tasks,
-        roles=roles,
-        fixed_seconds=model.fixed_seconds,
-        scheduler_seconds=network.loop_seconds,
-        simulate_seconds=time.perf_counter() - started,
-        last_segment_seconds=zero.last_segment if zero is not None else None,
-        output_rounds=costs.rounds,
-    )
+    return roles
 
 
 def run_simulate(settings: SimulateSettings, as_json: bool) -> int:

@@ -24,6 +24,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import zstandard
@@ -111,6 +112,27 @@ def _auto(
     return mode, decision, made, f, check, units
 
 
+@dataclass
+class _Shipment:
+    """What `ship_file` sends, decided before the site's job opens: the mode and its codec, auto's record of
+    why, the metadata made so far (auto makes all of it; the metadata mode makes it, or its first unit,
+    while the job opens), its rebuild check (run only if the site refuses), the units a codec cuts the
+    file into (`planned`: how many, known from the header), the file's SHA-256 and the site job ids an
+    earlier run of the same command may have used."""
+
+    mode: str
+    codec: Any
+    decision: dict[str, Any] | None
+    made: list[Metadata] | None
+    check: Check | None
+    units: list[Any] | None
+    encode_seconds: float
+    planned: int | None
+    sha: Any
+    job_id: str
+    ids: list[str]
+
+
 def ship_file(
     settings: ShipSettings, app: Application, data: bytes, precision: str = "lossless"
 ) -> ShipReport:
@@ -119,16 +141,32 @@ def ship_file(
     (`data` is already reduced to it; recorded in the metadata and the report)."""
     if settings.mode not in app.ship_modes + ("auto",):
         raise UsageError(f"--ship {settings.mode}: {app.name} ships {', '.join(app.ship_modes)} or auto")
+    shipment = _shipment(settings, app, data, precision)
+    # units go over one stream, in order: the site regenerates each while the next arrives (over four
+    # streams they shared the link and all arrived at the end, and so were regenerated at the end)
+    streams = 1 if shipment.planned is not None else None
+    transport = open_transport(_opening(settings, shipment.codec.name, shipment.job_id, streams))
+    if shipment.mode == METADATA and shipment.made is None:
+        earlier = _encode_while_opening(settings, app, data, shipment, transport)
+    else:
+        earlier = _open_unless_published(settings, app, data, shipment, transport)
+    if earlier is not None:
+        return _with_precision(earlier, app, precision)
+    return _send(settings, app, data, precision, shipment, transport)
+
+
+def _shipment(settings: ShipSettings, app: Application, data: bytes, precision: str) -> _Shipment:
+    """The mode (auto's choice, made on this file), its codec, and the job ids to ask and open."""
     mode, decision = settings.mode, None
     made: list[Metadata] | None = None
-    auto_check: Check | None = None
+    check: Check | None = None
     units: list[Any] | None = None
     encode_seconds = 0.0
     if mode == "auto":
-        mode, decision, made, encode_seconds, auto_check, units = _auto(settings, app, data, precision)
+        mode, decision, made, encode_seconds, check, units = _auto(settings, app, data, precision)
     codec = _codec(app, mode, precision)
-    if mode != METADATA:
-        units = None
+    if mode != METADATA:  # auto's metadata is not what goes
+        made, check, units = None, None, None
     # how many units the file is cut into (cut while the site's job opens), from its header alone
     planned = None if mode != METADATA else len(units) if units else _unit_count(codec, data)
     sha = hashlib.sha256(data)  # once: 0.03 s of CPU for a 28 MB trace each time it is not done again
@@ -138,88 +176,126 @@ def ship_file(
     # an earlier run's file may have gone as the general codec's metadata: its job id is asked too
     general = resumable_job_id(settings.out or "", "general", data, sha.digest())
     ids = [job_id] + ([general] if mode == METADATA else [])
-    # units go over one stream, in order: the site regenerates each while the next arrives (over four
-    # streams they shared the link and all arrived at the end, and so were regenerated at the end)
-    transport = open_transport(_opening(settings, codec.name, job_id, 1 if planned is not None else None))
-    check: Check | None = auto_check if mode == METADATA else None
-    if mode == METADATA and made is None:
-        # the site is asked for an earlier run's file and the job opens (TLS handshakes) while the
-        # metadata is made; the metadata is not decoded here (where the codec offers that): the site
-        # regenerates the file and checks its SHA-256 before writing, and only if it refuses is the rebuild
-        # checked here (a layout the codec does not model)
-        earlier: list[ShipReport | None] = [None]
+    return _Shipment(mode, codec, decision, made, check, units, encode_seconds, planned, sha, job_id, ids)
 
-        def open_unless_published() -> None:
-            earlier[0] = _published_earlier_of(settings, ids, data, sha.hexdigest())
-            if earlier[0] is None:
-                transport.start()
 
-        opened = _Background(open_unless_published)
-        try:
-            units = _units_of(codec, data) if planned is not None else None
-            if units is not None:  # the first unit now, the others while the ones before are sent
-                made, check, encode_seconds = _encode_all(codec, data, units[:1])
-                check = _units_check(codec, units, data)
-            else:
-                made, check, encode_seconds = _encode_all(codec, data, None)
-            for one in made:
-                _limit(app, one)
-        except BaseException:
-            finished, failure = opened.wait(OPEN_WAIT_ON_FAILURE)
-            if finished and failure is None and earlier[0] is None:  # the job is open: the site drops it
-                Shipping(settings, mode, codec, transport, 0).abort()
-            raise  # (a job still opening expires at the site as idle ones do)
-        failure = opened.wait()[1]
-        if failure is not None:
-            raise failure
-        if earlier[0] is not None:
-            return _with_precision(earlier[0], app, precision)
-    else:
-        done = _published_earlier_of(settings, ids, data, sha.hexdigest())
-        if done is not None:
-            return _with_precision(done, app, precision)
-        for one in made or []:
-            _limit(app, one)
-        transport.start()
-    shipping = Shipping(settings, mode, codec, transport, 0)
-    shipping.decision = decision
+def _encode_while_opening(
+    settings: ShipSettings, app: Application, data: bytes, shipment: _Shipment, transport: Any
+) -> ShipReport | None:
+    """The metadata made (of a file cut in units: the first unit, the others while the ones before are
+    sent) while the site is asked for an earlier run's file and, unless it has it, the job opens (TLS
+    handshakes); the earlier run's report, or None. The metadata is not decoded here: the site regenerates
+    the file and checks its SHA-256 before writing, and only if it refuses is the rebuild checked here (a
+    layout the codec does not model). On a failure the job, once open, is dropped at the site."""
+    earlier: list[ShipReport | None] = [None]
+
+    def open_unless_published() -> None:
+        earlier[0] = _published_earlier_of(settings, shipment.ids, data, shipment.sha.hexdigest())
+        if earlier[0] is None:
+            transport.start()
+
+    opened = _Background(open_unless_published)
+    codec = shipment.codec
     try:
-        if made is not None and mode == METADATA:
-            for one in made:
-                transport.send(*one)
-            for unit in (units or [])[len(made) :]:
-                start = time.perf_counter()
-                one = codec.encode_unit(unit)
-                encode_seconds += time.perf_counter() - start
-                _limit(app, one)
-                transport.send(*one)
-            shipping.encode_seconds = encode_seconds
+        units = _units_of(codec, data) if shipment.planned is not None else None
+        made, check, seconds = _encode_all(codec, data, None if units is None else units[:1])
+        if units is not None:
+            check = _units_check(codec, units, data)
+        for one in made:
+            _limit(app, one)
+    except BaseException:
+        finished, failure = opened.wait(OPEN_WAIT_ON_FAILURE)
+        if finished and failure is None and earlier[0] is None:  # the job is open: the site drops it
+            Shipping(settings, shipment.mode, codec, transport, 0).abort()
+        raise  # (a job still opening expires at the site as idle ones do)
+    shipment.units, shipment.made, shipment.check, shipment.encode_seconds = units, made, check, seconds
+    failure = opened.wait()[1]
+    if failure is not None:
+        raise failure
+    return earlier[0]
+
+
+def _open_unless_published(
+    settings: ShipSettings, app: Application, data: bytes, shipment: _Shipment, transport: Any
+) -> ShipReport | None:
+    """The report of an earlier run whose file the site has; else the job opened, None."""
+    done = _published_earlier_of(settings, shipment.ids, data, shipment.sha.hexdigest())
+    if done is not None:
+        return done
+    for one in shipment.made or []:
+        _limit(app, one)
+    transport.start()
+    return None
+
+
+def _send(
+    settings: ShipSettings,
+    app: Application,
+    data: bytes,
+    precision: str,
+    shipment: _Shipment,
+    transport: Any,
+) -> ShipReport:
+    """The file (or its metadata, unit after unit) over the open job, committed; a refusal by the site is
+    answered by `_after_refusal`."""
+    shipping = Shipping(settings, shipment.mode, shipment.codec, transport, 0)
+    shipping.decision = shipment.decision
+    try:
+        if shipment.made is not None:
+            _send_metadata(app, shipment, transport)
+            shipping.encode_seconds = shipment.encode_seconds
             shipping.output_bytes = len(data)
-            shipping.digest = sha.copy()
+            shipping.digest = shipment.sha.copy()
         else:
             shipping.write(data)
         shipping.commit()
     except SiteError as exc:
         shipping.abort()
-        if mode == METADATA and OVER_MEMORY in str(exc):
-            # the site cannot hold this trace's regeneration (serve --trace-memory): nothing is wrong with
-            # the metadata, so no rebuild here (it takes that memory too); `auto` ships the file compressed
-            if settings.mode != "auto":
-                raise
-            return _ship_compressed_instead(settings, app, data, precision, decision, sha, str(exc))
-        # the site regenerates and checks the file before writing it: unchecked metadata it refused is
-        # checked here only now; a layout the columns do not rebuild ships as the general codec's metadata
-        replacement = check() if check is not None else None
-        if replacement is None:
-            raise
-        return _reship(settings, app, data, precision, replacement, decision, sha)
+        return _after_refusal(settings, app, data, precision, shipment, exc)
     except BaseException:
         shipping.abort()
         raise
     report = shipping.report()
-    if planned is not None:
+    if shipment.planned is not None:
         report["streams"] = 1
     return _with_precision(report, app, precision)
+
+
+def _send_metadata(app: Application, shipment: _Shipment, transport: Any) -> None:
+    """The metadata made, then each remaining unit's, encoded while the one before is on its way."""
+    made = shipment.made or []
+    for one in made:
+        transport.send(*one)
+    for unit in (shipment.units or [])[len(made) :]:
+        start = time.perf_counter()
+        one = shipment.codec.encode_unit(unit)
+        shipment.encode_seconds += time.perf_counter() - start
+        _limit(app, one)
+        transport.send(*one)
+
+
+def _after_refusal(
+    settings: ShipSettings,
+    app: Application,
+    data: bytes,
+    precision: str,
+    shipment: _Shipment,
+    refusal: SiteError,
+) -> ShipReport:
+    """The site refused the file. A site that cannot hold a trace's regeneration (serve --trace-memory):
+    nothing is wrong with the metadata, so no rebuild here (it takes that memory too); `auto` ships the
+    file compressed. Otherwise unchecked metadata is checked only now; a layout the columns do not rebuild
+    ships as the general codec's metadata. Anything else is the refusal, raised."""
+    if shipment.mode == METADATA and OVER_MEMORY in str(refusal):
+        if settings.mode != "auto":
+            raise refusal
+        return _ship_compressed_instead(
+            settings, app, data, precision, shipment.decision, shipment.sha, str(refusal)
+        )
+    replacement = shipment.check() if shipment.check is not None else None
+    if replacement is None:
+        raise refusal
+    return _reship(settings, app, data, precision, replacement, shipment.decision, shipment.sha)
 
 
 def _reship(
