@@ -84,13 +84,15 @@ def test_a_manifest_missing_a_volumes_blake3_is_refused(tmp_path: Path) -> None:
 
 
 def test_members_file_gives_each_fragments_ids_in_order_and_is_checked(tmp_path: Path) -> None:
-    from paramedic.db.manifest import MEMBERS_NAME, fragment_members, members_bytes
+    from paramedic.db.manifest import MEMBERS_NAME, fragment_members, global_ids, members_bytes
 
     fragment_of = [2, 0, 1, 0, 2, 2, 1]
     data = members_bytes(fragment_of, 3)
     (tmp_path / MEMBERS_NAME).write_bytes(data)
     digest = blake3.blake3(data).hexdigest()
-    assert fragment_members(tmp_path, 3, digest) == ((1, 3), (2, 6), (0, 4, 5))
+    members = fragment_members(tmp_path, 3, digest)
+    assert [list(ids) for ids in members] == [[1, 3], [2, 6], [0, 4, 5]]
+    assert list(global_ids(members, [0, 1])) == [1, 3, 2, 6] and list(global_ids(members, [2])) == [0, 4, 5]
     bad = bytearray(data)
     bad[-1] ^= 1  # a changed id: the digest no longer matches
     (tmp_path / "other").mkdir()

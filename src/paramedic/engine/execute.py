@@ -18,7 +18,7 @@ from paramedic.blast.prelim import INJECTABLE, injection, piece_batch_residues, 
 from paramedic.blast.prelim_check import injection_works
 from paramedic.blast.render import Unrenderable, render
 from paramedic.blast.run import Database, regenerate, search_fragment
-from paramedic.db.manifest import fragment_members
+from paramedic.db.manifest import fragment_members, global_ids
 from paramedic.db.seqids import seqid_table
 from paramedic.engine.job import Job
 from paramedic.engine.master import PieceResult, Result, SearchResult
@@ -64,7 +64,7 @@ def execute(
                 queries,
                 workdir,
                 job.keep_alignments,
-                lambda: [gid for f in fragments for gid in fragment_members(*members)[f]],
+                lambda: global_ids(fragment_members(*members), fragments),
                 prelim_only=plan.traceback_once,
                 lists=store is not None and _injects(job, plan),
             )
