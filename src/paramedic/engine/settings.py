@@ -89,35 +89,45 @@ class SearchSettings:
     def __post_init__(self) -> None:
         """The settings check themselves: whoever builds them (the CLI, a test, a library user) gets the
         same one-line refusals."""
-        for flag, value in (("--batch", self.batch), ("--regen-batch", self.piece_queries)):
+        self._check_values()
+        self._check_combinations()
+        self._check_output_strategy()
+
+    def _check_values(self) -> None:
+        """Each option alone: counts at least 1, choices among their own."""
+        for flag, value in (
+            ("--batch", self.batch),
+            ("--regen-batch", self.piece_queries),
+            ("--replica-group-size", self.replica_group_size),
+        ):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} must be at least 1")
         if self.strategy not in ("auto", "fragments", "queries"):
             raise UsageError(f"--strategy {self.strategy}: choose auto, fragments or queries")
-        if self.traceback not in TRACEBACK_CHOICES:
-            raise UsageError(f"--traceback {self.traceback}: choose {', '.join(TRACEBACK_CHOICES)}")
+        for flag, choice, choices in (
+            ("--traceback", self.traceback, TRACEBACK_CHOICES),
+            ("--fragment-groups", self.fragment_groups, FRAGMENT_GROUP_CHOICES),
+            ("--runner", self.runner, RUNNER_CHOICES),
+        ):
+            if choice not in choices:
+                raise UsageError(f"{flag} {choice}: choose {', '.join(choices)}")
+        if self.partition_size is not None and self.partition_size < 2:
+            raise UsageError("--partition-size must be at least 2 (a partition master and a worker)")
+
+    def _check_combinations(self) -> None:
+        """Options that cannot go together, each refusal naming both."""
         if self.traceback != "auto" and self.strategy == "queries":
             raise UsageError(
                 f"--traceback {self.traceback} is how fragment searches align, and --strategy queries "
                 "searches no fragments: drop one of them"
-            )
-        if self.fragment_groups not in FRAGMENT_GROUP_CHOICES:
-            raise UsageError(
-                f"--fragment-groups {self.fragment_groups}: choose {', '.join(FRAGMENT_GROUP_CHOICES)}"
             )
         if self.fragment_groups != "auto" and self.strategy == "queries":
             raise UsageError(
                 f"--fragment-groups {self.fragment_groups} is how fragments are searched, and --strategy "
                 "queries searches no fragments: drop one of them"
             )
-        if self.replica_group_size is not None and self.replica_group_size < 1:
-            raise UsageError("--replica-group-size must be at least 1")
-        if self.partition_size is not None:
-            if self.partition_size < 2:
-                raise UsageError("--partition-size must be at least 2 (a partition master and a worker)")
-            if self.from_metadata is not None:
-                raise UsageError("--partition-size cannot regenerate from --from-metadata: run it without")
-        self._check_output_strategy()
+        if self.partition_size is not None and self.from_metadata is not None:
+            raise UsageError("--partition-size cannot regenerate from --from-metadata: run it without")
         if self.stage is not None:
             if self.strategy == "queries":
                 raise UsageError(
@@ -128,8 +138,6 @@ class SearchSettings:
                 raise UsageError("--from-metadata searches nothing, so there is nothing to --stage: drop it")
         if self.restart and not self.journal:
             raise UsageError("--restart discards a journal and --no-journal keeps none: choose one")
-        if self.runner not in RUNNER_CHOICES:
-            raise UsageError(f"--runner {self.runner}: choose {', '.join(RUNNER_CHOICES)}")
         if self.runner == "local" and self.needs_mpi:
             raise UsageError(
                 f"--runner local runs one process's threads, and {self.needs_mpi} needs MPI ranks"
