@@ -98,48 +98,55 @@ class InboxWatcher:
         now = time.time()
         info = os.stat(self.inbox)
         if (info.st_mtime_ns, True) != (self.listed[0], now - self.listed[1] < RESCAN_SECONDS):
-            listing = os.listdir(self.inbox)
-            self.names = {n for n in listing if JOB_ID.match(n)}
-            for gone in filter(GONE.match, listing):  # a remover stopped between its rename and delete
-                self._remove_left(gone, now)
-            self.listed = (info.st_mtime_ns, now)
-            for table in (self.seen, self.progress, self.next_look, self.looked):
-                for name in [n for n in table if n not in self.names]:
-                    del table[name]
-            self.waiting &= self.names
-            self.finished &= self.names
-            for name in self.finished:  # the listing changed: one of them may be a new directory already
-                self.next_look[name] = 0.0
+            self._relist(info.st_mtime_ns, now)
         for name in list(self.names):
-            due = self.next_look.get(name, 0.0)
-            if name not in self.waiting and now < due:
-                continue
-            try:
-                info = os.stat(self.inbox / name, follow_symlinks=False)
-            except OSError:
-                continue
-            idle = now - info.st_mtime
-            self.next_look[name] = now + (YOUNG_POLL_SECONDS if idle < YOUNG_SECONDS else RESCAN_SECONDS)
-            if not stat.S_ISDIR(info.st_mode):
-                continue
-            if name in self.finished:
-                if self._replied(name):
-                    if idle > self.keep_seconds:
-                        self._remove(name)
-                    continue
-                self._forget(name)  # the same job id again at once: a new directory, not the finished one
-            last = self.seen.get(name)
-            changed = name in self.waiting or last is None or last != info.st_mtime_ns
-            if not changed:
+            if name in self.waiting or now >= self.next_look.get(name, 0.0):
+                self._visit(name, now)
+
+    def _relist(self, mtime_ns: int, now: float) -> None:
+        """The inbox's job directories listed again; what was known of those gone is dropped."""
+        listing = os.listdir(self.inbox)
+        self.names = {n for n in listing if JOB_ID.match(n)}
+        for gone in filter(GONE.match, listing):  # a remover stopped between its rename and delete
+            self._remove_left(gone, now)
+        self.listed = (mtime_ns, now)
+        for table in (self.seen, self.progress, self.next_look, self.looked):
+            for name in [n for n in table if n not in self.names]:
+                del table[name]
+        self.waiting &= self.names
+        self.finished &= self.names
+        for name in self.finished:  # the listing changed: one of them may be a new directory already
+            self.next_look[name] = 0.0
+
+    def _visit(self, name: str, now: float) -> None:
+        """One job directory, due for a look: removed once idle past `keep_seconds` (answered, abandoned,
+        or junk), looked into when it changed (its mtime) or every RESCAN_SECONDS."""
+        try:
+            info = os.stat(self.inbox / name, follow_symlinks=False)
+        except OSError:
+            return
+        idle = now - info.st_mtime
+        self.next_look[name] = now + (YOUNG_POLL_SECONDS if idle < YOUNG_SECONDS else RESCAN_SECONDS)
+        if not stat.S_ISDIR(info.st_mode):
+            return
+        if name in self.finished:
+            if self._replied(name):
                 if idle > self.keep_seconds:
-                    self._remove(name)  # abandoned, or junk that never became a job
-                    continue
-                if now - self.looked.get(name, 0.0) < RESCAN_SECONDS:
-                    continue  # unchanged: its mtime tells when something arrives
-            self.seen[name] = info.st_mtime_ns
-            self.looked[name] = now
-            if self._look_into(name, changed):
-                self.next_look[name] = now  # a job in progress: stat it every round, its files come often
+                    self._remove(name)
+                return
+            self._forget(name)  # the same job id again at once: a new directory, not the finished one
+        last = self.seen.get(name)
+        changed = name in self.waiting or last is None or last != info.st_mtime_ns
+        if not changed:
+            if idle > self.keep_seconds:
+                self._remove(name)  # abandoned, or junk that never became a job
+                return
+            if now - self.looked.get(name, 0.0) < RESCAN_SECONDS:
+                return  # unchanged: its mtime tells when something arrives
+        self.seen[name] = info.st_mtime_ns
+        self.looked[name] = now
+        if self._look_into(name, changed):
+            self.next_look[name] = now  # a job in progress: stat it every round, its files come often
 
     def _remove_left(self, gone: str, now: float) -> None:
         """A directory renamed out of the job-name pattern to be deleted (`ship.inbox_dirs`), once it has

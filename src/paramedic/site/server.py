@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ from paramedic.site.store import (
     JobFailed,
     JobStore,
     Replica,
+    SiteJob,
 )
 
 PROTOCOL_VERSION = 1
@@ -320,8 +322,9 @@ class SiteServer:
     def _handle(
         self, peer: str, header: dict[str, Any], payload: bytes
     ) -> dict[str, Any] | tuple[dict[str, Any], bytes]:
+        """A request to its handler: a replica read (no job), a link's own (hello, ping, open), or one
+        about an open job of this peer's (`_JOB_OPS`), whose job is looked up first."""
         op = header["op"]
-        owner = TLS_OWNER + peer
         if op in READ_OPS:  # a compute site reading the replica (--mirror tls://): read-only, no job
             if self.reads is None:
                 raise ProtocolError("this storage site serves no replica reads (--no-replica-reads)")
@@ -336,40 +339,65 @@ class SiteServer:
         if op == "ping":  # link measurement: the payload only tests the bandwidth
             return {"op": "pong", "bytes": len(payload)}
         if op == "open":
-            has_setup = header.get("with_setup") is True
-            job = self.store.open(owner, header, payload if has_setup else None)
-            if job is None:
-                return {"op": "need_setup"}
-            if job.failure is not None:  # a stream reconnecting to a job that failed: it ends, with why
-                raise JobFailed(job.failure)
-            with job.lock:
-                acked = sorted(job.acked)
-            return {"op": "opened", "acked": acked}
-        job = self.store.get(owner, field_str(header, "job", 32))
-        if op == "chunk":
-            index = field_int(header, "index", 0)
-            if self.store.put_chunk(job, header, payload):
-                return {"op": "ack", "index": index}
-            log(f"job {job.job_id}: chunk {index} failed its SHA-256 check; asking again")
-            return {"op": "nack", "index": index, "reason": "sha256 mismatch"}
-        if op == "keepalive":  # a live compute site between chunks (the job does not expire)
-            if job.failure is not None:  # said now, not at finish: the search stops at once
-                raise JobFailed(job.failure)
-            return {"op": "alive"}
-        if op == "cancel":
-            self.store.cancel(job)
-            return {"op": "cancelled"}
-        if op == "status":  # a search run again after a kill: did its earlier job finish?
-            done = job.settled()
-            if done is not None:  # the output it published: the asking run checks it is its own
-                return {"op": "done", **done, "out": job.setup_header.get("out")}
-            return {"op": "status", "state": "failed" if job.failure is not None else "open"}
-        if op == "finish":
-            done = self.store.finish(job, header)
-            if done is None:  # progress, so that a waiting client can tell a busy site from a stuck one
-                return {"op": "pending", "decoded": len(job.decoded), "running": job.running}
-            return {"op": "done", **done}
-        raise ProtocolError(f"unknown request {op[:40]!r}")  # not all of it: the reply must fit in a frame
+            return self._open(TLS_OWNER + peer, header, payload)
+        job = self.store.get(TLS_OWNER + peer, field_str(header, "job", 32))
+        handler = _JOB_OPS.get(op)
+        if handler is None:
+            raise ProtocolError(
+                f"unknown request {op[:40]!r}"
+            )  # not all of it: the reply must fit in a frame
+        return handler(self, job, header, payload)
+
+    def _open(self, owner: str, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+        has_setup = header.get("with_setup") is True
+        job = self.store.open(owner, header, payload if has_setup else None)
+        if job is None:
+            return {"op": "need_setup"}
+        if job.failure is not None:  # a stream reconnecting to a job that failed: it ends, with why
+            raise JobFailed(job.failure)
+        with job.lock:
+            acked = sorted(job.acked)
+        return {"op": "opened", "acked": acked}
+
+    def _chunk(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+        index = field_int(header, "index", 0)
+        if self.store.put_chunk(job, header, payload):
+            return {"op": "ack", "index": index}
+        log(f"job {job.job_id}: chunk {index} failed its SHA-256 check; asking again")
+        return {"op": "nack", "index": index, "reason": "sha256 mismatch"}
+
+    def _keepalive(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+        """A live compute site between chunks (the job does not expire)."""
+        if job.failure is not None:  # said now, not at finish: the search stops at once
+            raise JobFailed(job.failure)
+        return {"op": "alive"}
+
+    def _cancel(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+        self.store.cancel(job)
+        return {"op": "cancelled"}
+
+    def _status(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+        """A search run again after a kill: did its earlier job finish?"""
+        done = job.settled()
+        if done is not None:  # the output it published: the asking run checks it is its own
+            return {"op": "done", **done, "out": job.setup_header.get("out")}
+        return {"op": "status", "state": "failed" if job.failure is not None else "open"}
+
+    def _finish(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+        done = self.store.finish(job, header)
+        if done is None:  # progress, so that a waiting client can tell a busy site from a stuck one
+            return {"op": "pending", "decoded": len(job.decoded), "running": job.running}
+        return {"op": "done", **done}
+
+
+# The requests about an open job, each answered by the server's method of the same name
+_JOB_OPS: dict[str, Callable[[SiteServer, SiteJob, dict[str, Any], bytes], dict[str, Any]]] = {
+    "chunk": SiteServer._chunk,
+    "keepalive": SiteServer._keepalive,
+    "cancel": SiteServer._cancel,
+    "status": SiteServer._status,
+    "finish": SiteServer._finish,
+}
 
 
 MAX_MESSAGE_CHARS = 1000

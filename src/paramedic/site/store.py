@@ -274,34 +274,15 @@ class JobStore:
             self._expire_idle_jobs()
             job = self.jobs.get(job_id)
             if job is not None:
-                if job.peer != peer:
-                    raise ProtocolError("job belongs to another compute site")
-                if header.get("setup") != job.setup_header:
-                    raise ProtocolError("job reopened with a different setup")
-                job.touched = time.time()
-                return job
-            active = [j for j in self.jobs.values() if j.active]
-            if len(active) >= MAX_ACTIVE_JOBS:
-                raise ProtocolError(f"storage site busy: {len(active)} jobs open")
-            mine = sum(1 for j in active if j.peer == peer)
-            if mine >= MAX_ACTIVE_JOBS_PER_PEER:
-                raise ProtocolError(f"storage site busy: this compute site has {mine} jobs open")
+                return self._reopen(job, peer, header)
+            self._check_room(peer)
             setup = header.get("setup")
             if not isinstance(setup, dict):
                 raise ProtocolError("open: setup must be an object")
             codec = make_codec(field_str(header, "codec", 64))
             relative = field_str(setup, "out", 1024)
             out = safe_output_path(self.root, relative)
-            with self.targets_lock:
-                holder = self.jobs.get(self.targets.get(relative, ""))
-            if holder is not None and holder.active:
-                if holder.peer != peer or time.time() - holder.touched < STALE_SECONDS:
-                    raise ProtocolError(
-                        f"output path {relative!r}: another job is writing it now (retry once it ends or expires)"
-                    )
-                # the same compute site, and that job silent for minutes (a live one sends keep-alives): a
-                # search killed and started again
-                self._fail(holder, "superseded: a new job of the same compute site writes the same output")
+            self._free_target(relative, peer)
             location = output_location(self.root_fd, relative, job_id)
             opened = False  # until then a refusal removes the directories made on the output's way
             try:
@@ -314,29 +295,14 @@ class JobStore:
                 payload = setup_payload or b""
                 self.space.check_free(len(payload))
                 context = self._prepare(codec, setup, payload, job_id)
-                directory = self.state / job_id
-                tmp = self.state / f".{job_id}.tmp"
-                try:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    (tmp / "chunks").mkdir(parents=True)
-                    (tmp / "decoded").mkdir()
-                    (tmp / "pieces").mkdir()
-                    write_durably(tmp / "setup.bin", payload)
-                    record = {
-                        "job": job_id,
-                        "peer": peer,
-                        "codec": codec.name,
-                        "setup": setup,
-                        "opened": time.time(),
-                    }
-                    write_durably(tmp / "job.json", json.dumps(record).encode())
-                    if stamps is not None:
-                        _write_replica_stamps(tmp, stamps)
-                    os.replace(tmp, directory)
-                    fsync_dir(self.state)
-                except OSError as exc:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    raise ProtocolError(f"storage site cannot open the job: {_describe(exc)}") from None
+                record = {
+                    "job": job_id,
+                    "peer": peer,
+                    "codec": codec.name,
+                    "setup": setup,
+                    "opened": time.time(),
+                }
+                directory = self._job_directory(job_id, payload, record, stamps)
                 job = SiteJob(job_id, directory, peer, out, codec, context, setup, location)
                 job.replica_stamps = stamps
                 job.stored_bytes = len(payload)
@@ -349,6 +315,60 @@ class JobStore:
             finally:
                 if not opened:
                     location.remove_empty_directories()
+
+    def _reopen(self, job: SiteJob, peer: str, header: dict[str, Any]) -> SiteJob:
+        """A job opened again (another stream, a reconnection): the same compute site, the same setup."""
+        if job.peer != peer:
+            raise ProtocolError("job belongs to another compute site")
+        if header.get("setup") != job.setup_header:
+            raise ProtocolError("job reopened with a different setup")
+        job.touched = time.time()
+        return job
+
+    def _check_room(self, peer: str) -> None:
+        """Refuses a new job past the site's open jobs, or past this compute site's (under the lock)."""
+        active = [j for j in self.jobs.values() if j.active]
+        if len(active) >= MAX_ACTIVE_JOBS:
+            raise ProtocolError(f"storage site busy: {len(active)} jobs open")
+        mine = sum(1 for j in active if j.peer == peer)
+        if mine >= MAX_ACTIVE_JOBS_PER_PEER:
+            raise ProtocolError(f"storage site busy: this compute site has {mine} jobs open")
+
+    def _free_target(self, relative: str, peer: str) -> None:
+        """Refuses an output another job is writing now. The same compute site's job silent for minutes (a
+        live one sends keep-alives) is a search killed and started again: that job is failed instead."""
+        with self.targets_lock:
+            holder = self.jobs.get(self.targets.get(relative, ""))
+        if holder is None or not holder.active:
+            return
+        if holder.peer != peer or time.time() - holder.touched < STALE_SECONDS:
+            raise ProtocolError(
+                f"output path {relative!r}: another job is writing it now (retry once it ends or expires)"
+            )
+        self._fail(holder, "superseded: a new job of the same compute site writes the same output")
+
+    def _job_directory(
+        self, job_id: str, payload: bytes, record: dict[str, Any], stamps: tuple[Stamp, ...] | None
+    ) -> Path:
+        """The job's state directory, made whole under a temporary name and renamed into place: its setup,
+        its record, the replica's stamps, and empty chunks/decoded/pieces."""
+        directory = self.state / job_id
+        tmp = self.state / f".{job_id}.tmp"
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / "chunks").mkdir(parents=True)
+            (tmp / "decoded").mkdir()
+            (tmp / "pieces").mkdir()
+            write_durably(tmp / "setup.bin", payload)
+            write_durably(tmp / "job.json", json.dumps(record).encode())
+            if stamps is not None:
+                _write_replica_stamps(tmp, stamps)
+            os.replace(tmp, directory)
+            fsync_dir(self.state)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ProtocolError(f"storage site cannot open the job: {_describe(exc)}") from None
+        return directory
 
     def _drop_scratch(self, job: SiteJob) -> None:
         """The job's regeneration scratch directory (none at a site without a replica), and whatever BLAST+
@@ -615,42 +635,56 @@ class JobStore:
         if location.published():  # a restart after the file got its name: only the records are left to do
             return self._done(job, wanted)
         if job.codec.layout == "ranges":
-            expected = field_int(header, "size", 0, 2**50)
-            position = 0
-            for offset, length, *_ in segments:
-                if offset != position:
-                    raise JobFailed(f"output ranges leave a gap or overlap at byte {position}")
-                position += length
-            if position != expected:
-                raise JobFailed(f"output has {position} bytes, the compute site sent {expected}")
-            with location.open_partial(create=True) as fd:
-                os.ftruncate(fd, expected)
-                os.fsync(fd)
-                digest, _ = _digest_fd(fd)
-            if wanted is not None and wanted != digest:
-                raise JobFailed("the output's SHA-256 differs from the compute site's")
+            self._write_ranges(job, location, segments, field_int(header, "size", 0, 2**50), wanted)
         else:
-            indices = [s[0] for s in segments]
-            if indices != list(range(len(job.context.pieces))):
-                raise JobFailed("pieces missing or repeated")
-            sums = {s[0]: s[2] if len(s) > 2 else None for s in segments}
-            if self.replica is not None:
-                self.replica.unchanged(job.replica_stamps)  # every piece is regenerated by now
-            with location.open_partial(create=True, truncate=True) as fd:
-                out = _HashingFile(fd)
-                try:
-                    job.codec.assemble(self._checked_pieces(job, indices, sums), job.context, out)
-                except ValueError as exc:
-                    raise JobFailed(f"cannot assemble the report: {exc}") from exc
-                os.fsync(fd)
-                on_disk, size = _digest_fd(fd)
-            if on_disk != out.digest.hexdigest() or size != out.size:
-                raise JobFailed("the output file on disk differs from what was assembled (SHA-256 mismatch)")
+            self._assemble_pieces(job, location, segments)
         try:
             location.publish()
         except TargetExists as exc:
             raise JobFailed(str(exc)) from None
         return self._done(job, wanted)
+
+    @staticmethod
+    def _write_ranges(
+        job: SiteJob, location: OutputLocation, segments: list[tuple[Any, ...]], expected: int, wanted: Any
+    ) -> None:
+        """The ranges layout: the chunks' ranges must tile the file the compute site sent, whose SHA-256
+        the bytes on disk must have."""
+        position = 0
+        for offset, length, *_ in segments:
+            if offset != position:
+                raise JobFailed(f"output ranges leave a gap or overlap at byte {position}")
+            position += length
+        if position != expected:
+            raise JobFailed(f"output has {position} bytes, the compute site sent {expected}")
+        with location.open_partial(create=True) as fd:
+            os.ftruncate(fd, expected)
+            os.fsync(fd)
+            digest, _ = _digest_fd(fd)
+        if wanted is not None and wanted != digest:
+            raise JobFailed("the output's SHA-256 differs from the compute site's")
+
+    def _assemble_pieces(
+        self, job: SiteJob, location: OutputLocation, segments: list[tuple[Any, ...]]
+    ) -> None:
+        """The pieces layout: every piece regenerated once, each still its regeneration's bytes, assembled
+        by the codec; the file on disk must be what was assembled."""
+        indices = [s[0] for s in segments]
+        if indices != list(range(len(job.context.pieces))):
+            raise JobFailed("pieces missing or repeated")
+        sums = {s[0]: s[2] if len(s) > 2 else None for s in segments}
+        if self.replica is not None:
+            self.replica.unchanged(job.replica_stamps)  # every piece is regenerated by now
+        with location.open_partial(create=True, truncate=True) as fd:
+            out = _HashingFile(fd)
+            try:
+                job.codec.assemble(self._checked_pieces(job, indices, sums), job.context, out)
+            except ValueError as exc:
+                raise JobFailed(f"cannot assemble the report: {exc}") from exc
+            os.fsync(fd)
+            on_disk, size = _digest_fd(fd)
+        if on_disk != out.digest.hexdigest() or size != out.size:
+            raise JobFailed("the output file on disk differs from what was assembled (SHA-256 mismatch)")
 
     def _checked_pieces(self, job: SiteJob, indices: list[int], sums: dict[int, str | None]):
         for i in indices:
