@@ -244,47 +244,57 @@ class TlsShipper:
                     continue
                 if chunk is not None:
                     last_frame = time.monotonic()
-                    payload = chunk.payload
-                    if self.tamper is not None and not chunk.sent_before:
-                        payload = self.tamper(chunk.index, payload)
-                    chunk.sent_before = True
-                    header = {
-                        **chunk.header,
-                        "op": "chunk",
-                        "job": self.job_id,
-                        "index": chunk.index,
-                        "sha256": hashlib.sha256(chunk.payload).hexdigest(),
-                    }
-                    inflight.append((chunk.index, 0))
-                    if self.stats.first_send is None:
-                        self.stats.first_send = time.perf_counter()
-                    sent = send_frame(tls, header, payload)
-                    inflight[-1] = (chunk.index, sent)
-                    self._count(sent)
+                    self._send_chunk(tls, chunk, inflight)
                     continue
-                ahead = sum(size for _, size in inflight)
-                tls.settimeout(min(self.timeout, REPLY_SECONDS + ahead / SLOWEST_LINK_BYTES_PER_SECOND))
-                reply, _ = recv_frame(tls)
-                index, _ = inflight.popleft()
-                if index == KEEPALIVE and reply.get("op") == "alive":
-                    continue
-                if reply.get("op") == "ack" and reply.get("index") == index:
-                    self._acknowledge({index})
-                elif reply.get("op") == "nack" and reply.get("index") == index:
-                    with self.stats_lock:
-                        self.stats.resent += 1
-                    with self.shared.cond:
-                        self.shared.queue.appendleft(index)
-                elif reply.get("op") == "error":
-                    raise SiteError(f"storage site: {reply.get('message')}")
-                else:
-                    raise ProtocolError(f"unexpected reply {reply.get('op')!r}")
+                self._take_reply(tls, inflight)
         finally:
             with self.shared.cond:  # whatever was in flight on a broken stream goes out again
                 for index, _ in reversed(inflight):
                     if index != KEEPALIVE and index in self.shared.pending:
                         self.shared.queue.appendleft(index)
                 self.shared.cond.notify_all()
+
+    def _send_chunk(self, tls: ssl.SSLSocket, chunk: _Chunk, inflight: deque[tuple[int, int]]) -> None:
+        """One chunk on the stream, in flight until its reply (the tamper hook, for tests, sees its first
+        sending only)."""
+        payload = chunk.payload
+        if self.tamper is not None and not chunk.sent_before:
+            payload = self.tamper(chunk.index, payload)
+        chunk.sent_before = True
+        header = {
+            **chunk.header,
+            "op": "chunk",
+            "job": self.job_id,
+            "index": chunk.index,
+            "sha256": hashlib.sha256(chunk.payload).hexdigest(),
+        }
+        inflight.append((chunk.index, 0))
+        if self.stats.first_send is None:
+            self.stats.first_send = time.perf_counter()
+        sent = send_frame(tls, header, payload)
+        inflight[-1] = (chunk.index, sent)
+        self._count(sent)
+
+    def _take_reply(self, tls: ssl.SSLSocket, inflight: deque[tuple[int, int]]) -> None:
+        """The reply to the oldest frame in flight, waited for as long as the bytes ahead of it take on the
+        slowest link served: an ack, a nack (the chunk queued again), or the site's refusal raised."""
+        ahead = sum(size for _, size in inflight)
+        tls.settimeout(min(self.timeout, REPLY_SECONDS + ahead / SLOWEST_LINK_BYTES_PER_SECOND))
+        reply, _ = recv_frame(tls)
+        index, _ = inflight.popleft()
+        if index == KEEPALIVE and reply.get("op") == "alive":
+            return
+        if reply.get("op") == "ack" and reply.get("index") == index:
+            self._acknowledge({index})
+        elif reply.get("op") == "nack" and reply.get("index") == index:
+            with self.stats_lock:
+                self.stats.resent += 1
+            with self.shared.cond:
+                self.shared.queue.appendleft(index)
+        elif reply.get("op") == "error":
+            raise SiteError(f"storage site: {reply.get('message')}")
+        else:
+            raise ProtocolError(f"unexpected reply {reply.get('op')!r}")
 
     def _acknowledge(self, indices: set[int]) -> None:
         if indices:
