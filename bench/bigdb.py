@@ -260,6 +260,11 @@ def run_shape(
     if mpi:
         runs["paramedic --runner mpi"] = lambda out: [*paramedic, "-out", out, "--runner", "mpi"]
     if only:
+        missing = only - {RUN_KEYS[name] for name in runs}
+        if missing:  # an ablation or MPI run without its flag would otherwise be skipped in silence
+            raise SystemExit(
+                f"--only {','.join(sorted(missing))}: add --ablation (scan, ungrouped) or --mpi (mpi)"
+            )
         runs = {name: run for name, run in runs.items() if RUN_KEYS[name] in only}
     names = list(runs)
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
