@@ -447,3 +447,37 @@ def test_a_journal_of_another_user_that_cannot_be_removed_is_refused(tmp_path: P
     monkeypatch.setattr(journal_module, "_remove_tree", lambda _path: None)  # the sticky bit's refusal
     with pytest.raises(OutputError, match="cannot be trusted and cannot be removed .* uid 65534"):
         Journal.open(path, IDENTITY, PLAN, restart=False)
+
+
+class Killed(BaseException):
+    """A SIGKILL in the middle of removing a tree, as far as this process can see."""
+
+
+def test_a_run_killed_while_removing_its_finished_journal_leaves_no_half_journal(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Killed in Journal.close's rmtree, a run left part of the journal at its name without its site-job
+    record: every run again began a new site job the site refused ("a file is already there", seen in
+    CI). The journal leaves its name in one rename first; the tomb goes at the next open."""
+    path = tmp_path / ".out.journal"
+    journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
+    journal.search_done(SearchTask(0, 0), result(2, 10))
+    real_rmtree = shutil.rmtree
+
+    def killed_midway(tree, ignore_errors=False):
+        victim = next(Path(tree).rglob("*"))  # one entry gone, then the kill
+        real_rmtree(victim) if victim.is_dir() else victim.unlink()
+        raise Killed
+
+    monkeypatch.setattr(shutil, "rmtree", killed_midway)
+    with pytest.raises(Killed):
+        journal.close(complete=True)
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    journal._unlock()  # the kill's process exit closed it
+    assert not path.exists()  # never half a journal at its name
+    (tomb,) = tmp_path.iterdir()
+    assert tomb.name.startswith(".out.journal.gone-") and any(tomb.rglob("*"))  # the kill left it half
+    journal, _, replay = Journal.open(path, IDENTITY, PLAN, restart=False)
+    assert replay.empty and not tomb.exists()
+    journal.close(complete=True)
+    assert not any(tmp_path.iterdir())

@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import glob
 import hashlib
 import hmac
 import json
@@ -82,6 +83,7 @@ PIECE_MAGIC = b"paramedic-piece1"  # then the 32-byte tag, then the piece's byte
 # groups (a record B-F is then group F's search) and `search/B-F.lists`; 4: job.json carries `sha256`,
 # its own digest (a later version that digests it otherwise must name that field otherwise)
 VERSION = 4
+_TOMB = ".gone-"  # a removed journal's name while it is being removed (_remove_tree)
 CHECK_FIELD = "sha256"
 
 
@@ -133,6 +135,7 @@ class Journal:
         files' stamps (paramedic.db.manifest.volume_stamps); a journal written while they were otherwise
         (a volume rewritten, even put back: its ctime moved) holds work done on other bytes, and is
         started afresh."""
+        _clear_tombs(path)
         if restart and path.exists():
             _remove_tree(path)
         try:
@@ -361,11 +364,10 @@ class Journal:
             return False
         self._closed = True
         keep = not complete and self._holds_work()
-        if not keep:
-            _remove_tree(self.path)
+        tomb = _remove_tree(self.path) if not keep else None
         self._unlock()
-        if not keep:  # sshfs (and NFS) hide the open lock file when it is deleted, and drop it only now
-            _remove_tree(self.path)
+        if tomb is not None:  # sshfs (and NFS) hide the open lock file when it is deleted, drop it only now
+            shutil.rmtree(tomb, ignore_errors=True)
         return keep
 
     def _holds_work(self) -> bool:
@@ -390,6 +392,7 @@ def tidy(path: Path) -> bool:
     """After a run that ended without closing its journal (a rank killed): drop its partial output, and
     the whole journal if it holds no finished work. Returns whether finished work is kept. A journal that
     another run holds now is left alone."""
+    _clear_tombs(path)
     try:
         lock = _open_lock(path)
     except OSError:
@@ -635,8 +638,26 @@ def _remove_entry(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+def _remove_tree(path: Path) -> Path:
+    """Gone from its name at once (renamed to a tomb beside it, atomically), then removed: a run killed
+    while removing a finished journal left half of it, without its site-job record, and every run again
+    began a new site job the site refused ("a file is already there"). A tomb left by a kill is cleared by
+    the next open. Returns where the tree was removed (the tomb, or `path` when it cannot be renamed)."""
+    tomb = path.with_name(f"{path.name}{_TOMB}{secrets.token_hex(4)}")
+    try:
+        os.rename(path, tomb)
+    except FileNotFoundError:
+        return path
+    except OSError:
+        tomb = path
+    shutil.rmtree(tomb, ignore_errors=True)
+    return tomb
+
+
+def _clear_tombs(path: Path) -> None:
+    """Remove what kills left of journals removed at `path` (_remove_tree)."""
+    for tomb in path.parent.glob(glob.escape(path.name) + _TOMB + "*"):
+        shutil.rmtree(tomb, ignore_errors=True)
 
 
 def _warn(text: str) -> None:
