@@ -411,52 +411,19 @@ class _Body:
         return self.end[stream] - self.pos[stream]
 
     def parse(self, n_queries: int, history: IdHistory) -> list[list[int]]:
-        nseq = self.nseq
+        """Each query's list: the runs it keeps of a list sent before (`refs`, `runs`), then its own
+        ids (`counts`, `deltas`); every stream read to its end."""
         lists: list[list[int]] = []
         total = 0
         for _ in range(n_queries):
             distance = self.next("refs")
-            ids: list[int] = []
-            reference: tuple[int, ...] = ()
-            if distance:
-                held = history.get(distance)
-                if held is None:
-                    raise MetadataFormatError(f"reference {distance} lists back is not held")
-                reference = held
-                n_runs = self.next("runs")
-                if n_runs > len(reference) + 1 or n_runs > self.left("runs"):
-                    raise MetadataFormatError(f"{n_runs} runs over a list of {len(reference)}")
-                at = 0
-                for r in range(n_runs):
-                    length = self.next("runs")
-                    if length == 0 and r > 0:
-                        raise MetadataFormatError("empty run after the first")
-                    if length > len(reference) - at:
-                        raise MetadataFormatError("runs longer than the reference list")
-                    if r % 2 == 0:
-                        ids.extend(reference[at : at + length])
-                    at += length
-                if at != len(reference):
-                    raise MetadataFormatError("runs shorter than the reference list")
-            count = self.next("counts")
-            if count > nseq:
-                raise MetadataFormatError(f"count {count} exceeds nseq {nseq}")
-            if count > self.left("deltas"):  # every delta takes at least one byte
-                raise MetadataFormatError(f"count {count} exceeds the remaining {self.left('deltas')} bytes")
+            reference = self._reference(history, distance) if distance else ()
+            ids = self._kept(reference) if distance else []
+            count = self._count()
             total += len(ids) + count
             if total > MAX_IDS:
                 raise MetadataFormatError(f"more than {MAX_IDS} ids in one container")
-            prev = -1
-            for _ in range(count):
-                prev = prev + 1 + self.next("deltas")
-                if prev >= nseq:
-                    raise MetadataFormatError(f"subject id {prev} out of [0, {nseq})")
-                # The work per query stays within its kept ids, its stream bytes and log(len(reference)):
-                # a short container must not make the receiver scan long lists.
-                at = bisect.bisect_left(reference, prev)
-                if at < len(reference) and reference[at] == prev:
-                    raise MetadataFormatError(f"extra id {prev} is in the reference list")
-                ids.append(prev)
+            ids += self._extras(count, reference)
             if distance:
                 ids.sort()
             lists.append(ids)
@@ -465,3 +432,54 @@ class _Body:
             if self.left(stream):
                 raise MetadataFormatError(f"{self.left(stream)} leftover bytes in the {stream} stream")
         return lists
+
+    @staticmethod
+    def _reference(history: IdHistory, distance: int) -> tuple[int, ...]:
+        held = history.get(distance)
+        if held is None:
+            raise MetadataFormatError(f"reference {distance} lists back is not held")
+        return held
+
+    def _kept(self, reference: tuple[int, ...]) -> list[int]:
+        """The ids of `reference` this list keeps: alternating runs, kept first, that cover it exactly."""
+        n_runs = self.next("runs")
+        if n_runs > len(reference) + 1 or n_runs > self.left("runs"):
+            raise MetadataFormatError(f"{n_runs} runs over a list of {len(reference)}")
+        ids: list[int] = []
+        at = 0
+        for r in range(n_runs):
+            length = self.next("runs")
+            if length == 0 and r > 0:
+                raise MetadataFormatError("empty run after the first")
+            if length > len(reference) - at:
+                raise MetadataFormatError("runs longer than the reference list")
+            if r % 2 == 0:
+                ids.extend(reference[at : at + length])
+            at += length
+        if at != len(reference):
+            raise MetadataFormatError("runs shorter than the reference list")
+        return ids
+
+    def _count(self) -> int:
+        count = self.next("counts")
+        if count > self.nseq:
+            raise MetadataFormatError(f"count {count} exceeds nseq {self.nseq}")
+        if count > self.left("deltas"):  # every delta takes at least one byte
+            raise MetadataFormatError(f"count {count} exceeds the remaining {self.left('deltas')} bytes")
+        return count
+
+    def _extras(self, count: int, reference: tuple[int, ...]) -> list[int]:
+        """`count` ids in increasing order, each below nseq and none in `reference`."""
+        ids: list[int] = []
+        prev = -1
+        for _ in range(count):
+            prev = prev + 1 + self.next("deltas")
+            if prev >= self.nseq:
+                raise MetadataFormatError(f"subject id {prev} out of [0, {self.nseq})")
+            # The work per query stays within its kept ids, its stream bytes and log(len(reference)):
+            # a short container must not make the receiver scan long lists.
+            at = bisect.bisect_left(reference, prev)
+            if at < len(reference) and reference[at] == prev:
+                raise MetadataFormatError(f"extra id {prev} is in the reference list")
+            ids.append(prev)
+        return ids

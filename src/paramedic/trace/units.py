@@ -198,50 +198,20 @@ def restore(standalone: bytes, fields: dict[str, Any], offset: int, size: int) -
     if first != (offset == 0) or len(digest) != 64:
         raise UnitError("trace unit: bad first or sha256")
     pre = clog2.parse_preamble(standalone, len(standalone))
-    bs = pre.block_size
-    body_end = clog2.PREAMBLE_SIZE + blocks * bs
+    body_end = clog2.PREAMBLE_SIZE + blocks * pre.block_size
     if blocks < 1 or pre.commtable_fptr != body_end:
         raise UnitError("trace unit: its blocks do not match the regenerated file")
     table = standalone[body_end:]
     if not last and table != EMPTY_TABLE:
         raise UnitError("trace unit: a communicator table in a unit that does not end the file")
     body = bytearray(standalone[clog2.PREAMBLE_SIZE : body_end])
-    bo = ">" if pre.big_endian else "<"
     if last:
         if "end_at" in fields or "end_time" in fields:
             raise UnitError("trace unit: the last unit ends with the file's own ENDLOG")
     else:
-        end_at = _field(fields, "end_at", int) - clog2.PREAMBLE_SIZE
-        end_time = _field(fields, "end_time", str)
-        if not (body_end - clog2.PREAMBLE_SIZE - bs <= end_at <= len(body) - clog2.HEADER_SIZE) or end_at % 8:
-            raise UnitError("trace unit: its end record is not in its last block")
-        try:
-            time_bytes = bytes.fromhex(end_time)
-        except ValueError:
-            time_bytes = b""
-        if len(time_bytes) != 8:
-            raise UnitError("trace unit: bad end_time")
-        made_end = struct.pack(f"{bo}d", clog2.MAX_TIME)
-        if (
-            bytes(body[end_at : end_at + 8]) != made_end
-            or struct.unpack_from(f"{bo}i", body, end_at + 20)[0] != clog2.REC_ENDLOG
-        ):
-            raise UnitError("trace unit: no ENDLOG record where its end was")
-        body[end_at : end_at + 8] = time_bytes
-        body[end_at + 20 : end_at + 24] = struct.pack(f"{bo}i", clog2.REC_ENDBLOCK)
-    head = b""
-    if first:
-        text = _field(fields, "preamble", str)
-        if len(text) > 2 * clog2.PREAMBLE_SIZE:
-            raise UnitError("trace unit: bad preamble")
-        try:
-            head = base64.b64decode(text, validate=True)
-        except ValueError:
-            raise UnitError("trace unit: bad preamble") from None
-        if len(head) > clog2.PREAMBLE_SIZE:
-            raise UnitError("trace unit: bad preamble")
-        head = head.ljust(clog2.PREAMBLE_SIZE, b"\0")
-    elif "preamble" in fields:
+        _restore_end(body, fields, pre, blocks * pre.block_size)
+    head = _preamble(fields) if first else b""
+    if not first and "preamble" in fields:
         raise UnitError("trace unit: a preamble in a unit that does not begin the file")
     data = head + bytes(body) + (table if last else b"")
     if len(data) != size:
@@ -249,3 +219,41 @@ def restore(standalone: bytes, fields: dict[str, Any], offset: int, size: int) -
     if range_digest(offset, data) != digest:
         raise UnitError("trace unit: the regenerated range's SHA-256 differs from the recorded one")
     return data
+
+
+def _restore_end(body: bytearray, fields: dict[str, Any], pre: clog2.Preamble, span: int) -> None:
+    """Put back the block end a unit that does not end the file had: the regenerated file's ENDLOG at
+    `end_at` becomes an ENDBLOCK at the recorded `end_time`. `span`: the unit's blocks' bytes."""
+    end_at = _field(fields, "end_at", int) - clog2.PREAMBLE_SIZE
+    end_time = _field(fields, "end_time", str)
+    if not (span - pre.block_size <= end_at <= len(body) - clog2.HEADER_SIZE) or end_at % 8:
+        raise UnitError("trace unit: its end record is not in its last block")
+    try:
+        time_bytes = bytes.fromhex(end_time)
+    except ValueError:
+        time_bytes = b""
+    if len(time_bytes) != 8:
+        raise UnitError("trace unit: bad end_time")
+    bo = ">" if pre.big_endian else "<"
+    made_end = struct.pack(f"{bo}d", clog2.MAX_TIME)
+    if (
+        bytes(body[end_at : end_at + 8]) != made_end
+        or struct.unpack_from(f"{bo}i", body, end_at + 20)[0] != clog2.REC_ENDLOG
+    ):
+        raise UnitError("trace unit: no ENDLOG record where its end was")
+    body[end_at : end_at + 8] = time_bytes
+    body[end_at + 20 : end_at + 24] = struct.pack(f"{bo}i", clog2.REC_ENDBLOCK)
+
+
+def _preamble(fields: dict[str, Any]) -> bytes:
+    """The first unit's own preamble (base64), padded to the preamble's size."""
+    text = _field(fields, "preamble", str)
+    if len(text) > 2 * clog2.PREAMBLE_SIZE:
+        raise UnitError("trace unit: bad preamble")
+    try:
+        head = base64.b64decode(text, validate=True)
+    except ValueError:
+        raise UnitError("trace unit: bad preamble") from None
+    if len(head) > clog2.PREAMBLE_SIZE:
+        raise UnitError("trace unit: bad preamble")
+    return head.ljust(clog2.PREAMBLE_SIZE, b"\0")
