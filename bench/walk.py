@@ -3,7 +3,9 @@
 Run under mpiexec (every rank runs `paramedic search` in this process, as tests/mpi does); rank 0 records
 every call into paramedic's own code made while `run_job` runs (threads included) and prints:
 
-    stops    distinct functions of paramedic called
+    stops    distinct functions of paramedic called (code objects: comprehensions and lambdas too)
+    named    of them, the functions a reader goes to (no comprehension, generator expression or lambda,
+             which are code objects of their own under Python 3.11 and inlined from 3.12 on, PEP 709)
     rooms    distinct modules they are in
     climbs   distinct call edges into a module that is already on the stack below (a walk back up to a
              room one came from: a module used as a switching yard, or a cycle between modules)
@@ -16,6 +18,7 @@ DIR holds db/uni (a `paramedic format` database) and q.fasta; the output goes to
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 from collections import defaultdict
@@ -29,6 +32,7 @@ import paramedic
 from paramedic.cli import main
 
 ROOT = str(Path(paramedic.__file__).parent) + "/"
+ANONYMOUS = re.compile(r"<(listcomp|setcomp|dictcomp|genexpr|lambda)>$")
 
 
 def module_of(frame: FrameType) -> str | None:
@@ -77,8 +81,10 @@ class Walk:
     def summary(self) -> dict[str, Any]:
         rooms = {m for m, _ in self.stops}
         top = sorted(self.entries.items(), key=lambda kv: -len(kv[1]))[:8]
+        named = [(m, n) for m, n in self.stops if not ANONYMOUS.search(n)]
         return {
             "stops": len(self.stops),
+            "named": len(named),
             "rooms": len(rooms),
             "climbs": len(self.climbs),
             "entries": {m: len(c) for m, c in top},
