@@ -56,7 +56,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import glob
 import hashlib
 import hmac
 import json
@@ -83,7 +82,6 @@ PIECE_MAGIC = b"paramedic-piece1"  # then the 32-byte tag, then the piece's byte
 # groups (a record B-F is then group F's search) and `search/B-F.lists`; 4: job.json carries `sha256`,
 # its own digest (a later version that digests it otherwise must name that field otherwise)
 VERSION = 4
-_TOMB = ".gone-"  # a removed journal's name while it is being removed (_remove_tree)
 CHECK_FIELD = "sha256"
 
 
@@ -639,11 +637,13 @@ def _remove_entry(path: Path) -> None:
 
 
 def _remove_tree(path: Path) -> Path:
-    """Gone from its name at once (renamed to a tomb beside it, atomically), then removed: a run killed
+    """Gone from its name at once (renamed to its tomb beside it, atomically), then removed: a run killed
     while removing a finished journal left half of it, without its site-job record, and every run again
-    began a new site job the site refused ("a file is already there"). A tomb left by a kill is cleared by
-    the next open. Returns where the tree was removed (the tomb, or `path` when it cannot be renamed)."""
-    tomb = path.with_name(f"{path.name}{_TOMB}{secrets.token_hex(4)}")
+    began a new site job the site refused ("a file is already there"). A tomb a kill left is cleared by
+    the next open, or before the next rename. Returns where the tree was removed (the tomb, or `path`
+    when it cannot be renamed)."""
+    _clear_tombs(path)
+    tomb = _tomb(path)
     try:
         os.rename(path, tomb)
     except FileNotFoundError:
@@ -654,10 +654,16 @@ def _remove_tree(path: Path) -> Path:
     return tomb
 
 
+def _tomb(path: Path) -> Path:
+    return path.with_name(path.name + ".gone")
+
+
 def _clear_tombs(path: Path) -> None:
-    """Remove what kills left of journals removed at `path` (_remove_tree)."""
-    for tomb in path.parent.glob(glob.escape(path.name) + _TOMB + "*"):
-        shutil.rmtree(tomb, ignore_errors=True)
+    """Remove what a kill left of a journal removed at `path` (_remove_tree): one name, no listing."""
+    tomb = _tomb(path)
+    if os.path.lexists(tomb):
+        with contextlib.suppress(OSError):  # one that stays is removed in place instead (_remove_tree)
+            _remove_entry(tomb)
 
 
 def _warn(text: str) -> None:
