@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -52,10 +53,21 @@ def require_slurm() -> None:
         pytest.skip("slurmd runs jobs as root here (SlurmUser=root): run as root")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(n: int) -> list[int]:
+    """`n` ports free now and below the kernel's ephemeral range: a port the kernel handed out (bind to
+    0) was taken by an outgoing connection before slurmd bound it ("Address already in use", seen)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports: list[int] = []
+    for port in random.sample(range(min(20000, low // 2), low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise AssertionError(f"not {n} free ports below the ephemeral range")
 
 
 class Cluster:
@@ -89,13 +101,14 @@ class Cluster:
             f"--log-file={self.logs / 'munged.log'}",
         )  # fmt: skip
         self._wait(lambda: socket_path.exists(), "munged's socket")
+        controller_port, node_port = free_ports(2)
         self.conf.write_text(
             "\n".join(
                 [
                     "ClusterName=paramedic-test",
                     f"SlurmctldHost={self.host}(127.0.0.1)",
-                    f"SlurmctldPort={free_port()}",
-                    f"SlurmdPort={free_port()}",
+                    f"SlurmctldPort={controller_port}",
+                    f"SlurmdPort={node_port}",
                     "SlurmUser=root",
                     "SlurmdUser=root",
                     "AuthType=auth/munge",
