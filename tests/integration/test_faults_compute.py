@@ -187,6 +187,7 @@ def test_killed_rank_exits_7_with_one_message_and_nothing_left(site: Path, tmp_p
     assert_no_shared_memory_left(segments)
 
 
+@pytest.mark.alone  # looks at all of /tmp's hydra files before and after
 def test_interrupted_launcher_exits_130_and_leaves_nothing(site: Path, tmp_path: Path) -> None:
     """Item 12: SIGINT of the launcher exited 130 with nothing printed and left files behind."""
     hydra = set(Path("/tmp").glob("hydra_hwloc_xmlfile_*"))  # MPICH's, in /tmp whatever $TMPDIR says

@@ -194,6 +194,7 @@ def test_failing_run_leaves_no_partial_file(site: Site, tmp_path: Path) -> None:
         assert [p.name for p in tmp_path.iterdir() if ".partial" in p.name] == []
 
 
+@pytest.mark.alone  # removes the MPICH segments /dev/shm gained meanwhile
 def test_full_output_disk_leaves_no_partial_file(site: Site, tmp_path: Path) -> None:
     """The output's filesystem fills while the workers write (a 64 KiB tmpfs): exit 6, no partial file
     left filling the disk, and one line that says why. Under our own mpiexec no launcher cleans up after

@@ -21,7 +21,8 @@ from tests.conftest import BIN, paramedic
 from tests.support.databases import Databases
 from tests.support.site import StorageSite
 
-pytestmark = pytest.mark.integration
+# alone: a killed job's MPICH files are found by a before/after look at /dev/shm and /tmp
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 QUERIES = 60
 FRAGMENTS = 6
@@ -102,10 +103,18 @@ def kill_every_rank_when(
         mpiexec.wait()
         mpiexec.stderr.close()  # type: ignore[union-attr]
     for pid in ranks:  # every rank is gone before the next run starts
-        while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+        while alive(pid):
             time.sleep(0.05)
     for path in mpich_leftovers() - before:  # what MPICH leaves when nothing of the job could clean up
         path.unlink(missing_ok=True)
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not); read in one go, as it may end between two reads."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def mpich_leftovers() -> set[Path]:

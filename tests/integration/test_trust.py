@@ -724,6 +724,7 @@ def test_a_trickling_mirror_costs_a_healthy_search_seconds_not_minutes(site: Sit
     assert list(record["stage"]["mirrors_dropped_at_start"]) == [f"tls://localhost:{slow.port}/uniprot"]
 
 
+@pytest.mark.alone  # looks at all of /dev/shm before and after
 def test_what_a_launcher_killed_outright_left_is_removed_by_the_next_run(site: Site, tmp_path: Path) -> None:
     """Item 17: a launcher SIGKILLed (as a batch system does after its grace period), with its mpiexec
     and ranks, leaves its paramedic-job-* directory (and MPICH's shared memory): the next run removes them,
@@ -786,6 +787,7 @@ if marker and os.environ.get("PMI_RANK") == "1" and os.environ.get("PARAMEDIC_LA
 
 
 @pytest.mark.parametrize("always", [False, True], ids=["once", "always"])
+@pytest.mark.alone  # looks at all of /dev/shm before and after
 def test_an_mpi_start_that_hangs_is_stopped_and_started_again(
     site: Site, tmp_path: Path, always: bool
 ) -> None:
@@ -852,6 +854,7 @@ def _search_under_own_mpiexec(
     return tmp, env, argv, mpiexec
 
 
+@pytest.mark.alone  # looks at all of /dev/shm before and after
 def test_what_ranks_under_the_users_own_mpiexec_left_when_killed_is_removed_by_the_next_run(
     site: Site, tmp_path: Path
 ) -> None:
@@ -893,6 +896,7 @@ def test_what_ranks_under_the_users_own_mpiexec_left_when_killed_is_removed_by_t
     assert not any(Path("/dev/shm", name).exists() for name in shm)
 
 
+@pytest.mark.alone  # looks at all of /dev/shm before and after
 def test_a_job_that_aborts_under_the_users_own_mpiexec_leaves_no_shared_memory(
     site: Site, tmp_path: Path
 ) -> None:
