@@ -133,7 +133,7 @@ class Journal:
         files' stamps (paramedic.db.manifest.volume_stamps); a journal written while they were otherwise
         (a volume rewritten, even put back: its ctime moved) holds work done on other bytes, and is
         started afresh."""
-        _clear_tombs(path)
+        _clear_tomb(path)
         if restart and path.exists():
             _remove_tree(path)
         try:
@@ -390,7 +390,7 @@ def tidy(path: Path) -> bool:
     """After a run that ended without closing its journal (a rank killed): drop its partial output, and
     the whole journal if it holds no finished work. Returns whether finished work is kept. A journal that
     another run holds now is left alone."""
-    _clear_tombs(path)
+    _clear_tomb(path)
     try:
         lock = _open_lock(path)
     except OSError:
@@ -642,7 +642,7 @@ def _remove_tree(path: Path) -> Path:
     began a new site job the site refused ("a file is already there"). A tomb a kill left is cleared by
     the next open, or before the next rename. Returns where the tree was removed (the tomb, or `path`
     when it cannot be renamed)."""
-    _clear_tombs(path)
+    _clear_tomb(path)
     tomb = _tomb(path)
     try:
         os.rename(path, tomb)
@@ -658,7 +658,7 @@ def _tomb(path: Path) -> Path:
     return path.with_name(path.name + ".gone")
 
 
-def _clear_tombs(path: Path) -> None:
+def _clear_tomb(path: Path) -> None:
     """Remove what a kill left of a journal removed at `path` (_remove_tree): one name, no listing."""
     tomb = _tomb(path)
     if os.path.lexists(tomb):
