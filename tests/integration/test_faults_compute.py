@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import BIN, paramedic
 from tests.support.databases import Databases
+from tests.support.processes import alive
 
 pytestmark = pytest.mark.integration
 
@@ -54,13 +55,6 @@ def check_journal(cwd: Path, out: Path, lines: list[str]) -> None:
 def children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _interruptible() -> None:

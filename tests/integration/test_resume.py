@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import BIN, paramedic
 from tests.support.databases import Databases
+from tests.support.processes import alive
 from tests.support.site import StorageSite
 
 # alone: a killed job's MPICH files are found by a before/after look at /dev/shm and /tmp
@@ -107,14 +108,6 @@ def kill_every_rank_when(
             time.sleep(0.05)
     for path in mpich_leftovers() - before:  # what MPICH leaves when nothing of the job could clean up
         path.unlink(missing_ok=True)
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie does not); read in one go, as it may end between two reads."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 def mpich_leftovers() -> set[Path]:
