@@ -745,7 +745,9 @@ def test_a_full_disk_fails_the_job_and_frees_its_space(
         message = r"nearly full \(\d+ bytes free" if seen == "before" else r"no space left on device"
         with pytest.raises(SiteError, match=message):
             _ship_ranges(site, "full/x.bin", [1_000_000] * 6)
-        _wait(lambda: all(not j.active for j in site.server.store.jobs.values()))
+        # a job is no longer active once it failed, and its data is removed after that
+        jobs = site.server.store.jobs.values()
+        _wait(lambda: all(not j.active and (j.failure is None or j.cleaned.is_set()) for j in jobs))
         used = sum(p.stat().st_size for p in disk.rglob("*") if p.is_file())
         assert used < 10_000, sorted(str(p) for p in disk.rglob("*") if p.is_file())
         assert _ship_ranges(site, "full/y.bin", [1_000_000])["bytes"] == 1_000_000

@@ -9,6 +9,9 @@ compute site's jobs may hold half of what it could use (`Space.default_share`).
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +20,10 @@ from paramedic.ship.wire import ProtocolError
 # Without --site-quota, one compute site's jobs may hold this share of the free space above the reserve
 # (plus what they hold themselves)
 DEFAULT_PEER_SHARE = 0.5
+
+# What a write takes beyond its own bytes: the file system's blocks rounded up, and the small marker files
+# written beside it (a chunk's header, a decoded chunk's record)
+WRITE_OVERHEAD = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,8 @@ class Space:
     def __init__(self, quota: Quota, paths: tuple[Path, ...]):
         self.quota = quota
         self.paths = paths
+        self._lock = threading.Lock()
+        self._coming = 0  # bytes being written now: the file system does not count them free or used yet
 
     def _free(self) -> list[int]:
         free = []
@@ -47,12 +56,28 @@ class Space:
         return free
 
     def check_free(self, more: int) -> None:
-        """ProtocolError when `more` bytes would eat into the reserve of free space."""
+        """ProtocolError when `more` bytes, beside every write under way (`coming`), would eat into the
+        reserve of free space."""
         for free in self._free():
-            if free - more < self.quota.reserve_bytes:
+            if free - self._coming - more < self.quota.reserve_bytes:
                 raise ProtocolError(
                     f"storage site nearly full ({free} bytes free, {self.quota.reserve_bytes} kept in reserve)"
                 )
+
+    @contextmanager
+    def coming(self, more: int) -> Iterator[None]:
+        """Write `more` bytes inside: checked against the free space together with every other write under
+        way, and counted until the block ends. Two concurrent writes (a chunk and another chunk's decoded
+        range) each passed a check of the free space alone, and the second met a full disk (ENOSPC)."""
+        more += WRITE_OVERHEAD
+        with self._lock:
+            self.check_free(more)
+            self._coming += more
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._coming -= more
 
     def default_share(self, held: int) -> int:
         """Without --site-quota, one compute site's jobs may hold half of what it could use: the free space

@@ -467,12 +467,16 @@ class JobStore:
         self._reserve(job, len(payload))
         chunk_header = {k: v for k, v in header.items() if k not in ("op", "job")}
         try:
-            write_durably(job.directory / "chunks" / f"{index}.bin", payload)
-            write_durably(job.directory / "chunks" / f"{index}.json", json.dumps(chunk_header).encode())
-        except OSError as exc:
+            with self.space.coming(len(payload)):
+                write_durably(job.directory / "chunks" / f"{index}.bin", payload)
+                write_durably(job.directory / "chunks" / f"{index}.json", json.dumps(chunk_header).encode())
+        except (OSError, ProtocolError) as exc:
             if job.failure is None:  # e.g. the disk is full: the job ends here, its data goes
                 self._fail(job, f"storage site cannot store chunk {index}: {_describe(exc)}")
             raise JobFailed(job.failure) from None
+        if job.failure is not None:
+            _drop_job_data(job.directory)  # failed while this chunk was written: its cleanup may have missed it
+            raise JobFailed(job.failure)
         with job.lock:
             job.acked.add(index)
         if job.codec.ordered:
@@ -527,9 +531,10 @@ class JobStore:
                 if not unpacked:
                     data = job.codec.unpack(header, data, job.context)
                 segments = job.codec.decode(header, data, job.context)
-            self._reserve(job, sum(len(seg.data) for seg in segments))
+            size = sum(len(seg.data) for seg in segments)
+            self._reserve(job, size)
             placed: list[list[int | str]] = []  # [position, length] or [piece, length, sha256]
-            with job.io_lock:
+            with job.io_lock, self.space.coming(size):
                 if job.failure is not None:
                     return
                 if job.codec.layout == "ranges":
@@ -545,6 +550,9 @@ class JobStore:
                         placed.append([seg.position, len(seg.data), hashlib.sha256(seg.data).hexdigest()])
             marker: dict[str, Any] = {"segments": placed, "seconds": time.perf_counter() - start}
             write_durably(job.directory / "decoded" / f"{index}.json", json.dumps(marker).encode())
+            if job.failure is not None:  # failed meanwhile (another chunk): its cleanup may have missed this
+                _drop_job_data(job.directory)
+                return
             with job.lock:
                 job.decoded[index] = marker
                 job.decode_seconds += marker["seconds"]
