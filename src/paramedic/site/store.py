@@ -475,7 +475,9 @@ class JobStore:
                 self._fail(job, f"storage site cannot store chunk {index}: {_describe(exc)}")
             raise JobFailed(job.failure) from None
         if job.failure is not None:
-            _drop_job_data(job.directory)  # failed while this chunk was written: its cleanup may have missed it
+            _drop_job_data(
+                job.directory
+            )  # failed while this chunk was written: its cleanup may have missed it
             raise JobFailed(job.failure)
         with job.lock:
             job.acked.add(index)
