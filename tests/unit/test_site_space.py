@@ -51,3 +51,18 @@ def test_the_reserve_of_free_space_is_kept(tmp_path: Path) -> None:
     assert "nearly full" in (space.peer_problem(0, free - free // 4) or "")
     # a path that cannot be read binds nothing
     Space(Quota(reserve_bytes=2**62), (tmp_path / "missing",)).check_free(1)
+
+
+def test_writes_under_way_count_against_the_free_space_until_they_end(tmp_path: Path) -> None:
+    """Two concurrent writes (a chunk, another chunk's decoded range) each fit the free space alone; the
+    second used to pass the same check and meet a full disk. Inside `coming`, a write is counted."""
+    free = free_bytes(tmp_path)
+    space = Space(Quota(reserve_bytes=0), (tmp_path,))
+    half = free // 2 + free // 8  # each fits alone, two do not
+    with space.coming(half):
+        with pytest.raises(ProtocolError, match="nearly full"), space.coming(half):
+            pass
+        with pytest.raises(ProtocolError, match="nearly full"):
+            space.check_free(half)  # a job's own check (site.store) sees the write under way too
+    with space.coming(half):  # counted only while it is under way
+        pass
