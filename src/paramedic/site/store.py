@@ -474,10 +474,8 @@ class JobStore:
             if job.failure is None:  # e.g. the disk is full: the job ends here, its data goes
                 self._fail(job, f"storage site cannot store chunk {index}: {_describe(exc)}")
             raise JobFailed(job.failure) from None
-        if job.failure is not None:
-            _drop_job_data(
-                job.directory
-            )  # failed while this chunk was written: its cleanup may have missed it
+        if job.failure is not None:  # failed while this chunk was written: its cleanup may have missed it
+            _drop_job_data(job.directory)
             raise JobFailed(job.failure)
         with job.lock:
             job.acked.add(index)
