@@ -357,6 +357,7 @@ class _Watch:
         self.interrupted: list[float] = []  # when the first interrupt came
         self.closed: list[float] = []  # when our stdout's reader went away
         self.stuck: list[float] = []  # when the job was killed for a rank stuck in MPI_Init
+        self.killed = False  # whether the job was killed for a stop that took too long
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         if not self.interrupted:
@@ -372,8 +373,11 @@ class _Watch:
             with contextlib.suppress(OSError):
                 self.proc.send_signal(signal.SIGINT)
         first = self.interrupted[0] if self.interrupted else self.closed[0] if self.closed else None
-        if first is not None and now - first > STOP_SECONDS:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # mpiexec did not stop its ranks in time
+        if first is not None and now - first > STOP_SECONDS and not self.killed:
+            # mpiexec did not stop its ranks in time: a rank still in MPI_Init answers no signal, and
+            # neither killing mpiexec's group reaches it nor did it note the segment it made in /dev/shm
+            self.killed = True
+            _kill_job(self.job_id, self.proc.pid)
         if not self.stuck and self.start_by is not None and now > self.start_by:
             if _started(self.ranks_dir) >= self.ranks:
                 self.start_by = None  # every rank is out of MPI_Init: no bound from here on
