@@ -181,3 +181,59 @@ def test_a_refused_certificate_is_said_even_to_a_client_that_wrote_first(make_si
                 tls.recv(1)
             assert not isinstance(refusal.value, ssl.SSLEOFError), refusal.value
     site.wait_log("refused|certificate")
+
+
+def _burst(port: int, source: str, count: int) -> None:
+    """`count` TCP connections from `source`, all opened before any is closed, then all closed at once
+    (every other one with a reset): the site finds them in its backlog together."""
+    socks = []
+    for _ in range(count):
+        try:
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=2, source_address=(source, 0)))
+        except OSError:
+            pass
+    for n, s in enumerate(socks):
+        if n % 2:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        s.close()
+
+
+@pytest.mark.parametrize("sources", [1, 8], ids=["one address", "eight addresses"])
+def test_bursts_of_connections_closed_at_once_do_not_stop_the_site(
+    keys: Path, tmp_path: Path, sources: int
+) -> None:
+    """Issue 41, item 1: bursts of ~1,500 connections, each closed at once, stopped `paramedic serve`
+    ("internal error: ValueError: Invalid file descriptor: -1", exit 1) in about 3 s: a socket evicted by
+    the accept path was closed while its event was still in the same select() batch. The site must stay
+    up and answer a real client after every burst."""
+    from tests.support.site import StorageSite
+
+    root = tmp_path / "root"
+    root.mkdir()
+    site = StorageSite(None, root, keys / "server", tmp_path / "serve.log", io_workers=1)
+    site.start()
+    try:
+        per_source = 1500 // sources
+        for _ in range(3):
+            threads = [
+                threading.Thread(target=_burst, args=(site.port, ATTACKERS[i], per_source))
+                for i in range(sources)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+            time.sleep(0.5)  # the site works through its backlog
+            assert site.alive(), site.log()
+            with socket.create_connection(("127.0.0.1", site.port), timeout=10) as raw:
+                ctx = __import__("ssl").SSLContext(__import__("ssl").PROTOCOL_TLS_CLIENT)
+                ctx.load_verify_locations(cafile=str(keys / "compute-a" / "ca.pem"))
+                ctx.load_cert_chain(keys / "compute-a" / "cert.pem", keys / "compute-a" / "key.pem")
+                with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+                    send_frame(tls, {"op": "hello"})
+                    reply, _ = recv_frame(tls)
+                    assert reply.get("op") == "hello", reply
+        assert site.alive(), site.log()
+        assert "internal error" not in site.log()
+    finally:
+        site.stop()

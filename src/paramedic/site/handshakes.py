@@ -192,12 +192,7 @@ class HandshakeLoop:
                 nearest = self.table.next_deadline()
                 wait = 0.5 if nearest is None else min(0.5, max(0.0, nearest - time.monotonic()))
                 for key, _ in self.selector.select(wait):
-                    if key.data is None:
-                        self._accept()
-                    elif isinstance(key.data, Lingering):
-                        self._drain(key.data)
-                    else:
-                        self._advance(key.data)
+                    self._dispatch(key)
                 now = time.monotonic()
                 for entry in self.table.expired(now):
                     self._close(entry)
@@ -211,12 +206,36 @@ class HandshakeLoop:
                 self._end(lingering)
             self.selector.close()
 
+    def _dispatch(self, key: selectors.SelectorKey) -> None:
+        """One ready socket. A socket closed earlier in the same batch (evicted by an accept, ended by an
+        expiry) still has its event here: it is skipped. Nothing an unauthenticated peer does may end the
+        loop: any other error closes that one connection and is logged (issue 41, item 1: a burst of
+        connections closed at once stopped the site with "Invalid file descriptor: -1")."""
+        data = key.data
+        try:
+            if data is None:
+                self._accept()
+            elif isinstance(data, Lingering):
+                if self.lingering.get(id(data)) is data:
+                    self._drain(data)
+            elif self.table.entries.get(id(data)) is data:
+                self._advance(data)
+        except Exception as exc:  # noqa: BLE001 - the accept loop survives any error of one socket
+            if isinstance(data, Lingering):
+                self._end(data)
+            elif isinstance(data, Entry):
+                self.table.discard(data)
+                self._close(data)
+            self.refused("-", f"connection dropped: {type(exc).__name__}: {exc}")
+
     def _accept(self) -> None:
         for _ in range(ACCEPTS_PER_WAKE):
             try:
                 sock, address = self.listener.accept()
             except BlockingIOError:
                 return
+            except (ConnectionAbortedError, InterruptedError):  # gone before it was accepted: the next one
+                continue
             except OSError as exc:
                 if self.stopping():
                     return
