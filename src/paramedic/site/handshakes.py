@@ -218,7 +218,7 @@ class HandshakeLoop:
             elif isinstance(data, Lingering):
                 if self.lingering.get(id(data)) is data:
                     self._drain(data)
-            elif self.table.entries.get(id(data)) is data:
+            elif isinstance(data, Entry) and self.table.entries.get(id(data)) is data:
                 self._advance(data)
         except Exception as exc:  # noqa: BLE001 - the accept loop survives any error of one socket
             if isinstance(data, Lingering):
