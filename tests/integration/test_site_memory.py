@@ -141,3 +141,71 @@ def test_slow_readers_of_replica_data_hold_a_bounded_memory(big_replica) -> None
     with _tls(site, base) as tls:  # the slots came back
         reply, data = request(tls, {"op": "read", "name": name, "offset": 0, "length": 4096})
         assert reply["op"] == "data" and len(data) == 4096
+
+
+# -- declared sizes of trace metadata (issue 41, item 2) ---------------------------------------------------------
+
+
+def _peak_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def _declared_bomb(content: int) -> bytes:
+    """One zstd frame of `content` zero bytes that declares its size (about 32 KB per GiB)."""
+    import zstandard
+
+    packer = zstandard.ZstdCompressor(level=1).compressobj(size=content)
+    block = bytes(1 << 20)
+    return b"".join([*(packer.compress(block) for _ in range(content >> 20)), packer.flush()])
+
+
+def _bomb_metadata(content: int) -> tuple[bytes, bytes]:
+    """A small real trace and its metadata with the first column swapped for a frame that declares
+    `content` bytes: the header still claims the small file, so the memory budget counts little."""
+    from paramedic.trace import codec
+    from tests.unit.test_trace_codec import make_trace, periodic_kinds
+
+    data = make_trace([periodic_kinds(0, 200), periodic_kinds(1, 200)], period=9)
+    header, blobs = codec.parse_header(codec.encode(data, check=False).data, len(data))
+    assert header["mode"] != "general"
+    blobs[0] = _declared_bomb(content)
+    return data, codec._frame(header, blobs)
+
+
+@pytest.fixture(scope="module")
+def trace_site(databases: Databases, tmp_path_factory: pytest.TempPathFactory):
+    """A real `paramedic serve` without a replica (traces and plain output), 256 MiB for trace decodes."""
+    base = tmp_path_factory.mktemp("traces")
+    databases.keys(base / "keys")
+    (base / "root").mkdir()
+    site = StorageSite(None, base / "root", base / "keys" / "server", base / "serve.log", io_workers=1,
+                       extra=("--trace-memory", "256M"))  # fmt: skip
+    site.start()
+    yield site, base
+    site.stop()
+
+
+def test_trace_metadata_declaring_more_than_its_file_is_refused_before_allocation(trace_site) -> None:
+    """Before: an 83 KB chunk whose column declared 2 GiB took the site from 67 to 2,117 MiB while the
+    budget counted 11 MB (here 1 GiB: the site's peak grew by 1,0xx MiB). Now refused, one line, the job
+    failed with the reason, the peak unchanged, and the site still serves."""
+    site, base = trace_site
+    data, meta = _bomb_metadata(1 << 30)
+    assert len(meta) < 60_000
+    before = _peak_mib(site.proc.pid)
+    shipper = TlsShipper(SiteAddress("tls", "localhost", site.port), base / "keys" / "compute-a",
+                         "trace-metadata", {"out": "bomb.clog2"}, b"", streams=1, timeout=20)  # fmt: skip
+    try:
+        shipper.start()
+        shipper.send({"offset": 0, "size": len(data), "mode": "periodic"}, meta)
+        with pytest.raises(SiteError, match=r"declares \d+ bytes"):
+            shipper.finish({"size": len(data), "sha256": "0" * 64})
+    finally:
+        shipper.close()
+    grown = _peak_mib(site.proc.pid) - before
+    assert grown < 100, f"the site's peak memory grew by {grown:.0f} MiB for a {len(meta)}-byte chunk"
+    assert "internal error" not in site.log()
+    assert site.alive() and not (base / "root" / "bomb.clog2").exists()

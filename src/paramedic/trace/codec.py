@@ -168,13 +168,38 @@ def _pack(columns: np.ndarray) -> bytes:
     return zstandard.ZstdCompressor(level=COLUMN_LEVEL).compress(np.ascontiguousarray(planes).tobytes())
 
 
+# The largest zstd window a frame without a declared size may ask for (the encoder's levels 6 and 9 use
+# at most 4 MiB; zstd's own limit is 128 MiB, allocated before a byte is out)
+MAX_WINDOW_BYTES = 8 * 2**20
+
+
+def declared_size(blob: bytes) -> int | None:
+    """The content size a zstd frame declares in its header (None: not declared), read without inflating."""
+    try:
+        size = zstandard.frame_content_size(blob)
+    except zstandard.ZstdError as exc:
+        raise MetadataError(f"trace metadata: not a zstd frame ({exc})") from exc
+    return None if size < 0 else size
+
+
+def _inflate(blob: bytes, expected: int, what: str) -> bytes:
+    """zstd-decompress at most `expected` bytes. A frame that declares its size is inflated to that size
+    whatever max_output_size says (83 KB declaring 2 GiB took the site to 2 GiB, issue 41): the declared
+    size is checked first, and a frame that declares none is bounded by its window and max_output_size."""
+    declared = declared_size(blob)
+    if declared is not None and declared > expected:
+        raise MetadataError(f"trace metadata: {what} declares {declared} bytes, more than its {expected}")
+    try:
+        decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
+        return decompressor.decompress(blob, max_output_size=expected)
+    except zstandard.ZstdError as exc:
+        raise MetadataError(f"trace metadata: {what} does not decompress ({exc})") from exc
+
+
 def _unpack(blob: bytes, shape: tuple[int, int], dtype: type) -> np.ndarray:
     itemsize = np.dtype(dtype).itemsize
     expected = shape[0] * shape[1] * itemsize
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(blob, max_output_size=expected) if expected else b""
-    except zstandard.ZstdError as exc:
-        raise MetadataError(f"trace metadata: a column does not decompress ({exc})") from exc
+    raw = _inflate(blob, expected, "a column") if expected else b""
     if len(raw) != expected:
         raise MetadataError("trace metadata: a column has the wrong size")
     udtype = np.uint64 if itemsize == 8 else np.uint32
@@ -443,13 +468,23 @@ def parse_header(meta: bytes, max_size: int) -> tuple[dict[str, Any], list[bytes
 # header: 2.3x), their sort and the file's bytes twice; measured 8.4x (LAMMPS indent, 152 MB) and 9.3x
 # (friction, 51 MB) over the interpreter's own; "general" is zstd of the file (the file once, plus a copy).
 DECODE_MEMORY_PER_BYTE = {"general": 2, "columns": 10, "periodic": 10}
+# The most any part of the metadata inflates to per byte of its file: the records' columns are at most 4
+# bytes per byte of records (a record of 24 bytes has 36 bytes of common words, 8 of time, and a long body
+# as many as it has itself); the preamble, tails and the whole file at most 1.
+MAX_BLOB_PER_BYTE = 4
 
 
 def decode_memory(meta: bytes, max_size: int = 1 << 36) -> int:
     """The memory decode(meta) may take at its peak (bytes), from the header alone: what a storage site
     weighs before it regenerates a trace from untrusted metadata."""
-    header, _ = parse_header(meta, max_size)
-    return int(header["size"]) * DECODE_MEMORY_PER_BYTE[header["mode"]]
+    header, blobs = parse_header(meta, max_size)
+    size = int(header["size"])
+    declared = [declared_size(blob) or 0 for blob in blobs]
+    if any(n > MAX_BLOB_PER_BYTE * size for n in declared):
+        raise MetadataError(
+            f"trace metadata: a part declares {max(declared)} bytes, more than a file of {size} bytes has"
+        )
+    return size * DECODE_MEMORY_PER_BYTE[header["mode"]] + sum(declared)
 
 
 def decode(meta: bytes, max_size: int = 1 << 36) -> bytes:
@@ -459,10 +494,7 @@ def decode(meta: bytes, max_size: int = 1 << 36) -> bytes:
     if header["mode"] == "general":
         if len(blobs) != 1:
             raise MetadataError("trace metadata: bad header")
-        try:
-            data = zstandard.ZstdDecompressor().decompress(blobs[0], max_output_size=size)
-        except zstandard.ZstdError as exc:
-            raise MetadataError(f"trace metadata does not decompress ({exc})") from exc
+        data = _inflate(blobs[0], size, "the file")
     else:
         data = _rebuild(header, blobs, size)
     if len(data) != size or hashlib.sha256(data).hexdigest() != header["sha256"]:
@@ -535,21 +567,15 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
         list(pool.map(one, range(len(jobs))))
-    try:
-        fixed = zstandard.ZstdDecompressor().decompress(
-            blobs[pos], max_output_size=clog2.PREAMBLE_SIZE + table_len
-        )
-    except zstandard.ZstdError as exc:
-        raise MetadataError(f"trace metadata: preamble does not decompress ({exc})") from exc
+    fixed = _inflate(blobs[pos], clog2.PREAMBLE_SIZE + table_len, "the preamble")
     if len(fixed) != clog2.PREAMBLE_SIZE + table_len:
         raise MetadataError("trace metadata: preamble has the wrong size")
     tail_bytes: list[bytes] = []
     if tails:
-        try:
-            joined = zstandard.ZstdDecompressor().decompress(blobs[pos + 1], max_output_size=sum(tails))
-        except zstandard.ZstdError as exc:
-            raise MetadataError(f"trace metadata: block tails do not decompress ({exc})") from exc
-        if len(joined) != sum(tails) or any(t < 0 or t > block_size for t in tails):
+        if any(t < 0 or t > block_size for t in tails):
+            raise MetadataError("trace metadata: block tails have the wrong size")
+        joined = _inflate(blobs[pos + 1], sum(tails), "the block tails")
+        if len(joined) != sum(tails):
             raise MetadataError("trace metadata: block tails have the wrong size")
         at = 0
         for t in tails:
