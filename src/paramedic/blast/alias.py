@@ -23,22 +23,32 @@ def write_alias(
     length: int,
     oidlist: str | None = None,
     sync: bool = True,
+    keys: dict[str, int] | None = None,
 ) -> None:
     """Write an alias file (path ends in .pal or .nal); written whole, then renamed into place.
     `sync=False` for a search's scratch alias, which does not outlive the job (two fsyncs each, on the
     way to every fragment search and piece)."""
-    data = alias_bytes(dblist, title=title, nseq=nseq, length=length, oidlist=oidlist)
+    data = alias_bytes(dblist, title=title, nseq=nseq, length=length, oidlist=oidlist, keys=keys)
     write_durably(path, data, sync=sync)
 
 
 def alias_bytes(
-    dblist: Iterable[str], *, title: str, nseq: int, length: int, oidlist: str | None = None
+    dblist: Iterable[str],
+    *,
+    title: str,
+    nseq: int,
+    length: int,
+    oidlist: str | None = None,
+    keys: dict[str, int] | None = None,
 ) -> bytes:
-    """An alias file's bytes (what `write_alias` writes: a copy's alias can be compared with them)."""
+    """An alias file's bytes (what `write_alias` writes: a copy's alias can be compared with them).
+    `keys`: more numeric keys (FIRST_OID and LAST_OID, 1-based and inclusive, select a range of the
+    alias's own ordinal ids; STATS_NSEQ, STATS_TOTLEN, MIN_SEQ_LENGTH, ...)."""
     lines = [f"TITLE {title}", "DBLIST " + " ".join(_quote(d) for d in dblist)]
     if oidlist is not None:
         lines.append(f"OIDLIST {_quote(oidlist)}")
     lines += [f"NSEQ {nseq}", f"LENGTH {length}"]
+    lines += [f"{key} {value}" for key, value in (keys or {}).items()]
     return ("\n".join(lines) + "\n").encode()
 
 

@@ -25,6 +25,8 @@ _ALIGN_SEPARATOR = _ALIGN_CLOSE + b",\n" + _ALIGN_OPEN
 
 _QUERY_ID = re.compile(rb'local str "Query_(\d+)"')
 _SUBJECT_ID = re.compile(rb'local str "' + FRAGMENT_ID_PREFIX.encode() + rb'(\d+)"')
+# A database in place made without -parse_seqids names each subject by its ordinal id in the search
+_ORDINAL_ID = re.compile(rb'db "BL_ORD_ID",\s+tag id (\d+)')
 _SCORE = re.compile(rb'id str "score",\s+value int (-?\d+)')
 # Linked HSPs (sum statistics: tblastn, tblastx, some blastx) carry their set's e-value as "sum_e".
 _EVALUE = re.compile(rb'id str "(?:e_value|sum_e)",\s+value real (?:\{ (-?\d+), 10, (-?\d+) \}|(0))')
@@ -72,11 +74,17 @@ def _evalue(block: bytes) -> float:
     return min(values)
 
 
-def parse_fragment_archive(data: bytes, n_queries: int, keep_alignments: bool = True) -> list[list[Hit]]:
+def parse_fragment_archive(
+    data: bytes, n_queries: int, keep_alignments: bool = True, ordinal_offset: int | None = None
+) -> list[list[Hit]]:
     """Hits per query (in batch order) from the archive of one fragment search.
 
-    With `keep_alignments`, each hit carries its subject's Seq-aligns (for `fill_archive`).
+    With `keep_alignments`, each hit carries its subject's Seq-aligns (for `fill_archive`). With
+    `ordinal_offset` (a database in place), subjects are named by their ordinal id in the search
+    (BL_ORD_ID), the global id being the offset plus it; else by `lcl|g<global id>`.
     """
+    subject_id = _SUBJECT_ID if ordinal_offset is None else _ORDINAL_ID
+    offset = ordinal_offset or 0
     per_query: list[list[Hit]] = [[] for _ in range(n_queries)]
     current: tuple[int, int] | None = None
     seen: set[tuple[int, int]] = set()
@@ -91,11 +99,11 @@ def parse_fragment_archive(data: bytes, n_queries: int, keep_alignments: bool = 
 
     for block in _seq_aligns(data):
         query_match = _QUERY_ID.search(block)
-        subject_match = _SUBJECT_ID.search(block)
+        subject_match = subject_id.search(block)
         score_match = _SCORE.search(block)
         if query_match is None or subject_match is None or score_match is None:
             raise ValueError("BLAST archive: an alignment without query, subject or score")
-        key = (int(query_match.group(1)) - 1, int(subject_match.group(1)))
+        key = (int(query_match.group(1)) - 1, offset + int(subject_match.group(1)))
         if not 0 <= key[0] < n_queries:
             raise ValueError(f"fragment search reported query {key[0] + 1} of {n_queries}")
         if key != current:

@@ -5,6 +5,7 @@ Both kinds of run live here so that nothing outside `paramedic.blast` knows how 
 
 from __future__ import annotations
 
+import bisect
 import re
 import secrets
 import shutil
@@ -50,6 +51,34 @@ class Database:
     fragments: tuple[str, ...]  # fragment alias names inside `directory`
     members_blake3: str = ""  # the manifest's digest of members.bin ("": read sequences.tsv)
     volumes: tuple[str, ...] = ()  # the fragments' BLAST+ volumes inside `directory`, for groups
+    # A database searched in place (paramedic.db.blastdb): its volumes in BLAST+'s order, each as its
+    # path (no extension), first global ordinal id, count and letters; empty for `paramedic format`'s
+    spans: tuple[tuple[str, int, int, int], ...] = ()
+    # In place: each fragment's volume (index into `spans`) and first and last global ordinal ids
+    ranges: tuple[tuple[int, int, int], ...] = ()
+    seqids: bool = False  # in place, made with -parse_seqids: subjects are named by their own ids
+
+    @property
+    def in_place(self) -> bool:
+        return bool(self.spans)
+
+    def searched_volumes(self, fragments: Sequence[int]) -> tuple[int, int]:
+        """In place: the first and last index into `spans` of the volumes a search of `fragments` lists."""
+        return self.ranges[fragments[0]][0], self.ranges[fragments[-1]][0]
+
+    def searched_ids(self, fragments: Sequence[int]) -> Sequence[int]:
+        """In place: global ordinal id of each ordinal id of a search of `fragments` (its alias lists
+        their volumes: the first volume's first id plus the local one)."""
+        low, high = self.searched_volumes(fragments)
+        start = self.spans[low][1]
+        return range(start, self.spans[high][1] + self.spans[high][2])
+
+    def checked(self) -> str:
+        """A -db that BLAST+ opens from any directory, for checking option values against."""
+        return self.spans[0][0] if self.in_place else str(self.directory)
+
+    def span_paths(self, low: int = 0, high: int | None = None) -> list[str]:
+        return [span[0] for span in self.spans[low : None if high is None else high + 1]]
 
 
 @dataclass(frozen=True)
@@ -120,7 +149,8 @@ def search_fragment(
     except FileNotFoundError:
         dump = b""
     try:
-        hits = parse_fragment_archive(data, len(queries), keep_alignments)
+        offset = db.searched_ids(fragments)[0] if db.in_place else None
+        hits = parse_fragment_archive(data, len(queries), keep_alignments, offset)
     except ValueError as exc:
         raise BlastError(f"{program} on {_named(fragments)}: unreadable archive: {exc}") from exc
     if prelim_only and any(hits):
@@ -153,6 +183,8 @@ def _searched(db: Database, fragments: Sequence[int], workdir: Path) -> str:
     over the group's volumes in order (so its ordinal ids are theirs, one after the other) with the
     whole database's statistics, as every fragment alias has them (docs/DESIGN.md, "Statistics and
     merge")."""
+    if db.in_place:
+        return _searched_in_place(db, fragments, workdir)
     if len(fragments) == 1:
         return str(db.directory / db.fragments[fragments[0]])
     alias = workdir / f"group-{fragments[0]}-{fragments[-1]}{alias_suffix(db.dbtype)}"
@@ -164,6 +196,29 @@ def _searched(db: Database, fragments: Sequence[int], workdir: Path) -> str:
             nseq=db.nseq,
             length=db.length,
             sync=False,
+        )
+    return str(alias.with_suffix(""))
+
+
+def _searched_in_place(db: Database, fragments: Sequence[int], workdir: Path) -> str:
+    """A database in place: an alias in `workdir` over the fragments' volumes with FIRST_OID and LAST_OID
+    (1-based, inclusive, in the alias's own numbering) and the whole database's statistics. Nothing is
+    written beside the user's volumes, and a search opens only the volumes it searches."""
+    alias = workdir / f"range-{fragments[0]}-{fragments[-1]}{alias_suffix(db.dbtype)}"
+    if not alias.exists():
+        low, high = db.searched_volumes(fragments)
+        start = db.spans[low][1]
+        write_alias(
+            alias,
+            db.span_paths(low, high),
+            title=db.title,
+            nseq=db.nseq,
+            length=db.length,
+            sync=False,
+            keys={
+                "FIRST_OID": db.ranges[fragments[0]][1] - start + 1,
+                "LAST_OID": db.ranges[fragments[-1]][2] - start + 1,
+            },
         )
     return str(alias.with_suffix(""))
 
@@ -230,7 +285,7 @@ def user_db_name(db: Database) -> str:
     """The -db string a regeneration run uses: the user's own (placed inside the run's directory), or a
     stand-in when the user's would reach outside it (an absolute path, a `..` component)."""
     path = Path(db.arg)
-    if path.is_absolute() or ".." in path.parts or not path.parts:
+    if path.is_absolute() or ".." in path.parts or not path.parts or any(c in db.arg for c in " \"'"):
         return f"paramedic-db-{secrets.token_hex(6)}"
     return db.arg
 
@@ -243,6 +298,9 @@ def place_database(run_dir: Path, db: Database, db_name: str, subjects: set[int]
     """
     alias = run_dir / (db_name + alias_suffix(db.dbtype))
     alias.parent.mkdir(parents=True, exist_ok=True)
+    if db.in_place:
+        _place_in_place(run_dir, alias, db, subjects)
+        return
     mask = None
     if subjects is not None:
         mask = run_dir / "subjects.msk"
@@ -256,6 +314,36 @@ def place_database(run_dir: Path, db: Database, db_name: str, subjects: set[int]
         oidlist=str(mask) if mask else None,
         sync=False,
     )
+
+
+def _place_in_place(run_dir: Path, alias: Path, db: Database, subjects: set[int] | None) -> None:
+    """The restricted alias over a database in place. An OIDLIST mask applies to each volume from its
+    own first id, so each volume with subjects gets an alias of its own with its local mask; volumes
+    without subjects are left out (they change no subject's order: volumes keep BLAST+'s order)."""
+    suffix = alias_suffix(db.dbtype)
+    if subjects is None:
+        entries = db.span_paths()
+    else:
+        by_volume: dict[int, list[int]] = {}
+        starts = [span[1] for span in db.spans]
+        for gid in subjects:
+            index = bisect.bisect_right(starts, gid) - 1
+            if not 0 <= index < len(db.spans) or gid >= starts[index] + db.spans[index][2]:
+                raise ValueError(f"ordinal id {gid} outside the database (0..{db.nseq - 1})")
+            by_volume.setdefault(index, []).append(gid - starts[index])
+        if not by_volume:  # nothing to show: the first volume, masked whole
+            by_volume[0] = []
+        entries = []
+        for index in sorted(by_volume):
+            path, _, count, letters = db.spans[index]
+            mask = run_dir / f"v{index:06d}.msk"
+            mask.write_bytes(oid_mask(by_volume[index], count))
+            part = run_dir / f"v{index:06d}{suffix}"
+            write_alias(
+                part, [path], title=db.title, nseq=count, length=letters, oidlist=str(mask), sync=False
+            )
+            entries.append(str(part.with_suffix("")))
+    write_alias(alias, entries, title=db.title, nseq=db.nseq, length=db.length, sync=False)
 
 
 def sam_command_line(report: bytes, program: str, options: BlastOptions) -> bytes:

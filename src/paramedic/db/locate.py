@@ -11,7 +11,8 @@ from pathlib import Path
 
 from paramedic.blast.programs import alias_suffix
 from paramedic.blast.run import Database
-from paramedic.db.manifest import Manifest, load_manifest, verify_volumes
+from paramedic.db.blastdb import fragment_ranges, open_blastdb
+from paramedic.db.manifest import FORMAT_VERSION, IN_PLACE, Fragment, Manifest, load_manifest, verify_volumes
 from paramedic.errors import DatabaseError
 
 
@@ -20,18 +21,19 @@ def _resolve(cwd: Path, path: str) -> Path:
     return p if p.is_absolute() else cwd / p
 
 
-def resolve_database(arg: str, cwd: Path, digest: bool = True) -> tuple[Database, Manifest]:
+def resolve_database(
+    arg: str, cwd: Path, digest: bool = True, dbtype: str | None = None
+) -> tuple[Database, Manifest]:
     """Find the database as BLAST+ does (current directory, then $BLASTDB) and check it is complete;
     `digest`: and its bytes against the manifest (the job that searches it does; a check before the job
-    starts need not read it twice)."""
+    starts need not read it twice). A database `paramedic format` did not make is searched in place
+    (`in_place`); `dbtype` ("prot", "nucl") is the program's, when known."""
     candidates = [_resolve(cwd, arg)]
     if not Path(arg).is_absolute():
         candidates += [Path(d) / arg for d in os.environ.get("BLASTDB", "").split(":") if d]
     directory = next((c for c in candidates if (c / "manifest.json").is_file()), None)
-    if directory is None:
-        if any(c.with_name(c.name + suffix).exists() for c in candidates for suffix in (".pal", ".nal")):
-            raise DatabaseError(f"{arg}: a BLAST+ database but not one made by `paramedic format`")
-        raise DatabaseError(f"database {arg!r} not found (looked in {', '.join(str(c) for c in candidates)})")
+    if directory is None:  # any other database BLAST+ opens: searched where it lies
+        return in_place(arg, cwd, dbtype)
     directory = directory.resolve()
     manifest = load_manifest(directory)
     if digest:
@@ -57,5 +59,56 @@ def resolve_database(arg: str, cwd: Path, digest: bool = True) -> tuple[Database
         fragments=tuple(f.name for f in manifest.fragments),
         members_blake3=manifest.members_blake3,
         volumes=tuple(f.volume for f in manifest.fragments),
+    )
+    return database, manifest
+
+
+def in_place(arg: str, cwd: Path, dbtype: str | None = None) -> tuple[Database, Manifest]:
+    """A BLAST+ database as it lies (paramedic.db.blastdb), its fragments ranges of ordinal ids. The
+    manifest is made, never written: its fragments name the volumes by path, its checksum covers only
+    what both sites of a job agree on (volume names, counts, letters, dates)."""
+    key = (arg, cwd, dbtype, os.environ.get("BLASTDB", ""))
+    if key not in _IN_PLACE:  # once per process: the launcher and the job's checks both ask
+        _IN_PLACE.clear()
+        _IN_PLACE[key] = _in_place(arg, cwd, dbtype)
+    return _IN_PLACE[key]
+
+
+_IN_PLACE: dict[tuple[str, Path, str | None, str], tuple[Database, Manifest]] = {}
+
+
+def _in_place(arg: str, cwd: Path, dbtype: str | None) -> tuple[Database, Manifest]:
+    blastdb = open_blastdb(arg, cwd, dbtype)
+    ranges = fragment_ranges(blastdb)
+    volumes = blastdb.volumes
+    manifest = Manifest(
+        format_version=FORMAT_VERSION,
+        dbtype=blastdb.dbtype,
+        title=blastdb.title,
+        nseq=blastdb.nseq,
+        length=blastdb.length,
+        whole="",
+        whole_sha256="",
+        fragments=[
+            Fragment(f"range{i}", volumes[r.volume].path, r.last - r.first + 1, r.length, "")
+            for i, r in enumerate(ranges)
+        ],
+        input_path=arg,
+        content_sha256="",
+        tools={"layout": IN_PLACE},
+        volume_blake3={f"{v.first} {Path(v.path).name} {v.nseq} {v.length} {v.date}": "" for v in volumes},
+    )
+    database = Database(
+        arg=arg,
+        directory=Path(volumes[0].path).parent,
+        dbtype=blastdb.dbtype,
+        title=blastdb.title,
+        nseq=blastdb.nseq,
+        length=blastdb.length,
+        whole="",
+        fragments=tuple(f.name for f in manifest.fragments),
+        spans=tuple((v.path, v.first, v.nseq, v.length) for v in volumes),
+        ranges=tuple((r.volume, r.first, r.last) for r in ranges),
+        seqids=blastdb.seqids,
     )
     return database, manifest

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import struct
 import sys
 import threading
@@ -35,6 +36,8 @@ WHOLE_NAME = "whole"
 FORMAT_VERSION = 1
 # Marks (in Manifest.tools) a database whose fragment digests cover the fragment files as stored.
 FRAGMENT_DIGESTS = "stored-files"
+# Marks (in Manifest.tools["layout"]) a database searched where it lies (paramedic.db.locate.in_place)
+IN_PLACE = "in-place"
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,16 @@ class Manifest:
         data["fragments"] = [Fragment(**f) for f in data["fragments"]]
         return cls(**data)
 
+    @property
+    def in_place(self) -> bool:
+        return self.tools.get("layout") == IN_PLACE
+
     def checksum(self) -> str:
-        """Identity of the database content: equal checksums mean identical search results."""
+        """Identity of the database content: equal checksums mean identical search results. A database
+        in place is identified without its paths, which differ between a compute and a storage site."""
+        if self.in_place:
+            who = [self.dbtype, self.title, self.nseq, self.length, sorted(self.volume_blake3.items())]
+            return hashlib.sha256(json.dumps(who).encode()).hexdigest()
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
 
@@ -181,10 +192,10 @@ class Verification:
         self.checksum = manifest.checksum()
         self.stamps = volume_stamps(db_dir, manifest) if stamps else ()  # before the digest
         check_aliases(db_dir, manifest)
-        volumes = [(manifest.whole, manifest.whole_sha256)]
+        volumes = [] if manifest.in_place else [(manifest.whole, manifest.whole_sha256)]
         if manifest.tools.get("digests") == FRAGMENT_DIGESTS:
             volumes += [(f.volume, f.sha256) for f in manifest.fragments]
-        if manifest.volume_blake3:  # the cheaper digest, of every volume, when the manifest has it
+        if manifest.volume_blake3 and not manifest.in_place:  # the cheaper digest, when the manifest has it
             volumes = [(v, manifest.volume_blake3.get(v, "")) for v, _ in volumes]
         self._digest = volume_blake3 if manifest.volume_blake3 else volume_sha256
         self._expected = volumes
@@ -324,7 +335,9 @@ def _alias_files(db_dir: Path, manifest: Manifest) -> list[tuple[Path, bytes]]:
 def check_aliases(db_dir: Path, manifest: Manifest) -> None:
     """Every fragment alias is the manifest's, in every job: an alias rewritten to name another volume
     (times kept) made a fragment search read the wrong volume, whose digest passed; with `--traceback
-    once` the report was another one, exit 0 (issue 23)."""
+    once` the report was another one, exit 0 (issue 23). A database in place has none of ours."""
+    if manifest.in_place:
+        return
     for path, expected in _alias_files(db_dir, manifest):
         try:
             with open(path, "rb") as fh:
@@ -349,16 +362,42 @@ def volume_stamps(db_dir: Path, manifest: Manifest) -> tuple[Stamp, ...]:
     rewritten during a search, times restored, gave another report, exit 0 (issue 23, item 1). The
     fragments' alias files are stamped too (`check_aliases` reads them before)."""
     stamps = []
-    files = [path for path, _ in _alias_files(db_dir, manifest)]  # what fragment searches open first
-    for volume in {manifest.whole, *(f.volume for f in manifest.fragments)}:
-        files += _volume_files(db_dir, volume)
+    if manifest.in_place:
+        files = in_place_files(manifest)
+    else:
+        files = [path for path, _ in _alias_files(db_dir, manifest)]  # what fragment searches open first
+        for volume in {manifest.whole, *(f.volume for f in manifest.fragments)}:
+            files += _volume_files(db_dir, volume)
     for path in files:
         try:
             info = path.stat()
         except OSError as exc:
             raise DatabaseError(f"{path}: unreadable ({exc.strerror})") from exc
-        stamps.append((path.name, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+        name = str(path) if manifest.in_place else path.name  # in place: volumes of several directories
+        stamps.append((name, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
     return tuple(sorted(stamps))
+
+
+def in_place_files(manifest: Manifest) -> list[Path]:
+    """A database in place's files (absolute): each volume's, and the database-wide ones of version 5
+    (.pdb, .pos, .pot, .ptf, .pto beside `db.00`, named `db.*`), alias files left out."""
+    files: set[Path] = set()
+    for volume in {f.volume for f in manifest.fragments}:
+        path = Path(volume)
+        base = re.sub(r"\.\d+$", "", path.name)
+        try:
+            with os.scandir(path.parent) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if name.endswith((".pal", ".nal")):
+                        continue
+                    if name.startswith(path.name + ".") or (
+                        name.startswith(base + ".") and "." not in name[len(base) + 1 :]
+                    ):
+                        files.add(path.parent / name)
+        except OSError as exc:
+            raise DatabaseError(f"{path.parent}: unreadable ({exc.strerror})") from exc
+    return sorted(files)
 
 
 class _Discardable(Protocol):

@@ -64,7 +64,9 @@ def execute(
                 queries,
                 workdir,
                 job.keep_alignments,
-                lambda: global_ids(fragment_members(*members), fragments),
+                (lambda: db.searched_ids(fragments))
+                if db.in_place
+                else lambda: global_ids(fragment_members(*members), fragments),
                 prelim_only=plan.traceback_once,
                 lists=store is not None and _injects(job, plan),
             )

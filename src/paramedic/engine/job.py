@@ -186,7 +186,7 @@ def prepare_job(
     queries = [  # a guess of the molecule type is said, never a refusal: BLAST+ searches such a query
         (r.header, r.sequence) for r in read_fasta(query_path, program.query_type, _warn, program.name)
     ]
-    db, manifest = resolve_database(options.get("db") or "", cwd, digest=False)
+    db, manifest = resolve_database(options.get("db") or "", cwd, digest=False, dbtype=program.db_type)
     if early is not None and early.of(db.directory, manifest):
         verified = early  # started before the engine was imported (paramedic.engine.launch)
     else:  # while the rest is checked
@@ -198,13 +198,14 @@ def prepare_job(
             f"{program.name} searches a {kind[program.db_type]} database; {db.arg} is {kind[db.dbtype]}"
         )
     # BLAST+ checks the values (skipped if done, or passed before for this database)
-    check_values(program.name, options, str(db.directory), manifest.checksum())
+    check_values(program.name, options, db.checked(), manifest.checksum())
     target = _target(settings, options)
     lengths = [len(s) for _, s in queries]
     inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
     blast_batches = (
         query_batches(lengths, residues) if (residues := batch_residues(program.name, options)) else []
     )
+    inexact = inexact or _unnamed_subjects(settings, program.name, options, db, lengths, blast_batches)
     if workers is None:
         workers = local_workers(os.environ)[0]
     segments = make_plan(
@@ -296,6 +297,40 @@ def prepare_job(
         traceback_reason=None if query_segmentation else traceback_reason,
         stage=stage,
         verified=verified if digest == "later" else None,
+    )
+
+
+def _unnamed_subjects(
+    settings: SearchSettings,
+    program: str,
+    options: BlastOptions,
+    db: Database,
+    lengths: list[int],
+    blast_batches: list[range],
+) -> str | None:
+    """A database in place made with -parse_seqids names each subject of a fragment search by its own
+    id, not its ordinal id: the merge then has only the preliminary lists, so each query must be aligned
+    once (traceback once). Why the fragments strategy cannot run when it would not be (None: it can)."""
+    if not db.in_place or not db.seqids:
+        return None
+    once, why = choose_traceback(
+        settings, program, options, lengths, blast_batches, db.nseq, metadata=_asks_metadata(settings)
+    )
+    if once:
+        return None
+    return (
+        f"cannot name the subjects of {db.arg} (made with -parse_seqids, searched in place) by their ordinal "
+        f"ids unless each query is aligned once (--traceback once), and here {why}; use --strategy queries"
+    )
+
+
+def _asks_metadata(settings: SearchSettings) -> bool:
+    """Whether the job ships, saves or uses metadata (or may: --ship auto)."""
+    return (
+        (settings.ship is not None and _ships_pieces(settings.ship.mode))
+        or settings.from_metadata is not None
+        or settings.save_metadata is not None
+        or (settings.ship is not None and settings.ship.mode == "auto")
     )
 
 

@@ -209,6 +209,7 @@ def _early_digest(settings: SearchSettings) -> Verification | None:
     idle while the interpreter imports it and the job is checked: paramedic.db.manifest.Verification); None
     when the database cannot be found yet, which `prepare_job` then says in its own order."""
     from paramedic.blast.options import BlastOptions
+    from paramedic.blast.programs import PROGRAMS
     from paramedic.db.locate import resolve_database
     from paramedic.db.manifest import Verification
 
@@ -216,7 +217,9 @@ def _early_digest(settings: SearchSettings) -> Verification | None:
         arg = BlastOptions.parse(settings.program, settings.blast_args).get("db")
         if not arg:
             return None
-        db, manifest = resolve_database(arg, settings.cwd, digest=False)
+        program = PROGRAMS.get(settings.program)
+        dbtype = program.db_type if program else None
+        db, manifest = resolve_database(arg, settings.cwd, digest=False, dbtype=dbtype)
         return Verification(db.directory, manifest, child=True)
     except (ParamedicError, OSError, ValueError):
         return None
@@ -268,10 +271,12 @@ def check_before_launch(settings: SearchSettings) -> None:
     check_outfmt(program.name, options)
     if not options.get("db"):
         return
-    db, manifest = resolve_database(options.get("db") or "", settings.cwd, digest=False)  # rank 0 digests
+    db, manifest = resolve_database(  # rank 0 digests
+        options.get("db") or "", settings.cwd, digest=False, dbtype=program.db_type
+    )
     if db.dbtype != program.db_type:
         return
-    check_values(program.name, options, str(db.directory), manifest.checksum())
+    check_values(program.name, options, db.checked(), manifest.checksum())
     os.environ[CHECKED_VARIABLE] = "1"
 
 

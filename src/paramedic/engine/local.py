@@ -145,6 +145,8 @@ def thread_runner(job: Job, plan: Plan, workdir: Path, store: Store | None, work
 
 def _read_members(job: Job) -> None:
     """The fragments' members, cached for the workers (a failure is theirs to meet and report)."""
+    if job.db.in_place:  # global ids are arithmetic: nothing to read
+        return
     try:
         fragment_members(job.db.directory, len(job.db.fragments), job.db.members_blake3)
     except Exception:
