@@ -151,7 +151,7 @@ def _ship_file(
 ) -> None:
     import json
 
-    from paramedic.durable import write_durably
+    from paramedic.durable import write_output
     from paramedic.ship.apps import app_for_file
     from paramedic.ship.destination import ShipSettings
     from paramedic.ship.file_ship import ship_file
@@ -180,7 +180,7 @@ def _ship_file(
         **(extra or {}),  # `paramedic trace`: the trace's summary (its untraced calls among it)
     }
     if args.record is not None:
-        write_durably(args.record, json.dumps(record, indent=1).encode() + b"\n")
+        write_output(args.record, json.dumps(record, indent=1).encode() + b"\n", shared=False)
     if report.get("already_at_site"):
         print(
             f"paramedic: {path} is already at {settings.site} as {out} (an earlier run of this command "
@@ -212,7 +212,7 @@ def _ship(argv: list[str]) -> int:
 
 def _trace_report(data: bytes, source: Path, out: Path, max_records: int) -> int:
     """A CLOG2 trace as a Jumpshot-like timeline (ranks as rows, calls as bars, messages as arrows)."""
-    from paramedic.durable import write_durably
+    from paramedic.durable import write_output
     from paramedic.errors import OutputError
     from paramedic.trace.timeline import render
 
@@ -220,7 +220,7 @@ def _trace_report(data: bytes, source: Path, out: Path, max_records: int) -> int
         raise UsageError("--max-records must be between 1 and 1,000,000")
     page = render(data, max_records, source.name)
     try:
-        write_durably(out, page.encode(), shared=True)
+        write_output(out, page.encode())
     except OSError as exc:
         raise OutputError(f"{out}: {exc.strerror}") from exc
     print(f"paramedic: timeline of {source} written to {out}", file=sys.stderr)
@@ -265,10 +265,10 @@ def _trace(argv: list[str]) -> int:
     elif args.record is not None:  # the trace's record alone: what was traced, and what could not be
         import json
 
-        from paramedic.durable import write_durably
+        from paramedic.durable import write_output
 
         record = {"kind": "paramedic-trace", "version": 1, "file": str(args.out), "trace": summary}
-        write_durably(args.record, json.dumps(record, indent=1).encode() + b"\n")
+        write_output(args.record, json.dumps(record, indent=1).encode() + b"\n", shared=False)
     return 0
 
 

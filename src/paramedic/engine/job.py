@@ -30,6 +30,7 @@ from paramedic.db.fasta import read_fasta
 from paramedic.db.locate import resolve_database
 from paramedic.db.manifest import Manifest, Stamp, Verification
 from paramedic.db.seqids import SeqIdTable
+from paramedic.durable import refused_target, stream_target
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata, metadata_key
 from paramedic.engine.plan import DEFAULT_REGEN_GROUP, PlanInputs, make_plan
@@ -44,6 +45,7 @@ from paramedic.engine.strategy import (
 )
 from paramedic.errors import OutputError, UsageError
 from paramedic.output.stitch import can_stitch
+from paramedic.output.strategies import output_strategy
 
 if TYPE_CHECKING:
     from paramedic.ship.destination import ShipSettings
@@ -90,8 +92,13 @@ def _target(settings: SearchSettings, options: BlastOptions) -> Target:
         out_path = _resolve(cwd, out) if out and out != "-" else None
         if out_path is not None:
             check_writable(out_path)
-        record = settings.record or (out_path.with_name(out_path.name + ".run.json") if out_path else None)
-        journal = journal_path(out_path) if out_path and settings.journal else None
+        # a stream (/dev/null, a FIFO, /dev/stdout) is written through, as standard output is: no journal
+        # or record beside it (/dev/null.run.json), and no worker writes into it at an offset
+        file_path = None if out_path is None or stream_target(out_path) else out_path
+        if out_path is not None and file_path is None:
+            _check_stream_writer(out_path, settings.output_strategy)
+        record = settings.record or (file_path.with_name(file_path.name + ".run.json") if file_path else None)
+        journal = journal_path(file_path) if file_path and settings.journal else None
     save_path = _resolve(cwd, str(settings.save_metadata)) if settings.save_metadata else None
     if save_path is not None:
         check_writable(save_path)
@@ -488,8 +495,24 @@ def fragments_inexact(blast_args: list[str]) -> str | None:
     return None
 
 
+def _check_stream_writer(out: Path, strategy: str) -> None:
+    """A worker output strategy writes pieces at offsets of a file: a stream has none."""
+    if output_strategy(strategy).workers_write:
+        raise UsageError(
+            f"--output-strategy {strategy} writes a file at offsets, and -out {out} is a device or a pipe: "
+            "drop --output-strategy (rank 0 writes it through)"
+        )
+
+
 def check_writable(path: Path) -> None:
-    """Fail now, not after the search, when the output cannot be created."""
+    """Fail now, not after the search, when the output cannot be created (or, for a stream, opened)."""
+    refused = refused_target(path)
+    if refused is not None:
+        raise OutputError(f"-out {path}: {refused}")
+    if stream_target(path):  # written through, as BLAST+ writes it (paramedic.output.writer.LocalFile)
+        if not os.access(path, os.W_OK):
+            raise OutputError(f"-out {path}: not writable")
+        return
     parent = path.parent
     if path.is_dir():
         raise OutputError(f"-out {path}: is a directory")

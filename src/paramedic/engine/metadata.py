@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from paramedic.blast.options import FORMATTING_ONLY, BlastOptions
-from paramedic.durable import write_durably
+from paramedic.durable import write_output
 from paramedic.errors import InputError, OutputError, ParamedicError, UsageError
 
 KIND = "paramedic-metadata"
@@ -160,7 +160,7 @@ def save_metadata(path: Path, identity: SearchIdentity, subjects: list[list[int]
     canonical = _canonical(data)  # made once for both digests (a file of 250,000 ids: 0.18 s)
     data[DIGEST] = _digest(data, canonical)
     data[SEAL] = _seal(key, data, canonical)
-    write_durably(path, (json.dumps(data, separators=(",", ":")) + "\n").encode())
+    write_output(path, (json.dumps(data, separators=(",", ":")) + "\n").encode(), shared=False)
 
 
 def max_metadata_bytes(n_queries: int, hitlist_size: int, nseq: int) -> int:

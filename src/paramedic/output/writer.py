@@ -2,19 +2,22 @@
 
 Pieces arrive in any order (regeneration runs finish when they finish); the OrderedWriter keeps the ones
 that are early and passes each to the format's stitcher in order, then hands the bytes to a sink:
-`LocalFile` (a temporary file beside the target, then fsync and rename) or a remote sink that ships the
+`LocalFile` (a temporary file beside the target, then fsync and rename; a device, a FIFO or a
+/proc/self/fd link is written through, as BLAST+ writes it) or a remote sink that ships the
 bytes to a storage site (`ship.destination`). A failed job aborts the sink, so a user never finds a
 partial report under the name they asked for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from paramedic.durable import fsync_dir, note_partial
+from paramedic.durable import fsync_dir, note_partial, open_stream, stream_target
 from paramedic.errors import OutputError
 from paramedic.output.stitch import Stitcher
 
@@ -64,7 +67,9 @@ class OrderedWriter:
 
 
 class LocalFile:
-    """A report file made durable under its final name only when complete (fsync, rename, fsync dir)."""
+    """A report file made durable under its final name only when complete (fsync, rename, fsync dir);
+    a stream (/dev/null, a FIFO, /dev/stdout: `durable.stream_target`) is written through instead, as
+    BLAST+ writes it: a rename would replace the device or the pipe with a regular file."""
 
     def __init__(self, out: Path | None, partial: Path | None = None):
         """`partial`: where the file is written until it is complete (in the same directory as `out`);
@@ -75,6 +80,8 @@ class LocalFile:
         self.fh: BinaryIO
         if out is None:
             self.fh = sys.stdout.buffer
+        elif stream_target(out):
+            self.fh = _open_stream(out)
         else:
             job = os.environ.get("PARAMEDIC_JOB_ID") or str(os.getpid())
             self.tmp = partial or out.with_name(f".{out.name}.partial-{job}")
@@ -89,8 +96,12 @@ class LocalFile:
                 raise OutputError(f"cannot write {out}: {exc.strerror}") from exc
 
     def write(self, data: bytes) -> None:
+        self._guarded(self.fh.write, data)
+
+    def _guarded(self, call: Callable[..., object], *args: bytes) -> None:
+        """`call` on the file, its failure one line (a broken pipe of standard output stays quiet)."""
         try:
-            self.fh.write(data)
+            call(*args)
         except BrokenPipeError:
             if self.out is None:  # the reader of standard output went away (`| head -1`): 141, quietly
                 raise
@@ -99,9 +110,13 @@ class LocalFile:
             raise OutputError(f"cannot write {self.out or 'standard output'}: {exc.strerror}") from exc
 
     def commit(self) -> None:
-        self.fh.flush()
-        if self.out is None or self.tmp is None:
+        if self.tmp is None:  # standard output or a stream: written through, nothing to rename
+            self._guarded(self.fh.flush)
+            if self.out is not None:
+                self.fh.close()
             return
+        assert self.out is not None  # a temporary file is made for a named output only
+        self.fh.flush()
         try:
             os.fsync(self.fh.fileno())
             self.fh.close()
@@ -111,8 +126,18 @@ class LocalFile:
             raise OutputError(f"cannot write {self.out}: {exc.strerror}") from exc
 
     def abort(self) -> None:
+        if self.tmp is None and self.out is not None:  # a stream: what was written cannot be taken back
+            with contextlib.suppress(OSError):
+                self.fh.close()
         if self.tmp is not None:
             try:
                 self.fh.close()
             finally:
                 self.tmp.unlink(missing_ok=True)
+
+
+def _open_stream(out: Path) -> BinaryIO:
+    try:
+        return os.fdopen(open_stream(out), "wb")
+    except OSError as exc:
+        raise OutputError(f"cannot write {out}: {exc.strerror}") from exc

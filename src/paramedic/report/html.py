@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paramedic.durable import write_durably
+from paramedic.durable import write_output
 from paramedic.errors import InputError, OutputError
 from paramedic.report.record import MAX_RECORD_BYTES, PHASES, RankStats, RunRecord, load_json_file
 
@@ -105,7 +105,7 @@ def write_page(
     """Write the page for `record` to `out` (OutputError when it cannot be); returns its size in bytes."""
     data = render(record, prediction, source).encode()
     try:
-        write_durably(out, data, shared=True)
+        write_output(out, data)  # a device or a FIFO is written through
     except OSError as exc:
         raise OutputError(f"cannot write the report page {out}: {exc.strerror}") from None
     return len(data)

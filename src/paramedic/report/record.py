@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple, NotRequired, TypedDict
 
-from paramedic.durable import write_durably
+from paramedic.durable import write_output
 
 PHASES = ("search", "merge", "regenerate", "write")
 # Version of the record's layout (CHANGELOG.md): readers refuse another one. 2 added `version` itself,
@@ -297,7 +297,7 @@ class RunRecord:
         data["phase_totals"] = self.phase_totals()
         data["search_startup_share"] = round(self.startup_share(), 4)
         path.parent.mkdir(parents=True, exist_ok=True)  # a --site job's record mirrors the remote path
-        write_durably(path, (json.dumps(data, indent=2) + "\n").encode(), shared=True)
+        write_output(path, (json.dumps(data, indent=2) + "\n").encode())
 
     def summary(self) -> str:
         totals = self.phase_totals()

@@ -4,7 +4,8 @@ The launcher's own options carry the library to every rank (Open MPI: `-x NAME=v
 `-genv NAME value`), so mpiexec itself runs untraced. The ranks' logs go to a private directory next to
 the output, where the ranks merge them along a binary tree inside MPI_Finalize and rank 0 writes the file
 (native/clogtrace_merge.h); here it is checked, synced and renamed into place: the output appears whole or
-not at all.
+not at all. An -out that is a device, a FIFO or /dev/stdout is written through, as BLAST+ writes its -out
+(the logs then go to the temporary directory, not beside /dev/null).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from paramedic.durable import fsync_dir, umask
+from paramedic.durable import fsync_dir, open_stream, stream_target, umask
 from paramedic.errors import JobError, OutputError, UsageError
 from paramedic.trace import gaps, merge, native
 
@@ -36,9 +37,11 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
     if not command:
         raise UsageError("paramedic trace: no command after --")
     lib, kind = native.library(command[0])
+    stream = stream_target(out)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        logs = Path(tempfile.mkdtemp(prefix=f".{out.name}.ranks-", dir=out.parent))
+        if not stream:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        logs = Path(tempfile.mkdtemp(prefix=f".{out.name}.ranks-", dir=None if stream else out.parent))
     except OSError as exc:
         raise OutputError(f"-out {out}: cannot write beside it ({exc.strerror})") from exc
     try:
@@ -64,12 +67,7 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
         untraced = gaps.read(logs)
         merged = logs / "merged.clog2"
         try:
-            with merged.open("rb") as fh:
-                os.fchmod(fh.fileno(), 0o666 & ~umask())  # a file of the user's (the ranks' logs are 0600)
-                os.fsync(fh.fileno())
-                size = os.fstat(fh.fileno()).st_size
-            os.replace(merged, out)
-            fsync_dir(out.parent)
+            size = _write_through(merged, out) if stream else _rename_into_place(merged, out)
         except OSError as exc:
             raise OutputError(f"-out {out}: {exc.strerror}") from exc
     finally:
@@ -78,6 +76,24 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
     summary["untraced_calls"] = untraced  # linked MPI functions the tracer does not wrap (gaps.py)
     summary["untraced_communication"] = gaps.communicating(untraced)
     return summary
+
+
+def _rename_into_place(merged: Path, out: Path) -> int:
+    """The merged file made the user's, synced and renamed to `out`; its size."""
+    with merged.open("rb") as fh:
+        os.fchmod(fh.fileno(), 0o666 & ~umask())  # a file of the user's (the ranks' logs are 0600)
+        os.fsync(fh.fileno())
+        size = os.fstat(fh.fileno()).st_size
+    os.replace(merged, out)
+    fsync_dir(out.parent)
+    return size
+
+
+def _write_through(merged: Path, out: Path) -> int:
+    """The merged file copied into the stream `out` (a rename would replace the device or the pipe)."""
+    with merged.open("rb") as source, os.fdopen(open_stream(out), "wb") as sink:
+        shutil.copyfileobj(source, sink, 1 << 20)
+        return source.tell()
 
 
 def _refusal(logs: Path) -> str:
