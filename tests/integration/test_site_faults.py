@@ -9,6 +9,7 @@ in, replaced outputs, idle jobs, full disks, long names, deeply nested JSON.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 import time
@@ -312,6 +313,57 @@ def test_a_decompression_bomb_setup_is_refused_while_inflating(world, make_site)
     assert time.monotonic() - start < 3
     assert grown_mib < 40, f"the server's peak memory grew by {grown_mib:.0f} MiB"
     assert not any(site.server.store.jobs)
+
+
+def _object_bomb(n_queries: int) -> bytes:
+    """A setup of about 1 MiB, zstd: 61 MiB of empty lists (`[[],[],...]`) and 2 MB of random letters,
+    within --max-setup (64 MiB) and 64 times its size."""
+    import random
+
+    import zstandard
+
+    letters = "".join(random.Random(41).choices("ACDEFGHIKLMNPQRSTVWY", k=2_000_000)).encode()
+    lists = (61 * 2**20) // 3
+    return zstandard.ZstdCompressor(level=3).compress(b"[" + b"[]," * lists + b'"' + letters + b'"]')
+
+
+@pytest.mark.parametrize("n_queries", [1, 1_000_000])
+def test_an_object_bomb_setup_is_refused_before_it_is_parsed_and_stalls_no_one(
+    world, make_site, n_queries: int
+) -> None:
+    """Issue 41, item 3: 1 MiB of setup holding 64 MiB of `[[],[],...]` was parsed inside the store's lock:
+    the site took 3.2 GiB and every other compute site stalled for 39 s. The values of a setup are counted
+    before it is parsed (a job of n queries has 3n), and no setup is parsed in the store's lock: another
+    compute site's job goes through meanwhile."""
+    import resource
+    import threading
+
+    site = make_site()
+    bomb = _object_bomb(n_queries)
+    assert 2**20 <= len(bomb) < 2 * 2**20
+    setup = dict(_blast_setup(world, site), n_queries=n_queries, pieces=[[0, n_queries]])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    refusal: list[BaseException] = []
+
+    def open_bomb() -> None:
+        try:
+            site.shipper("blast-metadata", setup, bomb, client="compute-b", timeout=120).start()
+        except SiteError as exc:
+            refusal.append(exc)
+
+    bomber = threading.Thread(target=open_bomb)
+    start = time.monotonic()
+    bomber.start()
+    time.sleep(0.2)  # the bomb is inflating or parsing now
+    assert ship_bytes(site, "other/out.bin", b"x" * 1000)["bytes"] == 1000
+    other = time.monotonic() - start
+    bomber.join(timeout=120)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert refusal and re.search(r"setup holds more than \d+ values", str(refusal[0])), refusal
+    assert other < 5, f"another compute site's job took {other:.1f} s"
+    assert grown_mib < 300, f"the server's peak memory grew by {grown_mib:.0f} MiB"
+    assert "internal error" not in site.log()
+    assert [j.out.name for j in site.server.store.jobs.values()] == ["out.bin"]
 
 
 def test_a_bomb_left_in_the_state_by_an_older_site_does_not_stop_a_restart(world, make_site) -> None:

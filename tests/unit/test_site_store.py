@@ -201,3 +201,60 @@ def test_done_jobs_keep_no_setup_or_chunks(tmp_path: Path) -> None:
     finish(store, job, 1, size=3)
     assert sorted(p.name for p in job.directory.iterdir()) == ["done.json", "job.json"]
     store.close()
+
+
+class SlowSetupCodec(RunningSumCodec):
+    """A setup that takes as long as the test wants to parse (a large one), or is refused at the end."""
+
+    name = "test-slow-setup"
+    parsing = None  # threading.Event: set while a setup is being parsed
+    release = None  # threading.Event: the parse ends when set
+
+    def prepare(self, setup: dict[str, Any], payload: bytes, site: Any) -> SimpleNamespace:
+        type(self).parsing.set()
+        assert type(self).release.wait(20)
+        if payload == b"refuse":
+            raise ProtocolError("setup: refused at the end of its parse")
+        return super().prepare(setup, payload, site)
+
+
+@pytest.mark.parametrize("outcome", ["opened", "refused"])
+def test_a_setup_is_not_parsed_inside_the_stores_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    """Issue 41, item 3: a setup parsed for 39 s inside the store's lock stalled every compute site. While
+    one is parsed, another compute site opens, ships and finishes a job; the one being parsed holds its
+    slot and its output path meanwhile, and gives them back if it is refused."""
+    import threading
+
+    monkeypatch.setitem(codecs.CODECS, SlowSetupCodec.name, SlowSetupCodec)
+    monkeypatch.setattr(SlowSetupCodec, "parsing", threading.Event())
+    monkeypatch.setattr(SlowSetupCodec, "release", threading.Event())
+    store = make_store(tmp_path)
+    header = {"job": JOB_A, "codec": SlowSetupCodec.name, "setup": {"out": "slow.txt", "pieces": 1}}
+    payload = b"0" if outcome == "opened" else b"refuse"
+    result: list[Any] = []
+
+    def slow_open() -> None:
+        try:
+            result.append(store.open("compute-a", header, payload))
+        except ProtocolError as exc:
+            result.append(exc)
+
+    opener = threading.Thread(target=slow_open)
+    opener.start()
+    assert SlowSetupCodec.parsing.wait(10)
+    other = store.open("compute-b", {"job": JOB_B, "codec": "direct", "setup": {"out": "b.bin"}}, b"")
+    put(store, other, 0, b"abc")
+    assert finish(store, other, 1, size=3)["bytes"] == 3  # while the first setup is still being parsed
+    with pytest.raises(ProtocolError, match="another job is writing it now"):
+        store.open("compute-b", {"job": JOB_C, "codec": "direct", "setup": {"out": "slow.txt"}}, b"")
+    SlowSetupCodec.release.set()
+    opener.join(10)
+    if outcome == "opened":
+        assert result[0] is store.jobs[JOB_A] and store.targets["slow.txt"] == JOB_A
+    else:
+        assert "refused at the end of its parse" in str(result[0]) and JOB_A not in store.jobs
+        assert "slow.txt" not in store.targets and not store.opening
+        open_job(store, JOB_C, "direct", "slow.txt")  # the output path is free again
+    store.close()

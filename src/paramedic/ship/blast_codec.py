@@ -152,7 +152,8 @@ class BlastMetadataCodec(Codec):
         if len(pieces) > 1 and not can_stitch(options.outfmt()):
             raise ProtocolError("setup: this output format is regenerated as one piece")
         limit = getattr(site, "max_setup_bytes", MAX_SETUP_BYTES)
-        parsed = validate_queries(unpack_json(payload, limit), n_queries)
+        # [[header, sequence], ...]: n arrays and 2n - 1 commas in one array, whatever the queries hold
+        parsed = validate_queries(unpack_json(payload, limit, max_values=3 * n_queries), n_queries)
         if len(parsed) != n_queries:
             raise ProtocolError("setup: query count differs from n_queries")
         # on disk for the job's life: memory holds one offset per query, not the queries

@@ -162,6 +162,24 @@ def output_location(root_fd: int, relative: str, job_id: str) -> OutputLocation:
 CLEANUP_WAIT_SECONDS = 3.0
 
 
+# The most a request waits for another request opening the same job (its setup parsed) before it refuses
+OPENING_WAIT_SECONDS = 30.0
+
+
+@dataclass
+class _Claim:
+    """A job being opened: its slot and output path are held while its setup is parsed."""
+
+    job_id: str
+    peer: str
+    codec: Codec
+    setup: dict[str, Any]
+    relative: str
+    out: Path
+    location: OutputLocation
+    ended: threading.Event = field(default_factory=threading.Event)
+
+
 @dataclass
 class SiteJob:
     job_id: str
@@ -250,6 +268,7 @@ class JobStore:
         self.log = log
         self.jobs: dict[str, SiteJob] = {}
         self.targets: dict[str, str] = {}  # output path -> the active job that writes it
+        self.opening: dict[str, _Claim] = {}  # jobs whose setup is being parsed (outside self.lock)
         self.lock = threading.Lock()
         self.targets_lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=io_workers, thread_name_prefix="io-worker")
@@ -262,7 +281,9 @@ class JobStore:
 
     # -- opening --------------------------------------------------------------------------------------
     def open(self, peer: str, header: dict[str, Any], setup_payload: bytes | None) -> SiteJob | None:
-        """Open (or reopen) a job; None when the setup payload is needed and was not sent."""
+        """Open (or reopen) a job; None when the setup payload is needed and was not sent. The job's room
+        and output are claimed under the store's lock, its setup parsed outside it: a setup takes seconds
+        to parse, and every other compute site's requests wait for that lock (issue 41, item 3)."""
         job_id = field_str(header, "job", 32)
         if not JOB_ID.match(job_id):
             raise ProtocolError("bad job id")
@@ -270,51 +291,105 @@ class JobStore:
         stamps = None
         if self.replica is not None and job_id not in self.jobs and make_codec(codec_name).layout == "pieces":
             stamps = self.replica.verify()  # a new job that regenerates: its replica's bytes, digested
+        claim = self._claim(job_id, peer, header, setup_payload)
+        if claim is None or isinstance(claim, SiteJob):
+            return claim
+        opened = False  # until then a refusal removes the directories made on the output's way
+        try:
+            job = self._make_job(claim, setup_payload or b"", stamps)
+            opened = True
+            return job
+        finally:
+            with self.lock:
+                del self.opening[job_id]
+                if not opened:
+                    self._release_claim(claim)
+            claim.ended.set()
+
+    def _claim(
+        self, job_id: str, peer: str, header: dict[str, Any], setup_payload: bytes | None
+    ) -> SiteJob | _Claim | None:
+        """Under the store's lock: the job if it exists (reopened), None if its setup must be sent, else
+        the job's claim on a slot and its output path (`opening`) while its setup is parsed. A job being
+        opened by another request is waited for (a bounded time), then reopened."""
         with self.lock:
             self._expire_idle_jobs()
             job = self.jobs.get(job_id)
             if job is not None:
                 return self._reopen(job, peer, header)
-            self._check_room(peer)
-            setup = header.get("setup")
-            if not isinstance(setup, dict):
-                raise ProtocolError("open: setup must be an object")
-            codec = make_codec(field_str(header, "codec", 64))
-            relative = field_str(setup, "out", 1024)
-            out = safe_output_path(self.root, relative)
-            self._free_target(relative, peer)
-            location = output_location(self.root_fd, relative, job_id)
-            opened = False  # until then a refusal removes the directories made on the output's way
+            other = self.opening.get(job_id)
+            if other is None:
+                return self._new_claim(job_id, peer, header, setup_payload)
+        other.ended.wait(OPENING_WAIT_SECONDS)
+        with self.lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                raise ProtocolError(
+                    "job not opened: another request opening it was refused or is still at it"
+                )
+            return self._reopen(job, peer, header)
+
+    def _new_claim(
+        self, job_id: str, peer: str, header: dict[str, Any], setup_payload: bytes | None
+    ) -> _Claim | None:
+        """A new job's checks that need the store's lock (held): room, output path, free space."""
+        self._check_room(peer)
+        setup = header.get("setup")
+        if not isinstance(setup, dict):
+            raise ProtocolError("open: setup must be an object")
+        codec = make_codec(field_str(header, "codec", 64))
+        relative = field_str(setup, "out", 1024)
+        out = safe_output_path(self.root, relative)
+        self._free_target(relative, peer)
+        location = output_location(self.root_fd, relative, job_id)
+        try:
             try:
-                try:
-                    location.check_target_free()
-                except OSError as exc:
-                    raise ProtocolError(f"output path {relative!r}: {_describe(exc)}") from None
-                if codec.layout == "pieces" and setup_payload is None:
-                    return None
-                payload = setup_payload or b""
-                self.space.check_free(len(payload))
-                context = self._prepare(codec, setup, payload, job_id)
-                record = {
-                    "job": job_id,
-                    "peer": peer,
-                    "codec": codec.name,
-                    "setup": setup,
-                    "opened": time.time(),
-                }
-                directory = self._job_directory(job_id, payload, record, stamps)
-                job = SiteJob(job_id, directory, peer, out, codec, context, setup, location)
-                job.replica_stamps = stamps
-                job.stored_bytes = len(payload)
-                self.jobs[job_id] = job
-                with self.targets_lock:
-                    self.targets[relative] = job_id
-                self.log(f"job {job_id}: opened by {peer}, {codec.name}, output {relative}")
-                opened = True
-                return job
-            finally:
-                if not opened:
-                    location.remove_empty_directories()
+                location.check_target_free()
+            except OSError as exc:
+                raise ProtocolError(f"output path {relative!r}: {_describe(exc)}") from None
+            if codec.layout == "pieces" and setup_payload is None:
+                location.remove_empty_directories()
+                return None
+            self.space.check_free(len(setup_payload or b""))
+        except BaseException:
+            location.remove_empty_directories()
+            raise
+        claim = _Claim(job_id, peer, codec, setup, relative, out, location)
+        self.opening[job_id] = claim
+        with self.targets_lock:
+            self.targets[relative] = job_id
+        return claim
+
+    def _make_job(self, claim: _Claim, payload: bytes, stamps: tuple[Stamp, ...] | None) -> SiteJob:
+        """A claimed job made: its setup parsed (outside the store's lock), its directory written, and
+        the job put among the store's."""
+        context = self._prepare(claim.codec, claim.setup, payload, claim.job_id)
+        record = {
+            "job": claim.job_id,
+            "peer": claim.peer,
+            "codec": claim.codec.name,
+            "setup": claim.setup,
+            "opened": time.time(),
+        }
+        directory = self._job_directory(claim.job_id, payload, record, stamps)
+        job = SiteJob(
+            claim.job_id, directory, claim.peer, claim.out, claim.codec, context, claim.setup, claim.location
+        )
+        job.replica_stamps = stamps
+        job.stored_bytes = len(payload)
+        with self.lock:
+            self.jobs[claim.job_id] = job
+        self.log(f"job {claim.job_id}: opened by {claim.peer}, {claim.codec.name}, output {claim.relative}")
+        return job
+
+    def _release_claim(self, claim: _Claim) -> None:
+        """A claim refused while its setup was parsed: its output path free again, nothing left on the way."""
+        with self.targets_lock:
+            if self.targets.get(claim.relative) == claim.job_id:
+                del self.targets[claim.relative]
+        claim.location.remove_empty_directories()
+        if self.replica is not None:
+            shutil.rmtree(self.replica.workdir / claim.job_id, ignore_errors=True)
 
     def _reopen(self, job: SiteJob, peer: str, header: dict[str, Any]) -> SiteJob:
         """A job opened again (another stream, a reconnection): the same compute site, the same setup."""
@@ -327,7 +402,8 @@ class JobStore:
 
     def _check_room(self, peer: str) -> None:
         """Refuses a new job past the site's open jobs, or past this compute site's (under the lock)."""
-        active = [j for j in self.jobs.values() if j.active]
+        active: list[SiteJob | _Claim] = [j for j in self.jobs.values() if j.active]
+        active += self.opening.values()
         if len(active) >= MAX_ACTIVE_JOBS:
             raise ProtocolError(f"storage site busy: {len(active)} jobs open")
         mine = sum(1 for j in active if j.peer == peer)
@@ -338,7 +414,12 @@ class JobStore:
         """Refuses an output another job is writing now. The same compute site's job silent for minutes (a
         live one sends keep-alives) is a search killed and started again: that job is failed instead."""
         with self.targets_lock:
-            holder = self.jobs.get(self.targets.get(relative, ""))
+            holder_id = self.targets.get(relative, "")
+        if holder_id in self.opening:
+            raise ProtocolError(
+                f"output path {relative!r}: another job is writing it now (retry once it ends or expires)"
+            )
+        holder = self.jobs.get(holder_id)
         if holder is None or not holder.active:
             return
         if holder.peer != peer or time.time() - holder.touched < STALE_SECONDS:
