@@ -75,7 +75,8 @@ class Database:
 
     def checked(self) -> str:
         """A -db that BLAST+ opens from any directory, for checking option values against."""
-        return self.spans[0][0] if self.in_place else str(self.directory)
+        target = self.spans[0][0] if self.in_place else str(self.directory)
+        return f'"{target}"' if " " in target else target
 
     def span_paths(self, low: int = 0, high: int | None = None) -> list[str]:
         return [span[0] for span in self.spans[low : None if high is None else high + 1]]

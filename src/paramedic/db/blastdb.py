@@ -83,18 +83,17 @@ def open_blastdb(arg: str, cwd: Path, dbtype: str | None = None) -> BlastDb:
     kinds = [dbtype] if dbtype else ["prot", "nucl"]
     info = None
     for kind in kinds:
-        try:
-            result = run_tool(["blastdbcmd", "-db", arg, "-dbtype", kind, "-info"], cwd=cwd)
-        except BlastError:
-            continue
-        info, dbtype = result.stdout.decode(errors="replace"), kind
-        break
+        info = _info(arg, cwd, kind)
+        if info is not None:
+            dbtype = kind
+            break
     if info is None or dbtype is None:
         raise DatabaseError(f"database {arg!r} not found (BLAST+ looks in {cwd} and in BLASTDB)")
-    title, volumes = _parse_info(arg, info)
-    described = _totals(info)
-    db = BlastDb(arg, dbtype, title, tuple(_read_volumes(arg, volumes, dbtype)), _has_seqids(volumes, dbtype))
     _check_aliases(arg, cwd, dbtype)
+    title, listed = _parse_info(arg, info)
+    described = _totals(info)
+    volumes = _flatten(arg, listed, dbtype, cwd, depth=0)
+    db = BlastDb(arg, dbtype, title, tuple(_read_volumes(arg, volumes, dbtype)), _has_seqids(volumes, dbtype))
     if described is not None and described != (db.nseq, db.length):
         raise DatabaseError(
             f"{arg}: its alias files restrict or re-count its volumes ({described[0]:,} sequences where the "
@@ -102,6 +101,41 @@ def open_blastdb(arg: str, cwd: Path, dbtype: str | None = None) -> BlastDb:
         )
     _check_builds(db)
     return db
+
+
+def _info(arg: str, cwd: Path, dbtype: str) -> str | None:
+    """`blastdbcmd -info` of a -db (None: BLAST+ does not find it as this molecule type)."""
+    try:
+        result = run_tool(["blastdbcmd", "-db", arg, "-dbtype", dbtype, "-info"], cwd=cwd)
+    except BlastError:
+        return None
+    return result.stdout.decode(errors="replace")
+
+
+MAX_ALIAS_DEPTH = 16
+
+
+def _flatten(arg: str, listed: list[str], dbtype: str, cwd: Path, depth: int) -> list[str]:
+    """The volumes under `listed` (-info names an alias inside an alias by its file, `x.pal`), in the order
+    BLAST+ numbers them: all volumes sorted by base name as strings, whatever alias lists them (measured:
+    an alias over `zz` and `db` numbers `db.00` first)."""
+    if depth > MAX_ALIAS_DEPTH:
+        raise DatabaseError(f"{arg}: alias files nested more than {MAX_ALIAS_DEPTH} deep")
+    volumes: list[str] = []
+    alias_suffix = _KINDS[dbtype] + "al"
+    for entry in listed:
+        if not entry.endswith(alias_suffix):
+            volumes.append(entry)
+            continue
+        inner = entry[: -len(alias_suffix)]
+        _check_alias_file(arg, Path(entry))
+        info = _info(f'"{inner}"' if " " in inner else inner, cwd, dbtype)
+        if info is None:
+            raise DatabaseError(f"{arg}: BLAST+ cannot open {entry}, which an alias file names")
+        volumes += _flatten(arg, _parse_info(arg, info)[1], dbtype, cwd, depth + 1)
+    if depth == 0:
+        volumes.sort(key=lambda path: Path(path).name)  # stable: the listed order among equal names
+    return volumes
 
 
 def _parse_info(arg: str, info: str) -> tuple[str, list[str]]:
@@ -204,16 +238,19 @@ def _check_aliases(arg: str, cwd: Path, dbtype: str) -> None:
     not what it searches."""
     for name in names(arg):
         base = Path(name) if Path(name).is_absolute() else cwd / name
-        alias = base.with_name(base.name + _KINDS[dbtype] + "al")
-        try:
-            data = alias.read_bytes()[: 1 << 20]
-        except OSError:
-            continue
-        if (match := _RESTRICTING.search(data)) is not None:
-            raise DatabaseError(
-                f"{arg}: its alias file {alias.name} restricts its volumes ({match.group(1).decode()}): "
-                "not supported yet; search the database it restricts, with -seqidlist or -taxids"
-            )
+        _check_alias_file(arg, base.with_name(base.name + _KINDS[dbtype] + "al"))
+
+
+def _check_alias_file(arg: str, alias: Path) -> None:
+    try:
+        data = alias.read_bytes()[: 1 << 20]
+    except OSError:
+        return
+    if (match := _RESTRICTING.search(data)) is not None:
+        raise DatabaseError(
+            f"{arg}: its alias file {alias.name} restricts its volumes ({match.group(1).decode()}): "
+            "not supported yet; search the database it restricts, with -seqidlist or -taxids"
+        )
 
 
 def _check_builds(db: BlastDb) -> None:

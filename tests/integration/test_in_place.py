@@ -1,0 +1,200 @@
+"""Databases users hold, searched where they lie (issue 42): makeblastdb's output, version 4 and 5, one
+volume to more than 100, with and without -parse_seqids, an alias over two databases and two databases in
+one -db, from a read-only directory. Every report is compared byte for byte with one BLAST+ run on the
+same -db, with both strategies; nothing may appear in, or change in, the database's directory.
+
+Each database's fixture asserts the case it exists for (its version, its volume count, whether it kept
+the ids), and each comparison asserts that the hits cross fragments, so that a merge is really tested.
+"""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from paramedic.db.blastdb import read_header
+from tests.conftest import blast, paramedic, take_fasta
+
+pytestmark = pytest.mark.integration
+
+
+def _makeblastdb(fasta: Path, out: Path, dbtype: str, *extra: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(  # from its directory: makeblastdb takes no -out with a space
+        ["makeblastdb", "-in", str(fasta), "-dbtype", dbtype, "-out", out.name, *extra],
+        check=True,
+        capture_output=True,
+        cwd=out.parent,
+    )
+
+
+def _listing(directory: Path) -> list[tuple[str, int, int]]:
+    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*"))
+
+
+def _read_only(directory: Path) -> None:
+    for path in [directory, *directory.rglob("*")]:
+        mode = path.stat().st_mode
+        path.chmod(mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _writable(directory: Path) -> None:
+    for path in [directory, *directory.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+
+
+# name -> (makeblastdb arguments, version, at least this many volumes, ids kept)
+PROTEIN_DBS = {
+    "v5-one": (["-blastdb_version", "5"], 5, 1, False),
+    "v5-seqids-several": (["-blastdb_version", "5", "-parse_seqids", "-max_file_sz", "400KB"], 5, 3, True),
+    "v4-seqids-one": (["-blastdb_version", "4", "-parse_seqids"], 4, 1, True),
+    "v4-several": (["-blastdb_version", "4", "-max_file_sz", "400KB"], 4, 3, False),
+    "v5-over-100": (["-blastdb_version", "5", "-max_file_sz", "10KB"], 5, 101, False),
+}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[Path]:
+    """A read-only directory of databases made by makeblastdb from 2,400 UniProt proteins, and 12 queries."""
+    base = tmp_path_factory.mktemp("inplace")
+    fasta = take_fasta(data_dir / "mmseqs2" / "DB.fasta", base / "proteins.fasta", 2400)
+    take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", base / "q.fasta", 12)
+    dbs = base / "dbs"
+    for name, (args, version, volumes, seqids) in PROTEIN_DBS.items():
+        _makeblastdb(fasta, dbs / name / "db", "prot", *args)
+        pins = sorted((dbs / name).glob("*.pin"))
+        assert len(pins) >= volumes, (name, len(pins))
+        assert int.from_bytes(pins[0].read_bytes()[:4], "big") == version
+        assert any((dbs / name).glob("*.p[os]i" if version == 4 else "*.pog")) == seqids, name
+    # an alias over two databases, as users write one (absolute paths, one with a space)
+    half = take_fasta(fasta, base / "half.fasta", 1200, start=1200)
+    _makeblastdb(half, dbs / "two parts" / "b", "prot", "-blastdb_version", "5")
+    (dbs / "both.pal").write_text(
+        f'TITLE both\nDBLIST {dbs / "v5-over-100" / "db"} "{dbs / "two parts" / "b"}"\n'
+    )
+    # an alias whose volumes BLAST+ numbers interleaved: m.00, m.005 (another database), m.01, ...
+    _makeblastdb(fasta, dbs / "inter" / "a" / "m", "prot", "-max_file_sz", "400KB")
+    _makeblastdb(half, dbs / "inter" / "b" / "m.005", "prot")
+    (dbs / "inter.pal").write_text(
+        f"TITLE inter\nDBLIST {dbs / 'inter' / 'a' / 'm'} {dbs / 'inter' / 'b' / 'm.005'}\n"
+    )
+    _read_only(dbs)
+    yield base
+    _writable(dbs)
+
+
+def _compare(
+    site: Path, tmp_path: Path, db: str, *engine: str, program: str = "blastp", evalue: str = "1e-3"
+):
+    """paramedic and BLAST+ on the same -db; returns the report."""
+    dbs = site / "dbs"
+    before = _listing(dbs)
+    common = ["-query", str(site / "q.fasta"), "-db", db, "-evalue", evalue, "-outfmt", "6 std sseqid"]
+    blast(program, *common, "-out", str(tmp_path / "ref.tsv"), cwd=dbs)
+    proc = paramedic("search", program, *common, "-out", str(tmp_path / "out.tsv"), *engine, cwd=dbs)
+    assert (tmp_path / "out.tsv").read_bytes() == (tmp_path / "ref.tsv").read_bytes(), proc.stderr
+    assert _listing(dbs) == before, "the database's directory changed"
+    report = (tmp_path / "ref.tsv").read_text()
+    assert report.count("\n") >= 30, "too few hits to test a merge"
+    return report, proc.stderr
+
+
+@pytest.mark.parametrize("name", list(PROTEIN_DBS))
+@pytest.mark.parametrize("strategy", ["fragments", "queries"])
+def test_a_makeblastdb_database_is_searched_in_place(
+    site: Path, tmp_path: Path, name: str, strategy: str
+) -> None:
+    engine = ["--strategy", strategy]
+    if strategy == "fragments" and PROTEIN_DBS[name][3]:
+        engine += ["--traceback", "once"]  # ids kept: subjects are named by them, ordinal ids from the lists
+    _, err = _compare(site, tmp_path, f"{name}/db", *engine)
+    assert f"strategy: {strategy}" in err
+
+
+def test_fragments_of_many_volumes_cross_volume_boundaries_in_order(site: Path, tmp_path: Path) -> None:
+    """More than 100 volumes: BLAST+ numbers `db.100` before `db.11`; a global id is the volume's first id
+    in that order plus the local id, so every hit keeps its place (and the tie rule its order)."""
+    report, _ = _compare(site, tmp_path, "v5-over-100/db", "--strategy", "fragments")
+    subjects = {line.split("\t")[1] for line in report.splitlines()}
+    assert len(subjects) >= 20
+
+
+def test_an_alias_over_two_databases_and_two_names_in_one_db(site: Path, tmp_path: Path) -> None:
+    for db in ("both", 'v5-one/db "two parts/b"'):
+        for strategy in ("fragments", "queries"):
+            _compare(site, tmp_path, db, "--strategy", strategy)
+
+
+def test_an_alias_whose_databases_interleave_keeps_blast_numbering(site: Path, tmp_path: Path) -> None:
+    """BLAST+ numbers the volumes under an alias by their base names sorted as strings, across the
+    databases it lists: `m.00`, then another database's `m.005`, then `m.01`."""
+    from paramedic.db.blastdb import open_blastdb
+
+    order = [Path(v.path).name for v in open_blastdb("inter", site / "dbs", "prot").volumes]
+    assert order[:3] == ["m.00", "m.005", "m.01"], order
+    for strategy in ("fragments", "queries"):
+        _compare(site, tmp_path, "inter", "--strategy", strategy)
+
+
+def test_seqids_database_refuses_per_fragment_alignment_in_one_line(site: Path, tmp_path: Path) -> None:
+    """With -parse_seqids a fragment search names its subjects by their ids, not their ordinal ids: the
+    fragments strategy must align each query once, and says so when it cannot."""
+    proc = paramedic(
+        "search", "blastp", "-query", str(site / "q.fasta"), "-db", "v5-seqids-several/db",
+        "-out", str(tmp_path / "o.tsv"), "--strategy", "fragments", "--traceback", "per-fragment",
+        cwd=site / "dbs", check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "-parse_seqids" in proc.stderr
+    assert not (tmp_path / "o.tsv").exists()
+
+
+@pytest.mark.parametrize(
+    "db, says",
+    [
+        ("nowhere/db", "not found"),
+        ("v5-one", "not found"),  # a directory
+    ],
+)
+def test_a_database_that_is_not_there_is_one_line(site: Path, tmp_path: Path, db: str, says: str) -> None:
+    proc = paramedic(
+        "search", "blastp", "-query", str(site / "q.fasta"), "-db", db, "-out", str(tmp_path / "o.tsv"),
+        cwd=site / "dbs", check=False,
+    )  # fmt: skip
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_torn_database_and_a_restricting_alias_are_refused(
+    site: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    """Volumes of two makeblastdb runs (an update half done) and an alias with an OIDLIST: refused, one line."""
+    fasta = take_fasta(data_dir / "mmseqs2" / "DB.fasta", tmp_path / "p.fasta", 2400)
+    first, second = tmp_path / "one", tmp_path / "two"
+    _makeblastdb(fasta, first / "db", "prot", "-max_file_sz", "400KB")
+    _makeblastdb(fasta, second / "db", "prot", "-max_file_sz", "400KB")
+    pin = second / "db.01.pin"  # its build date made another (same length): an update of another day
+    date = read_header(pin).date.encode()
+    data = pin.read_bytes()
+    assert data.count(date) == 1
+    pin.write_bytes(data.replace(date, date.replace(b"20", b"19", 1)))
+    for suffix in ("pin", "phr", "psq"):
+        (first / f"db.01.{suffix}").write_bytes((second / f"db.01.{suffix}").read_bytes())
+    proc = paramedic(
+        "search", "blastp", "-query", str(site / "q.fasta"), "-db", str(first / "db"),
+        "-out", str(tmp_path / "o.tsv"), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 4 and "builds" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    (tmp_path / "mask.msk").write_bytes(b"\0\0\0\1\x80")
+    (tmp_path / "sub.pal").write_text(f"DBLIST {second / 'db'}\nOIDLIST {tmp_path / 'mask.msk'}\n")
+    proc = paramedic(
+        "search", "blastp", "-query", str(site / "q.fasta"), "-db", str(tmp_path / "sub"),
+        "-out", str(tmp_path / "o.tsv"), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 4 and "OIDLIST" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "o.tsv").exists()
