@@ -198,3 +198,35 @@ def test_a_torn_database_and_a_restricting_alias_are_refused(
     )  # fmt: skip
     assert proc.returncode == 4 and "OIDLIST" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert not (tmp_path / "o.tsv").exists()
+
+
+@pytest.fixture(scope="module")
+def genomes(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[Path]:
+    """H. pylori's contigs and reference genomes as read-only nucleotide databases of several volumes,
+    and DNA queries cut from them (reverse complemented every other one)."""
+    from tests.integration.equality import cut_dna_queries, read_gz_fasta
+
+    base = tmp_path_factory.mktemp("inplace-dna")
+    sources = sorted((data_dir / "ragout" / "H.Pylori").rglob("*.fasta.gz"))
+    records = [r for path in sources for r in read_gz_fasta(path)]
+    fasta = base / "genomes.fasta"
+    fasta.write_text("".join(f">{h}\n{s}\n" for h, s in records))
+    cut_dna_queries([r for r in records if len(r[1]) > 10_000], 6, seed=42, out=base / "q.fasta")
+    dbs = base / "dbs"
+    for name, extra in {"plain": [], "seqids": ["-parse_seqids"]}.items():
+        _makeblastdb(fasta, dbs / name / "dna", "nucl", "-max_file_sz", "300KB", *extra)
+        assert len(list((dbs / name).glob("*.nin"))) >= 3
+    _read_only(dbs)
+    yield base
+    _writable(dbs)
+
+
+@pytest.mark.parametrize("name", ["plain", "seqids"])
+@pytest.mark.parametrize("strategy", ["fragments", "queries"])
+def test_blastn_on_a_nucleotide_database_in_place(
+    genomes: Path, tmp_path: Path, name: str, strategy: str
+) -> None:
+    engine = ["--strategy", strategy] + (
+        ["--traceback", "once"] if strategy == "fragments" and name == "seqids" else []
+    )
+    _compare(genomes, tmp_path, f"{name}/dna", *engine, program="blastn", evalue="1e-10")

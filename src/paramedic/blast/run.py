@@ -319,8 +319,8 @@ def place_database(run_dir: Path, db: Database, db_name: str, subjects: set[int]
 
 def _place_in_place(run_dir: Path, alias: Path, db: Database, subjects: set[int] | None) -> None:
     """The restricted alias over a database in place. An OIDLIST mask applies to each volume from its
-    own first id, so each volume with subjects gets an alias of its own with its local mask; volumes
-    without subjects are left out (they change no subject's order: volumes keep BLAST+'s order)."""
+    own first id, so each volume gets an alias of its own with its local mask. Every volume is listed, so
+    that the search numbers subjects by their global ids (the lists a piece aligns name them so)."""
     suffix = alias_suffix(db.dbtype)
     if subjects is None:
         entries = db.span_paths()
@@ -332,13 +332,11 @@ def _place_in_place(run_dir: Path, alias: Path, db: Database, subjects: set[int]
             if not 0 <= index < len(db.spans) or gid >= starts[index] + db.spans[index][2]:
                 raise ValueError(f"ordinal id {gid} outside the database (0..{db.nseq - 1})")
             by_volume.setdefault(index, []).append(gid - starts[index])
-        if not by_volume:  # nothing to show: the first volume, masked whole
-            by_volume[0] = []
         entries = []
-        for index in sorted(by_volume):
+        for index in range(len(db.spans)):
             path, _, count, letters = db.spans[index]
             mask = run_dir / f"v{index:06d}.msk"
-            mask.write_bytes(oid_mask(by_volume[index], count))
+            mask.write_bytes(oid_mask(by_volume.get(index, ()), count))
             part = run_dir / f"v{index:06d}{suffix}"
             write_alias(
                 part, [path], title=db.title, nseq=count, length=letters, oidlist=str(mask), sync=False
