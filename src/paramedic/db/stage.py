@@ -80,7 +80,12 @@ def parse_size(text: str) -> int:
 
 def check_stageable(manifest: Manifest, where: str) -> None:
     """Staging verifies each copied volume against its digest: databases formatted before the digests
-    covered the stored files cannot be staged."""
+    covered the stored files cannot be staged; nor yet can a database searched in place."""
+    if manifest.in_place:
+        raise UsageError(
+            f"--stage copies the fragment volumes of a database `paramedic format` made; {where} is searched "
+            "where it lies (not supported with --stage yet): drop --stage"
+        )
     if manifest.tools.get("digests") != FRAGMENT_DIGESTS:
         raise DatabaseError(
             f"{where}: formatted by an older paramedic, whose fragment checksums cannot verify a staged "
