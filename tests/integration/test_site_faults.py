@@ -773,6 +773,28 @@ def test_a_compute_site_over_its_quota_cannot_crowd_out_the_others(make_site) ->
     assert _ship_ranges(site, "p/a.bin", [4000])["bytes"] == 4000  # chunk and range: 8000 bytes held
 
 
+def test_a_compute_sites_quota_counts_the_outputs_it_stored(make_site) -> None:
+    """Issue 41, item 5: --site-quota counted open jobs only, and a compute site stored 37 MiB of finished
+    outputs under --site-quota 5M. Its published outputs count for as long as they are there (across a
+    restart); removing one gives its bytes back; another compute site is not touched."""
+    quota = Quota(peer_bytes=10_000)
+    site = make_site(quota=quota)
+    assert _ship_ranges(site, "s/a1.bin", [3000])["bytes"] == 3000
+    assert _ship_ranges(site, "s/a2.bin", [3000])["bytes"] == 3000  # 6,000 stored
+    with pytest.raises(SiteError, match=r"more than its quota \(10000 bytes, the outputs they published"):
+        _ship_ranges(site, "s/a3.bin", [3000])  # 9,000 in its chunk, 12,000 with its output range
+    assert not (site.root / "s" / "a3.bin").exists()
+    assert _ship_ranges(site, "s/b.bin", [3000], client="compute-b")["bytes"] == 3000
+    site.stop()
+
+    again = make_site(root=site.root, quota=quota)  # a restart counts them still
+    with pytest.raises(SiteError, match=r"more than its quota \(10000 bytes"):
+        _ship_ranges(again, "s/a4.bin", [3000])
+    (site.root / "s" / "a1.bin").unlink()  # the operator (or the user) took one away: 3,000 stored
+    assert _ship_ranges(again, "s/a5.bin", [3000])["bytes"] == 3000
+    assert "internal error" not in again.log()
+
+
 @pytest.mark.parametrize("seen", ["before", "by the kernel"])
 def test_a_full_disk_fails_the_job_and_frees_its_space(
     make_site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seen: str

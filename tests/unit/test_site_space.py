@@ -26,7 +26,7 @@ def test_a_job_may_hold_up_to_its_quota_and_not_a_byte_more(tmp_path: Path) -> N
 def test_a_compute_sites_quota_binds_before_its_default_share(tmp_path: Path) -> None:
     space = Space(Quota(peer_bytes=5000, reserve_bytes=0), (tmp_path,))
     assert space.peer_problem(5000, 10) is None
-    assert "more than its quota (5000 bytes)" in (space.peer_problem(5001, 10) or "")
+    assert "more than its quota (5000 bytes," in (space.peer_problem(5001, 10) or "")
 
 
 def test_without_a_quota_a_compute_site_may_hold_half_of_what_it_could_use(tmp_path: Path) -> None:
@@ -66,3 +66,29 @@ def test_writes_under_way_count_against_the_free_space_until_they_end(tmp_path: 
             space.check_free(half)  # a job's own check (site.store) sees the write under way too
     with space.coming(half):  # counted only while it is under way
         pass
+
+
+def test_published_outputs_count_while_they_are_there_and_a_damaged_ledger_counts_nothing(
+    tmp_path: Path,
+) -> None:
+    from paramedic.site.space import Published
+
+    root = tmp_path / "root"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        (root / "a.bin").write_bytes(b"a" * 700)
+        (root / "b.bin").write_bytes(b"b" * 300)
+        ledger = Published(tmp_path / "published.json", fd)
+        ledger.add("tls:a", "a.bin")
+        ledger.add("tls:a", "b.bin")
+        ledger.add("tls:b", "missing.bin")  # not there: nothing counted
+        assert ledger.held("tls:a") == 1000 and ledger.held("tls:b") == 0
+        assert Published(tmp_path / "published.json", fd).held("tls:a") == 1000  # read back
+        (root / "b.bin").unlink()
+        (root / "b.bin").write_bytes(b"c" * 200)  # another file at the same name: not its output
+        assert ledger.held("tls:a") == 700
+        (tmp_path / "published.json").write_text('{"tls:a": [[[[')
+        assert Published(tmp_path / "published.json", fd).held("tls:a") == 0
+    finally:
+        os.close(fd)

@@ -65,7 +65,7 @@ from paramedic.ship.paths import output_path_problem
 from paramedic.ship.registry import make_codec
 from paramedic.ship.wire import ProtocolError, field_int, field_str, loads_json
 from paramedic.site.safefs import OutputLocation, TargetExists, UnsafePath
-from paramedic.site.space import Quota, Space
+from paramedic.site.space import Published, Quota, Space
 
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 MAX_ACTIVE_JOBS = 256
@@ -81,6 +81,7 @@ KEEPALIVE_SECONDS = 30.0  # how often a live compute site touches its job (ship.
 STALE_SECONDS = 4 * KEEPALIVE_SECONDS  # a job this silent is no longer fed by a live compute site
 HOUSEKEEPING_SECONDS = 60.0
 STATE_DIR_NAME = ".paramedic-state"
+PUBLISHED_LEDGER = "published.json"  # each compute site's published outputs (site.space.Published)
 
 
 class JobFailed(Exception):
@@ -274,6 +275,7 @@ class JobStore:
         self.pool = ThreadPoolExecutor(max_workers=io_workers, thread_name_prefix="io-worker")
         self.queue_slots = threading.BoundedSemaphore(MAX_QUEUED_DECODES)
         self.state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.published = Published(self.state / PUBLISHED_LEDGER, self.root_fd)
         self.stopping = threading.Event()
         self._resume_from_disk()
         self.housekeeper = threading.Thread(target=self._housekeeping, daemon=True, name="housekeeping")
@@ -351,6 +353,10 @@ class JobStore:
                 location.remove_empty_directories()
                 return None
             self.space.check_free(len(setup_payload or b""))
+            more = len(setup_payload or b"")
+            problem = self.space.peer_problem(self._held_by(peer) + more, more)
+            if problem is not None:
+                raise ProtocolError(problem)
         except BaseException:
             location.remove_empty_directories()
             raise
@@ -527,11 +533,17 @@ class JobStore:
                 job.stored_bytes += more
         if problem is None:
             with self.lock:
-                active = [j for j in self.jobs.values() if j.active]
-            problem = self.space.peer_problem(sum(j.stored_bytes for j in active if j.peer == job.peer), more)
+                held = self._held_by(job.peer)
+            problem = self.space.peer_problem(held, more)
         if problem is not None:
             self._fail(job, problem)
             raise JobFailed(job.failure or problem)
+
+    def _held_by(self, peer: str) -> int:
+        """What one compute site holds here (under self.lock): its open jobs' data and the outputs its jobs
+        published that are still under the root."""
+        held = sum(j.stored_bytes for j in self.jobs.values() if j.active and j.peer == peer)
+        return held + self.published.held(peer)
 
     # -- chunks ---------------------------------------------------------------------------------------
     def put_chunk(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> bool:
@@ -800,6 +812,7 @@ class JobStore:
             "decode_seconds": round(job.decode_seconds, 3),
         }
         write_durably(job.directory / "done.json", json.dumps(done).encode())
+        self.published.add(job.peer, job.location.display)
         job.location.drop_partial()
         _drop_job_data(job.directory)
         self._drop_scratch(job)
@@ -859,6 +872,8 @@ class JobStore:
                 job.failure = "failed"
             return
         if job.done() is not None:
+            if relative not in self.published.outputs.get(peer, {}):  # (done under an older site)
+                self.published.add(peer, relative)
             return
         try:
             job.context = self._prepare(codec, setup, (directory / "setup.bin").read_bytes(), job.job_id)
