@@ -9,6 +9,7 @@ import bisect
 import re
 import secrets
 import shutil
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,45 @@ from paramedic.blast.programs import alias_suffix
 from paramedic.blast.tools import run_tool
 from paramedic.errors import BlastError
 
+# Options that restrict the database to a subset. A positive one is resolved once per job into a
+# `Subset` (paramedic.db.subset) and applied by masks, never passed to a fragment search; the negative ones
+# (a sequence is dropped only when all of its ids are listed) go to BLAST+ whole, with --strategy queries.
+POSITIVE = ("seqidlist", "taxids", "taxidlist")
+NEGATIVE = ("negative_seqidlist", "negative_taxids", "negative_taxidlist")
+
+
+@dataclass(frozen=True)
+class Subset:
+    """A restriction resolved: per volume of a database in place one bit per local id (most significant
+    bit first, as OIDLIST masks hold them), and the subset's statistics, which BLAST+ computes a
+    restricted search's e-values from (docs/DESIGN.md, "Statistics under a restriction")."""
+
+    bits: tuple[bytes, ...]
+    nseq: int
+    length: int
+    shortest: int
+    longest: int
+
+    def keys(self) -> dict[str, int]:
+        return {
+            "STATS_NSEQ": self.nseq,
+            "STATS_TOTLEN": self.length,
+            "MIN_SEQ_LENGTH": self.shortest,
+            "MAX_SEQ_LENGTH": self.longest,
+        }
+
+    def mask(self, volume: int, count: int, low: int = 0, high: int | None = None) -> bytes:
+        """The OIDLIST file of `volume`'s members among its local ids `low`..`high` (inclusive)."""
+        high = count - 1 if high is None else high
+        bits = bytearray(self.bits[volume])
+        if low > 0 or high < count - 1:
+            first, last = low >> 3, high >> 3
+            bits[:first] = bytes(first)
+            bits[last + 1 :] = bytes(len(bits) - last - 1)
+            bits[first] &= 0xFF >> (low & 7)
+            bits[last] &= (0xFF << (7 - (high & 7))) & 0xFF
+        return struct.pack(">I", count) + bytes(bits)
+
 
 @dataclass(frozen=True)
 class Database:
@@ -57,6 +97,7 @@ class Database:
     # In place: each fragment's volume (index into `spans`) and first and last global ordinal ids
     ranges: tuple[tuple[int, int, int], ...] = ()
     seqids: bool = False  # in place, made with -parse_seqids: subjects are named by their own ids
+    subset: Subset | None = None  # in place: the job's positive restriction, resolved
 
     @property
     def in_place(self) -> bool:
@@ -128,7 +169,7 @@ def search_fragment(
     write_queries(query_file, queries)
     argv = [
         program,
-        *options.without(*FORMATTING_ONLY, "query", "db", "max_target_seqs").argv(),
+        *options.without(*FORMATTING_ONLY, "query", "db", "max_target_seqs", *_applied(db)).argv(),
         "-query",
         str(query_file),
         "-db",
@@ -201,11 +242,20 @@ def _searched(db: Database, fragments: Sequence[int], workdir: Path) -> str:
     return str(alias.with_suffix(""))
 
 
+def _applied(db: Database) -> tuple[str, ...]:
+    """The restriction options a search leaves out because its alias applies them."""
+    return POSITIVE if db.subset is not None else ()
+
+
 def _searched_in_place(db: Database, fragments: Sequence[int], workdir: Path) -> str:
     """A database in place: an alias in `workdir` over the fragments' volumes with FIRST_OID and LAST_OID
     (1-based, inclusive, in the alias's own numbering) and the whole database's statistics. Nothing is
     written beside the user's volumes, and a search opens only the volumes it searches."""
     alias = workdir / f"range-{fragments[0]}-{fragments[-1]}{alias_suffix(db.dbtype)}"
+    if db.subset is not None:
+        if not alias.exists():
+            _restricted_range(db, db.subset, fragments, alias)
+        return str(alias.with_suffix(""))
     if not alias.exists():
         low, high = db.searched_volumes(fragments)
         start = db.spans[low][1]
@@ -222,6 +272,23 @@ def _searched_in_place(db: Database, fragments: Sequence[int], workdir: Path) ->
             },
         )
     return str(alias.with_suffix(""))
+
+
+def _restricted_range(db: Database, subset: Subset, fragments: Sequence[int], alias: Path) -> None:
+    """A fragment search under a restriction: per volume an alias with the mask of its members in the
+    fragments' range, over them one with the whole database's NSEQ, LENGTH and TITLE and the subset's
+    statistics (FIRST_OID and LAST_OID are not needed: the masks hold the range)."""
+    low, high = db.searched_volumes(fragments)
+    first, last = db.ranges[fragments[0]][1], db.ranges[fragments[-1]][2]
+    parts = []
+    for index in range(low, high + 1):
+        path, start, count, letters = db.spans[index]
+        mask = alias.with_name(f"{alias.stem}-v{index}.msk")
+        mask.write_bytes(subset.mask(index, count, max(0, first - start), min(count - 1, last - start)))
+        part = alias.with_name(f"{alias.stem}-v{index}{alias.suffix}")
+        write_alias(part, [path], title=db.title, nseq=count, length=letters, oidlist=str(mask), sync=False)
+        parts.append(str(part.with_suffix("")))
+    write_alias(alias, parts, title=db.title, nseq=db.nseq, length=db.length, sync=False, keys=subset.keys())
 
 
 def _named(fragments: Sequence[int]) -> str:
@@ -258,7 +325,7 @@ def regenerate(
     write_queries(query_file, queries)
     argv = [
         program,
-        *options.without("query", "db", "out").argv(),
+        *options.without("query", "db", "out", *_applied(db)).argv(),
         "-query",
         str(query_file),
         "-db",
@@ -322,7 +389,18 @@ def _place_in_place(run_dir: Path, alias: Path, db: Database, subjects: set[int]
     own first id, so each volume gets an alias of its own with its local mask. Every volume is listed, so
     that the search numbers subjects by their global ids (the lists a piece aligns name them so)."""
     suffix = alias_suffix(db.dbtype)
-    if subjects is None:
+    keys = db.subset.keys() if db.subset is not None else None
+    if subjects is None and db.subset is not None:
+        entries = []
+        for index, (path, _, count, letters) in enumerate(db.spans):
+            mask = run_dir / f"v{index:06d}.msk"
+            mask.write_bytes(db.subset.mask(index, count))
+            part = run_dir / f"v{index:06d}{suffix}"
+            write_alias(
+                part, [path], title=db.title, nseq=count, length=letters, oidlist=str(mask), sync=False
+            )
+            entries.append(str(part.with_suffix("")))
+    elif subjects is None:
         entries = db.span_paths()
     else:
         by_volume: dict[int, list[int]] = {}
@@ -342,7 +420,7 @@ def _place_in_place(run_dir: Path, alias: Path, db: Database, subjects: set[int]
                 part, [path], title=db.title, nseq=count, length=letters, oidlist=str(mask), sync=False
             )
             entries.append(str(part.with_suffix("")))
-    write_alias(alias, entries, title=db.title, nseq=db.nseq, length=db.length, sync=False)
+    write_alias(alias, entries, title=db.title, nseq=db.nseq, length=db.length, sync=False, keys=keys)
 
 
 def sam_command_line(report: bytes, program: str, options: BlastOptions) -> bytes:

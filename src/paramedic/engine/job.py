@@ -24,12 +24,13 @@ from paramedic.blast.prelim import (
 from paramedic.blast.prelim_check import check_shim
 from paramedic.blast.programs import PROGRAMS
 from paramedic.blast.render import can_render
-from paramedic.blast.run import Database
+from paramedic.blast.run import NEGATIVE, Database
 from paramedic.blast.tools import startup_seconds
 from paramedic.db.fasta import read_fasta
 from paramedic.db.locate import resolve_database
 from paramedic.db.manifest import Manifest, Stamp, Verification
 from paramedic.db.seqids import SeqIdTable
+from paramedic.db.subset import resolve_subset, restriction, with_absolute_lists
 from paramedic.durable import refused_target, stream_target
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata, metadata_key
@@ -183,7 +184,7 @@ def prepare_job(
     program = PROGRAMS.get(settings.program)
     if program is None:
         raise UsageError(f"unknown program {settings.program!r}: choose one of {', '.join(PROGRAMS)}")
-    options = BlastOptions.parse(program.name, settings.blast_args)
+    options = with_absolute_lists(BlastOptions.parse(program.name, settings.blast_args), settings.cwd)
     for required in ("query", "db"):
         if not options.get(required):
             raise UsageError(f"-{required} is required")
@@ -213,6 +214,11 @@ def prepare_job(
         query_batches(lengths, residues) if (residues := batch_residues(program.name, options)) else []
     )
     inexact = inexact or _unnamed_subjects(settings, program.name, options, db, lengths, blast_batches)
+    if (name := restriction(options)) is not None and not db.in_place:
+        inexact = inexact or (
+            f"applies -{name} only to a database searched in place, not to one `paramedic format` made; "
+            "use --strategy queries"
+        )
     if workers is None:
         workers = local_workers(os.environ)[0]
     segments = make_plan(
@@ -231,6 +237,8 @@ def prepare_job(
     settings = _ship_data_when_inexact(settings, inexact)
     strategy = choose_strategy(settings, db, manifest, inexact, balance, memory)
     query_segmentation = strategy.strategy == "queries"
+    if not query_segmentation and restriction(options) is not None:  # resolved once, for every fragment
+        db = replace(db, subset=resolve_subset(db, options, cwd))
     stage = None if settings.stage is None else check_stage(settings.stage, manifest, db.arg)
     if not query_segmentation and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
@@ -447,6 +455,11 @@ def _resolve(cwd: Path, path: str) -> Path:
 
 # Options the database-segmented engine cannot honour exactly, with the reason it refuses them.
 FRAGMENTS_REFUSE = {
+    **{
+        name: f"cannot honour -{name}: BLAST+ drops a sequence only when all of its "
+        f"{'taxids' if 'taxid' in name else 'ids'} are listed, which only its own reader knows; use --strategy queries"
+        for name in NEGATIVE
+    },
     "culling_limit": "cannot honour -culling_limit: BLAST+ culls a query's hits across all subjects, "
     "so fragments culled apart keep hits the whole database drops; use --strategy queries",
     "best_hit_overhang": "cannot honour -best_hit_overhang: BLAST+ keeps a query's best hits across all "
