@@ -480,6 +480,27 @@ def _wait(predicate, timeout: float = 10.0) -> None:
 # -- 8. an unexpected error while decoding fails the job, in the log and for the client ---------------------
 
 
+def test_a_trace_stream_key_past_int32_fails_its_job_with_a_reason(make_site) -> None:
+    """Issue 41, item 10: a stream key >= 2**31 in trace metadata raised OverflowError at the site, and the
+    job failed as an "internal error". Now refused as metadata out of bounds, one line in the log."""
+    from paramedic.trace import codec
+    from tests.unit.test_trace_codec import _rewrite_header, make_trace, periodic_kinds
+
+    site = make_site()
+    data = make_trace([periodic_kinds(0, 50), periodic_kinds(1, 50)], period=9)
+    meta = _rewrite_header(codec.encode(data).data, lambda h: h["streams"][0].update(key=2**31))
+    shipper = site.shipper("trace-metadata", {"out": "t/key.clog2"})
+    try:
+        shipper.start()
+        shipper.send({"offset": 0, "size": len(data)}, meta)
+        with pytest.raises(SiteError, match=r"chunk 0: trace chunk: trace metadata: header out of bounds"):
+            shipper.finish({"size": len(data), "sha256": sha256(data)})
+    finally:
+        shipper.close()
+    assert "internal error" not in site.log() and "OverflowError" not in site.log()
+    assert len(re.findall(r"failed: chunk 0", site.log())) == 1
+
+
 def test_an_unexpected_decode_error_fails_the_job(make_site, toy_codecs) -> None:
     """A KeyError in the pool used to vanish: the job stayed pending for ever and nothing was logged."""
     site = make_site()

@@ -206,6 +206,11 @@ def _rewrite_header(meta: bytes, change) -> bytes:
             "SHA-256 differs|out of range",
         ),
         (lambda m: m[:-40] + bytes(40), "decompress"),
+        # issue 41: numbers the records' int32 words cannot hold raised OverflowError at the site
+        (lambda m: _rewrite_header(m, lambda h: h["streams"][0].update(key=2**31)), "out of bounds"),
+        (lambda m: _rewrite_header(m, lambda h: h["streams"][1].update(key=-(2**31) - 1)), "out of bounds"),
+        (lambda m: _rewrite_header(m, lambda h: h["streams"][0].update(key=2**70)), "out of bounds"),
+        (lambda m: _rewrite_header(m, lambda h: h.update(end_head=[2**40, 0, 0])), "out of bounds"),
     ],
 )
 def test_corrupt_metadata_is_a_clear_error(corrupt, message):

@@ -496,10 +496,19 @@ def decode(meta: bytes, max_size: int = 1 << 36) -> bytes:
             raise MetadataError("trace metadata: bad header")
         data = _inflate(blobs[0], size, "the file")
     else:
-        data = _rebuild(header, blobs, size)
+        try:
+            data = _rebuild(header, blobs, size)
+        except OverflowError as exc:  # a number of the header that the records' words cannot hold
+            raise MetadataError(f"trace metadata: a value out of range ({exc})") from None
     if len(data) != size or hashlib.sha256(data).hexdigest() != header["sha256"]:
         raise MetadataError("trace metadata: the regenerated file's SHA-256 differs from the recorded one")
     return data
+
+
+def _is_int32(value: int) -> bool:
+    """A header's stream key and end-of-blocks words go into the records' int32 words (a key of 2**31
+    raised OverflowError at the storage site, an "internal error": issue 41)."""
+    return -(2**31) <= value < 2**31
 
 
 def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
@@ -538,6 +547,7 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
         or len(tails) * block_size > size
         or not 0 <= table_len <= size
         or len({i["key"] for i in infos}) != len(infos)
+        or not all(_is_int32(v) for v in (*end_head, *(i["key"] for i in infos)))
     ):
         raise MetadataError("trace metadata: header out of bounds")
     expected = (1 if order == "explicit" else 0) + 3 * len(infos) + 1 + (1 if tails else 0)
