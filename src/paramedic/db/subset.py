@@ -56,8 +56,6 @@ def resolve_subset(db: Database, options: BlastOptions, cwd: Path) -> Subset:
         raise UsageError("internal: no restriction to resolve")
     value = options.get(name) or ""
     oids = np.unique(np.asarray(_members(db, name, value, cwd), dtype=np.int64))
-    if oids.size == 0:
-        raise UsageError(f"-{name} {value}: no sequence of {db.arg} is in it, so there is nothing to search")
     bits: list[bytes] = []
     count = total = 0
     shortest, longest = 2**62, 0
@@ -76,7 +74,7 @@ def resolve_subset(db: Database, options: BlastOptions, cwd: Path) -> Subset:
             total += int(lengths.sum())
             shortest = min(shortest, int(lengths.min()))
             longest = max(longest, int(lengths.max()))
-    return Subset(tuple(bits), count, total, shortest, longest)
+    return Subset(tuple(bits), count, total, shortest if count else 0, longest)
 
 
 def _members(db: Database, name: str, value: str, cwd: Path) -> list[int]:

@@ -214,11 +214,8 @@ def prepare_job(
         query_batches(lengths, residues) if (residues := batch_residues(program.name, options)) else []
     )
     inexact = inexact or _unnamed_subjects(settings, program.name, options, db, lengths, blast_batches)
-    if (name := restriction(options)) is not None and not db.in_place:
-        inexact = inexact or (
-            f"applies -{name} only to a database searched in place, not to one `paramedic format` made; "
-            "use --strategy queries"
-        )
+    db, unrestricted = _restricted(settings, options, db, inexact)
+    inexact = inexact or unrestricted
     if workers is None:
         workers = local_workers(os.environ)[0]
     segments = make_plan(
@@ -237,8 +234,6 @@ def prepare_job(
     settings = _ship_data_when_inexact(settings, inexact)
     strategy = choose_strategy(settings, db, manifest, inexact, balance, memory)
     query_segmentation = strategy.strategy == "queries"
-    if not query_segmentation and restriction(options) is not None:  # resolved once, for every fragment
-        db = replace(db, subset=resolve_subset(db, options, cwd))
     stage = None if settings.stage is None else check_stage(settings.stage, manifest, db.arg)
     if not query_segmentation and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
@@ -313,6 +308,26 @@ def prepare_job(
         stage=stage,
         verified=verified if digest == "later" else None,
     )
+
+
+def _restricted(
+    settings: SearchSettings, options: BlastOptions, db: Database, inexact: str | None
+) -> tuple[Database, str | None]:
+    """The database with the job's positive restriction resolved, once, for every fragment search
+    (paramedic.db.subset), and why the fragments strategy cannot honour it (None: it can). Not resolved
+    when only whole-database searches will run: BLAST+ applies it there itself."""
+    name = restriction(options)
+    if name is None or settings.strategy == "queries" or inexact:
+        return db, None
+    if not db.in_place:
+        return db, (
+            f"applies -{name} only to a database searched in place, not to one `paramedic format` made; "
+            "use --strategy queries"
+        )
+    subset = resolve_subset(db, options, settings.cwd)
+    if subset.nseq == 0:  # BLAST+ warns once a query and writes a report without hits
+        return db, f"has nothing to search: -{name} selects no sequence of {db.arg}; use --strategy queries"
+    return replace(db, subset=subset), None
 
 
 def _unnamed_subjects(
