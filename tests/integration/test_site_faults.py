@@ -366,6 +366,27 @@ def test_an_object_bomb_setup_is_refused_before_it_is_parsed_and_stalls_no_one(
     assert [j.out.name for j in site.server.store.jobs.values()] == ["out.bin"]
 
 
+def test_a_jobs_saved_queries_are_readable_by_the_site_alone(world, make_site) -> None:
+    """Issue 41, item 10: the site's saved query files were mode 0644 (job.json is 0600): another user of
+    the storage machine read every compute site's queries. Now 0600, in directories of the site's alone."""
+    import stat
+
+    from paramedic.ship.codecs import pack_json
+
+    site = make_site()
+    shipper = site.shipper("blast-metadata", _blast_setup(world, site), pack_json([["q1 secret", "MKV"]]))
+    try:
+        shipper.start()
+        job = site.server.store.jobs[shipper.job_id]
+        saved = job.context.queries.path
+        assert saved.read_bytes().startswith(b"q1 secret")
+        for path in (saved, *saved.parents[:3], job.directory / "job.json"):
+            mode = stat.S_IMODE(path.stat().st_mode)
+            assert mode & 0o077 == 0, f"{path} is mode {mode:o}"
+    finally:
+        shipper.close()
+
+
 def test_a_bomb_left_in_the_state_by_an_older_site_does_not_stop_a_restart(world, make_site) -> None:
     """A job stored before the bound existed is failed at restart (it used to be inflated again each time)."""
     import json

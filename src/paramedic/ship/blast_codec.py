@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -100,6 +101,13 @@ def _return_freed_memory() -> None:
         pass
 
 
+def _private_file(path: Path) -> Path:
+    """`path` made empty, mode 0600, before anything is written to it: a compute site's queries are its
+    own, and a file opened for writing keeps the mode it was made with (they were 0644: issue 41)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    return path
+
+
 @register_codec
 class BlastMetadataCodec(Codec):
     name = "blast-metadata"
@@ -157,7 +165,7 @@ class BlastMetadataCodec(Codec):
         if len(parsed) != n_queries:
             raise ProtocolError("setup: query count differs from n_queries")
         # on disk for the job's life: memory holds one offset per query, not the queries
-        queries = StoredQueries(site.workdir / f"queries-{uuid.uuid4().hex}.txt", parsed)
+        queries = StoredQueries(_private_file(site.workdir / f"queries-{uuid.uuid4().hex}.txt"), parsed)
         del parsed
         _return_freed_memory()
         database = dataclasses.replace(site.database, arg=db_arg)

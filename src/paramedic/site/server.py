@@ -140,8 +140,10 @@ class SiteServer:
         root = settings.root.resolve()
         if not root.is_dir():
             raise UsageError(f"--root {root}: not a directory")
-        workdir = (settings.state or root / STATE_DIR_NAME) / "work"
-        workdir.mkdir(parents=True, exist_ok=True)
+        state = settings.state or root / STATE_DIR_NAME
+        workdir = state / "work"
+        for private in (state, workdir):  # the compute sites' data: the site's alone (mode 0700)
+            private.mkdir(parents=True, exist_ok=True, mode=0o700)
         # what a killed server was regenerating: nothing in a run's scratch outlives the run
         for stale in workdir.iterdir():  # (regen-*, and since issue 23 one directory per job)
             shutil.rmtree(stale, ignore_errors=True)

@@ -470,7 +470,7 @@ class JobStore:
         working directory) and ended when its regeneration runs past --regen-timeout."""
         assert self.replica is not None
         workdir = self.replica.workdir / job_id
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir.mkdir(parents=True, exist_ok=True, mode=0o700)  # its queries and BLAST+'s files: the site's
         return dataclasses.replace(self.replica, workdir=workdir)
 
     def get(self, peer: str, job_id: str) -> SiteJob:
