@@ -271,6 +271,17 @@ def test_an_out_name_too_long_for_the_site_is_refused_before_the_search(world: d
     assert "a name of 212 bytes (at most 211)" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("char", ["\u202e", "\u2066", "\u200b", "\x1b", "\r", "\u2028"])
+def test_the_site_refuses_an_out_name_with_an_invisible_character(make_site, char: str) -> None:
+    """Issue 41, item 10: U+202E (right-to-left override) was accepted in output names: "report\u202etxt.exe"
+    lists as "reportexe.txt". Controls and formatting characters are refused at open, one line."""
+    site = make_site()
+    with pytest.raises(SiteError, match=rf"contains U\+{ord(char):04X}, a control or formatting character"):
+        ship_bytes(site, f"names/report{char}txt.exe", b"x")
+    assert not (site.root / "names").exists()
+    assert ship_bytes(site, "names/r\u00e9sum\u00e9 \u6587\u4ef6.txt", b"x")["bytes"] == 1  # letters stay
+
+
 def test_the_site_refuses_an_out_name_too_long_at_open(make_site) -> None:
     site = make_site()
     with pytest.raises(SiteError, match=r"a name of 212 bytes \(at most 211\)"):

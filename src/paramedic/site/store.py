@@ -48,6 +48,7 @@ import signal
 import stat
 import threading
 import time
+import unicodedata
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -131,7 +132,7 @@ class Replica:
 def safe_output_path(root: Path, relative: str) -> Path:
     """`relative` under `root`, or ProtocolError: no absolute paths, no `..`, no symlinks on the way.
     (A check of the path's shape; every write is checked again by `site.safefs`.)"""
-    problem = output_path_problem(relative)
+    problem = output_path_problem(relative) or _invisible_character(relative)
     if problem is not None:
         raise ProtocolError(f"output path {relative[:100]!r}: {problem}")
     path = PurePosixPath(relative)
@@ -150,6 +151,20 @@ def safe_output_path(root: Path, relative: str) -> Path:
     if target.is_symlink() or target.is_dir():
         raise ProtocolError(f"output path {relative!r}: exists and is not a regular file")
     return target
+
+
+# Characters a name may not hold at the site: controls, format characters (the bidirectional overrides
+# that show "evil\u202egpj.exe" as "evilexe.jpg", zero-width joiners), line and paragraph separators,
+# surrogates
+_INVISIBLE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp", "Cs")
+
+
+def _invisible_character(relative: str) -> str | None:
+    """Why a name would not read as what it is (issue 41: U+202E was accepted), or None."""
+    for char in relative:
+        if unicodedata.category(char) in _INVISIBLE_CATEGORIES:
+            return f"contains U+{ord(char):04X}, a control or formatting character"
+    return None
 
 
 def output_location(root_fd: int, relative: str, job_id: str) -> OutputLocation:
