@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import dataclasses
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from paramedic import __version__
 from paramedic.errors import InputError, ParamedicError, UsageError
+
+if TYPE_CHECKING:  # the engine is imported by the commands that run it
+    from paramedic.engine.settings import SearchSettings
 
 USAGE = """\
 paramedic: parallel NCBI BLAST+ on MPI, with ParaMEDIC's metadata shipping to a storage site.
@@ -796,7 +801,40 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         report=_report_page(args.report),
         runner=args.runner,
     )
+    settings, argv = _descriptor_query(settings, argv)
     return launch_or_run(settings, workers=args.np, argv=["search", *argv])
+
+
+def _descriptor_query(settings: SearchSettings, argv: list[str]) -> tuple[SearchSettings, list[str]]:
+    """`-query /dev/fd/63` (a process substitution) names a descriptor of this process, which mpiexec
+    does not pass on: when this process starts mpiexec, the descriptor becomes its standard input, which
+    mpiexec forwards to rank 0, and the query `-` (read once there), in the settings and in the command
+    line the ranks are given (`argv`). The local runner and ranks under the
+    user's own mpiexec read it where it is."""
+    from paramedic.blast.options import typed_value
+    from paramedic.durable import through_descriptor
+    from paramedic.engine.launch import under_mpi
+
+    query = typed_value(settings.blast_args, "query")
+    starts_mpiexec = settings.runner == "mpi" or (
+        settings.runner == "auto" and settings.needs_mpi is not None
+    )
+    if query in (None, "-") or not starts_mpiexec or under_mpi() or not through_descriptor(Path(query)):
+        return settings, argv
+    try:
+        fd = os.open(query, os.O_RDONLY)
+    except OSError as exc:
+        raise InputError(f"{query}: cannot read: {exc.strerror}") from exc
+    os.dup2(fd, 0)
+    os.close(fd)
+    return dataclasses.replace(settings, blast_args=_stdin_query(settings.blast_args)), _stdin_query(argv)
+
+
+def _stdin_query(args: list[str]) -> list[str]:
+    """`args` with the value of their (first) -query made `-`."""
+    changed = list(args)
+    changed[changed.index("-query") + 1] = "-"
+    return changed
 
 
 def _check_site_db(blast_args: list[str]) -> None:

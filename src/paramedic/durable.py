@@ -97,10 +97,10 @@ def stream_target(path: Path) -> bool:
         mode = os.stat(path).st_mode
     except OSError:
         return False
-    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or _through_descriptor(path)
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or through_descriptor(path)
 
 
-def _through_descriptor(path: Path, depth: int = 40) -> bool:
+def through_descriptor(path: Path, depth: int = 40) -> bool:
     """Some link on the way to `path` is a /proc/*/fd entry (its target is a descriptor, not a name)."""
     current = os.path.abspath(path)
     for _ in range(depth):

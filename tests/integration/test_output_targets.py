@@ -156,9 +156,7 @@ def test_a_block_device_is_refused_and_kept(work: Path, tmp_path: Path) -> None:
         pytest.skip("making a device node needs root")
     node = tmp_path / "disk"
     os.mknod(node, stat.S_IFBLK | 0o600, os.makedev(7, 250))  # never opened
-    done = paramedic(
-        "search", "blastp", *QUERY_ARGS, "-out", str(node), "--np", "2", cwd=work, check=False
-    )
+    done = paramedic("search", "blastp", *QUERY_ARGS, "-out", str(node), "--np", "2", cwd=work, check=False)
     assert done.returncode == 6, done.stderr
     assert done.stderr.strip().count("\n") == 0 and "is a block device" in done.stderr
     assert stat.S_ISBLK(os.lstat(node).st_mode)

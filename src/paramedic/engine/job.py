@@ -8,10 +8,13 @@ Every problem a user can cause surfaces here as one clear error, before the para
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import sys
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, BinaryIO, Literal
 
 from paramedic.blast.options import BlastOptions, check_values
 from paramedic.blast.prelim import (
@@ -22,7 +25,7 @@ from paramedic.blast.prelim import (
     split_query,
 )
 from paramedic.blast.prelim_check import check_shim
-from paramedic.blast.programs import PROGRAMS
+from paramedic.blast.programs import PROGRAMS, Program
 from paramedic.blast.render import can_render
 from paramedic.blast.run import NEGATIVE, Database
 from paramedic.blast.tools import startup_seconds
@@ -44,7 +47,7 @@ from paramedic.engine.strategy import (
     local_workers,
     query_balance,
 )
-from paramedic.errors import OutputError, UsageError
+from paramedic.errors import InputError, OutputError, UsageError
 from paramedic.output.stitch import can_stitch
 from paramedic.output.strategies import output_strategy
 
@@ -185,15 +188,13 @@ def prepare_job(
     if program is None:
         raise UsageError(f"unknown program {settings.program!r}: choose one of {', '.join(PROGRAMS)}")
     options = with_absolute_lists(BlastOptions.parse(program.name, settings.blast_args), settings.cwd)
-    for required in ("query", "db"):
-        if not options.get(required):
-            raise UsageError(f"-{required} is required")
+    if not options.get("db"):
+        raise UsageError("-db is required")
+    if options.get("query") == "":
+        raise UsageError("-query needs a file name (- or no -query: standard input)")
     check_outfmt(program.name, options)
     cwd = settings.cwd
-    query_path = _resolve(cwd, options.get("query") or "")
-    queries = [  # a guess of the molecule type is said, never a refusal: BLAST+ searches such a query
-        (r.header, r.sequence) for r in read_fasta(query_path, program.query_type, _warn, program.name)
-    ]
+    queries = read_queries(cwd, options.get("query"), program)
     db, manifest = resolve_database(options.get("db") or "", cwd, digest=False, dbtype=program.db_type)
     if early is not None and early.of(db.directory, manifest):
         verified = early  # started before the engine was imported (paramedic.engine.launch)
@@ -362,6 +363,55 @@ def _asks_metadata(settings: SearchSettings) -> bool:
         or settings.save_metadata is not None
         or (settings.ship is not None and settings.ship.mode == "auto")
     )
+
+
+def read_queries(cwd: Path, query: str | None, program: Program) -> list[tuple[str, str]]:
+    """The queries, read once, as BLAST+ takes -query: a file, or standard input for `-` or no -query.
+    Standard input, a pipe (`-query <(gunzip -c q.gz)`, /dev/fd/63) or a device is copied once into a
+    temporary file of the job's own and that is read: a FASTA file is opened twice (its gzip magic, then
+    its text), which a pipe does not survive."""
+    if query is None or query == "-":
+        if sys.stdin is None:  # started with descriptor 0 closed
+            raise InputError("standard input: closed (give -query FILE)")
+        return _read_copy(sys.stdin.buffer, "standard input", program)
+    path = _resolve(cwd, query)
+    if not _read_once(path):
+        return _read_fasta(path, program)
+    try:
+        with open(path, "rb") as source:
+            return _read_copy(source, str(path), program)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from exc
+
+
+def _read_once(path: Path) -> bool:
+    """`path` names something that can be read once only (a pipe, a device), not a file or a directory."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False  # read_fasta says what is wrong with it
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _read_copy(source: BinaryIO, name: str, program: Program) -> list[tuple[str, str]]:
+    """`source` copied into the job's temporary directory (TMPDIR), read, and removed; a problem in it
+    is said under `name` (standard input, the user's path), not the copy's."""
+    fd, copy = tempfile.mkstemp(prefix="query-", suffix=".fasta")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            shutil.copyfileobj(source, fh, 1 << 20)
+        try:
+            return _read_fasta(Path(copy), program)
+        except InputError as exc:
+            raise InputError(str(exc).replace(copy, name)) from None
+    finally:
+        Path(copy).unlink(missing_ok=True)
+
+
+def _read_fasta(path: Path, program: Program) -> list[tuple[str, str]]:
+    return [  # a guess of the molecule type is said, never a refusal: BLAST+ searches such a query
+        (r.header, r.sequence) for r in read_fasta(path, program.query_type, _warn, program.name)
+    ]
 
 
 def _ship_data_when_inexact(settings: SearchSettings, inexact: str | None) -> SearchSettings:
