@@ -41,6 +41,19 @@ def require_real_tools() -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def digest_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Remembered database digests (paramedic.db.trust) go to a store of the tests' own."""
+    path = tmp_path_factory.mktemp("digests")
+    old = os.environ.get("PARAMEDIC_DIGESTS")
+    os.environ["PARAMEDIC_DIGESTS"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("PARAMEDIC_DIGESTS", None)
+    else:
+        os.environ["PARAMEDIC_DIGESTS"] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
 def metadata_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Metadata files are sealed with the user's own key (paramedic.engine.metadata): the tests use a
     key of their own, never the one in ~/.config."""

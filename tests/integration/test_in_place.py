@@ -9,6 +9,7 @@ the ids), and each comparison asserts that the hits cross fragments, so that a m
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -230,3 +231,42 @@ def test_blastn_on_a_nucleotide_database_in_place(
         ["--traceback", "once"] if strategy == "fragments" and name == "seqids" else []
     )
     _compare(genomes, tmp_path, f"{name}/dna", *engine, program="blastn", evalue="1e-10")
+
+
+def test_a_database_changed_between_two_runs_of_a_resume_is_refused(
+    site: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    """A killed search continues from its journal only on the very database it began with: a volume
+    rewritten in place (same size, times put back) is another database (its digest), so the journal is
+    refused; unchanged, the same command continues and equals BLAST+."""
+    from tests.integration.test_resume import ENGINE, kill_every_rank_when, records, searches_done
+
+    db = tmp_path / "db"
+    _makeblastdb(site / "proteins.fasta", db / "p", "prot", "-max_file_sz", "400KB")
+    queries = take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", tmp_path / "q.fasta", 60)
+    out, journal = tmp_path / "hits.txt", tmp_path / ".hits.txt.journal"
+    command = ["search", "blastp", "-query", str(queries), "-db", str(db / "p"), "-out", str(out), *ENGINE]
+    blast(
+        "blastp",
+        "-query",
+        str(queries),
+        "-db",
+        str(db / "p"),
+        "-out",
+        str(tmp_path / "ref.txt"),
+        cwd=tmp_path,
+    )
+
+    kill_every_rank_when(command, tmp_path, journal, searches_done(2))
+    volume = db / "p.01.psq"
+    info = volume.stat()
+    original = volume.read_bytes()
+    volume.write_bytes(original[:100] + bytes([original[100] ^ 1]) + original[101:])
+    os.utime(volume, ns=(info.st_atime_ns, info.st_mtime_ns))
+    proc = paramedic(*command, cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "(different database)" in proc.stderr, proc.stderr
+    assert records(journal, "search") and not out.exists()
+
+    volume.write_bytes(original)
+    paramedic(*command, cwd=tmp_path)
+    assert out.read_bytes() == (tmp_path / "ref.txt").read_bytes()

@@ -7,12 +7,25 @@ check a database the same way, and the storage site must not depend on the searc
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+
+import blake3
 
 from paramedic.blast.programs import alias_suffix
 from paramedic.blast.run import Database
-from paramedic.db.blastdb import fragment_ranges, open_blastdb
-from paramedic.db.manifest import FORMAT_VERSION, IN_PLACE, Fragment, Manifest, load_manifest, verify_volumes
+from paramedic.db.blastdb import Volume, fragment_ranges, open_blastdb
+from paramedic.db.manifest import (
+    FORMAT_VERSION,
+    IN_PLACE,
+    Fragment,
+    Manifest,
+    load_manifest,
+    verify_volumes,
+    volume_files_in_place,
+)
+from paramedic.db.trust import DigestStore, digests
 from paramedic.errors import DatabaseError
 
 
@@ -96,7 +109,7 @@ def _in_place(arg: str, cwd: Path, dbtype: str | None) -> tuple[Database, Manife
         input_path=arg,
         content_sha256="",
         tools={"layout": IN_PLACE},
-        volume_blake3={f"{v.first} {Path(v.path).name} {v.nseq} {v.length} {v.date}": "" for v in volumes},
+        volume_blake3=_volume_digests(volumes),
     )
     database = Database(
         arg=arg,
@@ -112,3 +125,31 @@ def _in_place(arg: str, cwd: Path, dbtype: str | None) -> tuple[Database, Manife
         seqids=blastdb.seqids,
     )
     return database, manifest
+
+
+def _volume_digests(volumes: Sequence[Volume]) -> dict[str, str]:
+    """Each volume's digest (its files' names and BLAKE3s, remembered between jobs: paramedic.db.trust),
+    keyed by what both sites of a job see alike: its first id, base name, count, letters and date; a
+    version-5 database's shared files (.pdb, .pos, .pot, .ptf, .pto) under the base name's own key."""
+    store = DigestStore(warn=_warn_once)
+    out: dict[str, str] = {}
+    for v in volumes:
+        own, shared = volume_files_in_place(Path(v.path))
+        out[f"{v.first} {Path(v.path).name} {v.nseq} {v.length} {v.date}"] = _combined(own, store)
+        if shared:
+            out[f"shared {shared[0].name.rsplit('.', 1)[0]} {v.date}"] = _combined(shared, store)
+    return out
+
+
+def _combined(files: list[Path], store: DigestStore) -> str:
+    found = digests(files, store)
+    return blake3.blake3("".join(f"{path.name}\0{found[path]}\n" for path in files).encode()).hexdigest()
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(text: str) -> None:
+    if text not in _warned:
+        _warned.add(text)
+        print(f"paramedic: warning: {text}", file=sys.stderr, flush=True)

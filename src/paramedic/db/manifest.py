@@ -383,21 +383,29 @@ def in_place_files(manifest: Manifest) -> list[Path]:
     (.pdb, .pos, .pot, .ptf, .pto beside `db.00`, named `db.*`), alias files left out."""
     files: set[Path] = set()
     for volume in {f.volume for f in manifest.fragments}:
-        path = Path(volume)
-        base = re.sub(r"\.\d+$", "", path.name)
-        try:
-            with os.scandir(path.parent) as entries:
-                for entry in entries:
-                    name = entry.name
-                    if name.endswith((".pal", ".nal")):
-                        continue
-                    if name.startswith(path.name + ".") or (
-                        name.startswith(base + ".") and "." not in name[len(base) + 1 :]
-                    ):
-                        files.add(path.parent / name)
-        except OSError as exc:
-            raise DatabaseError(f"{path.parent}: unreadable ({exc.strerror})") from exc
+        own, shared = volume_files_in_place(Path(volume))
+        files.update(own)
+        files.update(shared)
     return sorted(files)
+
+
+def volume_files_in_place(volume: Path) -> tuple[list[Path], list[Path]]:
+    """A volume's own files (`db.00.*`) and its database's shared ones (`db.pdb`, ...), alias files left out."""
+    base = re.sub(r"\.\d+$", "", volume.name)
+    own, shared = [], []
+    try:
+        with os.scandir(volume.parent) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.endswith((".pal", ".nal")):
+                    continue
+                if name.startswith(volume.name + "."):
+                    own.append(volume.parent / name)
+                elif base != volume.name and name.startswith(base + ".") and "." not in name[len(base) + 1 :]:
+                    shared.append(volume.parent / name)
+    except OSError as exc:
+        raise DatabaseError(f"{volume.parent}: unreadable ({exc.strerror})") from exc
+    return sorted(own), sorted(shared)
 
 
 class _Discardable(Protocol):
