@@ -257,7 +257,11 @@ def _trace(argv: list[str]) -> int:
     if args.site is None and args.trace_precision != "lossless":
         raise UsageError("--trace-precision is the precision of the site's copy: give --site too")
     if args.site is not None:  # the site settings are checked before the program runs
+        from paramedic.durable import stream_target
         from paramedic.ship.destination import ShipSettings
+
+        if stream_target(args.out):  # written through, it cannot be read back to ship
+            raise UsageError(f"-out {args.out}: with --site the trace is shipped from -out, so give a file")
         from paramedic.trace.precision import parse
 
         parse(args.trace_precision)

@@ -150,6 +150,28 @@ def test_trace_writes_through_a_fifo(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["random_comm", "trace.fifo"]  # no rank logs
 
 
+def test_trace_to_a_site_through_a_fifo_is_refused_before_it_runs(
+    databases: Databases, tmp_path: Path
+) -> None:
+    """With --site the trace is read back from -out to ship it: a FIFO written through cannot be (the
+    read waited for a writer for ever). Refused before the program runs: one line, exit 2."""
+    keys = databases.keys(tmp_path / "keys")
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    marker = tmp_path / "ran"
+    done = subprocess.run(
+        [str(BIN / "paramedic"), "trace", "-out", "trace.fifo", "--site", "tls://127.0.0.1:9",
+         "--keys", str(keys / "compute-a"), "--", str(BIN / "mpiexec"), "-n", "1", "touch", str(marker)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr
+        == "paramedic: error: -out trace.fifo: with --site the trace is shipped from -out, so give a file\n"
+    )
+    assert not marker.exists() and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
 def test_a_block_device_is_refused_and_kept(work: Path, tmp_path: Path) -> None:
     """Neither a file to replace nor a stream a search is written to: one line, exit 6, kept."""
     if os.geteuid() != 0:
