@@ -20,6 +20,7 @@ from paramedic.db.manifest import (
     FORMAT_VERSION,
     IN_PLACE,
     Fragment,
+    Listings,
     Manifest,
     load_manifest,
     verify_volumes,
@@ -132,9 +133,10 @@ def _volume_digests(volumes: Sequence[Volume]) -> dict[str, str]:
     keyed by what both sites of a job see alike: its first id, base name, count, letters and date; a
     version-5 database's shared files (.pdb, .pos, .pot, .ptf, .pto) under the base name's own key."""
     store = DigestStore(warn=_warn_once)
+    listings = Listings()
     out: dict[str, str] = {}
     for v in volumes:
-        own, shared = volume_files_in_place(Path(v.path))
+        own, shared = volume_files_in_place(Path(v.path), listings)
         out[f"{v.first} {Path(v.path).name} {v.nseq} {v.length} {v.date}"] = _combined(own, store)
         if shared:
             out[f"shared {shared[0].name.rsplit('.', 1)[0]} {v.date}"] = _combined(shared, store)

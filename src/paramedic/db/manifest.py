@@ -6,6 +6,7 @@ database whose manifest is missing or whose files do not match it.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import json
@@ -382,30 +383,55 @@ def in_place_files(manifest: Manifest) -> list[Path]:
     """A database in place's files (absolute): each volume's, and the database-wide ones of version 5
     (.pdb, .pos, .pot, .ptf, .pto beside `db.00`, named `db.*`), alias files left out."""
     files: set[Path] = set()
+    listings = Listings()
     for volume in {f.volume for f in manifest.fragments}:
-        own, shared = volume_files_in_place(Path(volume))
+        own, shared = volume_files_in_place(Path(volume), listings)
         files.update(own)
         files.update(shared)
     return sorted(files)
 
 
-def volume_files_in_place(volume: Path) -> tuple[list[Path], list[Path]]:
+class Listings:
+    """Directory listings, each read once (a database of many volumes lists its directory once, not once
+    a volume: 115 volumes took 0.47 s the other way)."""
+
+    def __init__(self) -> None:
+        self.names: dict[Path, list[str]] = {}
+
+    def __call__(self, directory: Path) -> list[str]:
+        if directory not in self.names:
+            try:
+                with os.scandir(directory) as entries:
+                    self.names[directory] = sorted(
+                        e.name for e in entries if not e.name.endswith((".pal", ".nal"))
+                    )
+            except OSError as exc:
+                raise DatabaseError(f"{directory}: unreadable ({exc.strerror})") from exc
+        return self.names[directory]
+
+
+def volume_files_in_place(volume: Path, listings: Listings | None = None) -> tuple[list[Path], list[Path]]:
     """A volume's own files (`db.00.*`) and its database's shared ones (`db.pdb`, ...), alias files left out."""
+    names = (listings or Listings())(volume.parent)
     base = re.sub(r"\.\d+$", "", volume.name)
-    own, shared = [], []
-    try:
-        with os.scandir(volume.parent) as entries:
-            for entry in entries:
-                name = entry.name
-                if name.endswith((".pal", ".nal")):
-                    continue
-                if name.startswith(volume.name + "."):
-                    own.append(volume.parent / name)
-                elif base != volume.name and name.startswith(base + ".") and "." not in name[len(base) + 1 :]:
-                    shared.append(volume.parent / name)
-    except OSError as exc:
-        raise DatabaseError(f"{volume.parent}: unreadable ({exc.strerror})") from exc
-    return sorted(own), sorted(shared)
+    at = bisect.bisect_left(names, volume.name + ".")
+    own = []
+    while at < len(names) and names[at].startswith(volume.name + "."):
+        own.append(volume.parent / names[at])
+        at += 1
+    shared = [] if base == volume.name else [volume.parent / name for name in listings_shared(names, base)]
+    return own, shared
+
+
+def listings_shared(names: list[str], base: str) -> list[str]:
+    """`base.xyz` among sorted `names` (one extension: `db.pdb`, not `db.00.pin`)."""
+    return list(_dotted(tuple(names), base))
+
+
+@functools.lru_cache(maxsize=64)
+def _dotted(names: tuple[str, ...], base: str) -> tuple[str, ...]:
+    prefix = base + "."
+    return tuple(n for n in names if n.startswith(prefix) and "." not in n[len(prefix) :])
 
 
 class _Discardable(Protocol):
