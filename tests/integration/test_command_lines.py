@@ -121,14 +121,7 @@ def test_no_out_through_mpi_ranks_writes_standard_output(work: Path, tmp_path: P
     assert expected and got.stdout == expected
 
 
-ESCAPED_DB = pytest.mark.xfail(
-    strict=True,
-    reason="blast/run.py as_user_db puts the -db string into XML/JSON/ASN.1 unescaped (BLAST+: &quot;db/uni&quot;)",
-)
-
-
-@pytest.mark.parametrize("outfmt", ["6", "0", "7", pytest.param("5", marks=ESCAPED_DB),
-                                    pytest.param("15", marks=ESCAPED_DB)])  # fmt: skip
+@pytest.mark.parametrize("outfmt", ["6", "0", "7", "5", "15", "16", "11"])
 def test_quoted_db_as_galaxy_renders_it(work: Path, tmp_path: Path, outfmt: str) -> None:
     """`-db '"db/uni"'`: BLAST+ strips the quotes to open it, and prints the string as given (outfmt 7,
     5, 15). Was: "database '"db/uni"' not found"."""

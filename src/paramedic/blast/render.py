@@ -193,7 +193,7 @@ def render(
             # a query BLAST+ warned of (one it cannot search: no "# 0 hits found", a message in XML):
             # an archive keeps no such warning, so blast_formatter's report would not be BLAST+'s
             raise Unrenderable("BLAST+ warned of a query of the group")
-        data = as_user_db(data, db, db_name)
+        data = as_user_db(data, db, db_name, options.outfmt_number())
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     return data, RunStats(time.perf_counter() - start, len(data))

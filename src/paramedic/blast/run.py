@@ -6,6 +6,8 @@ Both kinds of run live here so that nothing outside `paramedic.blast` knows how 
 from __future__ import annotations
 
 import bisect
+import html
+import json
 import re
 import secrets
 import shutil
@@ -339,7 +341,7 @@ def regenerate(
         env = inject_environment(program, options)
     start = time.perf_counter()
     pass_on(program, run_tool(argv, cwd=run_dir, extra_env=env).stderr)
-    data = as_user_db(out_file.read_bytes(), db, db_name)
+    data = as_user_db(out_file.read_bytes(), db, db_name, options.outfmt_number())
     if options.outfmt_number() == 17:
         data = sam_command_line(data, program, options)
     note = run_dir / INJECT_NOTE
@@ -430,6 +432,19 @@ def sam_command_line(report: bytes, program: str, options: BlastOptions) -> byte
     return re.sub(rb"^(@PG\t.*?\tCL:)[^\t\n]*", lambda m: m.group(1) + line, report, count=1, flags=re.M)
 
 
-def as_user_db(report: bytes, db: Database, db_name: str) -> bytes:
-    """BLAST+ prints the -db argument as given (outfmt 5, 7, JSON): show the user's path."""
-    return report.replace(db_name.encode(), db.arg.encode()) if db_name != db.arg else report
+def as_user_db(report: bytes, db: Database, db_name: str, outfmt: int = 0) -> bytes:
+    """BLAST+ prints the -db argument as given (outfmt 5, 7, JSON, the archive): show the user's, escaped
+    as BLAST+ escapes it in that format (a quoted `-db '"dbs/uniprot"'`: `&quot;` in XML, `\\"` in JSON)."""
+    if db_name == db.arg:
+        return report
+    return report.replace(db_name.encode(), _escaped(db.arg, outfmt).encode())
+
+
+def _escaped(text: str, outfmt: int) -> str:
+    if outfmt in (5, 14, 16):  # XML
+        return html.escape(text, quote=True).replace("&#x27;", "&apos;")
+    if outfmt in (12, 13, 15):  # JSON
+        return json.dumps(text)[1:-1]
+    if outfmt in (8, 9, 10, 11):  # ASN.1: a quote is doubled
+        return text.replace('"', '""')
+    return text
