@@ -40,6 +40,8 @@ commands:
              paramedic trace -out run.clog2 -- mpiexec -n 4 lmp -in in.melt
   ship     ship a finished trace to a storage site (its metadata by default; the site regenerates it)
              paramedic ship run.clog2 -out traces/run.clog2 --site tls://storage:7700 --keys keys/compute-a
+  verify   digest every file of a BLAST+ database again and remember the digests (after an update)
+             paramedic verify -db nr
   report   draw a run record, or a CLOG2 trace as a timeline, as one self-contained HTML page
              paramedic report hits.txt.run.json -o hits.html
 
@@ -129,8 +131,11 @@ def _dispatch(argv: list[str]) -> int:
         return _ship(rest)
     if command == "report":
         return _report(rest)
+    if command == "verify":
+        return _verify(rest)
     raise UsageError(
-        f"unknown command {command!r} (commands: format, search, keys, serve, simulate, trace, ship, report)"
+        f"unknown command {command!r} (commands: format, search, keys, serve, simulate, trace, ship, report, "
+        "verify)"
     )
 
 
@@ -559,6 +564,38 @@ def _format(argv: list[str]) -> int:
             f"{len(manifest.fragments)} fragments of {sizes} letters: {args.out}",
             file=sys.stderr,
         )
+    return 0
+
+
+def _verify(argv: list[str]) -> int:
+    """Digest a database's files afresh (a cron job after update_blastdb.pl), so that the next search
+    trusts remembered digests that were just made, and say whether any was wrong."""
+    from paramedic.db.locate import resolve_database
+    from paramedic.db.manifest import in_place_files, verify_volumes
+    from paramedic.db.trust import verify
+    from paramedic.errors import DatabaseError
+
+    parser = _parser("verify", "Digest every file of a BLAST+ database again and remember the digests.")
+    parser.add_argument("-db", required=True, help="the database, as BLAST+'s -db names it")
+    parser.add_argument("-dbtype", choices=["prot", "nucl"], help="its molecule type (default: found)")
+    args = parser.parse_args(argv)
+    database, manifest = resolve_database(args.db, Path.cwd(), digest=False, dbtype=args.dbtype)
+    if not manifest.in_place:  # made by `paramedic format`: its manifest holds the digests
+        verify_volumes(database.directory, manifest)
+        print(f"paramedic: {args.db}: every volume matches its manifest", file=sys.stderr)
+        return 0
+    total, wrong = verify(in_place_files(manifest))
+    if wrong:
+        names = ", ".join(p.name for p in wrong[:5]) + (" ..." if len(wrong) > 5 else "")
+        raise DatabaseError(
+            f"{args.db}: {len(wrong)} file(s) changed although their size and times did not ({names}): "
+            "the new digests are remembered; check the disk, or who writes the database"
+        )
+    print(
+        f"paramedic: {args.db}: {len(database.spans)} volume(s), {manifest.nseq:,} sequences, {total:,} bytes "
+        f"digested; database digest {manifest.checksum()[:16]}",
+        file=sys.stderr,
+    )
     return 0
 
 

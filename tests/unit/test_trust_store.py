@@ -70,3 +70,24 @@ def test_an_entry_others_can_write_is_ignored(store: DigestStore, tmp_path: Path
     (entry,) = list(store.directory.iterdir())
     entry.chmod(0o666)
     assert store.recall(path, path.stat()) is None
+
+
+def test_verify_digests_again_and_names_a_file_whose_remembered_digest_is_wrong(
+    store: DigestStore, tmp_path: Path
+) -> None:
+    """A remembered digest that no longer matches a file whose stamp did not change (root, a clock set
+    back, the disk) is what `paramedic verify` exists to find; it is replaced by the fresh one."""
+    import json
+
+    from paramedic.db.trust import verify
+
+    path = _file(tmp_path)
+    digests([path], store)
+    (entry,) = list(store.directory.iterdir())
+    data = json.loads(entry.read_text())
+    data["blake3"] = "0" * 64  # as if the bytes had changed under an unchanged stamp
+    entry.write_text(json.dumps(data))
+    total, wrong = verify([path], store)
+    assert total == path.stat().st_size and wrong == [path]
+    assert store.recall(path, path.stat()) == file_digest(path)
+    assert verify([path], store) == (total, [])

@@ -134,3 +134,23 @@ def digests(paths: Iterable[Path], store: DigestStore | None = None, fresh: bool
         store.remember(path, before, digest, started)
         out[path] = digest
     return out
+
+
+def verify(paths: Iterable[Path], store: DigestStore | None = None) -> tuple[int, list[Path]]:
+    """Digest every file afresh and remember it (`paramedic verify`); the bytes read and the files whose
+    remembered digest no longer matches although their stamp does (changed by root, a clock set back, or
+    the disk itself): those a job would have trusted wrongly."""
+    store = store or DigestStore()
+    wrong: list[Path] = []
+    total = 0
+    for path in paths:
+        try:
+            info = path.stat()
+        except OSError as exc:
+            raise DatabaseError(f"{path}: unreadable ({exc.strerror})") from exc
+        known = store.recall(path, info)
+        fresh = digests([path], store, fresh=True)[path]
+        total += info.st_size
+        if known is not None and known != fresh:
+            wrong.append(path)
+    return total, wrong
