@@ -496,10 +496,21 @@ class _PiecesCodec(Codec):
             out.write(data)
 
 
+class _SlowCodec(DirectCodec):
+    """Output ranges that take half a second each to decode (a small trace's regeneration)."""
+
+    name = "test-slow"
+
+    def decode(self, header, payload, context):
+        time.sleep(0.5)
+        return super().decode(header, payload, context)
+
+
 @pytest.fixture
 def toy_codecs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(codecs.CODECS, _BoomCodec.name, _BoomCodec)
     monkeypatch.setitem(codecs.CODECS, _PiecesCodec.name, _PiecesCodec)
+    monkeypatch.setitem(codecs.CODECS, _SlowCodec.name, _SlowCodec)
 
 
 def _wait(predicate, timeout: float = 10.0) -> None:
@@ -507,6 +518,56 @@ def _wait(predicate, timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def test_one_compute_sites_queued_decodes_do_not_hold_back_anothers(make_site, toy_codecs) -> None:
+    """Issue 41, item 4: 32 small trace jobs from one compute site made another's search take 68 s: the I/O
+    workers took decodes in arrival order. Here 24 half-second decodes of compute-a wait for 2 workers
+    (6 s); compute-b's job is decoded at the next free worker, and compute-a's still completes."""
+    site = make_site(io_workers=2)
+    data = b"a" * 24_000
+    shipper = site.shipper("test-slow", {"out": "fair/a.bin"})
+    try:
+        shipper.start()
+        for offset in range(0, len(data), 1000):
+            shipper.send({"offset": offset, "length": 1000}, data[offset : offset + 1000])
+        job = site.server.store.jobs[shipper.job_id]
+        _wait(lambda: len(job.acked) == 24)
+        start = time.monotonic()
+        assert ship_bytes(site, "fair/b.bin", b"b" * 1000, client="compute-b")["bytes"] == 1000
+        waited = time.monotonic() - start
+        assert len(job.decoded) < 20, "compute-a's decodes ended before compute-b's was tried"
+        assert waited < 2.0, f"compute-b's job waited {waited:.1f} s behind compute-a's decodes"
+        assert shipper.finish({"size": len(data), "sha256": sha256(data)})["bytes"] == len(data)
+    finally:
+        shipper.close()
+
+
+def test_a_trace_decode_waits_for_memory_no_longer_than_the_regen_timeout(make_site) -> None:
+    """Issue 41, item 4: a trace decode waiting for the site's memory budget held its I/O worker for as long
+    as others held the budget, past --regen-timeout (its job failed, the worker stayed taken): with one
+    worker, every other compute site's job stopped. The wait ends at --regen-timeout, with a reason."""
+    from paramedic.ship import trace_codec
+    from paramedic.trace import codec
+    from tests.unit.test_trace_codec import make_trace, periodic_kinds
+
+    site = make_site(io_workers=1, regen_seconds=1.5)
+    data = make_trace([periodic_kinds(0, 50), periodic_kinds(1, 50)], period=9)
+    with trace_codec.MEMORY.take(trace_codec.MEMORY.limit):  # a long regeneration holds all of it
+        shipper = site.shipper("trace-metadata", {"out": "wait/t.clog2"})
+        try:
+            shipper.start()
+            shipper.send({"offset": 0, "size": len(data)}, codec.encode(data).data)
+            with pytest.raises(
+                SiteError, match=r"waited 1.5 s for \d+ MiB|regenerating took longer than 1.5 s"
+            ):
+                shipper.finish({"size": len(data), "sha256": sha256(data)})
+        finally:
+            shipper.close()
+        start = time.monotonic()  # the worker is free again: another compute site's job is decoded
+        assert ship_bytes(site, "wait/b.bin", b"b" * 100, client="compute-b")["bytes"] == 100
+        assert time.monotonic() - start < 3
+    assert "internal error" not in site.log()
 
 
 # -- 8. an unexpected error while decoding fails the job, in the log and for the client ---------------------

@@ -51,23 +51,30 @@ def physical_memory() -> int:
 class MemoryBudget:
     """Bytes of memory the site's trace regenerations may hold at once (all jobs, all I/O workers)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, wait_seconds: float | None = None) -> None:
         self.limit = limit
+        # the most a decode waits for its share (serve --regen-timeout; None: no bound): a decode waiting
+        # holds an I/O worker, and one waiting for good held it for good (issue 41, item 4)
+        self.wait_seconds = wait_seconds
         self.held = 0
         self._cond = threading.Condition()
 
     @contextmanager
     def take(self, need: int) -> Iterator[None]:
-        """Hold `need` bytes of the budget while the block runs (waiting for others to return theirs);
-        ProtocolError at once if `need` is over the whole budget."""
+        """Hold `need` bytes of the budget while the block runs (waiting for others to return theirs, at
+        most `wait_seconds`); ProtocolError at once if `need` is over the whole budget, or when the wait
+        ends without it."""
         if need > self.limit:
             raise ProtocolError(
                 f"trace chunk: regenerating this trace takes about {_mib(need)} of memory, {OVER_MEMORY} "
                 f"({_mib(self.limit)}, serve --trace-memory): ship it compressed"
             )
         with self._cond:
-            while self.held + need > self.limit:
-                self._cond.wait()
+            if not self._cond.wait_for(lambda: self.held + need <= self.limit, self.wait_seconds):
+                raise ProtocolError(
+                    f"trace chunk: waited {self.wait_seconds:g} s for {_mib(need)} of this storage site's "
+                    "memory for traces (serve --regen-timeout); other regenerations held it"
+                )
             self.held += need
         try:
             yield

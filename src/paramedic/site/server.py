@@ -137,6 +137,7 @@ class SiteServer:
         from paramedic.ship import trace_codec  # the budget of the process's site (one per process)
 
         trace_codec.MEMORY.limit = settings.trace_memory_bytes or trace_codec.physical_memory() // 2
+        trace_codec.MEMORY.wait_seconds = settings.regen_seconds  # a decode's wait for it, bounded too
         root = settings.root.resolve()
         if not root.is_dir():
             raise UsageError(f"--root {root}: not a directory")

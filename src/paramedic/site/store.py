@@ -50,7 +50,6 @@ import threading
 import time
 import unicodedata
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -65,6 +64,7 @@ from paramedic.ship.codecs import Codec
 from paramedic.ship.paths import output_path_problem
 from paramedic.ship.registry import make_codec
 from paramedic.ship.wire import ProtocolError, field_int, field_str, loads_json
+from paramedic.site.fair import FairPool
 from paramedic.site.safefs import OutputLocation, TargetExists, UnsafePath
 from paramedic.site.space import Published, Quota, Space
 
@@ -73,6 +73,7 @@ MAX_ACTIVE_JOBS = 256
 MAX_ACTIVE_JOBS_PER_PEER = 32
 MAX_CHUNKS = 1_000_000
 MAX_QUEUED_DECODES = 256
+MAX_QUEUED_DECODES_PER_PEER = 64  # one compute site's decodes waiting for a worker
 DEFAULT_EXPIRE_SECONDS = 7 * 24 * 3600.0
 DEFAULT_OPEN_IDLE_SECONDS = 3600.0
 # The most one chunk's decoding (a metadata chunk: BLAST+ regenerating its pieces) may take; a BLAST+ that
@@ -287,8 +288,7 @@ class JobStore:
         self.opening: dict[str, _Claim] = {}  # jobs whose setup is being parsed (outside self.lock)
         self.lock = threading.Lock()
         self.targets_lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=io_workers, thread_name_prefix="io-worker")
-        self.queue_slots = threading.BoundedSemaphore(MAX_QUEUED_DECODES)
+        self.pool = FairPool(io_workers, MAX_QUEUED_DECODES_PER_PEER, MAX_QUEUED_DECODES)
         self.state.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.published = Published(self.state / PUBLISHED_LEDGER, self.root_fd)
         self.stopping = threading.Event()
@@ -615,13 +615,10 @@ class JobStore:
     def _queue_decode(
         self, job: SiteJob, index: int, header: dict[str, Any], data: Any, *, unpacked: bool
     ) -> None:
-        self.queue_slots.acquire()
-        try:
-            future = self.pool.submit(self._decode, job, index, header, data, unpacked)
+        try:  # the compute sites take the I/O workers in turn (site.fair)
+            self.pool.submit(job.peer, lambda: self._decode(job, index, header, data, unpacked))
         except RuntimeError:  # the store is closing
-            self.queue_slots.release()
             return
-        future.add_done_callback(lambda _: self.queue_slots.release())
 
     def _decode(self, job: SiteJob, index: int, header: dict[str, Any], data: Any, unpacked: bool) -> None:
         """On an I/O worker. Whatever goes wrong fails the job, in the log and for the client: nothing may
@@ -935,7 +932,7 @@ class JobStore:
 
     def close(self) -> None:
         self.stopping.set()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()
 
 
 class _HashingFile:
