@@ -24,7 +24,7 @@ from paramedic.ship.client import SiteError
 from paramedic.ship.codecs import Codec, DirectCodec, Segment
 from paramedic.ship.wire import FrameDeadlines, recv_frame, send_frame
 from paramedic.site.server import Limits, ServeSettings
-from paramedic.site.space import Quota
+from paramedic.site.space import PUBLISHED_FRESH_SECONDS, Quota
 from tests.conftest import paramedic
 from tests.support.databases import Databases
 from tests.support.site import Site, closed_within, sha256, ship_bytes, start_site
@@ -905,6 +905,7 @@ def test_a_compute_sites_quota_counts_the_outputs_it_stored(make_site) -> None:
     with pytest.raises(SiteError, match=r"more than its quota \(10000 bytes"):
         _ship_ranges(again, "s/a4.bin", [3000])
     (site.root / "s" / "a1.bin").unlink()  # the operator (or the user) took one away: 3,000 stored
+    time.sleep(PUBLISHED_FRESH_SECONDS)  # (seen when the files are next looked at)
     assert _ship_ranges(again, "s/a5.bin", [3000])["bytes"] == 3000
     assert "internal error" not in again.log()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -121,7 +122,10 @@ class Space:
 
 
 # The most outputs the ledger remembers per compute site (the oldest are forgotten beyond it)
-MAX_PUBLISHED_PER_PEER = 100_000
+MAX_PUBLISHED_PER_PEER = 10_000
+# How long a compute site's count of published bytes is trusted before its files are looked at again (each
+# chunk asks: a site with thousands of outputs must not stat them all for every chunk)
+PUBLISHED_FRESH_SECONDS = 1.0
 MAX_LEDGER_BYTES = 64 * 2**20
 
 
@@ -136,6 +140,7 @@ class Published:
         self.root_fd = root_fd
         self._lock = threading.Lock()
         self.outputs: dict[str, dict[str, list[int]]] = _read_ledger(path)
+        self._counted: dict[str, tuple[float, int]] = {}  # peer -> (when its files were looked at, bytes)
 
     def add(self, peer: str, relative: str) -> None:
         """Count the file just published at `relative` (under the root) against `peer`."""
@@ -148,19 +153,25 @@ class Published:
             mine[relative] = stamp
             while len(mine) > MAX_PUBLISHED_PER_PEER:
                 del mine[next(iter(mine))]
+            self._counted.pop(peer, None)
             self._save()
 
     def held(self, peer: str) -> int:
-        """Bytes of `peer`'s published outputs still under the root; those removed or replaced since are
-        forgotten."""
+        """Bytes of `peer`'s published outputs still under the root (looked at again once the count is
+        PUBLISHED_FRESH_SECONDS old); those removed or replaced since are forgotten."""
         with self._lock:
+            counted = self._counted.get(peer)
+            if counted is not None and time.monotonic() - counted[0] < PUBLISHED_FRESH_SECONDS:
+                return counted[1]
             mine = self.outputs.get(peer, {})
             gone = [rel for rel, stamp in mine.items() if self._stamp(rel) != stamp]
             for relative in gone:
                 del mine[relative]
             if gone:
                 self._save()
-            return sum(stamp[2] for stamp in mine.values())
+            total = sum(stamp[2] for stamp in mine.values())
+            self._counted[peer] = (time.monotonic(), total)
+            return total
 
     def _stamp(self, relative: str) -> list[int] | None:
         try:

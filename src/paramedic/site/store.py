@@ -369,7 +369,8 @@ class JobStore:
                 return None
             self.space.check_free(len(setup_payload or b""))
             more = len(setup_payload or b"")
-            problem = self.space.peer_problem(self._held_by(peer) + more, more)
+            held = self._held_by(peer) + self.published.held(peer)
+            problem = self.space.peer_problem(held + more, more)
             if problem is not None:
                 raise ProtocolError(problem)
         except BaseException:
@@ -547,18 +548,18 @@ class JobStore:
             if problem is None:
                 job.stored_bytes += more
         if problem is None:
+            published = self.published.held(job.peer)  # (files looked at: not under the store's lock)
             with self.lock:
                 held = self._held_by(job.peer)
-            problem = self.space.peer_problem(held, more)
+            problem = self.space.peer_problem(held + published, more)
         if problem is not None:
             self._fail(job, problem)
             raise JobFailed(job.failure or problem)
 
     def _held_by(self, peer: str) -> int:
-        """What one compute site holds here (under self.lock): its open jobs' data and the outputs its jobs
-        published that are still under the root."""
-        held = sum(j.stored_bytes for j in self.jobs.values() if j.active and j.peer == peer)
-        return held + self.published.held(peer)
+        """What one compute site's open jobs hold here (under self.lock); its published outputs are
+        `self.published.held(peer)`."""
+        return sum(j.stored_bytes for j in self.jobs.values() if j.active and j.peer == peer)
 
     # -- chunks ---------------------------------------------------------------------------------------
     def put_chunk(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> bool:
