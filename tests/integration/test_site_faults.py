@@ -570,6 +570,32 @@ def test_a_trace_decode_waits_for_memory_no_longer_than_the_regen_timeout(make_s
     assert "internal error" not in site.log()
 
 
+def test_decodes_waiting_for_a_worker_do_not_hold_their_payloads_in_memory(make_site, toy_codecs) -> None:
+    """A chunk waiting for an I/O worker held its payload (up to 32 MiB) in memory: 64 queued per compute
+    site, 256 in all, could hold gigabytes. Stored on disk before it is acknowledged, it is read back when
+    its decode starts. Here 30 chunks of 2 MiB wait behind half-second decodes on one worker."""
+    import tracemalloc
+
+    site = make_site(io_workers=1)
+    size, chunks = 2 * 2**20, 30
+    shipper = site.shipper("test-slow", {"out": "queued/a.bin"}, timeout=60)
+    tracemalloc.start()
+    try:
+        shipper.start()
+        for i in range(chunks):
+            shipper.send({"offset": i * size, "length": size}, bytes([i]) * size)
+        job = site.server.store.jobs[shipper.job_id]
+        _wait(lambda: len(job.acked) == chunks, timeout=30)
+        held_mib = tracemalloc.get_traced_memory()[0] / 2**20
+        assert len(job.decoded) < chunks - 10
+        data = b"".join(bytes([i]) * size for i in range(chunks))
+        assert shipper.finish({"size": len(data), "sha256": sha256(data)})["bytes"] == len(data)
+    finally:
+        tracemalloc.stop()
+        shipper.close()
+    assert held_mib < 20, f"{held_mib:.0f} MiB held while {chunks} chunks of 2 MiB waited for a worker"
+
+
 # -- 8. an unexpected error while decoding fails the job, in the log and for the client ---------------------
 
 

@@ -590,8 +590,8 @@ class JobStore:
             job.acked.add(index)
         if job.codec.ordered:
             self._unpack_in_order(job)
-        else:
-            self._queue_decode(job, index, chunk_header, payload, unpacked=False)
+        else:  # read back from disk when its decode starts: a chunk waiting for a worker holds no memory
+            self._queue_decode(job, index, chunk_header, None, unpacked=False)
         return True
 
     def _unpack_in_order(self, job: SiteJob) -> None:
@@ -634,6 +634,8 @@ class JobStore:
             # the regeneration's bound reaches the BLAST+ fork server too: one that stops answering is
             # killed at it, not waited for by this thread for good (housekeeping fails the job meanwhile)
             with bounded(self.regen_seconds):
+                if data is None:
+                    data = _stored_chunk(job.directory, index, header)
                 if not unpacked:
                     data = job.codec.unpack(header, data, job.context)
                 segments = job.codec.decode(header, data, job.context)
@@ -927,8 +929,7 @@ class JobStore:
         else:
             for index in sorted(job.acked - job.decoded.keys()):
                 header = json.loads((directory / "chunks" / f"{index}.json").read_text())
-                data = (directory / "chunks" / f"{index}.bin").read_bytes()
-                self._queue_decode(job, index, header, data, unpacked=False)
+                self._queue_decode(job, index, header, None, unpacked=False)
         self.log(f"job {job.job_id}: resumed from disk, {len(job.acked)} chunks held, {pending} to decode")
 
     def close(self) -> None:
@@ -1024,6 +1025,14 @@ def _drop_job_data(directory: Path) -> None:
     shutil.rmtree(directory / "pieces", ignore_errors=True)
     (directory / "setup.bin").unlink(missing_ok=True)
     (directory / REPLICA_STAMPS).unlink(missing_ok=True)
+
+
+def _stored_chunk(directory: Path, index: int, header: dict[str, Any]) -> bytes:
+    """A chunk's payload read back from the job's directory, as the compute site sent it (its SHA-256)."""
+    data = (directory / "chunks" / f"{index}.bin").read_bytes()
+    if hashlib.sha256(data).hexdigest() != header.get("sha256"):
+        raise ProtocolError(f"chunk {index} changed on disk since it was stored (SHA-256 mismatch)")
+    return data
 
 
 def _digest_fd(fd: int) -> tuple[str, int]:
