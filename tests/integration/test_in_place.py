@@ -105,14 +105,17 @@ def _compare(
 
 
 @pytest.mark.parametrize("name", list(PROTEIN_DBS))
-@pytest.mark.parametrize("strategy", ["fragments", "queries"])
+@pytest.mark.parametrize("engine", ["fragments", "fragments, traceback once", "queries"])
 def test_a_makeblastdb_database_is_searched_in_place(
-    site: Path, tmp_path: Path, name: str, strategy: str
+    site: Path, tmp_path: Path, name: str, engine: str
 ) -> None:
-    engine = ["--strategy", strategy]
-    if strategy == "fragments" and PROTEIN_DBS[name][3]:
-        engine += ["--traceback", "once"]  # ids kept: subjects are named by them, ordinal ids from the lists
-    _, err = _compare(site, tmp_path, f"{name}/db", *engine)
+    """Per fragment, a database with ids names each subject by its id, mapped back to its ordinal id
+    through the database's own index; traceback once takes ordinal ids from the preliminary lists."""
+    strategy, _, once = engine.partition(", ")
+    args = ["--strategy", strategy] + (["--traceback", "once"] if once else [])
+    if strategy == "fragments" and not once:
+        args += ["--traceback", "per-fragment"]
+    _, err = _compare(site, tmp_path, f"{name}/db", *args)
     assert f"strategy: {strategy}" in err
 
 
@@ -141,17 +144,36 @@ def test_an_alias_whose_databases_interleave_keeps_blast_numbering(site: Path, t
         _compare(site, tmp_path, "inter", "--strategy", strategy)
 
 
-def test_seqids_database_refuses_per_fragment_alignment_in_one_line(site: Path, tmp_path: Path) -> None:
-    """With -parse_seqids a fragment search names its subjects by their ids, not their ordinal ids: the
-    fragments strategy must align each query once, and says so when it cannot."""
-    proc = paramedic(
-        "search", "blastp", "-query", str(site / "q.fasta"), "-db", "v5-seqids-several/db",
-        "-out", str(tmp_path / "o.tsv"), "--strategy", "fragments", "--traceback", "per-fragment",
-        cwd=site / "dbs", check=False,
-    )  # fmt: skip
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("\n") == 1 and "-parse_seqids" in proc.stderr
-    assert not (tmp_path / "o.tsv").exists()
+def test_metadata_from_a_database_in_place_regenerates_at_a_site_whose_replica_lies_elsewhere(
+    site: Path, tmp_path: Path
+) -> None:
+    """ParaMEDIC on databases users hold: the compute site ships metadata (ordinal ids) of a search of its
+    database in place, with and without -parse_seqids; the storage site's replica is a copy at another
+    path, searched in place too, and regenerates BLAST+'s bytes."""
+    import shutil
+
+    from tests.support.site import StorageSite
+
+    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    for name in ("v5-seqids-several", "v4-several"):
+        replica = tmp_path / "replica" / name
+        shutil.copytree(site / "dbs" / name, replica)
+        root = tmp_path / f"root-{name}"
+        root.mkdir()
+        server = StorageSite(replica / "db", root, tmp_path / "keys" / "server", tmp_path / f"{name}.log")
+        server.start()
+        try:
+            common = ["-query", str(site / "q.fasta"), "-db", f"{name}/db", "-evalue", "1e-3", "-outfmt", "0"]
+            blast("blastp", *common, "-out", str(tmp_path / "ref.txt"), cwd=site / "dbs")
+            proc = paramedic(
+                "search", "blastp", *common, "-out", "hits.txt", "--site", server.url,
+                "--keys", str(tmp_path / "keys" / "compute-a"), "--ship", "metadata",
+                "--record", str(tmp_path / f"{name}.run.json"), cwd=site / "dbs",
+            )  # fmt: skip
+            assert "shipped (metadata)" in proc.stderr, proc.stderr
+            assert (root / "hits.txt").read_bytes() == (tmp_path / "ref.txt").read_bytes()
+        finally:
+            server.stop()
 
 
 @pytest.mark.parametrize(

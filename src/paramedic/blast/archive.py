@@ -74,14 +74,24 @@ def _evalue(block: bytes) -> float:
     return min(values)
 
 
+def seq_aligns(data: bytes) -> list[bytes]:
+    """The archive's Seq-aligns (one per HSP), each with its braces."""
+    return _seq_aligns(data)
+
+
 def parse_fragment_archive(
-    data: bytes, n_queries: int, keep_alignments: bool = True, ordinal_offset: int | None = None
+    data: bytes,
+    n_queries: int,
+    keep_alignments: bool = True,
+    ordinal_offset: int | None = None,
+    subject: Callable[[bytes], int] | None = None,
 ) -> list[list[Hit]]:
     """Hits per query (in batch order) from the archive of one fragment search.
 
     With `keep_alignments`, each hit carries its subject's Seq-aligns (for `fill_archive`). With
     `ordinal_offset` (a database in place), subjects are named by their ordinal id in the search
-    (BL_ORD_ID), the global id being the offset plus it; else by `lcl|g<global id>`.
+    (BL_ORD_ID), the global id being the offset plus it; with `subject`, by their own ids, which it maps
+    to global ids (paramedic.blast.seqid); else by `lcl|g<global id>`.
     """
     subject_id = _SUBJECT_ID if ordinal_offset is None else _ORDINAL_ID
     offset = ordinal_offset or 0
@@ -99,11 +109,12 @@ def parse_fragment_archive(
 
     for block in _seq_aligns(data):
         query_match = _QUERY_ID.search(block)
-        subject_match = subject_id.search(block)
+        subject_match = subject_id.search(block) if subject is None else None
         score_match = _SCORE.search(block)
-        if query_match is None or subject_match is None or score_match is None:
+        if query_match is None or (subject is None and subject_match is None) or score_match is None:
             raise ValueError("BLAST archive: an alignment without query, subject or score")
-        key = (int(query_match.group(1)) - 1, offset + int(subject_match.group(1)))
+        gid = subject(block) if subject is not None else offset + int(subject_match.group(1))  # type: ignore[union-attr]
+        key = (int(query_match.group(1)) - 1, gid)
         if not 0 <= key[0] < n_queries:
             raise ValueError(f"fragment search reported query {key[0] + 1} of {n_queries}")
         if key != current:

@@ -36,6 +36,7 @@ from paramedic.blast.prelim import (
     whole_lists,
 )
 from paramedic.blast.programs import alias_suffix
+from paramedic.blast.seqid import subjects_by_id
 from paramedic.blast.tools import run_tool
 from paramedic.errors import BlastError
 
@@ -169,13 +170,14 @@ def search_fragment(
     dump_file.unlink(missing_ok=True)
     lists_file.unlink(missing_ok=True)
     write_queries(query_file, queries)
+    searched = _searched(db, fragments, workdir)
     argv = [
         program,
         *options.without(*FORMATTING_ONLY, "query", "db", "max_target_seqs", *_applied(db)).argv(),
         "-query",
         str(query_file),
         "-db",
-        _searched(db, fragments, workdir),
+        searched,
         "-max_target_seqs",
         str(options.hitlist_size()),
         "-outfmt",
@@ -194,7 +196,11 @@ def search_fragment(
         dump = b""
     try:
         offset = db.searched_ids(fragments)[0] if db.in_place else None
-        hits = parse_fragment_archive(data, len(queries), keep_alignments, offset)
+        subject = None
+        if db.in_place and db.seqids and not prelim_only:  # subjects named by their own ids
+            span = (db.ranges[fragments[0]][1], db.ranges[fragments[-1]][2])
+            subject = subjects_by_id(data, searched, offset or 0, span, workdir, db.dbtype)
+        hits = parse_fragment_archive(data, len(queries), keep_alignments, offset, subject)
     except ValueError as exc:
         raise BlastError(f"{program} on {_named(fragments)}: unreadable archive: {exc}") from exc
     if prelim_only and any(hits):

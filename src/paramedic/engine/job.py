@@ -214,7 +214,6 @@ def prepare_job(
     blast_batches = (
         query_batches(lengths, residues) if (residues := batch_residues(program.name, options)) else []
     )
-    inexact = inexact or _unnamed_subjects(settings, program.name, options, db, lengths, blast_batches)
     db, unrestricted = _restricted(settings, options, db, inexact)
     inexact = inexact or unrestricted
     if workers is None:
@@ -329,40 +328,6 @@ def _restricted(
     if subset.nseq == 0:  # BLAST+ warns once a query and writes a report without hits
         return db, f"has nothing to search: -{name} selects no sequence of {db.arg}; use --strategy queries"
     return replace(db, subset=subset), None
-
-
-def _unnamed_subjects(
-    settings: SearchSettings,
-    program: str,
-    options: BlastOptions,
-    db: Database,
-    lengths: list[int],
-    blast_batches: list[range],
-) -> str | None:
-    """A database in place made with -parse_seqids names each subject of a fragment search by its own
-    id, not its ordinal id: the merge then has only the preliminary lists, so each query must be aligned
-    once (traceback once). Why the fragments strategy cannot run when it would not be (None: it can)."""
-    if not db.in_place or not db.seqids:
-        return None
-    once, why = choose_traceback(
-        settings, program, options, lengths, blast_batches, db.nseq, metadata=_asks_metadata(settings)
-    )
-    if once:
-        return None
-    return (
-        f"cannot name the subjects of {db.arg} (made with -parse_seqids, searched in place) by their ordinal "
-        f"ids unless each query is aligned once (--traceback once), and here {why}; use --strategy queries"
-    )
-
-
-def _asks_metadata(settings: SearchSettings) -> bool:
-    """Whether the job ships, saves or uses metadata (or may: --ship auto)."""
-    return (
-        (settings.ship is not None and _ships_pieces(settings.ship.mode))
-        or settings.from_metadata is not None
-        or settings.save_metadata is not None
-        or (settings.ship is not None and settings.ship.mode == "auto")
-    )
 
 
 def read_queries(cwd: Path, query: str | None, program: Program) -> list[tuple[str, str]]:
