@@ -151,7 +151,10 @@ class SiteServer:
         self.replica: Replica | None = None
         self.reads: ReplicaReads | None = None
         if settings.replica is not None:
-            database, manifest = resolve_database(str(settings.replica), Path.cwd(), digest=False)
+            replica = str(settings.replica)  # a path, not a -db list: one name even with a space
+            database, manifest = resolve_database(
+                f'"{replica}"' if " " in replica else replica, Path.cwd(), digest=False
+            )
             try:  # a replica damaged (or being rewritten) now does not keep the site down: every job
                 # that regenerates digests it again and is refused while it differs (Replica.verify)
                 verify_volumes(database.directory, manifest)
