@@ -101,6 +101,7 @@ class Database:
     ranges: tuple[tuple[int, int, int], ...] = ()
     seqids: bool = False  # in place, made with -parse_seqids: subjects are named by their own ids
     subset: Subset | None = None  # in place: the job's positive restriction, resolved
+    misnumbered: bool = False  # in place: ids looked up go wrong in BLAST+ itself (paramedic.db.blastdb)
 
     @property
     def in_place(self) -> bool:

@@ -124,6 +124,7 @@ def _in_place(arg: str, cwd: Path, dbtype: str | None) -> tuple[Database, Manife
         spans=tuple((v.path, v.first, v.nseq, v.length) for v in volumes),
         ranges=tuple((r.volume, r.first, r.last) for r in ranges),
         seqids=blastdb.seqids,
+        misnumbered=blastdb.misnumbered,
     )
     return database, manifest
 

@@ -214,6 +214,12 @@ def prepare_job(
     blast_batches = (
         query_batches(lengths, residues) if (residues := batch_residues(program.name, options)) else []
     )
+    if db.misnumbered and settings.traceback != "once":
+        inexact = inexact or (
+            f"cannot find the subjects of {db.arg} by their ids: its volumes are numbered past 99 (db.99, "
+            "db.100), which BLAST+ reads in another order than its id index was written in; use --traceback "
+            "once or --strategy queries"
+        )
     db, unrestricted = _restricted(settings, options, db, inexact)
     inexact = inexact or unrestricted
     if workers is None:
@@ -316,8 +322,14 @@ def _restricted(
     """The database with the job's positive restriction resolved, once, for every fragment search
     (paramedic.db.subset), and why the fragments strategy cannot honour it (None: it can). Not resolved
     when only whole-database searches will run: BLAST+ applies it there itself."""
-    name = restriction(options)
-    if name is None or settings.strategy == "queries" or inexact:
+    name = restriction(options) or next((n for n in NEGATIVE if options.has(n)), None)
+    if name is not None and db.misnumbered:
+        raise UsageError(
+            f"-{name}: {db.arg} has volumes numbered past 99 (db.99, db.100), which BLAST+ reads in another "
+            "order than its id index was written in, so BLAST+ itself finds some ids wrongly; rebuild it in "
+            "fewer than 100 volumes (a larger makeblastdb -max_file_sz)"
+        )
+    if restriction(options) is None or settings.strategy == "queries" or inexact:
         return db, None
     if not db.in_place:
         return db, (
