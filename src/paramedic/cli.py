@@ -551,12 +551,14 @@ def _format(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, type=Path, help="database name, e.g. dbs/uniprot")
     parser.add_argument("--title", help="database title (default: the --in path, as makeblastdb does)")
     parser.add_argument("--force", action="store_true", help="replace an existing database")
+    parser.add_argument(
+        "--taxid-map", type=Path, help="lines 'id taxid', as makeblastdb -taxid_map (for -taxids and staxids)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines, no summary (errors still)")
     args = parser.parse_args(argv)
     say = (lambda _: None) if args.quiet else (lambda msg: print(f"paramedic: {msg}", file=sys.stderr))
-    manifest = format_database(
-        FormatSettings(args.input, args.dbtype, args.fragments, args.out, args.title, args.force), say
-    )
+    settings = FormatSettings(args.input, args.dbtype, args.fragments, args.out, args.title, args.force)
+    manifest = format_database(dataclasses.replace(settings, taxid_map=args.taxid_map), say)
     if not args.quiet:
         sizes = ", ".join(f"{f.length:,}" for f in manifest.fragments)
         print(

@@ -183,3 +183,29 @@ def test_blastn_restricted_to_taxids(genomes: Path, tmp_path: Path, engine: str)
     report, _ = _run(genomes, tmp_path, "dbs/dna", restriction, *ENGINES[engine], program="blastn")
     marginal = [line for line in report.splitlines() if float(line.split("\t")[10]) > 1e-3]
     assert len(marginal) >= 5, "too few marginal e-values to show the statistics"
+
+
+def test_paramedic_format_keeps_taxids(site: Path, tmp_path: Path) -> None:
+    """`paramedic format --taxid-map` (issue 43, item 2): staxids and -taxids as on the makeblastdb
+    database made with the same map (before, every staxids value was 0)."""
+    paramedic(
+        "format", "--in", str(site / "proteins.fasta"), "--dbtype", "prot", "--fragments", "3",
+        "--out", str(tmp_path / "fmt" / "db"), "--taxid-map", str(site / "taxids.txt"), "--quiet",
+    )  # fmt: skip
+    for restriction in ([], ["-taxids", (site / "common").read_text()]):
+        common = [
+            "-query",
+            str(site / "q.fasta"),
+            "-evalue",
+            "1e-3",
+            "-outfmt",
+            "6 std staxids",
+            *restriction,
+        ]
+        blast("blastp", *common, "-db", "dbs/several/db", "-out", str(tmp_path / "ref.tsv"), cwd=site)
+        paramedic(
+            "search", "blastp", *common, "-db", str(tmp_path / "fmt" / "db"), "-out", str(tmp_path / "o.tsv")
+        )
+        report = (tmp_path / "ref.tsv").read_text()
+        assert report and "\t0\n" not in report
+        assert (tmp_path / "o.tsv").read_text() == report

@@ -62,6 +62,7 @@ class FormatSettings:
     title: str | None = None  # default: the input path as given, without .gz (as makeblastdb would)
     force: bool = False
     jobs: int = os.cpu_count() or 1
+    taxid_map: Path | None = None  # makeblastdb -taxid_map: "id taxid" lines, for -taxids and staxids
 
 
 def format_database(settings: FormatSettings, progress: Callable[[str], None] = lambda _: None) -> Manifest:
@@ -117,8 +118,9 @@ def _build(settings: FormatSettings, build: Path, progress: Callable[[str], None
     _write_fragment_fastas(whole_fasta, fragment_of, [build / f"{v}.fasta" for v in volumes])
 
     progress(f"makeblastdb: whole database and {settings.fragments} fragments")
-    jobs = [(whole_fasta, WHOLE_NAME, title)] + [
-        (build / f"{v}.fasta", v, f"{title} fragment {i + 1}/{settings.fragments}")
+    taxids = _taxid_map(settings.taxid_map)
+    jobs = [(whole_fasta, WHOLE_NAME, title, taxids)] + [
+        (build / f"{v}.fasta", v, f"{title} fragment {i + 1}/{settings.fragments}", [])
         for i, v in enumerate(volumes)
     ]
     with ThreadPoolExecutor(max_workers=max(1, settings.jobs)) as pool:
@@ -166,7 +168,12 @@ def _build(settings: FormatSettings, build: Path, progress: Callable[[str], None
         content_sha256=digest.hexdigest(),
         # "digests": the fragments' digests cover their files as stored (databases formatted before
         # this also counted a FASTA file removed afterwards, so their fragments cannot be verified)
-        tools={"blast": blast_version(), "paramedic": __version__, "digests": FRAGMENT_DIGESTS},
+        tools={
+            "blast": blast_version(),
+            "paramedic": __version__,
+            "digests": FRAGMENT_DIGESTS,
+            **({"taxid_map_sha256": _sha256(settings.taxid_map)} if settings.taxid_map else {}),
+        },
         volume_blake3={v: volume_blake3(build, v) for v in [WHOLE_NAME, *volumes]},
         members_blake3=blake3.blake3(members_file).hexdigest(),
     )
@@ -196,7 +203,23 @@ def _write_fragment_fastas(whole_fasta: Path, fragment_of: list[int], paths: lis
             fh.close()
 
 
-def _makeblastdb(build: Path, dbtype: MolType, fasta: Path, volume: str, title: str) -> None:
+def _taxid_map(path: Path | None) -> list[str]:
+    """makeblastdb's arguments for a taxid map (the whole database's volume only: its regenerations and
+    reports print the taxids; fragments name their sequences by ordinal ids)."""
+    if path is None:
+        return []
+    if not path.is_file():
+        raise InputError(f"--taxid-map {path}: no such file")
+    return ["-taxid_map", str(path.resolve())]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _makeblastdb(
+    build: Path, dbtype: MolType, fasta: Path, volume: str, title: str, extra: list[str]
+) -> None:
     """One volume. The FASTA goes on standard input (`-in -`): makeblastdb guesses a named file's format
     from its first bytes, and refused a fragment file beginning with a short or unusual protein
     (`MKUOLLXBZJ*`, gaps) although it took the whole file; on standard input it reads FASTA as told."""
@@ -212,6 +235,7 @@ def _makeblastdb(build: Path, dbtype: MolType, fasta: Path, volume: str, title: 
             volume,
             "-title",
             title,
+            *extra,
         ],
         cwd=build,
         stdin_path=build / fasta.name,
