@@ -16,6 +16,8 @@ from paramedic import __version__
 from paramedic.errors import InputError, ParamedicError, UsageError
 
 if TYPE_CHECKING:  # the engine is imported by the commands that run it
+    from collections.abc import Callable
+
     from paramedic.engine.settings import SearchSettings
 
 USAGE = """\
@@ -105,38 +107,57 @@ def _dispatch(argv: list[str]) -> int:
         print(USAGE, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     if argv[0] == "--version":
-        print(f"paramedic {__version__}")
+        print(f"paramedic {__version__} ({_blast_version()})")
         return 0
     command, rest = argv[0], argv[1:]
-    if command == "format":
-        return _format(rest)
-    if command == "search":
-        from paramedic.engine.launch import under_mpi
+    handler = commands().get(command)
+    if handler is None:
+        raise UsageError(f"unknown command {command!r} (commands: {', '.join(commands())})")
+    return handler(rest)
 
-        if not under_mpi():
-            # the launching process: SIGTERM or SIGHUP before the job's supervisor takes them over (while
-            # the modules load and the job is checked) is an interrupt too (exit 130, one line)
-            for signum in (signal.SIGTERM, signal.SIGHUP):
-                signal.signal(signum, _interrupt)
-        return _search(rest)
-    if command == "keys":
-        return _keys(rest)
-    if command == "serve":
-        return _serve(rest)
-    if command == "simulate":
-        return _simulate(rest)
-    if command == "trace":
-        return _trace(rest)
-    if command == "ship":
-        return _ship(rest)
-    if command == "report":
-        return _report(rest)
-    if command == "verify":
-        return _verify(rest)
-    raise UsageError(
-        f"unknown command {command!r} (commands: format, search, keys, serve, simulate, trace, ship, report, "
-        "verify)"
-    )
+
+def commands() -> dict[str, Callable[[list[str]], int]]:
+    """Every command and the function that runs it: the one list read by the dispatch, its refusal and
+    the help test (tests/unit/test_help.py)."""
+    return {
+        "format": _format,
+        "search": _search_command,
+        "keys": _keys,
+        "serve": _serve,
+        "simulate": _simulate,
+        "trace": _trace,
+        "ship": _ship,
+        "report": _report,
+        "verify": _verify,
+    }
+
+
+def _blast_version() -> str:
+    """BLAST+'s version for `--version` (a bug report needs both). Asked of blastn directly, not through
+    blast.tools, which would build and start a fork server; an install without BLAST+ still answers."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("blastn") or shutil.which("blastp")
+    if exe is None:
+        return "BLAST+ not found"
+    try:
+        out = subprocess.run([exe, "-version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    first = out.splitlines()[0] if out else ""
+    return f"BLAST+ {first.split(':', 1)[1].strip()}" if ":" in first else "BLAST+ not found"
+
+
+def _search_command(argv: list[str]) -> int:
+    from paramedic.engine.launch import under_mpi
+
+    if not under_mpi():
+        # the launching process: SIGTERM or SIGHUP before the job's supervisor takes them over (while
+        # the modules load and the job is checked) is an interrupt too (exit 130, one line)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, _interrupt)
+    return _search(argv)
 
 
 def _ship_options(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -240,22 +261,15 @@ def _trace_report(data: bytes, source: Path, out: Path, max_records: int) -> int
 def _trace(argv: list[str]) -> int:
     from paramedic.trace.run import summary_line, trace
 
+    parser = _trace_parser()
     if "--" not in argv:
+        if "-h" in argv or "--help" in argv:  # the help needs no program to trace
+            parser.print_help()
+            return 0
         raise UsageError(
             "paramedic trace: give the MPI command after --: trace -out FILE.clog2 -- mpiexec ..."
         )
     split = argv.index("--")
-    parser = _parser("trace", "Run an unmodified MPI program traced; write one merged CLOG2 file.")
-    parser.add_argument(
-        "-out",
-        required=True,
-        type=Path,
-        help="the merged CLOG2 file (with --site, also its name at the site)",
-    )
-    parser.add_argument(
-        "--buffer", type=int, default=8 << 20, help="bytes each rank buffers before writing (default 8 MiB)"
-    )
-    _ship_options(parser, required=False)
     args = parser.parse_args(argv[:split])
     if args.buffer < 4096 or args.buffer > 1 << 30:
         raise UsageError("--buffer must be between 4096 and 2^30 bytes")
@@ -284,6 +298,28 @@ def _trace(argv: list[str]) -> int:
         record = {"kind": "paramedic-trace", "version": 1, "file": str(args.out), "trace": summary}
         write_output(args.record, json.dumps(record, indent=1).encode() + b"\n", shared=False)
     return 0
+
+
+def _trace_parser() -> argparse.ArgumentParser:
+    parser = _parser(
+        "trace",
+        "Run an unmodified MPI program traced (a PMPI library preloaded into its ranks, built at first use "
+        "with the mpicc beside the launcher) and write one merged CLOG2 file (MPE2's format). Everything "
+        "after -- is the launcher's command line, as it would be run untraced (Open MPI's or MPICH's "
+        "mpiexec/mpirun). With --site the trace is also shipped to a storage site, as `paramedic ship`.",
+        usage="paramedic trace -out FILE.clog2 [options] -- MPIEXEC [launcher options] PROGRAM [ARGS]",
+    )
+    parser.add_argument(
+        "-out",
+        required=True,
+        type=Path,
+        help="the merged CLOG2 file (with --site, also its name at the site)",
+    )
+    parser.add_argument(
+        "--buffer", type=int, default=8 << 20, help="bytes each rank buffers before writing (default 8 MiB)"
+    )
+    _ship_options(parser, required=False)
+    return parser
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -928,12 +964,39 @@ def split_engine_options(
 
 
 class _Parser(argparse.ArgumentParser):
+    examples: list[str] = []
+
     def error(self, message: str):  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}")
 
+    def format_help(self) -> str:
+        """argparse's help, then the command's examples as written (argparse would rewrap them)."""
+        if not self.examples:
+            return super().format_help()
+        title = "examples:" if len(self.examples) > 1 else "example:"
+        return super().format_help() + f"\n{title}\n" + "".join(f"  {e}\n" for e in self.examples)
+
 
 def _parser(command: str, description: str, usage: str | None = None) -> argparse.ArgumentParser:
-    return _Parser(prog=f"paramedic {command}", description=description, usage=usage, allow_abbrev=False)
+    parser = _Parser(prog=f"paramedic {command}", description=description, usage=usage, allow_abbrev=False)
+    parser.examples = examples(command)
+    return parser
+
+
+def examples(command: str) -> list[str]:
+    """The command's examples, from USAGE (one place for them): the indented lines under its name, a line
+    ending in a backslash joined with the next."""
+    lines = USAGE.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"  {command} ")), len(lines))
+    found: list[str] = []
+    for line in lines[start + 1 :]:
+        if not line.startswith(" " * 13):
+            break
+        if found and found[-1].endswith("\\"):
+            found[-1] += "\n    " + line.strip()
+        else:
+            found.append(line.strip())
+    return found
 
 
 if __name__ == "__main__":
