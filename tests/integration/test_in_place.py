@@ -321,3 +321,51 @@ def test_a_database_changed_between_two_runs_of_a_resume_is_refused(
     volume.write_bytes(original)
     paramedic(*command, cwd=tmp_path)
     assert out.read_bytes() == (tmp_path / "ref.txt").read_bytes()
+
+
+def test_fasta_that_parse_seqids_refuses_is_said_and_searched_in_place(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """Galaxy's `ENA|...` headers and local ids over 50 characters: makeblastdb -parse_seqids refuses them
+    (`paramedic format` keeps ids): one line of makeblastdb's own reason, exit 3, nothing left; the
+    database makeblastdb makes of them by default is searched in place, byte for byte as blastn."""
+    from tests.integration.equality import read_gz_fasta
+
+    (genome,) = read_gz_fasta(data_dir / "ragout" / "H.Pylori" / "references" / "SJM180.fasta.gz")[:1]
+    fasta = tmp_path / "galaxy.fasta"
+    pieces = [genome[1][i : i + 40_000] for i in range(0, 400_000, 40_000)]
+    headers = [f"ENA|MN90894{i}|MN90894{i}.3 piece {i}" for i in range(5)]
+    headers += [f"a_local_identifier_longer_than_fifty_characters_number_{i} piece" for i in range(5)]
+    fasta.write_text("".join(f">{h}\n{p}\n" for h, p in zip(headers, pieces, strict=True)))
+    for kept in (0, 5):  # ENA ids, then the long ids alone
+        part = tmp_path / f"part{kept}.fasta"
+        part.write_text(
+            "".join(f">{h}\n{p}\n" for h, p in list(zip(headers, pieces, strict=True))[kept : kept + 5])
+        )
+        proc = paramedic(
+            "format", "--in", str(part), "--dbtype", "nucl", "--fragments", "2", "--out",
+            str(tmp_path / "fmt" / f"db{kept}"), check=False,
+        )  # fmt: skip
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 3 and lines[-1].startswith("paramedic: error: makeblastdb -parse_seqids"), (
+            lines
+        )
+        assert "C++" not in proc.stderr and "ncbidiag" not in proc.stderr
+        assert not (tmp_path / "fmt").exists() or not any((tmp_path / "fmt").iterdir())
+    _makeblastdb(fasta, tmp_path / "mk" / "db", "nucl")
+    (tmp_path / "q.fasta").write_text(f">q1\n{pieces[2][1000:2500]}\n>q2\n{pieces[7][500:1800]}\n")
+    common = ["-query", str(tmp_path / "q.fasta"), "-db", "mk/db", "-outfmt", "6 std stitle"]
+    blast("blastn", *common, "-out", str(tmp_path / "ref.tsv"), cwd=tmp_path)
+    paramedic(
+        "search",
+        "blastn",
+        *common,
+        "-out",
+        str(tmp_path / "out.tsv"),
+        "--strategy",
+        "fragments",
+        cwd=tmp_path,
+    )
+    reference = (tmp_path / "ref.tsv").read_text()
+    assert "ENA|" in reference and "longer_than_fifty" in reference
+    assert (tmp_path / "out.tsv").read_text() == reference

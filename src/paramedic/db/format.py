@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -50,7 +51,7 @@ from paramedic.db.manifest import (
 )
 from paramedic.db.segment import assign_fragments
 from paramedic.db.seqids import write_seqid_table
-from paramedic.errors import InputError, OutputError, UsageError
+from paramedic.errors import BlastError, InputError, OutputError, UsageError
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,29 @@ def _makeblastdb(
     """One volume. The FASTA goes on standard input (`-in -`): makeblastdb guesses a named file's format
     from its first bytes, and refused a fragment file beginning with a short or unusual protein
     (`MKUOLLXBZJ*`, gaps) although it took the whole file; on standard input it reads FASTA as told."""
+    try:
+        _run_makeblastdb(build, dbtype, fasta, volume, title, extra)
+    except BlastError as exc:
+        raise InputError(_refusal(str(exc))) from exc
+
+
+def _refusal(message: str) -> str:
+    """makeblastdb's refusal in one line of its own words, without the C++ exception's wrapping; for ids
+    that -parse_seqids cannot read, the way that works (makeblastdb's default keeps them as titles)."""
+    text = " ".join(message.split())
+    reason = re.sub(r"^.*(?:creation error:|\(\) - |makeblastdb failed \(exit \d+\):)\s*", "", text)
+    if "seq-id" in text.lower() or "ID type" in text or "too long" in text:
+        return (
+            f"makeblastdb -parse_seqids cannot read an id of this FASTA ({reason}); `paramedic format` keeps ids, "
+            "so make the database with makeblastdb itself (its default keeps such ids as titles) and search it "
+            "in place: paramedic search ... -db THAT_DATABASE"
+        )
+    return f"makeblastdb refused the input: {reason}"
+
+
+def _run_makeblastdb(
+    build: Path, dbtype: MolType, fasta: Path, volume: str, title: str, extra: list[str]
+) -> None:
     run_tool(
         [
             "makeblastdb",
