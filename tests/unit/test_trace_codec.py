@@ -372,3 +372,21 @@ def test_a_part_declaring_more_than_it_may_is_refused_before_it_is_inflated(blob
         codec.decode_memory(meta, len(data)) if content > 4 * len(data) else codec.decode(meta, len(data))
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown < 64, f"{grown:.0f} MiB"
+
+
+def test_a_decode_past_its_deadline_stops_with_a_reason(monkeypatch):
+    """Issue 41, item 4: --regen-timeout bounds a trace decode at the site (its wait for memory and each
+    step of its rebuild), so that its I/O worker is not held long past it."""
+    import time
+
+    from paramedic.ship import trace_codec
+
+    data = make_trace([periodic_kinds(0, 200), periodic_kinds(1, 200)], period=9)
+    meta = codec.encode(data).data
+    assert codec.decode(meta, deadline=time.monotonic() + 60) == data
+    with pytest.raises(codec.MetadataError, match="regenerating took longer than its time; stopped"):
+        codec.decode(meta, deadline=time.monotonic() - 1)
+    monkeypatch.setattr(trace_codec, "MEMORY", trace_codec.MemoryBudget(64 * 2**20, wait_seconds=0.0))
+    with pytest.raises(ProtocolError, match="took longer than its time"):
+        make_codec("trace-metadata").decode({"offset": 0, "size": len(data)}, meta, None)
+    assert trace_codec.MEMORY.held == 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -53,27 +54,33 @@ class MemoryBudget:
 
     def __init__(self, limit: int, wait_seconds: float | None = None) -> None:
         self.limit = limit
-        # the most a decode waits for its share (serve --regen-timeout; None: no bound): a decode waiting
-        # holds an I/O worker, and one waiting for good held it for good (issue 41, item 4)
+        # the most a decode may take, its wait for its share included (serve --regen-timeout; None: no
+        # bound): a decode holds an I/O worker, and one waiting for good held it for good (issue 41, item 4)
         self.wait_seconds = wait_seconds
         self.held = 0
         self._cond = threading.Condition()
 
+    def deadline(self) -> float | None:
+        """When a decode starting now must end (time.monotonic), or None."""
+        return None if self.wait_seconds is None else time.monotonic() + self.wait_seconds
+
     @contextmanager
-    def take(self, need: int) -> Iterator[None]:
-        """Hold `need` bytes of the budget while the block runs (waiting for others to return theirs, at
-        most `wait_seconds`); ProtocolError at once if `need` is over the whole budget, or when the wait
-        ends without it."""
+    def take(self, need: int, deadline: float | None = None) -> Iterator[None]:
+        """Hold `need` bytes of the budget while the block runs (waiting for others to return theirs, until
+        `deadline`); ProtocolError at once if `need` is over the whole budget, or when the wait ends
+        without it."""
         if need > self.limit:
             raise ProtocolError(
                 f"trace chunk: regenerating this trace takes about {_mib(need)} of memory, {OVER_MEMORY} "
                 f"({_mib(self.limit)}, serve --trace-memory): ship it compressed"
             )
+        start = time.monotonic()
+        left = None if deadline is None else max(deadline - start, 0.0)
         with self._cond:
-            if not self._cond.wait_for(lambda: self.held + need <= self.limit, self.wait_seconds):
+            if not self._cond.wait_for(lambda: self.held + need <= self.limit, left):
                 raise ProtocolError(
-                    f"trace chunk: waited {self.wait_seconds:g} s for {_mib(need)} of this storage site's "
-                    "memory for traces (serve --regen-timeout); other regenerations held it"
+                    f"trace chunk: waited {time.monotonic() - start:.1f} s for {_mib(need)} of this "
+                    "storage site's memory for traces (serve --regen-timeout); other regenerations held it"
                 )
             self.held += need
         try:
@@ -187,10 +194,11 @@ class TraceMetadataCodec(Codec):
             # the standalone file: the range, a preamble unless it has the file's, an empty table unless
             # it has the file's (trace.units)
             standalone = size + (0 if offset == 0 else 1024) + (0 if unit.get("last") is True else 4)
+        deadline = MEMORY.deadline()  # (serve --regen-timeout: the wait for memory and the rebuild)
         try:
             need = _trace().decode_memory(payload, max_size=standalone)
-            with MEMORY.take(need):
-                data = _trace().decode(payload, max_size=standalone)
+            with MEMORY.take(need, deadline):
+                data = _trace().decode(payload, max_size=standalone, deadline=deadline)
                 if unit is not None:
                     data = _units().restore(data, unit, offset, size)
         except ParamedicError as exc:

@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import struct
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -487,8 +488,10 @@ def decode_memory(meta: bytes, max_size: int = 1 << 36) -> int:
     return size * DECODE_MEMORY_PER_BYTE[header["mode"]] + sum(declared)
 
 
-def decode(meta: bytes, max_size: int = 1 << 36) -> bytes:
-    """The CLOG2 file that `meta` describes, checked against its SHA-256."""
+def decode(meta: bytes, max_size: int = 1 << 36, deadline: float | None = None) -> bytes:
+    """The CLOG2 file that `meta` describes, checked against its SHA-256. With `deadline` (time.monotonic),
+    a MetadataError once it has passed, at the next step of the rebuild (a storage site's --regen-timeout:
+    its I/O worker is not held long past it)."""
     header, blobs = parse_header(meta, max_size)
     size = header["size"]
     if header["mode"] == "general":
@@ -497,7 +500,7 @@ def decode(meta: bytes, max_size: int = 1 << 36) -> bytes:
         data = _inflate(blobs[0], size, "the file")
     else:
         try:
-            data = _rebuild(header, blobs, size)
+            data = _rebuild(header, blobs, size, deadline)
         except OverflowError as exc:  # a number of the header that the records' words cannot hold
             raise MetadataError(f"trace metadata: a value out of range ({exc})") from None
     if len(data) != size or hashlib.sha256(data).hexdigest() != header["sha256"]:
@@ -511,7 +514,12 @@ def _is_int32(value: int) -> bool:
     return -(2**31) <= value < 2**31
 
 
-def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
+def _in_time(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise MetadataError("trace metadata: regenerating took longer than its time; stopped")
+
+
+def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int, deadline: float | None = None) -> bytes:
     try:
         streams = header["streams"]
         time_mode = header["time"]
@@ -570,6 +578,7 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
     firsts = np.concatenate([[0], np.cumsum([i["n"] for i in infos], dtype=np.int64)]).tolist()
 
     def one(s: int) -> None:
+        _in_time(deadline)
         info, parts = jobs[s]
         rows = slice(firsts[s], firsts[s + 1])
         into = clog2.Records(records.time[rows], records.head[rows], records.body[rows])
@@ -591,6 +600,7 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
         for t in tails:
             tail_bytes.append(joined[at : at + t])
             at += t
+    _in_time(deadline)
     if order == "merge":
         keys = (
             np.concatenate([np.full(i["n"], s, np.int64) for s, i in enumerate(infos)])
@@ -618,4 +628,5 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int) -> bytes:
         tail_bytes,
         fixed[clog2.PREAMBLE_SIZE :],
     )
+    _in_time(deadline)
     return clog2.write(trace, max_size=size, order=index)
