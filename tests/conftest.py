@@ -40,31 +40,28 @@ def require_real_tools() -> None:
         pytest.skip(f"missing: {', '.join(missing)}")
 
 
+def _variable(name: str, path: Path) -> Iterator[Path]:
+    """`name` set to `path` for the session, and put back after."""
+    old = os.environ.get(name)
+    os.environ[name] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = old
+
+
 @pytest.fixture(scope="session", autouse=True)
 def digest_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Remembered database digests (paramedic.db.trust) go to a store of the tests' own."""
-    path = tmp_path_factory.mktemp("digests")
-    old = os.environ.get("PARAMEDIC_DIGESTS")
-    os.environ["PARAMEDIC_DIGESTS"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("PARAMEDIC_DIGESTS", None)
-    else:
-        os.environ["PARAMEDIC_DIGESTS"] = old
+    yield from _variable("PARAMEDIC_DIGESTS", tmp_path_factory.mktemp("digests"))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def metadata_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Metadata files are sealed with the user's own key (paramedic.engine.metadata): the tests use a
     key of their own, never the one in ~/.config."""
-    path = tmp_path_factory.mktemp("metadata-key") / "metadata.key"
-    old = os.environ.get("PARAMEDIC_METADATA_KEY")
-    os.environ["PARAMEDIC_METADATA_KEY"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("PARAMEDIC_METADATA_KEY", None)
-    else:
-        os.environ["PARAMEDIC_METADATA_KEY"] = old
+    yield from _variable("PARAMEDIC_METADATA_KEY", tmp_path_factory.mktemp("metadata-key") / "metadata.key")
 
 
 @pytest.fixture(scope="session")
