@@ -33,7 +33,9 @@ def test_a_digest_is_recalled_for_the_same_file(store: DigestStore, tmp_path: Pa
     assert store.recall(path, path.stat()) == first
 
 
-def test_a_file_rewritten_with_its_times_restored_is_digested_again(store: DigestStore, tmp_path: Path) -> None:
+def test_a_file_rewritten_with_its_times_restored_is_digested_again(
+    store: DigestStore, tmp_path: Path
+) -> None:
     path = _file(tmp_path)
     digests([path], store)
     info = path.stat()
