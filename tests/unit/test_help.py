@@ -86,3 +86,13 @@ def test_version_without_blast(tmp_path: Path) -> None:
     proc = run_version(str(tmp_path))
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout == f"paramedic {__version__} (BLAST+ not found)\n"
+
+
+def test_citation_and_license_match_the_package() -> None:
+    """CITATION.cff's version is the package's, and the license it and pyproject.toml name is LICENSE's."""
+    root = Path(__file__).resolve().parents[2]
+    citation = (root / "CITATION.cff").read_text()
+    assert re.search(r"^version: (\S+)$", citation, re.M)[1] == __version__  # type: ignore[index]
+    assert "\nlicense: BSD-3-Clause\n" in citation
+    assert 'license = "BSD-3-Clause"' in (root / "pyproject.toml").read_text()
+    assert (root / "LICENSE").read_text().startswith("BSD 3-Clause License\n")
