@@ -369,3 +369,51 @@ def test_fasta_that_parse_seqids_refuses_is_said_and_searched_in_place(
     reference = (tmp_path / "ref.tsv").read_text()
     assert "ENA|" in reference and "longer_than_fifty" in reference
     assert (tmp_path / "out.tsv").read_text() == reference
+
+
+def test_a_replica_in_place_rewritten_while_serve_runs_regenerates_nothing(
+    site: Path, tmp_path: Path
+) -> None:
+    """The storage site's replica searched in place is checked by its digests before every job (remembered
+    while its files keep their stamps): a volume rewritten in place with its times put back is another
+    database, and the job is refused rather than regenerated from it."""
+    import shutil
+
+    from tests.support.site import StorageSite
+
+    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
+    replica = tmp_path / "replica"
+    shutil.copytree(site / "dbs" / "v4-several", replica)
+    root = tmp_path / "root"
+    root.mkdir()
+    server = StorageSite(replica / "db", root, tmp_path / "keys" / "server", tmp_path / "serve.log")
+    server.start()
+    try:
+        common = ["-query", str(site / "q.fasta"), "-db", "v4-several/db", "-evalue", "1e-3", "-outfmt", "6"]
+        ship = ["--site", server.url, "--keys", str(tmp_path / "keys" / "compute-a"), "--ship", "metadata"]
+        for n in (1, 2):
+            record = ["--record", str(tmp_path / f"{n}.run.json")]
+            if n == 2:
+                volume = replica / "db.01.psq"
+                info = volume.stat()
+                data = volume.read_bytes()
+                volume.write_bytes(data[:50] + bytes([data[50] ^ 1]) + data[51:])
+                os.utime(volume, ns=(info.st_atime_ns, info.st_mtime_ns))
+            proc = paramedic(
+                "search",
+                "blastp",
+                *common,
+                "-out",
+                f"hits{n}.tsv",
+                *ship,
+                *record,
+                cwd=site / "dbs",
+                check=False,
+            )
+            if n == 1:
+                assert proc.returncode == 0 and (root / "hits1.tsv").exists(), proc.stderr
+            else:
+                assert proc.returncode == 8 and "replica" in proc.stderr, proc.stderr
+                assert not (root / "hits2.tsv").exists()
+    finally:
+        server.stop()

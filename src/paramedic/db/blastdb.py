@@ -102,7 +102,7 @@ def open_blastdb(arg: str, cwd: Path, dbtype: str | None = None) -> BlastDb:
         arg,
         dbtype,
         title,
-        tuple(_read_volumes(arg, volumes, dbtype)),
+        tuple(read_volumes(arg, volumes, dbtype)),
         seqids,
         seqids and _misnumbered(volumes),
     )
@@ -224,7 +224,7 @@ def read_header(index: Path) -> Header:
     return Header(version, protein, title, date, nseq, int(length), at)
 
 
-def _read_volumes(arg: str, paths: list[str], dbtype: str) -> list[Volume]:
+def read_volumes(arg: str, paths: list[str], dbtype: str) -> list[Volume]:
     volumes = []
     first = 0
     for path in paths:

@@ -15,7 +15,7 @@ import blake3
 
 from paramedic.blast.programs import alias_suffix
 from paramedic.blast.run import Database
-from paramedic.db.blastdb import Volume, fragment_ranges, open_blastdb
+from paramedic.db.blastdb import Volume, fragment_ranges, open_blastdb, read_volumes
 from paramedic.db.manifest import (
     FORMAT_VERSION,
     IN_PLACE,
@@ -156,3 +156,12 @@ def _warn_once(text: str) -> None:
     if text not in _warned:
         _warned.add(text)
         print(f"paramedic: warning: {text}", file=sys.stderr, flush=True)
+
+
+def recheck_in_place(database: Database, manifest: Manifest) -> None:
+    """DatabaseError unless a database in place still has the digests its manifest was made with: a
+    storage site's replica may change while `serve` runs. Files whose stamps did not change are not read
+    again (their digests are remembered); a volume rewritten in place has a new ctime and is."""
+    volumes = read_volumes(database.arg, [span[0] for span in database.spans], database.dbtype)
+    if _volume_digests(volumes) != manifest.volume_blake3:
+        raise DatabaseError(f"{database.arg}: changed since it was opened (a volume written or replaced)")

@@ -56,6 +56,7 @@ from typing import Any
 
 from paramedic.blast.forkserver import bounded
 from paramedic.blast.run import Database
+from paramedic.db.locate import recheck_in_place
 from paramedic.db.manifest import Manifest, Stamp, check_stamps, verify_volumes, volume_stamps
 from paramedic.durable import fsync_dir, write_durably
 from paramedic.errors import DatabaseError, ParamedicError
@@ -111,7 +112,10 @@ class Replica:
             return None
         try:
             stamps = volume_stamps(self.database.directory, self.manifest)
-            verify_volumes(self.database.directory, self.manifest)
+            if self.manifest.in_place:  # its digests, remembered while the files keep their stamps
+                recheck_in_place(self.database, self.manifest)
+            else:
+                verify_volumes(self.database.directory, self.manifest)
         except DatabaseError as exc:
             raise ProtocolError(f"storage site's replica is damaged: {exc}") from None
         return stamps
