@@ -1,58 +1,63 @@
-"""The timeline page of a trace: one bar per call, one arrow per matched message, bounded, escaped."""
+"""The report page of a trace (trace/timeline.py): the whole run's data for the page's script, escaped,
+bounded whatever the trace's size, phases and period found on a synthetic run of two phases."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from paramedic.trace import clog2
-from paramedic.trace.timeline import render
-from tests.unit.test_trace_codec import make_trace, periodic_kinds
+from paramedic.trace import clog2, overview, timeline
+from tests.unit.test_trace_overview import synthetic
 
 
-def test_bars_and_arrows_match_the_trace():
-    periods = 20
-    page = render(make_trace([periodic_kinds(0, periods), periodic_kinds(1, periods)]), title="<run>")
-    # per rank and period: Send, Recv, Allreduce; then Finalize once per rank (Init has no end here)
-    assert page.count("<rect") == 2 * (3 * periods + 1)
-    # every send is received: rank 0 -> 1 and 1 -> 0, once per period
-    assert page.count("<line") == 2 * periods
+def data_of(page: str) -> dict:
+    blob = page.split("<script id='data' type='application/json'>", 1)[1].split("</script>", 1)[0]
+    return json.loads(blob)
+
+
+def test_the_page_holds_the_whole_run():
+    periods = 2000
+    page = timeline.render(synthetic(3, periods), title="<run>")
+    assert page.count("<script") == 3 and "<script src=" not in page  # plotly.js, the data, the drawing
     assert "&lt;run&gt;" in page and "<run>" not in page
+    data = data_of(page)
+    assert data["span"] == pytest.approx(periods * 1e-3 + 1e-4 + 2e-6)
+    assert data["bins"] * data["width"] >= data["span"] > (data["bins"] - 1) * data["width"]
+    names = [c[0] for c in data["categories"]]
+    assert names[0] == "outside MPI" and names[1] == "MPI_Allreduce"  # the most time first
+    assert {"MPI_Send", "MPI_Recv"} <= set(names)
+    assert len(data["per_rank"]) == 3 and data["matrix"]["messages"][0][1] == periods
+    assert {int(r): p[0] for r, p in data["periods"].items()} == {0: 8, 1: 8, 2: 8}
+    # two phases: mostly MPI_Allreduce, then mostly outside MPI
+    phases = [(names[p[2]], round(p[0] / data["span"], 1)) for p in data["phases"]]
+    assert phases == [("MPI_Allreduce", 0.0), ("outside MPI", 0.5)]
 
 
-def test_bounded_by_max_records():
-    page = render(make_trace([periodic_kinds(0, 200), periodic_kinds(1, 200)]), max_records=100)
-    assert page.count("<rect") <= 50
-    assert "100 of 3,606 records drawn" in page
+def test_single_calls_kept_are_bounded_by_max_records():
+    small = data_of(timeline.render(synthetic(2, 5000), max_records=640))
+    kept = sum(w[3] for w in small["detail"]["windows"])
+    assert 0 < kept <= 640
+    for start, end, complete, calls in small["detail"]["windows"]:
+        assert start <= complete <= end and calls <= 640 // overview.DETAIL_WINDOWS
+
+
+def test_the_page_size_does_not_grow_with_the_trace():
+    sizes = [len(timeline.render(synthetic(2, periods))) for periods in (5_000, 100_000)]
+    assert abs(sizes[1] - sizes[0]) < 0.02 * sizes[0]
+    assert max(sizes) < 4_900_000 + 1_000_000  # plotly.js and the data of 2 ranks
+
+
+def test_top_cells_say_the_three_largest_shares():
+    import numpy as np
+
+    cells = np.zeros((1, 2, 5))
+    cells[0, 0] = [0.1, 0.6, 0.0, 0.3, 0.0]
+    out = timeline.top_cells(cells, 2)
+    assert out[0, 0].tolist() == [1, 60, 3, 30, 0, 10]
+    assert out[0, 1].tolist()[0::2] == [255, 255, 255]  # nothing traced
 
 
 def test_not_a_trace_is_a_clear_error():
     with pytest.raises(clog2.TraceFormatError, match="not a CLOG2 file"):
-        render(b"<html>" * 300)
-
-
-def test_each_thread_nests_its_own_states():
-    """Two threads of one rank (CLOG2 thread 1 and 2, MPI_THREAD_MULTIPLE) in calls at once: A starts, B
-    starts, A ends, B ends. Kept on one stack per rank, A's end did not match B's start and A's bar was lost."""
-    trace = clog2.read(make_trace([periodic_kinds(0, 1), periodic_kinds(1, 1)]))
-    rec = trace.records
-    rows = [i for i in range(len(rec)) if rec.head[i, 1] == 0 and rec.head[i, 3] == 5][1:5]  # Send, Recv...
-    etypes = [20, 32, 21, 33]  # thread 1 starts state 10, thread 2 starts state 16, 10 ends, 16 ends
-    for row, etype, thread in zip(rows, etypes, [1, 2, 1, 2], strict=True):
-        rec.body[row, 0] = etype
-        rec.head[row, 2] = thread
-    page = render(clog2.write(trace))
-    assert page.count("MPI_Send rank 0") + page.count("state 10 rank 0") == 1
-    assert page.count("state 16 rank 0") + page.count("MPI_Recv rank 0") == 1
-
-
-def test_legend_names_only_the_states_drawn():
-    """A file defines every call the tracer wraps (132 states); the legend lists the ones on the page, with
-    their calls and time, most time first (it listed all 132 in a block above LAMMPS's two rows)."""
-    periods = 20
-    page = render(make_trace([periodic_kinds(0, periods), periodic_kinds(1, periods)]))
-    legend = page.split("</p>\n<p>", 1)[1].split("</p>", 1)[0]
-    assert legend.count("<span") == 4  # Send, Recv, Allreduce, Finalize
-    for state, calls in ((10, 2 * periods), (16, 2 * periods), (33, 2 * periods), (2, 2)):
-        assert f">state {state}</span> {calls} calls, " in legend
-    seconds = [float(part.split(" calls, ")[1].split(" s;")[0]) for part in legend.split("</span>")[1:]]
-    assert seconds == sorted(seconds, reverse=True)
+        timeline.render(b"<html>" * 300)

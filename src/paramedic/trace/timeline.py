@@ -1,139 +1,339 @@
-"""A CLOG2 trace drawn as a Jumpshot-like timeline: one self-contained HTML page (inline SVG, no scripts).
+"""A CLOG2 trace as one self-contained HTML page that shows the whole run, at any trace size.
 
-Ranks are rows, each MPI call a bar in its state's colour (from the file's state definitions), each
-message an arrow from its send to its matching receive (sends and receives paired in order per sender,
-receiver and tag, as MPI orders them). Bounded: the first `max_records` records in time are drawn and the
-page says how many there were.
+Made from `overview.summarise` (one pass, bounded memory) and drawn by plotly.js, embedded once so the page
+opens with no network:
+
+* the overview: ranks as rows over the run's time in seconds, each cell a time bin in the colour of the
+  call the rank spent most of that bin in (or outside MPI), its shares on hover, as Jumpshot's SLOG-2
+  previews summarise what is too small to draw; zoom and pan; where the zoomed window is one the page
+  kept single calls for (the start of each of 64 stretches of the run, marked under the rows) and holds
+  at most DRAW_CALLS of them, the calls themselves are drawn over the cells;
+* per rank, the seconds in each call and outside MPI; bytes and messages between each pair of ranks; the
+  codec's period (its FFT on each rank's first records) and the phases (stretches of one dominant call).
+
+The page's size is bounded whatever the trace's: plotly.js (4.8 MB), 8 bytes per (rank, bin) cell (at
+most overview.MAX_CELLS, 4 MB), 30 bytes per kept call (`max_records`, 20,000 by default: 0.6 MB), and per
+rank and per pair of ranks a few numbers.
 """
 
 from __future__ import annotations
 
+import base64
 import html
-from collections import defaultdict, deque
+import json
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from paramedic.trace import clog2
+from paramedic.trace import overview
 
-ROW = 26
-LEFT = 70
-WIDTH = 1500
-REC_STATEDEF, REC_BAREEVT, REC_MSGEVT = 2, 5, 7
-
-
-def _text(words: np.ndarray) -> str:
-    raw = words.astype(">i4").tobytes()
-    return raw.split(b"\0", 1)[0].decode("ascii", "replace")
+OUTSIDE = ("outside MPI", "#e4e4e4")
+MAX_CATEGORIES = 250  # states with a colour of their own (one byte per cell); the rest are "other calls"
+MAX_MATRIX = 256  # ranks of the pair matrix (more ranks are grouped)
+DRAW_CALLS = 4000  # single calls drawn at once when zoomed in
+PHASE_SEGMENTS = 32  # a phase lasts at least 1/32 of the run
 
 
-def _states(rec: clog2.Records) -> dict[int, tuple[str, str]]:
-    """stateID -> (name, CSS colour) from the STATEDEF records."""
-    out: dict[int, tuple[str, str]] = {}
-    for i in np.flatnonzero(rec.head[:, 3] == REC_STATEDEF).tolist():
-        body = rec.body[i]
-        colour = _text(body[4:10]).split()
-        rgb = (
-            "rgb({})".format(",".join(colour[:3]))
-            if len(colour) >= 3 and all(c.isdigit() for c in colour[:3])
-            else "#888"
-        )
-        out[int(body[0])] = (_text(body[10:18]), rgb)
+def _b64(array: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii")
+
+
+def categories(
+    summary: overview.Summary,
+) -> tuple[list[tuple[str, str]], np.ndarray, np.ndarray, dict[int, int]]:
+    """The page's categories (outside MPI first, then the states called, most time first), the seconds
+    per (rank, bin, category) and per (rank, category), and each state's category."""
+    bins = summary.bins
+    total = bins.time.sum(axis=(0, 1))
+    order = sorted(bins.states.items(), key=lambda kv: (-total[kv[1]], kv[0]))
+    named = [summary.state_names.get(s, (f"state {s}", "#888")) for s, _ in order[:MAX_CATEGORIES]]
+    cols = [c for _, c in order[:MAX_CATEGORIES]]
+    cells = np.concatenate([summary.outside[:, :, None], bins.time[:, :, cols]], axis=2)
+    cat_of = {s: i + 1 for i, (s, _) in enumerate(order[:MAX_CATEGORIES])}
+    rest = [c for _, c in order[MAX_CATEGORIES:]]
+    if rest:
+        named.append(("other calls", "#555"))
+        cells = np.concatenate([cells, bins.time[:, :, rest].sum(axis=2, keepdims=True)], axis=2)
+        cat_of.update({s: len(named) for s, _ in order[MAX_CATEGORIES:]})
+    return [OUTSIDE, *named], cells, cells.sum(axis=1), cat_of
+
+
+def top_cells(cells: np.ndarray, used: int) -> np.ndarray:
+    """Per (rank, bin) of the first `used` bins: the three largest categories and their percent of the
+    cell's traced time, as bytes (category 255: nothing traced in the cell)."""
+    part = cells[:, :used]
+    total = part.sum(axis=2, keepdims=True)
+    share = np.divide(part, total, out=np.zeros_like(part), where=total > 0)
+    k = min(3, part.shape[2])
+    top = np.argsort(-share, axis=2, kind="stable")[:, :, :k]
+    pct = np.rint(np.take_along_axis(share, top, axis=2) * 100)
+    out = np.zeros(part.shape[:2] + (6,), np.uint8)
+    out[:, :, 0 : 2 * k : 2] = np.where(pct > 0, top, 255)
+    out[:, :, 1 : 2 * k : 2] = pct
+    out[:, :, 0::2][total[:, :, 0] == 0] = 255
+    if k < 3:
+        out[:, :, 2 * k :: 2] = 255
     return out
 
 
-def render(data: bytes, max_records: int = 20000, title: str = "trace") -> str:
-    """The page for a CLOG2 file's bytes (validated by clog2.read)."""
-    trace = clog2.read(data)
-    rec = trace.records
-    states = _states(rec)
-    order = np.argsort(rec.seconds(), kind="stable")[:max_records]
-    shown = rec.take(np.sort(order))
-    seconds = shown.seconds()
-    keep = np.isfinite(seconds)
-    shown = shown.take(np.flatnonzero(keep))
-    seconds = seconds[keep]
-    ranks = sorted(set(shown.head[:, 1].tolist()))
-    row_of = {r: k for k, r in enumerate(ranks)}
-    t0 = float(seconds.min()) if len(seconds) else 0.0
-    t1 = float(seconds.max()) if len(seconds) else 1.0
-    span = max(t1 - t0, 1e-9)
+def phases(cells: np.ndarray, used: int, width: float) -> list[tuple[float, float, int, float]]:
+    """Long stretches of one dominant category over all ranks (start, end, category, its share there): the
+    run cut into PHASE_SEGMENTS stretches, each labelled by the category that took most of its time over
+    all ranks, equal neighbours joined."""
+    if used == 0:
+        return []
+    per_bin = cells[:, :used].sum(axis=0)
+    edges = np.unique(np.linspace(0, used, min(PHASE_SEGMENTS, used) + 1).astype(np.int64))
+    segments = np.add.reduceat(per_bin, edges[:-1], axis=0)
+    labels = np.where(segments.sum(axis=1) > 0, np.argmax(segments, axis=1), -1)
+    out = []
+    for first, last, cat in _runs(labels):
+        if cat < 0:
+            continue
+        lo, hi = int(edges[first]), int(edges[last])
+        span = per_bin[lo:hi].sum(axis=0)
+        out.append((lo * width, hi * width, cat, float(span[cat] / max(span.sum(), 1e-300))))
+    return out
 
-    def x(t: float) -> float:
-        return LEFT + (t - t0) / span * WIDTH
 
-    bars: list[str] = []
-    arrows: list[str] = []
-    # per rank and thread: a threaded program's threads (CLOG2's thread field) each nest their own states
-    open_states: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)
-    sends: dict[tuple[int, int, int], deque[float]] = defaultdict(deque)
-    recvs: list[tuple[int, int, int, float]] = []
-    drawn: dict[int, list[float]] = defaultdict(lambda: [0, 0.0])  # state -> [bars, seconds] on the page
-    for rank, thread, rectype, body, t in zip(
-        shown.head[:, 1].tolist(),
-        shown.head[:, 2].tolist(),
-        shown.head[:, 3].tolist(),
-        shown.body[:, :4].tolist(),
-        seconds.tolist(),
-        strict=True,
-    ):
-        if rectype == REC_BAREEVT:
-            state, final = divmod(body[0], 2)
-            stack = open_states[(rank, thread)]
-            if not final:
-                stack.append((state, t))
-            elif stack and stack[-1][0] == state:
-                _, start = stack.pop()
-                drawn[state][0] += 1
-                drawn[state][1] += t - start
-                name, colour = states.get(state, (f"state {state}", "#888"))
-                y = 10 + row_of[rank] * ROW + 4
-                bars.append(
-                    f'<rect x="{x(start):.2f}" y="{y}" width="{max(x(t) - x(start), 0.5):.2f}" height="{ROW - 8}" '
-                    f'fill="{colour}"><title>{html.escape(name)} rank {rank} {start - t0:.6f}-{t - t0:.6f} s</title></rect>'
-                )
-        elif rectype == REC_MSGEVT and body[2] in row_of:
-            if body[0] == -101:
-                sends[(rank, body[2], body[3])].append(t)
-            elif body[0] == -102:
-                recvs.append((body[2], rank, body[3], t))
-    for src, dst, tag, t in recvs:
-        queue = sends.get((src, dst, tag))
-        if queue:
-            start = queue.popleft()
-            y0 = 10 + row_of[src] * ROW + ROW / 2
-            y1 = 10 + row_of[dst] * ROW + ROW / 2
-            arrows.append(
-                f'<line x1="{x(start):.2f}" y1="{y0}" x2="{x(t):.2f}" y2="{y1}" stroke="#222" '
-                'stroke-width="0.6" marker-end="url(#a)"/>'
-            )
-    height = 30 + len(ranks) * ROW
-    labels = "".join(
-        f'<text x="4" y="{10 + k * ROW + ROW / 2 + 4}" font-size="12">rank {r}</text>'
-        for r, k in row_of.items()
+def _runs(labels: np.ndarray) -> list[tuple[int, int, int]]:
+    """Runs of equal labels: (start, end, label)."""
+    change = np.flatnonzero(np.diff(labels)) + 1
+    starts = np.r_[0, change]
+    ends = np.r_[change, len(labels)]
+    return [(int(s), int(e), int(labels[s])) for s, e in zip(starts, ends, strict=True)]
+
+
+def _detail(summary: overview.Summary, cat_of: dict[int, int]) -> dict[str, Any]:
+    """The kept single calls, times from the page's zero, and each window's span and complete part."""
+    bins, detail = summary.bins, summary.detail
+    origin = bins.origin or 0.0
+    wide = bins.n // detail.windows * bins.width
+    parts = [np.concatenate([c[i] for c in detail.calls]) for i in range(4)]
+    rank, state, start, end = parts
+    lookup = np.asarray(sorted(cat_of.items()), np.int64).reshape(-1, 2)
+    cats = (
+        lookup[np.searchsorted(lookup[:, 0], state), 1].astype(np.uint8)
+        if len(state)
+        else state.astype(np.uint8)
     )
-    # the legend: only the states drawn (a file defines every call the tracer wraps, 132), most time first
-    legend = " ".join(
-        f'<span style="background:{c};padding:0 6px;margin-right:6px">{html.escape(n)}</span> '
-        f"{int(drawn[s][0]):,} calls, {drawn[s][1]:.6f} s;"
-        for s, (n, c) in (
-            (s, states.get(s, (f"state {s}", "#888"))) for s in sorted(drawn, key=lambda s: (-drawn[s][1], s))
-        )
+    windows = [
+        [
+            w * wide,
+            (w + 1) * wide,
+            min(float(detail.cut[w]) - origin, (w + 1) * wide),
+            len(detail.calls[w][2]),
+        ]
+        for w in range(detail.windows)
+    ]
+    return {
+        "start": _b64((start - origin).astype("<f8")),
+        "end": _b64((end - origin).astype("<f8")),
+        "rank": _b64(rank.astype("<u4")),
+        "cat": _b64(cats),
+        "windows": windows,
+    }
+
+
+def _matrix(summary: overview.Summary) -> dict[str, Any]:
+    """Bytes and messages per (sender, receiver), ranks grouped beyond MAX_MATRIX."""
+    n = summary.bytes.shape[0]
+    if n <= MAX_MATRIX:
+        return {"bytes": summary.bytes.tolist(), "messages": summary.messages.tolist(), "group": 1}
+    group = -(-n // MAX_MATRIX)
+    size = -(-n // group)
+    pad = size * group - n
+    out = {}
+    for name, m in (("bytes", summary.bytes), ("messages", summary.messages)):
+        m = np.pad(m, ((0, pad), (0, pad)))
+        out[name] = m.reshape(size, group, size, group).sum(axis=(1, 3)).tolist()
+    return {**out, "group": group}
+
+
+def payload(summary: overview.Summary, title: str) -> dict[str, Any]:
+    """Everything the page's script draws, as JSON (arrays of numbers base64-encoded)."""
+    cats, cells, per_rank, cat_of = categories(summary)
+    bins = summary.bins
+    origin = bins.origin or 0.0
+    used = int(min(bins.n, max(1, np.ceil((summary.end - origin) / bins.width + 1e-9))))
+    return {
+        "title": title,
+        "records": summary.records,
+        "ranks": summary.ranks,
+        "span": summary.end - origin,
+        "width": bins.width,
+        "bins": used,
+        "categories": cats,
+        "top": _b64(top_cells(cells, used)),
+        "per_rank": np.round(per_rank, 9).tolist(),
+        "traced": np.round(summary.last - summary.first, 9).tolist(),
+        "matrix": _matrix(summary),
+        "detail": _detail(summary, cat_of),
+        "periods": {str(r): list(p) for r, p in summary.periods.items()},
+        "phases": [[a, b, c, s] for a, b, c, s in phases(cells, used, bins.width)],
+        "draw_calls": DRAW_CALLS,
+    }
+
+
+def render(data: bytes | BinaryIO, max_records: int = 20000, title: str = "trace") -> str:
+    """The page for a CLOG2 file (its bytes or an open binary file, read once in chunks); `max_records`:
+    the single calls kept for zooming in, which bounds the page's size."""
+    summary = overview.summarise(data, max_records)
+    return page(payload(summary, title))
+
+
+def write(trace: Path, out: Path, max_records: int = 20000) -> int:
+    """Write the page of the trace at `trace` to `out` (the file streamed, not loaded); its size in bytes."""
+    with trace.open("rb") as fh:
+        text = render(fh, max_records, trace.name).encode()
+    out.write_bytes(text)
+    return len(text)
+
+
+def page(data: dict[str, Any]) -> str:
+    """The HTML: plotly.js, the data and the script that draws it."""
+    from plotly.offline import get_plotlyjs
+
+    blob = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")  # no tag can close the script
+    title = html.escape(data["title"])
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{title}: MPI trace</title><style>{_STYLE}</style>"
+        f"<script>{get_plotlyjs()}</script></head><body>"
+        f"<header><h1>{title}</h1><div id='facts'></div></header><main>"
+        "<section><h2>The whole run</h2><p class='note' id='status'></p><div id='legend'></div>"
+        "<div id='chart-1'></div><p class='note'>Zoom: drag over the time axis (double-click: the whole run); "
+        "<label>single calls kept for <select id='windows'></select></label></p></section>"
+        "<section><h2>Time per rank</h2><p class='note'>Seconds in each MPI call (the outermost call of "
+        "each thread) and outside MPI, from the rank's first record to its last.</p><div id='chart-2'></div></section>"
+        "<section><h2>Messages between ranks</h2><p class='note' id='matrix-note'></p><div id='chart-3'></div></section>"
+        "<section><h2>Period and phases</h2><div id='period'></div></section>"
+        f"</main><script id='data' type='application/json'>{blob}</script><script>{_SCRIPT}</script></body></html>\n"
     )
-    note = (
-        f"{len(shown):,} of {len(rec):,} records drawn ({t1 - t0:.6f} s from the start)"
-        if len(rec) > len(shown)
-        else f"{len(rec):,} records, {t1 - t0:.6f} s"
-    )
-    return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{html.escape(title)}</title></head>
-<body style="font-family:sans-serif">
-<h3>{html.escape(title)}</h3><p>{note}; bars: MPI calls, arrows: messages.</p>
-<p>{legend}</p>
-<svg xmlns="http://www.w3.org/2000/svg" width="{LEFT + WIDTH + 20}" height="{height}">
-<defs><marker id="a" markerWidth="6" markerHeight="6" refX="5" refY="3" orient="auto">
-<path d="M0,0 L6,3 L0,6 z" fill="#222"/></marker></defs>
-{labels}
-{"".join(bars)}
-{"".join(arrows)}
-</svg></body></html>
+
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0;background:#f4f5f7;color:#222}
+header{background:#1f3b57;color:#fff;padding:14px 32px} header h1{margin:0 0 4px;font-size:20px}
+#facts{font-size:14px;color:#cfe3f7} main{padding:12px 24px 40px}
+section{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);padding:12px 20px;margin:8px 0}
+h2{font-size:17px;margin:4px 0 6px} .note{color:#555;font-size:14px;margin:0 0 8px}
+#legend span.key{display:inline-block;padding:1px 8px;margin:2px 6px 2px 0;border-radius:3px;font-size:13px}
+table{border-collapse:collapse;font-size:14px} td,th{padding:3px 12px 3px 0;text-align:left}
+"""
+
+_SCRIPT = r"""
+(function(){
+const D = JSON.parse(document.getElementById('data').textContent);
+function bytes(b64){const s=atob(b64);const a=new Uint8Array(s.length);for(let i=0;i<s.length;i++)a[i]=s.charCodeAt(i);return a;}
+const top = bytes(D.top), R = D.ranks, B = D.bins, W = D.width, C = D.categories.length;
+const det = {start:new Float64Array(bytes(D.detail.start).buffer), end:new Float64Array(bytes(D.detail.end).buffer),
+  rank:new Uint32Array(bytes(D.detail.rank).buffer), cat:bytes(D.detail.cat), windows:D.detail.windows};
+const fmt = s => s >= 1 ? s.toFixed(3)+' s' : s >= 1e-3 ? (s*1e3).toFixed(3)+' ms' : (s*1e6).toFixed(2)+' us';
+const ranks = Array.from({length:R}, (_, r) => r);
+document.getElementById('facts').textContent = D.records.toLocaleString()+' records, '+R+' ranks, '+fmt(D.span)+
+  ' from the first record to the last; time bins of '+fmt(W);
+// the overview: dominant category per (rank, bin), shares on hover
+const z = [], text = [];
+for (let r = 0; r < R; r++) {
+  const zr = new Array(B), tr = new Array(B);
+  for (let b = 0; b < B; b++) {
+    const o = (r*B + b)*6;
+    if (top[o] === 255) { zr[b] = null; tr[b] = 'rank '+r+': not traced'; continue; }
+    zr[b] = top[o];
+    let t = 'rank '+r+', '+fmt(b*W)+' - '+fmt((b+1)*W);
+    for (let k = 0; k < 3; k++) if (top[o+2*k] !== 255) t += '<br>'+D.categories[top[o+2*k]][0]+' '+top[o+2*k+1]+'%';
+    tr[b] = t;
+  }
+  z.push(zr); text.push(tr);
+}
+const scale = [];
+D.categories.forEach((c, i) => { scale.push([i/C, c[1]]); scale.push([(i+1)/C, c[1]]); });
+const heat = {type:'heatmap', z:z, x0:W/2, dx:W, y:ranks, text:text, hoverinfo:'text', colorscale:scale,
+  zmin:-0.5, zmax:C-0.5, showscale:false, xgap:0, ygap:1};
+const covered = det.windows.filter(w => w[3] > 0 && w[2] > w[0]).map(w => ({type:'rect', xref:'x', yref:'paper',
+  x0:w[0], x1:Math.min(w[2], D.span), y0:0, y1:0.012, fillcolor:'#1f3b57', line:{width:0}}));
+const layout = {template:'plotly_white', height:Math.max(260, 80 + 22*R), margin:{l:70, r:20, t:10, b:50},
+  xaxis:{title:{text:'seconds since the first record'}, range:[0, D.span], rangemode:'tozero'},
+  yaxis:{autorange:'reversed', tickvals:ranks, ticktext:ranks.map(r => 'rank '+r), fixedrange:true},
+  shapes:covered, showlegend:false, uirevision:'keep', dragmode:'zoom'};
+const div = document.getElementById('chart-1');
+const legend = document.getElementById('legend');
+D.categories.forEach(c => { const s = document.createElement('span'); s.className = 'key'; s.style.background = c[1];
+  s.textContent = c[0]; legend.appendChild(s); });
+const status = document.getElementById('status');
+function calls(x0, x1) {
+  // the kept calls in [x0, x1] when every window over it is complete there, else null
+  let n = 0; const pick = [];
+  for (let w = 0; w < det.windows.length; w++) {
+    const win = det.windows[w];
+    if (win[1] <= x0 || win[0] >= x1) continue;
+    if (win[2] < Math.min(x1, win[1], D.span)) return null;
+  }
+  for (let i = 0; i < det.start.length; i++) if (det.end[i] >= x0 && det.start[i] <= x1) { pick.push(i); if (++n > D.draw_calls) return null; }
+  return pick;
+}
+function traces(pick) {
+  const by = new Map();
+  for (const i of pick) { const c = det.cat[i]; if (!by.has(c)) by.set(c, []); by.get(c).push(i); }
+  const out = [];
+  for (const [c, idx] of by) out.push({type:'bar', orientation:'h', y:idx.map(i => det.rank[i]), base:idx.map(i => det.start[i]),
+    x:idx.map(i => Math.max(det.end[i]-det.start[i], 0)), marker:{color:D.categories[c][1], line:{width:0.5, color:'#222'}}, width:0.7,
+    name:D.categories[c][0], hoverinfo:'text', text:idx.map(i => D.categories[c][0]+' rank '+det.rank[i]+'<br>'+fmt(det.start[i])+' + '+fmt(det.end[i]-det.start[i])), textposition:'none'});
+  return out;
+}
+let shown = -1;
+function update(range) {
+  const x0 = range ? range[0] : 0, x1 = range ? range[1] : D.span;
+  const pick = calls(x0, x1);
+  const key = pick ? pick.length + ':' + x0 + ':' + x1 : 'bins';
+  if (key === shown) return; shown = key;
+  if (pick) status.textContent = pick.length+' single calls from '+fmt(x0)+' to '+fmt(x1)+', over the time bins.';
+  else status.textContent = 'Each cell: one rank over one time bin ('+fmt(W)+') in the colour of the call it spent most of the bin in (hover: the three largest shares). Zoom into a stretch marked under the rows to see single calls.';
+  const lay = Object.assign({}, layout, {xaxis:Object.assign({}, layout.xaxis, {range:[x0, x1]}), barmode:'overlay'});
+  Plotly.react(div, pick ? [heat, ...traces(pick)] : [heat], lay, {displaylogo:false, responsive:true});
+}
+const asked = /#zoom=([0-9.e-]+),([0-9.e-]+)/.exec(location.hash);  // a link to a stretch of the run
+update(asked ? [+asked[1], +asked[2]] : null);
+div.on('plotly_relayout', ev => {
+  if (ev['xaxis.autorange'] || ev['xaxis.range[0]'] === undefined && !ev['xaxis.range']) { if (ev['xaxis.autorange']) update(null); return; }
+  const r = ev['xaxis.range'] || [ev['xaxis.range[0]'], ev['xaxis.range[1]']];
+  update([Math.max(0, +r[0]), Math.min(D.span, +r[1])]);
+});
+const sel = document.getElementById('windows');
+sel.appendChild(new Option('(choose a stretch)', ''));
+det.windows.forEach((w, i) => { if (w[3] > 0 && w[2] > w[0]) sel.appendChild(new Option(fmt(w[0])+' to '+fmt(Math.min(w[2], D.span))+' ('+w[3]+' calls kept)', i)); });
+sel.addEventListener('change', () => { if (sel.value === '') return; const w = det.windows[+sel.value];
+  let x1 = Math.min(w[2], D.span), x0 = w[0];
+  // at most draw_calls of them: shrink to the first calls of the window
+  const own = []; for (let i = 0; i < det.start.length; i++) if (det.start[i] >= x0 && det.start[i] < x1) own.push(det.end[i]);
+  own.sort((a, b) => a - b); if (own.length > D.draw_calls/2) x1 = Math.min(x1, own[Math.floor(D.draw_calls/2)]);
+  Plotly.relayout(div, {'xaxis.range':[x0, x1]}); });
+// time per rank
+const per = D.per_rank, bars = [];
+D.categories.forEach((c, k) => { const xs = ranks.map(r => k === 0 ? Math.max(0, D.traced[r] - per[r].slice(1).reduce((a, b) => a + b, 0)) : per[r][k]);
+  if (xs.some(v => v > 0)) bars.push({type:'bar', orientation:'h', y:ranks.map(r => 'rank '+r), x:xs, name:c[0], marker:{color:c[1]},
+    hovertemplate:'%{y}: '+c[0]+' %{x:.6f} s<extra></extra>'}); });
+Plotly.newPlot('chart-2', bars, {template:'plotly_white', barmode:'stack', height:Math.max(240, 90 + 26*R), margin:{l:70, r:20, t:30, b:50},
+  xaxis:{title:{text:'seconds'}}, yaxis:{autorange:'reversed'}, legend:{orientation:'h', y:1.02, yanchor:'bottom', x:0}}, {displaylogo:false, responsive:true});
+// the pair matrix
+const m = D.matrix, g = m.group, labels = m.bytes.map((_, i) => g === 1 ? 'rank '+i : 'ranks '+(i*g)+'-'+(i*g+g-1));
+const hover = m.bytes.map((row, i) => row.map((v, j) => labels[i]+' to '+labels[j]+': '+v.toLocaleString()+' bytes in '+m.messages[i][j].toLocaleString()+' messages'));
+Plotly.newPlot('chart-3', [{type:'heatmap', z:m.bytes, x:labels, y:labels, text:hover, hoverinfo:'text', colorscale:'Blues', reversescale:true, colorbar:{title:{text:'bytes'}}}],
+  {template:'plotly_white', height:Math.max(300, 120 + 24*labels.length), margin:{l:110, r:20, t:10, b:90},
+   xaxis:{title:{text:'receiver'}}, yaxis:{title:{text:'sender'}, autorange:'reversed'}}, {displaylogo:false, responsive:true});
+const sent = m.bytes.flat().reduce((a, b) => a + b, 0), msgs = m.messages.flat().reduce((a, b) => a + b, 0);
+document.getElementById('matrix-note').textContent = msgs.toLocaleString()+' point-to-point messages, '+sent.toLocaleString()+
+  ' bytes, counted at their sends (collectives are not in it).';
+// period and phases
+const esc = s => String(s).replace(/[&<>"']/g, c => '&#'+c.charCodeAt(0)+';');
+let h = '<table><tr><th>rank</th><th>period (records)</th><th>one period lasts</th></tr>';
+for (const [r, p] of Object.entries(D.periods)) h += '<tr><td>'+r+'</td><td>'+(p[0] ? p[0].toLocaleString() : 'none found')+'</td><td>'+(p[0] ? fmt(p[1]) : '')+'</td></tr>';
+h += '</table><p class="note">The trace codec\'s period: an FFT autocorrelation of each rank\'s first records\' kinds (the same records repeat every period).</p>';
+h += '<table><tr><th>phase</th><th>from</th><th>to</th><th>mostly</th><th>share</th></tr>';
+D.phases.forEach((p, i) => { h += '<tr><td>'+(i+1)+'</td><td>'+fmt(p[0])+'</td><td>'+fmt(Math.min(p[1], D.span))+'</td><td>'+esc(D.categories[p[2]][0])+'</td><td>'+Math.round(p[3]*100)+'%</td></tr>'; });
+h += '</table><p class="note">Phases: stretches of the run where one call (or time outside MPI) dominates over all ranks, shorter ones folded into the phase before.</p>';
+document.getElementById('period').innerHTML = h;
+})();
 """
