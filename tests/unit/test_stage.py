@@ -301,6 +301,29 @@ def test_a_killed_copy_leaves_no_half_fragment_and_its_leftovers_are_cleaned(tmp
         assert place is not None and volume_sha256(place, "f000") == manifest.fragments[0].sha256
 
 
+@pytest.mark.parametrize("planted", ["file", "link", "odd name"])
+def test_something_planted_under_a_copys_name_is_removed_not_kept_forever(tmp_path, planted):
+    """Issue 41, item 10: a `.fill-*` file (not a copy's directory) was renamed `.evict-*` and never
+    removed (rmtree leaves a file); a `.fill-*` of no copy's shape was never looked at."""
+    manifest = make_db(tmp_path / "db")
+    cache_dir = tmp_path / "cache"
+    cache = StageCache(cache_dir)
+    with cache.use(manifest, 0, tmp_path / "db", lambda: replicas(tmp_path / "db")) as place:
+        assert place is not None
+    entry = cache_dir / manifest.checksum()[:32]
+    if planted == "file":
+        (entry / f"{FILL_PREFIX}f001-100-abcd").write_bytes(b"x" * 100)
+    elif planted == "link":
+        (entry / f"{FILL_PREFIX}f001-100-abcd").symlink_to(tmp_path / "db")
+    else:
+        (entry / f"{FILL_PREFIX}garbage").mkdir()
+    again = StageCache(cache_dir)
+    with again.use(manifest, 1, tmp_path / "db", lambda: replicas(tmp_path / "db")) as place:
+        assert place is not None
+    assert not [p.name for p in entry.iterdir() if p.name.startswith((".fill-", ".evict-"))]
+    assert (tmp_path / "db").is_dir()  # a link is removed, never followed
+
+
 def test_sizes_and_refusals():
     assert parse_size("500M") == 500 << 20
     assert parse_size("200G") == 200 << 30

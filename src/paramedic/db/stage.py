@@ -357,6 +357,11 @@ class StageCache:
                 if path.name.startswith(EVICT_PREFIX):
                     self._remove(path)
                     self.stats.cleaned += 1
+                elif path.name.startswith(FILL_PREFIX) and (
+                    _FILL.match(path.name) is None or not path.is_dir() or path.is_symlink()
+                ):
+                    self._remove(path)  # not a copy under way: nothing of ours is named so
+                    self.stats.cleaned += 1
                 elif (fill := _FILL.match(path.name)) is not None:
                     if self._try_lock(
                         entry / f"{fill['volume']}.lock", functools.partial(self._remove, path)
@@ -398,7 +403,11 @@ class StageCache:
             hidden = path.with_name(f"{EVICT_PREFIX}{path.name}-{secrets.token_hex(4)}")
             os.rename(path, hidden)
             path = hidden
-        shutil.rmtree(path, ignore_errors=True)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:  # a file or a link planted under a copy's name (rmtree leaves those: issue 41, item 10)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     def _lock(self, fd: int, how: int) -> None:
         """flock, counting the time spent waiting for it."""
