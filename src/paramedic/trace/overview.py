@@ -27,7 +27,7 @@ import numpy as np
 
 from paramedic.trace import clog2, codec
 
-CHUNK_BYTES = 4 << 20  # blocks read at once
+CHUNK_BYTES = 32 << 20  # blocks read at once (the walk takes one numpy step per record of a block)
 NBINS = 4096  # time bins over the whole run (fewer with many ranks: MAX_CELLS)
 MAX_CELLS = 1 << 19  # ranks x bins held (and put in the page)
 MAX_RANKS = 1 << 14
@@ -35,6 +35,7 @@ FIRST_WIDTH = 1e-6  # seconds: the bins' width before the first doubling
 DETAIL_WINDOWS = 64
 PERIOD_RECORDS = 1 << 16  # per rank, the records whose kinds find the period (fewer with many ranks)
 REC_STATEDEF, REC_BAREEVT, REC_MSGEVT = 2, 5, 7
+BODY_USED = 5  # etype, icomm, peer, tag, bytes (a message's); a bare event's etype
 SEND, RECV = -101, -102
 
 
@@ -69,8 +70,10 @@ def _walk_chunk(rectypes: np.ndarray, nblocks: int, per_block: int, final: bool,
     return np.sort(np.concatenate(starts)) if starts else np.zeros(0, np.int64)
 
 
-def chunks(source: BinaryIO) -> Iterator[tuple[clog2.Preamble, clog2.Records]]:
-    """The file's records a chunk of blocks at a time, in file order (the whole file is never held)."""
+def chunks(source: BinaryIO) -> Iterator[tuple[clog2.Preamble, clog2.Records, np.ndarray]]:
+    """The file's records a chunk of blocks at a time, in file order (the whole file is never held), with
+    the first BODY_USED words of each body (past a short body: the next record's words, never read); and
+    the whole bodies of the chunk's state definitions."""
     source.seek(0, os.SEEK_END)
     size = source.tell()
     source.seek(0)
@@ -86,12 +89,14 @@ def chunks(source: BinaryIO) -> Iterator[tuple[clog2.Preamble, clog2.Records]]:
         data = source.read(count * pre.block_size)
         if len(data) != count * pre.block_size:
             raise clog2.TraceFormatError("CLOG2 file ends inside a block")
-        words = np.frombuffer(data, dtype=f"{bo}i4")
+        words = np.frombuffer(data, dtype=f"{bo}i4").astype(np.int32)  # native: gathers are 4x faster
         slots = _walk_chunk(words[5::2], count, pre.block_size // 8, first + count == nblocks, at)
         time = np.frombuffer(data, f"{bo}u8")[slots].astype(np.uint64)
-        head = clog2.word_rows(words, 4)[2 * slots + 2].astype(np.int32)
-        body = clog2.gather_body_words(words, 2 * slots + clog2.HEADER_SIZE // 4, head[:, 3])
-        yield pre, clog2.Records(time, head, body)
+        head = clog2.word_rows(words, 4)[2 * slots + 2]
+        at = 2 * slots + clog2.HEADER_SIZE // 4
+        body = clog2.word_rows(words, BODY_USED)[at]
+        defs = clog2.word_rows(words, clog2.BODY_WORDS)[at[head[:, 3] == REC_STATEDEF]]
+        yield pre, clog2.Records(time, head, body), defs
 
 
 # -- bins ----------------------------------------------------------------------------------------------------
@@ -305,13 +310,14 @@ class _Pass:
         self.kinds = [[] for _ in range(self.ranks)]
         self.kept = np.zeros(self.ranks, np.int64)
 
-    def feed(self, rec: clog2.Records) -> None:
+    def feed(self, rec: clog2.Records, defs: np.ndarray) -> None:
         self.records += len(rec)
         t = rec.seconds()
         rank, rectype = rec.head[:, 1], rec.head[:, 3]
         ok = np.isfinite(t) & (t < clog2.MAX_TIME) & (rank >= 0) & (rank < self.ranks)
-        self._definitions(rec, rectype)
-        rec, t, rank, rectype = rec.take(np.flatnonzero(ok)), t[ok], rank[ok], rectype[ok]
+        self._definitions(defs)
+        if not ok.all():
+            rec, t, rank, rectype = rec.take(np.flatnonzero(ok)), t[ok], rank[ok], rectype[ok]
         if not len(t):
             return
         np.minimum.at(self.first, rank, t)
@@ -333,9 +339,8 @@ class _Pass:
         )
         self.detail.add(window, got)
 
-    def _definitions(self, rec: clog2.Records, rectype: np.ndarray) -> None:
-        for i in np.flatnonzero(rectype == REC_STATEDEF).tolist():
-            body = rec.body[i]
+    def _definitions(self, defs: np.ndarray) -> None:
+        for body in defs:
             colour = _text(body[4:10]).split()
             rgb = (
                 "rgb({})".format(",".join(colour[:3]))
@@ -399,13 +404,13 @@ def summarise(source: BinaryIO | bytes, budget: int = 20000) -> Summary:
     """The whole trace in one pass; `budget`: the single calls kept for zooming in (the page's bound)."""
     stream = io.BytesIO(source) if isinstance(source, bytes | bytearray | memoryview) else source
     state: _Pass | None = None
-    for pre, rec in chunks(stream):
+    for pre, rec, defs in chunks(stream):
         if state is None:
             if pre.world_size > MAX_RANKS:
                 raise clog2.TraceFormatError(
                     f"the page draws at most {MAX_RANKS:,} ranks ({pre.world_size:,})"
                 )
             state = _Pass(pre.world_size, budget)
-        state.feed(rec)
+        state.feed(rec, defs)
     assert state is not None
     return state.summary()
