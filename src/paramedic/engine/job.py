@@ -237,7 +237,7 @@ def prepare_job(
         blast_batches=blast_batches,
     )
     balance = query_balance([sum(lengths[q] for q in p) for p in segments.pieces], workers)
-    settings = _ship_data_when_inexact(settings, inexact)
+    settings = _ship_data_when_inexact(_ship_restricted(settings, options), inexact)
     strategy = choose_strategy(settings, db, manifest, inexact, balance, memory)
     query_segmentation = strategy.strategy == "queries"
     stage = None if settings.stage is None else check_stage(settings.stage, manifest, db.arg)
@@ -389,6 +389,28 @@ def _read_fasta(path: Path, program: Program) -> list[tuple[str, str]]:
     return [  # a guess of the molecule type is said, never a refusal: BLAST+ searches such a query
         (r.header, r.sequence) for r in read_fasta(path, program.query_type, _warn, program.name)
     ]
+
+
+def _ship_restricted(settings: SearchSettings, options: BlastOptions) -> SearchSettings:
+    """A restricted search's metadata would be regenerated at the storage site without its restriction,
+    whose statistics its e-values need (the site does not resolve subsets yet): --ship auto ships the
+    output, compressed; --ship metadata is refused in one line."""
+    name = restriction(options) or next((n for n in NEGATIVE if options.has(n)), None)
+    ship = settings.ship
+    if name is None or ship is None or not (ship.mode == "auto" or _ships_pieces(ship.mode)):
+        return settings
+    if ship.mode != "auto":
+        raise UsageError(
+            f"--ship {ship.mode} with -{name}: the storage site cannot regenerate a restricted search yet "
+            "(its statistics are the subset's); use --ship compressed"
+        )
+    if not settings.quiet:
+        print(
+            f"paramedic: --ship auto: -{name} restricts the search, which the storage site cannot regenerate "
+            "yet: the output is shipped compressed instead (--ship compressed)",
+            file=sys.stderr,
+        )
+    return replace(settings, ship=replace(ship, mode=COMPRESSED_MODE))
 
 
 def _ship_data_when_inexact(settings: SearchSettings, inexact: str | None) -> SearchSettings:

@@ -17,6 +17,7 @@ record (`strategy_reason`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Sequence
@@ -245,23 +246,36 @@ def choose_strategy(
         # staging copies fragments, which only the fragments strategy searches
         if inexact:
             raise UsageError(f"--stage stages fragments, and the fragments strategy {inexact}")
-        chosen = decide(
-            "fragments",
-            database_bytes=(sizes := VolumeSizes(db.directory)).of(db.whole),
-            fragment_bytes=[sizes.of(f.volume) for f in manifest.fragments],
-            memory=memory,
-        )
+        whole, parts = database_sizes(db, manifest)
+        chosen = decide("fragments", database_bytes=whole, fragment_bytes=parts, memory=memory)
         reason = "--stage is asked: staging copies fragments, which only the fragments strategy searches"
         return dataclasses.replace(chosen, asked="auto", reason=reason)
+    whole, parts = database_sizes(db, manifest)
     return decide(
         settings.strategy,
-        database_bytes=(sizes := VolumeSizes(db.directory)).of(db.whole),
-        fragment_bytes=[sizes.of(f.volume) for f in manifest.fragments],
+        database_bytes=whole,
+        fragment_bytes=parts,
         memory=memory,
         inexact=inexact,
         needs_metadata=needs_metadata,
         balance=balance,
     )
+
+
+def database_sizes(db: Database, manifest: Manifest) -> tuple[int, list[int]]:
+    """The bytes a search of the whole database reads, at most, and of each fragment: a database in
+    place shares its files' bytes among its fragments by their letters."""
+    if not manifest.in_place:
+        sizes = VolumeSizes(db.directory)
+        return sizes.of(db.whole), [sizes.of(f.volume) for f in manifest.fragments]
+    from paramedic.db.manifest import in_place_files
+
+    whole = 0
+    for path in in_place_files(manifest):
+        with contextlib.suppress(OSError):
+            whole += path.stat().st_size
+    letters = max(1, manifest.length)
+    return whole, [whole * f.length // letters for f in manifest.fragments]
 
 
 class VolumeSizes:
