@@ -293,6 +293,10 @@ function update(range) {
   else status.textContent = 'Each cell: one rank over one time bin ('+fmt(W)+') in the colour of the call it spent most of the bin in (hover: the three largest shares). Zoom into a stretch marked under the rows to see single calls.';
   const lay = Object.assign({}, layout, {xaxis:Object.assign({}, layout.xaxis, {range:[x0, x1]}), barmode:'overlay'});
   Plotly.react(div, pick ? [heat, ...traces(pick)] : [heat], lay, {displaylogo:false, responsive:true});
+  // what a test (or a reader of the DOM) checks: the range on the axis, the ranks with a cell drawn
+  div.dataset.range = x0 + ',' + x1;
+  div.dataset.ranks = z.filter(row => row.some(v => v !== null)).length;
+  div.dataset.calls = pick ? pick.length : 0;
 }
 const asked = /#zoom=([0-9.e-]+),([0-9.e-]+)/.exec(location.hash);  // a link to a stretch of the run
 update(asked ? [+asked[1], +asked[2]] : null);
