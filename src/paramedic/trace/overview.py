@@ -33,7 +33,8 @@ MAX_CELLS = 1 << 19  # ranks x bins held (and put in the page)
 MAX_RANKS = 1 << 14
 FIRST_WIDTH = 1e-6  # seconds: the bins' width before the first doubling
 DETAIL_WINDOWS = 64
-PERIOD_RECORDS = 1 << 16  # per rank, the records whose kinds find the period (fewer with many ranks)
+PERIOD_RECORDS = codec.PERIOD_WINDOW  # per rank, the records whose kinds find the period, as the codec's
+PERIOD_TOTAL = 1 << 22  # ... and over all ranks (16 bytes each: fewer per rank with many ranks)
 REC_STATEDEF, REC_BAREEVT, REC_MSGEVT = 2, 5, 7
 BODY_USED = 5  # etype, icomm, peer, tag, bytes (a message's); a bare event's etype
 SEND, RECV = -101, -102
@@ -358,7 +359,7 @@ class _Pass:
         np.add.at(self.traffic[1], (rank[send], peer[send]), 1)
 
     def _period_window(self, rec: clog2.Records, rank: np.ndarray, t: np.ndarray) -> None:
-        limit = max(64, min(PERIOD_RECORDS, (1 << 24) // self.ranks))
+        limit = max(64, min(PERIOD_RECORDS, PERIOD_TOTAL // self.ranks))
         if (self.kept >= limit).all():
             return
         kinds = codec.record_kinds(rec)
@@ -377,7 +378,7 @@ class _Pass:
                 continue
             both = np.concatenate(parts, axis=1)
             kinds, t = both[0].astype(np.int64), both[1]
-            p = codec.find_period(kinds, min(codec.MAX_PERIOD, len(kinds) // 4))
+            p = codec.find_period(kinds)  # as the codec finds it (on the same first records)
             out[r] = (p, float(np.median(t[p:] - t[:-p])) if p else 0.0)
         return out
 

@@ -1,0 +1,110 @@
+"""Report time and page size against trace size: `paramedic report TRACE.clog2 -o PAGE.html` on each trace
+given (issue 46, item 1), each in a fresh process under /usr/bin/time (wall seconds, peak RSS), and the page
+written by trace.timeline.write, which streams the file instead of reading it whole as `paramedic report`
+does today (peak RSS). Traces: make them with `paramedic trace` (bench/traces.py, or the section's command);
+`--synthetic N` adds a synthetic 4-rank trace of N periods (8 records each; tests/unit/test_trace_overview.py).
+Appends a section to bench/RESULTS.md (`--no-append`: print only).
+
+    .venv/bin/python bench/trace_report.py [--synthetic 1000000] TRACE.clog2 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+STREAM = "import sys; from pathlib import Path; from paramedic.trace.timeline import write; write(Path(sys.argv[1]), Path(sys.argv[2]))"
+
+
+def timed(command: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of `command`, from /usr/bin/time."""
+    done = subprocess.run(
+        ["/usr/bin/time", "-f", "%e %M", *command], check=True, capture_output=True, text=True, cwd=ROOT
+    )
+    wall, kib = done.stderr.strip().splitlines()[-1].split()
+    return float(wall), int(kib) * 1024
+
+
+def records(trace: Path) -> int:
+    from paramedic.trace import overview
+
+    with trace.open("rb") as fh:
+        return sum(len(rec) for _, rec, _ in overview.chunks(fh))
+
+
+def measure(trace: Path, work: Path) -> dict[str, float]:
+    page = work / (trace.stem + ".html")
+    wall, rss = timed([str(BIN / "paramedic"), "report", str(trace), "-o", str(page)])
+    streamed, stream_rss = timed([sys.executable, "-c", STREAM, str(trace), str(work / "streamed.html")])
+    return {
+        "trace_mb": trace.stat().st_size / 1e6,
+        "records": records(trace),
+        "seconds": wall,
+        "page_mb": page.stat().st_size / 1e6,
+        "rss_mb": rss / 1e6,
+        "stream_seconds": streamed,
+        "stream_rss_mb": stream_rss / 1e6,
+    }
+
+
+def table(rows: list[tuple[str, dict[str, float]]]) -> str:
+    lines = [
+        "| trace | CLOG2 MB | records | `paramedic report` s | page MB | peak RSS MB | streamed s | streamed peak RSS MB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in rows:
+        lines.append(
+            f"| {name} | {r['trace_mb']:,.1f} | {r['records']:,} | {r['seconds']:.2f} | {r['page_mb']:.2f} | "
+            f"{r['rss_mb']:,.0f} | {r['stream_seconds']:.2f} | {r['stream_rss_mb']:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="*", type=Path)
+    parser.add_argument(
+        "--synthetic", type=int, action="append", default=[], help="periods of a synthetic trace"
+    )
+    parser.add_argument("--no-append", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        traces = [(t.name, t) for t in args.traces]
+        for periods in args.synthetic:
+            sys.path.insert(0, str(ROOT))
+            from tests.unit.test_trace_overview import synthetic
+
+            path = work / f"synthetic-{periods}.clog2"
+            path.write_bytes(synthetic(4, periods))
+            traces.append((f"synthetic, 4 ranks, {periods:,} periods", path))
+        for name, trace in traces:
+            rows.append((name, measure(trace, work)))
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
+    text = table(rows)
+    print(text)
+    if not args.no_append:
+        section = (
+            f"\n## Trace report page: time and size against trace size ({datetime.now(UTC):%Y-%m-%d})\n\n"
+            "`.venv/bin/python bench/trace_report.py "
+            + " ".join(sys.argv[1:])
+            + "` on a 2-core machine shared "
+            "with other jobs. `paramedic report` reads the file whole (cli.py) and then summarises it in "
+            'one pass; "streamed" is `trace.timeline.write`, which reads it 32 MB at a time.\n\n'
+            + text
+            + "\n"
+        )
+        with (ROOT / "bench" / "RESULTS.md").open("a") as fh:
+            fh.write(section)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
