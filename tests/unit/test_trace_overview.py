@@ -159,25 +159,30 @@ def test_calls_are_outermost_per_thread_across_chunks():
 
 
 def test_detail_windows_are_complete_up_to_their_cut():
-    """Every call that starts in a window before its cut was kept, however the windows doubled."""
+    """Every call over a window before its cut was kept (those that began in an earlier window too),
+    however the windows doubled."""
     rng = np.random.default_rng(5)
     detail = overview.Detail(per_window=5, windows=8)
     width = 1.0  # of a window
-    calls = []
+    calls: list[tuple[float, float]] = []
     for round_ in range(4):
-        start = rng.uniform(0, 8 * width * (1 + round_), 40)
-        while start.max() >= 8 * width:
+        start = np.sort(rng.uniform(0, 8 * width * (1 + round_), 40))
+        end = start + rng.exponential(0.7, 40)
+        while end.max() >= 8 * width:
             detail.double()
             width *= 2
-        end = start + 0.01
-        got = (np.zeros(40, np.int64), np.full(40, 10), start, end)
-        detail.add((start // width).astype(np.int64), got)
-        calls += start.tolist()
-    kept = {float(s) for c in detail.calls for s in c[2].tolist()}
+        got = (np.arange(40) + 40 * round_, np.full(40, 10), start, end)
+        detail.add((start // width).astype(np.int64), (end // width).astype(np.int64), got)
+        calls += list(zip(start.tolist(), end.tolist(), strict=True))
+    rank, _, start, end = detail.kept()
+    kept = set(zip(start.tolist(), end.tolist(), strict=True))
+    assert len(kept) == len(start)  # once each
     assert sum(len(c[2]) for c in detail.calls) <= 5 * 8
     for w in range(8):
-        lo, cut = w * width, detail.cut[w]
-        assert {s for s in calls if lo <= s < min(cut, lo + width)} <= kept
+        lo = w * width
+        hi = min(detail.cut[w], lo + width)
+        over = {(a, b) for a, b in calls if a < hi and b > lo and (a >= lo or b > lo)}
+        assert over <= kept, w
 
 
 def test_summary_of_a_synthetic_run():

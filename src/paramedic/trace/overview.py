@@ -218,43 +218,66 @@ class Calls:
 
 @dataclass
 class Detail:
-    """Single calls kept for the page's zoom: per window (a group of bins) its first `per_window` calls."""
+    """Single calls kept for the page's zoom, per window (a group of bins): its first `per_window` calls
+    that start in it, and every call that crosses its start (one at most per thread at any instant). A
+    window is complete from its start up to `cut`, the earliest start of a call of its left out."""
 
     per_window: int
     windows: int = DETAIL_WINDOWS
     calls: list[list[np.ndarray]] = field(default_factory=list)  # per window: rank, state, start, end
+    crossing: list[list[np.ndarray]] = field(default_factory=list)  # per window: calls over its start
     cut: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
-        self.calls = [self._empty() for _ in range(self.windows)]
+        self.calls = [_empty() for _ in range(self.windows)]
+        self.crossing = [_empty() for _ in range(self.windows)]
         self.cut = np.full(self.windows, np.inf)
-
-    @staticmethod
-    def _empty() -> list[np.ndarray]:
-        return [np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0)]
 
     def _keep(self, w: int, parts: list[np.ndarray]) -> None:
         """Window `w` gets `parts` up to its room; the earliest start left out lowers its cut."""
-        room = self.per_window - len(self.calls[w][2])
+        room = max(self.per_window - len(self.calls[w][2]), 0)
         if len(parts[2]) > room:
             self.cut[w] = min(self.cut[w], float(parts[2][room:].min()))
-        self.calls[w] = [
-            np.concatenate([a, b[: max(room, 0)]]) for a, b in zip(self.calls[w], parts, strict=True)
-        ]
+        self.calls[w] = [np.concatenate([a, b[:room]]) for a, b in zip(self.calls[w], parts, strict=True)]
 
     def double(self) -> None:
-        """The bins doubled: windows 2i and 2i+1 become window i."""
-        old, cut = self.calls, self.cut
-        self.calls = [self._empty() for _ in range(self.windows)]
+        """The bins doubled: windows 2i and 2i+1 become window i (the calls over 2i+1's start are now
+        inside it: they were offered to 2i when they ended)."""
+        old, cut, crossing = self.calls, self.cut, self.crossing
+        self.calls = [_empty() for _ in range(self.windows)]
+        self.crossing = [_empty() for _ in range(self.windows)]
         self.cut = np.full(self.windows, np.inf)
         for i in range(self.windows // 2):
             self.calls[i], self.cut[i] = old[2 * i], min(cut[2 * i], cut[2 * i + 1])
+            self.crossing[i] = crossing[2 * i]
             self._keep(i, old[2 * i + 1])
 
-    def add(self, window: np.ndarray, parts: tuple[np.ndarray, ...]) -> None:
-        for w in np.unique(window).tolist():
-            pick = window == w
+    def add(self, first: np.ndarray, last: np.ndarray, parts: tuple[np.ndarray, ...]) -> None:
+        """Calls starting in window `first` and ending in window `last`."""
+        for w in np.unique(first).tolist():
+            pick = first == w
             self._keep(w, [p[pick] for p in parts])
+        spans = last - first
+        over = np.repeat(np.arange(len(first)), spans)  # each call once per window start it crosses
+        window = first[over] + 1 + np.arange(len(over)) - np.repeat(np.cumsum(spans) - spans, spans)
+        for w in np.unique(window).tolist():
+            pick = over[window == w]
+            self.crossing[w] = [
+                np.concatenate([a, p[pick]]) for a, p in zip(self.crossing[w], parts, strict=True)
+            ]
+
+    def kept(self) -> list[np.ndarray]:
+        """Every call kept, once: rank, state, start, end."""
+        parts = [np.concatenate([c[i] for c in self.calls + self.crossing]) for i in range(4)]
+        if not len(parts[2]):
+            return parts
+        keys = np.stack([parts[0].astype(np.float64), parts[2], parts[3]])
+        _, once = np.unique(keys, axis=1, return_index=True)
+        return [p[once] for p in parts]
+
+
+def _empty() -> list[np.ndarray]:
+    return [np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0)]
 
 
 # -- the whole trace -----------------------------------------------------------------------------------------
@@ -335,10 +358,11 @@ class _Pass:
         self.bins.add(crank, cstate, cstart, cend)
         assert self.bins.origin is not None
         per = self.bins.n // DETAIL_WINDOWS
-        window = np.clip(
-            ((cstart - self.bins.origin) / self.bins.width).astype(np.int64) // per, 0, DETAIL_WINDOWS - 1
+        first, last = (
+            np.clip(((t - self.bins.origin) / self.bins.width).astype(np.int64) // per, 0, DETAIL_WINDOWS - 1)
+            for t in (cstart, cend)
         )
-        self.detail.add(window, got)
+        self.detail.add(first, last, got)
 
     def _definitions(self, defs: np.ndarray) -> None:
         for body in defs:

@@ -110,8 +110,7 @@ def _detail(summary: overview.Summary, cat_of: dict[int, int]) -> dict[str, Any]
     bins, detail = summary.bins, summary.detail
     origin = bins.origin or 0.0
     wide = bins.n // detail.windows * bins.width
-    parts = [np.concatenate([c[i] for c in detail.calls]) for i in range(4)]
-    rank, state, start, end = parts
+    rank, state, start, end = detail.kept()
     lookup = np.asarray(sorted(cat_of.items()), np.int64).reshape(-1, 2)
     cats = (
         lookup[np.searchsorted(lookup[:, 0], state), 1].astype(np.uint8)
