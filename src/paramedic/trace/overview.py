@@ -94,9 +94,9 @@ def chunks(source: BinaryIO) -> Iterator[tuple[clog2.Preamble, clog2.Records, np
         slots = _walk_chunk(words[5::2], count, pre.block_size // 8, first + count == nblocks, at)
         time = np.frombuffer(data, f"{bo}u8")[slots].astype(np.uint64)
         head = clog2.word_rows(words, 4)[2 * slots + 2]
-        at = 2 * slots + clog2.HEADER_SIZE // 4
-        body = clog2.word_rows(words, BODY_USED)[at]
-        defs = clog2.word_rows(words, clog2.BODY_WORDS)[at[head[:, 3] == REC_STATEDEF]]
+        bodies = 2 * slots + clog2.HEADER_SIZE // 4
+        body = clog2.word_rows(words, BODY_USED)[bodies]
+        defs = clog2.word_rows(words, clog2.BODY_WORDS)[bodies[head[:, 3] == REC_STATEDEF]]
         yield pre, clog2.Records(time, head, body), defs
 
 
