@@ -38,6 +38,39 @@ def records(trace: Path) -> int:
         return sum(len(rec) for _, rec, _ in overview.chunks(fh))
 
 
+def synthetic_file(path: Path, ranks: int, periods: int, segment: int = 50_000) -> None:
+    """A synthetic CLOG2 file (tests/unit/test_trace_overview.py's run) written a segment of periods at a
+    time, so a 1 GB file takes no more memory than a segment: each segment's blocks as clog2.write packs
+    them, its closing ENDLOG made an ENDBLOCK unless it is the last."""
+    import numpy as np
+
+    from paramedic.trace import clog2, overview
+    from tests.unit.test_trace_overview import synthetic_records
+
+    bs = clog2.DEFAULT_BLOCK_SIZE
+    with path.open("wb") as fh:
+        fh.write(bytes(clog2.PREAMBLE_SIZE))
+        for first in range(0, periods, segment):
+            rec = synthetic_records(ranks, min(segment, periods - first), first, periods)
+            head = clog2.make_preamble(ranks, clog2.PREAMBLE_SIZE, bs)
+            blocks = bytearray(
+                clog2.write(clog2.Trace(head, True, bs, rec, (0, 0, 0), [], b""))[clog2.PREAMBLE_SIZE :]
+            )
+            if first + segment < periods:
+                last = len(blocks) - bs
+                words = np.frombuffer(bytes(blocks[last:]), ">i4").astype(np.int32)
+                slots = overview._walk_chunk(words[5::2], 1, bs // 8, True, 0)
+                end = int(slots[-1] + clog2.SLOT_SIZES[words[2 * slots[-1] + 5]]) if len(slots) else 0
+                at = last + 8 * end
+                blocks[at : at + 8] = np.asarray([(first + segment) * 1e-3], ">f8").tobytes()
+                blocks[at + 20 : at + 24] = (clog2.REC_ENDBLOCK).to_bytes(4, "big")
+            fh.write(blocks)
+        fptr = fh.tell()
+        fh.write(clog2.world_comm_table())
+        fh.seek(0)
+        fh.write(clog2.make_preamble(ranks, fptr, bs))
+
+
 def measure(trace: Path, work: Path) -> dict[str, float]:
     page = work / (trace.stem + ".html")
     wall, rss = timed([str(BIN / "paramedic"), "report", str(trace), "-o", str(page)])
@@ -80,10 +113,8 @@ def main() -> int:
         traces = [(t.name, t) for t in args.traces]
         for periods in args.synthetic:
             sys.path.insert(0, str(ROOT))
-            from tests.unit.test_trace_overview import synthetic
-
             path = work / f"synthetic-{periods}.clog2"
-            path.write_bytes(synthetic(4, periods))
+            synthetic_file(path, 4, periods)
             traces.append((f"synthetic, 4 ranks, {periods:,} periods", path))
         for name, trace in traces:
             rows.append((name, measure(trace, work)))

@@ -25,17 +25,21 @@ def _words(text: str, n: int) -> np.ndarray:
     return np.frombuffer(text.encode().ljust(4 * n, b"\0"), ">i4").astype(np.int32)
 
 
-def synthetic(ranks: int, periods: int, period_s: float = 1e-3, block_size: int = 65536) -> bytes:
-    """A CLOG2 file of `ranks` ranks each running `periods` periods of SLOTS (8 records), then Finalize:
-    built with numpy and clog2.write, so millions of records take seconds."""
+def synthetic_records(
+    ranks: int, periods: int, first: int = 0, total: int | None = None, period_s: float = 1e-3
+) -> clog2.Records:
+    """Periods [first, first + periods) of a run of `total` periods (SLOTS, 8 records each, on every rank),
+    in time order; the definitions when the part is the run's start, Finalize when it is its end."""
+    total = periods if total is None else total
     k = len(SLOTS)
     offsets = np.asarray([s[0] for s in SLOTS])
     late = offsets.copy()
     for slot, at in LATE.items():
         late[slot] = at
-    p = np.arange(periods)
-    per_rank = np.where((p < periods // 2)[:, None], offsets, late) * period_s + (p * period_s)[:, None]
-    n = periods * k + 2
+    p = np.arange(first, first + periods)
+    per_rank = np.where((p < total // 2)[:, None], offsets, late) * period_s + (p * period_s)[:, None]
+    last = first + periods == total
+    n = periods * k + 2 * last
     times, heads, bodies = [], [], []
     for r in range(ranks):
         body = np.zeros((n, clog2.BODY_WORDS), np.int32)
@@ -44,16 +48,17 @@ def synthetic(ranks: int, periods: int, period_s: float = 1e-3, block_size: int 
             [(r + 1) % ranks if s[2] == -101 else (r - 1) % ranks for s in SLOTS], periods
         )
         body[: periods * k, 4] = np.tile([800 if s[2] == -101 else 0 for s in SLOTS], periods)
-        body[-2:, 0] = [4, 5]  # Finalize
         head = np.zeros((n, 4), np.int32)
         head[:, 1] = r
-        head[:, 3] = [s[1] for s in SLOTS] * periods + [5, 5]
-        end = periods * period_s
-        t = np.r_[per_rank.reshape(-1) + r * 1e-6, end, end + 1e-4]
+        head[:, 3] = [s[1] for s in SLOTS] * periods + [5, 5] * last
+        t = per_rank.reshape(-1) + r * 1e-6
+        if last:  # Finalize
+            body[-2:, 0] = [4, 5]
+            t = np.r_[t, total * period_s, total * period_s + 1e-4]
         times.append(t)
         heads.append(head)
         bodies.append(body)
-    for state, name, colour in STATES:  # definitions first, at time 0 on rank 0
+    for state, name, colour in STATES if first == 0 else ():  # definitions first, at time 0 on rank 0
         body = np.zeros((1, clog2.BODY_WORDS), np.int32)
         body[0, :3] = [state, 2 * state, 2 * state + 1]
         body[0, 4:10] = _words(colour, 6)
@@ -63,7 +68,15 @@ def synthetic(ranks: int, periods: int, period_s: float = 1e-3, block_size: int 
         bodies.insert(0, body)
     t = np.concatenate(times)
     order = np.argsort(t, kind="stable")
-    rec = clog2.Records(t[order].view(np.uint64), np.concatenate(heads)[order], np.concatenate(bodies)[order])
+    return clog2.Records(
+        t[order].view(np.uint64), np.concatenate(heads)[order], np.concatenate(bodies)[order]
+    )
+
+
+def synthetic(ranks: int, periods: int, period_s: float = 1e-3, block_size: int = 65536) -> bytes:
+    """A CLOG2 file of `ranks` ranks each running `periods` periods of SLOTS (8 records), then Finalize:
+    built with numpy and clog2.write, so millions of records take seconds."""
+    rec = synthetic_records(ranks, periods, period_s=period_s)
     table = clog2.world_comm_table()
 
     def file(fptr: int) -> bytes:
