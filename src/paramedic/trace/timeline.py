@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from paramedic.durable import write_output
 from paramedic.trace import overview
 
 OUTSIDE = ("outside MPI", "#e4e4e4")
@@ -186,7 +187,7 @@ def write(trace: Path, out: Path, max_records: int = 20000) -> int:
     """Write the page of the trace at `trace` to `out` (the file streamed, not loaded); its size in bytes."""
     with trace.open("rb") as fh:
         text = render(fh, max_records, trace.name).encode()
-    out.write_bytes(text)
+    write_output(out, text)  # as `paramedic report` writes a page: durably, or through a stream
     return len(text)
 
 
