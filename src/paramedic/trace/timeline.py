@@ -253,14 +253,19 @@ D.categories.forEach((c, i) => { scale.push([i/C, c[1]]); scale.push([(i+1)/C, c
 const heat = {type:'heatmap', z:z, x0:W/2, dx:W, y:ranks, text:text, hoverinfo:'text', colorscale:scale,
   zmin:-0.5, zmax:C-0.5, showscale:false, xgap:0, ygap:1};
 const covered = det.windows.filter(w => w[3] > 0 && w[2] > w[0]).map(w => ({type:'rect', xref:'x', yref:'paper',
-  x0:w[0], x1:Math.min(w[2], D.span), y0:0, y1:0.012, fillcolor:'#1f3b57', line:{width:0}}));
+  x0:w[0], x1:Math.max(Math.min(w[2], D.span), w[0] + D.span/400), y0:0, y1:0.03, fillcolor:'#1f3b57', opacity:0.8, line:{width:0}}));
 const layout = {template:'plotly_white', height:Math.max(260, 80 + 22*R), margin:{l:70, r:20, t:10, b:50},
   xaxis:{title:{text:'seconds since the first record'}, range:[0, D.span], rangemode:'tozero'},
   yaxis:{autorange:'reversed', tickvals:ranks, ticktext:ranks.map(r => 'rank '+r), fixedrange:true},
   shapes:covered, showlegend:false, uirevision:'keep', dragmode:'zoom'};
 const div = document.getElementById('chart-1');
 const legend = document.getElementById('legend');
+function dark(css) {  // white text on a dark key
+  const m = /rgb\((\d+),\s*(\d+),\s*(\d+)\)/.exec(css);
+  return m ? 0.299*m[1] + 0.587*m[2] + 0.114*m[3] < 120 : css === '#555';
+}
 D.categories.forEach(c => { const s = document.createElement('span'); s.className = 'key'; s.style.background = c[1];
+  if (dark(c[1])) s.style.color = '#fff';
   s.textContent = c[0]; legend.appendChild(s); });
 const status = document.getElementById('status');
 function calls(x0, x1) {
