@@ -237,6 +237,7 @@ def _ship(argv: list[str]) -> int:
     parser.add_argument("-out", required=True, help="its path under the storage site's root")
     _ship_options(parser, required=True)
     args = parser.parse_args(argv)
+    _stop_on_signals()  # the site job opened is cancelled on the way out (ship.file_ship)
     _ship_file(args, args.file, args.out)
     return 0
 
@@ -259,6 +260,33 @@ def _trace_report(data: bytes, source: Path, out: Path, max_records: int) -> int
 
 
 def _trace(argv: list[str]) -> int:
+    from paramedic.trace.job import Interrupted
+
+    _stop_on_signals()
+    try:
+        return _run_trace(argv)
+    except Interrupted as stopped:
+        print(f"paramedic: interrupted: {stopped}", file=sys.stderr)
+        return 130
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGHUP interrupt, as Ctrl-C does, once: a second signal does not cut short the stop
+    (the traced job's end, the site job's cancel), which is bounded in time."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt_once)
+
+
+def _interrupt_once(signum: int, _frame: object) -> None:
+    for other in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(other, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _run_trace(argv: list[str]) -> int:
+    import tempfile
+
+    from paramedic.engine.leftovers import remove_leftovers
     from paramedic.trace.run import summary_line, trace
 
     parser = _trace_parser()
@@ -286,6 +314,7 @@ def _trace(argv: list[str]) -> int:
         parse(args.trace_precision)
 
         ShipSettings.build(args.site, args.keys, args.ship, str(args.out), args.streams, args.ship_timeout)
+    remove_leftovers(Path(tempfile.gettempdir()))  # what launchers killed outright left (trace's too)
     summary = trace(argv[split + 1 :], args.out, args.buffer)
     print(f"paramedic: trace written to {args.out}: {summary_line(summary)}", file=sys.stderr)
     if args.site is not None:

@@ -11,7 +11,9 @@ removes them, and only them:
 - with a job directory, the partial outputs its job named after itself (`.<out>.partial-<job id>`, noted
   in its `partials` file by paramedic.durable.note_partial): regular files of this user only;
 - a hydra topology file of this user, older than a minute, only while no mpiexec or hydra proxy of this
-  user runs (a proxy reads it only as it starts).
+  user runs (a proxy reads it only as it starts);
+- a `paramedic trace` job whose launcher is gone (`paramedic-trace-*`): its processes, rank logs and
+  shared memory (paramedic.trace.job.sweep).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from paramedic.durable import JOB_DIR_PREFIX, PARTIALS_NOTE
+from paramedic.trace.job import sweep as sweep_traced_jobs
 
 JOB_PREFIX = JOB_DIR_PREFIX
 RANK_PREFIX = "paramedic-rank"
@@ -108,6 +111,7 @@ def remove_leftovers(tmp: Path, hydra_dir: Path = Path("/tmp")) -> int:
         _remove_partials(job_dir / PARTIALS_NOTE, uid)
         shutil.rmtree(job_dir, ignore_errors=True)
         removed += 1
+    removed += sweep_traced_jobs(tmp)  # `paramedic trace`'s (paramedic.trace.job)
     if not _mpi_running(uid):
         _remove_hydra_files(hydra_dir, uid)
     return removed

@@ -224,8 +224,21 @@ def _open_unless_published(
         return done
     for one in shipment.made or []:
         _limit(app, one)
-    transport.start()
+    _start(transport)
     return None
+
+
+def _start(transport: Any) -> None:
+    """Open the site's job. Stopped meanwhile (Ctrl-C, SIGTERM: `paramedic ship` raises an interrupt), the
+    job, which the site may have opened, is cancelled: it would hold its output path for an hour."""
+    try:
+        transport.start()
+    except KeyboardInterrupt:
+        try:
+            transport.cancel()
+        finally:
+            transport.close()
+        raise
 
 
 def _send(
@@ -313,7 +326,7 @@ def _reship(
     transport = open_transport(
         _opening(settings, codec.name, resumable_job_id(settings.out or "", "general", data, sha.digest()))
     )
-    transport.start()
+    _start(transport)
     shipping = Shipping(settings, METADATA, codec, transport, 0)
     shipping.decision = decision
     try:
@@ -427,7 +440,7 @@ def _ship_compressed_instead(
     if done is not None:
         return _with_precision(done, app, precision)
     transport = open_transport(_opening(settings, codec.name, job_id))
-    transport.start()
+    _start(transport)
     shipping = Shipping(settings, COMPRESSED, codec, transport, 0)
     shipping.decision = {**(decision or {}), "mode": COMPRESSED, "metadata_refused": refusal}
     try:

@@ -6,6 +6,10 @@ the output, where the ranks merge them along a binary tree inside MPI_Finalize a
 (native/clogtrace_merge.h); here it is checked, synced and renamed into place: the output appears whole or
 not at all. An -out that is a device, a FIFO or /dev/stdout is written through, as BLAST+ writes its -out
 (the logs then go to the temporary directory, not beside /dev/null).
+
+A signal (SIGTERM, SIGHUP, SIGINT) stops the traced job: mpiexec runs in a session of its own, and the
+launcher ends it and every rank, removes their logs and what MPI made, and raises `job.Interrupted`
+(paramedic.trace.job, which also says what a launcher killed outright leaves for the next one).
 """
 
 from __future__ import annotations
@@ -14,14 +18,23 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 from paramedic.durable import fsync_dir, open_stream, stream_target, umask
 from paramedic.errors import JobError, OutputError, UsageError
 from paramedic.trace import gaps, merge, native
+from paramedic.trace.job import Interrupted, TracedJob, dies_with_launcher
+
+POLL_SECONDS = 0.2  # how often the launcher looks at the job (a signal, the ranks' shared memory)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOPPED = "the traced program was stopped and its logs removed"
 
 
 def inject(command: list[str], kind: str, env: dict[str, str]) -> list[str]:
@@ -38,44 +51,119 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
         raise UsageError("paramedic trace: no command after --")
     lib, kind = native.library(command[0])
     stream = stream_target(out)
+    with _signals_noted() as signals:  # from here on a signal stops the job, never a step half-way
+        logs = _logs_directory(out, stream)
+        try:
+            job = TracedJob.create(logs)
+        except OSError as exc:
+            shutil.rmtree(logs, ignore_errors=True)
+            raise OutputError(f"cannot note the job in {tempfile.gettempdir()}: {exc.strerror}") from exc
+        try:
+            env = {
+                "LD_PRELOAD": str(lib),
+                "LD_AUDIT": str(native.audit_library()),
+                "PARAMEDIC_TRACE_DIR": str(logs),
+                "PARAMEDIC_TRACE_BUFFER": str(buffer_bytes),
+                **job.environment(),
+            }
+            started = time.monotonic()
+            returncode = _supervise(inject(command, kind, env), job, signals)
+            elapsed = time.monotonic() - started
+            summary, untraced = _merged(logs, returncode)
+            if signals:
+                raise Interrupted(STOPPED)
+            try:
+                merged = logs / "merged.clog2"
+                size = _write_through(merged, out) if stream else _rename_into_place(merged, out)
+            except OSError as exc:
+                raise OutputError(f"-out {out}: {exc.strerror}") from exc
+        finally:
+            shutil.rmtree(logs, ignore_errors=True)
+            job.remove()
+        if signals:
+            raise Interrupted(f"the trace was written to {out} as the signal came")
+    summary.update({"mpi": kind, "library": str(lib), "seconds": round(elapsed, 3), "bytes": size})
+    summary["untraced_calls"] = untraced  # linked MPI functions the tracer does not wrap (gaps.py)
+    summary["untraced_communication"] = gaps.communicating(untraced)
+    return summary
+
+
+def _logs_directory(out: Path, stream: bool) -> Path:
+    """A private directory for the ranks' logs beside `out` (in the temporary directory for a stream),
+    absolute: the ranks may run elsewhere (mpiexec -wdir)."""
     try:
         if not stream:
             out.parent.mkdir(parents=True, exist_ok=True)
         logs = Path(tempfile.mkdtemp(prefix=f".{out.name}.ranks-", dir=None if stream else out.parent))
     except OSError as exc:
         raise OutputError(f"-out {out}: cannot write beside it ({exc.strerror})") from exc
+    return logs.absolute()
+
+
+def _merged(logs: Path, returncode: int) -> tuple[dict[str, object], list[str]]:
+    """The merge's summary and the untraced calls, once the traced program ended with `returncode`; the
+    reason, raised, when it wrote no trace."""
+    refused = _refusal(logs)
+    if refused:
+        raise UsageError(refused)
+    if returncode != 0:
+        raise JobError(f"the traced program exited with status {returncode}; no trace written")
+    if not any(
+        p.name == "merged.summary" or re.fullmatch(r"rank-(\d+)\.raw", p.name) for p in logs.iterdir()
+    ):
+        raise JobError("the traced program logged nothing: did it call MPI_Init?")
+    return merge.read_summary(logs / "merged.summary"), gaps.read(logs)
+
+
+def _supervise(command: list[str], job: TracedJob, signals: list[int]) -> int:
+    """Run mpiexec in a session of its own, killed with this process, until it ends; its exit status. A
+    signal meanwhile (noted in `signals`) ends the job (`TracedJob.stop`) and raises Interrupted; so does
+    any other failure here: the job never outlives its launcher's `trace`."""
+    job.before_start()
+    proc = subprocess.Popen(
+        command,
+        env=dict(os.environ, **job.environment()),
+        start_new_session=True,  # a terminal's Ctrl-C reaches the launcher alone: it stops the job
+        preexec_fn=dies_with_launcher(),
+    )
     try:
-        env = {
-            "LD_PRELOAD": str(lib),
-            "LD_AUDIT": str(native.audit_library()),
-            "PARAMEDIC_TRACE_DIR": str(logs),
-            "PARAMEDIC_TRACE_BUFFER": str(buffer_bytes),
-        }
-        started = time.monotonic()
-        proc = subprocess.run(inject(command, kind, env))
-        elapsed = time.monotonic() - started
-        refused = _refusal(logs)
-        if refused:
-            raise UsageError(refused)
-        if proc.returncode != 0:
-            raise JobError(f"the traced program exited with status {proc.returncode}; no trace written")
-        if not any(
-            p.name == "merged.summary" or re.fullmatch(r"rank-(\d+)\.raw", p.name) for p in logs.iterdir()
-        ):
-            raise JobError("the traced program logged nothing: did it call MPI_Init?")
-        summary = merge.read_summary(logs / "merged.summary")
-        untraced = gaps.read(logs)
-        merged = logs / "merged.clog2"
-        try:
-            size = _write_through(merged, out) if stream else _rename_into_place(merged, out)
-        except OSError as exc:
-            raise OutputError(f"-out {out}: {exc.strerror}") from exc
+        job.started_as(proc.pid)
+        while not signals:
+            try:
+                return proc.wait(timeout=POLL_SECONDS)
+            except subprocess.TimeoutExpired:
+                job.note_memory(proc.pid)
+    except BaseException:
+        _end(job, proc)
+        raise
+    _end(job, proc)
+    raise Interrupted(STOPPED)
+
+
+def _end(job: TracedJob, proc: subprocess.Popen[bytes]) -> None:
+    """The job's processes killed and mpiexec reaped (its files are removed once it is gone)."""
+    job.stop(proc.pid)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+@contextmanager
+def _signals_noted() -> Iterator[list[int]]:
+    """SIGINT, SIGTERM and SIGHUP noted (in the list given) instead of raised while the job runs: the
+    launcher's loop ends the job itself, never half-way through starting or reaping it."""
+    noted: list[int] = []
+
+    def note(signum: int, _frame: FrameType | None) -> None:
+        noted.append(signum)
+
+    previous = {s: signal.signal(s, note) for s in STOP_SIGNALS}
+    try:
+        yield noted
     finally:
-        shutil.rmtree(logs, ignore_errors=True)
-    summary.update({"mpi": kind, "library": str(lib), "seconds": round(elapsed, 3), "bytes": size})
-    summary["untraced_calls"] = untraced  # linked MPI functions the tracer does not wrap (gaps.py)
-    summary["untraced_communication"] = gaps.communicating(untraced)
-    return summary
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _rename_into_place(merged: Path, out: Path) -> int:
