@@ -54,8 +54,8 @@ def test_top_cells_say_the_three_largest_shares():
     cells = np.zeros((1, 2, 5))
     cells[0, 0] = [0.1, 0.6, 0.0, 0.3, 0.0]
     out = timeline.top_cells(cells, 2)
-    assert out[0, 0].tolist() == [1, 60, 3, 30, 0, 10]
-    assert out[0, 1].tolist()[0::2] == [255, 255, 255]  # nothing traced
+    assert out[0, 0].tolist() == [1, 60, 3, 30, 0, 10, 90]  # then 90% in MPI (all but category 0)
+    assert out[0, 1].tolist() == [255] * 7  # nothing traced
 
 
 def test_not_a_trace_is_a_clear_error():

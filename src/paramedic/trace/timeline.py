@@ -11,8 +11,8 @@ opens with no network:
 * per rank, the seconds in each call and outside MPI; bytes and messages between each pair of ranks; the
   codec's period (its FFT on each rank's first records) and the phases (stretches of one dominant call).
 
-The page's size is bounded whatever the trace's: plotly.js (4.8 MB), 8 bytes per (rank, bin) cell (at
-most overview.MAX_CELLS, 4 MB), 30 bytes per kept call (`max_records`, 20,000 by default: 0.6 MB), and per
+The page's size is bounded whatever the trace's: plotly.js (4.8 MB), 10 bytes per (rank, bin) cell (at
+most overview.MAX_CELLS, 4.9 MB), 28 bytes per kept call (`max_records`, 20,000 by default: 0.6 MB), and per
 rank and per pair of ranks a few numbers.
 """
 
@@ -32,6 +32,7 @@ from paramedic.trace import overview
 OUTSIDE = ("outside MPI", "#e4e4e4")
 MAX_CATEGORIES = 250  # states with a colour of their own (one byte per cell); the rest are "other calls"
 MAX_MATRIX = 256  # ranks of the pair matrix (more ranks are grouped)
+CELL_BYTES = 7  # the page's bytes per (rank, bin)
 DRAW_CALLS = 4000  # single calls drawn at once when zoomed in
 PHASE_SEGMENTS = 32  # a phase lasts at least 1/32 of the run
 
@@ -62,19 +63,21 @@ def categories(
 
 def top_cells(cells: np.ndarray, used: int) -> np.ndarray:
     """Per (rank, bin) of the first `used` bins: the three largest categories and their percent of the
-    cell's traced time, as bytes (category 255: nothing traced in the cell)."""
+    cell's traced time, then the percent in MPI (all but category 0), as bytes (category 255: nothing
+    traced in the cell)."""
     part = cells[:, :used]
     total = part.sum(axis=2, keepdims=True)
     share = np.divide(part, total, out=np.zeros_like(part), where=total > 0)
     k = min(3, part.shape[2])
     top = np.argsort(-share, axis=2, kind="stable")[:, :, :k]
     pct = np.rint(np.take_along_axis(share, top, axis=2) * 100)
-    out = np.zeros(part.shape[:2] + (6,), np.uint8)
+    out = np.zeros(part.shape[:2] + (CELL_BYTES,), np.uint8)
     out[:, :, 0 : 2 * k : 2] = np.where(pct > 0, top, 255)
     out[:, :, 1 : 2 * k : 2] = pct
-    out[:, :, 0::2][total[:, :, 0] == 0] = 255
     if k < 3:
-        out[:, :, 2 * k :: 2] = 255
+        out[:, :, 2 * k : 6 : 2] = 255
+    out[:, :, 6] = np.rint((1 - share[:, :, 0]) * 100)
+    out[total[:, :, 0] == 0] = 255
     return out
 
 
@@ -203,6 +206,8 @@ def page(data: dict[str, Any]) -> str:
         f"<script>{get_plotlyjs()}</script></head><body>"
         f"<header><h1>{title}</h1><div id='facts'></div></header><main>"
         "<section><h2>The whole run</h2><p class='note' id='status'></p><div id='legend'></div>"
+        "<label class='note'>Cells: <select id='mode'><option value='dominant'>the call the rank spent most of "
+        "the bin in</option><option value='mpi'>the share of the bin in MPI</option></select></label>"
         "<div id='chart-1'></div><p class='note'>Zoom: drag over the time axis (double-click: the whole run); "
         "<label>single calls kept for <select id='windows'></select></label></p></section>"
         "<section><h2>Time per rank</h2><p class='note'>Seconds in each MPI call (the outermost call of "
@@ -235,23 +240,26 @@ const ranks = Array.from({length:R}, (_, r) => r);
 document.getElementById('facts').textContent = D.records.toLocaleString()+' records, '+R+' ranks, '+fmt(D.span)+
   ' from the first record to the last; time bins of '+fmt(W);
 // the overview: dominant category per (rank, bin), shares on hover
-const z = [], text = [];
+const z = [], zmpi = [], text = [];
 for (let r = 0; r < R; r++) {
-  const zr = new Array(B), tr = new Array(B);
+  const zr = new Array(B), zs = new Array(B), tr = new Array(B);
   for (let b = 0; b < B; b++) {
-    const o = (r*B + b)*6;
-    if (top[o] === 255) { zr[b] = null; tr[b] = 'rank '+r+': not traced'; continue; }
-    zr[b] = top[o];
+    const o = (r*B + b)*7;
+    if (top[o] === 255) { zr[b] = null; zs[b] = null; tr[b] = 'rank '+r+': not traced'; continue; }
+    zr[b] = top[o]; zs[b] = top[o+6];
     let t = 'rank '+r+', '+fmt(b*W)+' - '+fmt((b+1)*W);
     for (let k = 0; k < 3; k++) if (top[o+2*k] !== 255) t += '<br>'+D.categories[top[o+2*k]][0]+' '+top[o+2*k+1]+'%';
-    tr[b] = t;
+    tr[b] = t + '<br>(in MPI: '+top[o+6]+'%)';
   }
-  z.push(zr); text.push(tr);
+  z.push(zr); zmpi.push(zs); text.push(tr);
 }
 const scale = [];
 D.categories.forEach((c, i) => { scale.push([i/C, c[1]]); scale.push([(i+1)/C, c[1]]); });
 const heat = {type:'heatmap', z:z, x0:W/2, dx:W, y:ranks, text:text, hoverinfo:'text', colorscale:scale,
   zmin:-0.5, zmax:C-0.5, showscale:false, xgap:0, ygap:1};
+const inMpi = Object.assign({}, heat, {z:zmpi, colorscale:'YlOrRd', zmin:0, zmax:100, showscale:true,
+  colorbar:{title:{text:'% in MPI'}, thickness:12}});
+const mode = document.getElementById('mode');
 const covered = det.windows.filter(w => w[3] > 0 && w[2] > w[0]).map(w => ({type:'rect', xref:'x', yref:'paper',
   x0:w[0], x1:Math.max(Math.min(w[2], D.span), w[0] + D.span/400), y0:0, y1:0.03, fillcolor:'#1f3b57', opacity:0.8, line:{width:0}}));
 const layout = {template:'plotly_white', height:Math.max(260, 80 + 22*R), margin:{l:70, r:20, t:10, b:50},
@@ -292,19 +300,22 @@ let shown = -1;
 function update(range) {
   const x0 = range ? range[0] : 0, x1 = range ? range[1] : D.span;
   const pick = calls(x0, x1);
-  const key = pick ? pick.length + ':' + x0 + ':' + x1 : 'bins';
+  const key = (pick ? pick.length + ':' + x0 + ':' + x1 : 'bins') + mode.value;
   if (key === shown) return; shown = key;
   if (pick) status.textContent = pick.length+' single calls from '+fmt(x0)+' to '+fmt(x1)+', over the time bins.';
   else status.textContent = 'Each cell: one rank over one time bin ('+fmt(W)+') in the colour of the call it spent most of the bin in (hover: the three largest shares). Zoom into a stretch marked under the rows to see single calls.';
   const lay = Object.assign({}, layout, {xaxis:Object.assign({}, layout.xaxis, {range:[x0, x1]}), barmode:'overlay'});
-  Plotly.react(div, pick ? [heat, ...traces(pick)] : [heat], lay, {displaylogo:false, responsive:true});
+  const cells = mode.value === 'mpi' ? inMpi : heat;
+  Plotly.react(div, pick ? [cells, ...traces(pick)] : [cells], lay, {displaylogo:false, responsive:true});
   // what a test (or a reader of the DOM) checks: the range on the axis, the ranks with a cell drawn
   div.dataset.range = x0 + ',' + x1;
   div.dataset.ranks = z.filter(row => row.some(v => v !== null)).length;
   div.dataset.calls = pick ? pick.length : 0;
 }
 const asked = /#zoom=([0-9.e-]+),([0-9.e-]+)/.exec(location.hash);  // a link to a stretch of the run
+if (/cells=mpi/.test(location.hash)) mode.value = 'mpi';  // ... and to the cells by their share in MPI
 update(asked ? [+asked[1], +asked[2]] : null);
+mode.addEventListener('change', () => { const r = div.layout.xaxis.range; update([+r[0], +r[1]]); });
 div.on('plotly_relayout', ev => {
   if (ev['xaxis.autorange'] || ev['xaxis.range[0]'] === undefined && !ev['xaxis.range']) { if (ev['xaxis.autorange']) update(null); return; }
   const r = ev['xaxis.range'] || [ev['xaxis.range[0]'], ev['xaxis.range[1]']];
