@@ -241,3 +241,25 @@ def test_damaged_files_are_one_clear_error():
         overview.summarise(bytes(bad))
     with pytest.raises(clog2.TraceFormatError):
         overview.summarise(bytes(data[:-5000]))  # cut: the table's offset is past the end
+
+
+def test_states_past_the_bound_share_one_column():
+    """A damaged or hostile file with a million distinct states: the bins keep MAX_STATES + 1 columns."""
+    bins = overview.Bins(ranks=1, n=8, width=1.0)
+    bins.origin = 0.0
+    n = 1000
+    state = np.arange(n) + 10
+    bins.add(np.zeros(n, np.int64), state, np.linspace(0, 7, n), np.linspace(0, 7, n) + 0.001)
+    assert len(bins.states) == overview.MAX_STATES + 1 and overview.OTHER_STATE in bins.states
+    assert bins.time.shape[2] == overview.MAX_STATES + 1
+    assert bins.time.sum() == pytest.approx(n * 0.001)  # no time lost
+    other = bins.time[0, :, bins.states[overview.OTHER_STATE]].sum()
+    assert other == pytest.approx((n - overview.MAX_STATES) * 0.001)
+
+
+def test_a_chunk_holds_a_bounded_number_of_records(monkeypatch):
+    monkeypatch.setattr(overview, "CHUNK_BYTES", 8192)
+    data = synthetic(2, 2000, block_size=4096)
+    sizes = [len(rec) for _, rec, _ in overview.chunks(io.BytesIO(data))]
+    assert sum(sizes) == len(clog2.read(data).records)
+    assert max(sizes) <= 8192 // clog2.HEADER_SIZE and len(sizes) > 10

@@ -61,3 +61,27 @@ def test_top_cells_say_the_three_largest_shares():
 def test_not_a_trace_is_a_clear_error():
     with pytest.raises(clog2.TraceFormatError, match="not a CLOG2 file"):
         timeline.render(b"<html>" * 300)
+
+
+def test_a_trace_of_more_states_than_the_page_colours():
+    """600 distinct states (a damaged or hostile file): the page names the first ones and 'other states'."""
+    import numpy as np
+
+    n = 600
+    etype = np.ravel(np.stack([2 * (np.arange(n) + 10), 2 * (np.arange(n) + 10) + 1], axis=1))
+    t = np.arange(2 * n) * 1e-3
+    head = np.zeros((2 * n, 4), np.int32)
+    head[:, 3] = 5
+    body = np.zeros((2 * n, clog2.BODY_WORDS), np.int32)
+    body[:, 0] = etype
+    rec = clog2.Records(t.view(np.uint64), head, body)
+    table = clog2.world_comm_table()
+
+    def file(fptr: int) -> bytes:
+        preamble = clog2.make_preamble(1, fptr, 4096)
+        return clog2.write(clog2.Trace(preamble, True, 4096, rec, (0, 0, 0), [], table))
+
+    data = data_of(timeline.render(file(len(file(clog2.PREAMBLE_SIZE)) - len(table))))
+    names = [c[0] for c in data["categories"]]
+    assert len(names) <= timeline.MAX_CATEGORIES + 2 and names[-1] in ("other calls", "other states")
+    assert sum(data["per_rank"][0]) == pytest.approx(2 * n * 1e-3 - 1e-3)

@@ -31,6 +31,8 @@ CHUNK_BYTES = 32 << 20  # blocks read at once (the walk takes one numpy step per
 NBINS = 4096  # time bins over the whole run (fewer with many ranks: MAX_CELLS)
 MAX_CELLS = 1 << 19  # ranks x bins held (and put in the page)
 MAX_RANKS = 1 << 14
+MAX_STATES = 256  # states with a column of their own (8 bytes a cell each); the rest share OTHER_STATE's
+OTHER_STATE = -1
 FIRST_WIDTH = 1e-6  # seconds: the bins' width before the first doubling
 DETAIL_WINDOWS = 64
 PERIOD_RECORDS = codec.PERIOD_WINDOW  # per rank, the records whose kinds find the period, as the codec's
@@ -118,13 +120,22 @@ class Bins:
         self.time = np.zeros((self.ranks, self.n, 0))
 
     def columns(self, states: np.ndarray) -> np.ndarray:
-        """Each state's column, new states given one (a column is added: states are few)."""
+        """Each state's column, new states given one (a column is added: states are few); past MAX_STATES
+        (a damaged or hostile file) the others share OTHER_STATE's."""
         for s in np.unique(states).tolist():
-            if s not in self.states:
-                self.states[s] = len(self.states)
-                self.time = np.concatenate([self.time, np.zeros((self.ranks, self.n, 1))], axis=2)
+            if s not in self.states and len(self.states) < MAX_STATES:
+                self._column(s)
+        known = np.isin(states, np.asarray(list(self.states), np.int64))
+        if not known.all():
+            if OTHER_STATE not in self.states:
+                self._column(OTHER_STATE)
+            states = np.where(known, states, OTHER_STATE)
         lookup = np.asarray(sorted(self.states.items()), np.int64).reshape(-1, 2)
         return lookup[np.searchsorted(lookup[:, 0], states), 1]
+
+    def _column(self, state: int) -> None:
+        self.states[state] = len(self.states)
+        self.time = np.concatenate([self.time, np.zeros((self.ranks, self.n, 1))], axis=2)
 
     def reach(self, t: float) -> int:
         """Double the width until `t` falls in the bins; returns the number of doublings."""

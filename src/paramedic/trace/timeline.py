@@ -49,7 +49,8 @@ def categories(
     bins = summary.bins
     total = bins.time.sum(axis=(0, 1))
     order = sorted(bins.states.items(), key=lambda kv: (-total[kv[1]], kv[0]))
-    named = [summary.state_names.get(s, (f"state {s}", "#888")) for s, _ in order[:MAX_CATEGORIES]]
+    names = {**summary.state_names, overview.OTHER_STATE: ("other states", "#555")}
+    named = [names.get(s, (f"state {s}", "#888")) for s, _ in order[:MAX_CATEGORIES]]
     cols = [c for _, c in order[:MAX_CATEGORIES]]
     cells = np.concatenate([summary.outside[:, :, None], bins.time[:, :, cols]], axis=2)
     cat_of = {s: i + 1 for i, (s, _) in enumerate(order[:MAX_CATEGORIES])}
@@ -116,11 +117,9 @@ def _detail(summary: overview.Summary, cat_of: dict[int, int]) -> dict[str, Any]
     wide = bins.n // detail.windows * bins.width
     rank, state, start, end = detail.kept()
     lookup = np.asarray(sorted(cat_of.items()), np.int64).reshape(-1, 2)
-    cats = (
-        lookup[np.searchsorted(lookup[:, 0], state), 1].astype(np.uint8)
-        if len(state)
-        else state.astype(np.uint8)
-    )
+    at = np.minimum(np.searchsorted(lookup[:, 0], state), len(lookup) - 1)
+    found = lookup[at, 0] == state  # a state past MAX_STATES is in OTHER_STATE's column
+    cats = np.where(found, lookup[at, 1], cat_of.get(overview.OTHER_STATE, 0)).astype(np.uint8)
     windows = [
         [
             w * wide,
