@@ -33,7 +33,8 @@ Layout of `.<out>.journal/` (beside the output; with --site, beside the run reco
                         a piece changed in any byte, or copied from another search's journal, is dropped
                         and written again (sizes and times are not a digest)
     site-job            with --site: the storage-site job this run opened (a resumed run cancels it
-                        and opens a new one, sending what the journal holds again)
+                        and opens a new one, sending what the journal holds again; --restart cancels it
+                        too, and starts afresh)
     output.partial      the report being written; renamed to the output when complete
 
 Only this user writes it: the directories are made 0700, and a journal (or its search/, piece/ or
@@ -117,6 +118,8 @@ class Journal:
         self._closed = False
         self.key: bytes | None = None  # job.json's: binds each piece to this journal
         self.volumes: list[list[object]] = []  # the -db volume files' stamps this journal's work read
+        # --restart: an earlier run's output at the site is not this run's (the search may have changed)
+        self.restarted = False
 
     # -- opening ------------------------------------------------------------------------------------
     @classmethod
@@ -134,7 +137,9 @@ class Journal:
         (a volume rewritten, even put back: its ctime moved) holds work done on other bytes, and is
         started afresh."""
         _clear_tomb(path)
+        superseded = None
         if restart and path.exists():
+            superseded = _superseded_site_job(path)  # read before the journal naming it goes
             _remove_tree(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)  # a --site job's journal mirrors the remote path
@@ -158,6 +163,9 @@ class Journal:
             _scrub(path)
             plan = journal._agree(identity, plan)
             assert journal.key is not None  # its search records are bound to it, like its pieces
+            journal.restarted = restart
+            if superseded is not None:  # cancelled as a plain rerun cancels it (sinks.open_shipping)
+                journal.note_site_job(superseded)
             journal.store = dataclasses.replace(journal.store, key=journal.key)
             replay = journal._replay(plan)
         except BaseException:
@@ -349,7 +357,7 @@ class Journal:
 
     def _site_job_tag(self, job_id: str) -> str:
         assert self.key is not None
-        return hmac.new(self.key, f"site-job\0{job_id}".encode(), hashlib.sha256).hexdigest()
+        return _site_job_tag(self.key, job_id)
 
     @property
     def partial_output(self) -> Path:
@@ -634,6 +642,35 @@ def _remove_entry(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
+
+
+def _site_job_tag(key: bytes, job_id: str) -> str:
+    return hmac.new(key, f"site-job\0{job_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def _superseded_site_job(path: Path) -> str | None:
+    """The storage-site job named by a journal that --restart discards, so that the new run cancels it
+    as a plain rerun does (the killed run's job holds the output path at the site, which refused the new
+    job for up to an hour: issue 41, item 7). Only from a journal of this user's that others cannot write,
+    its record's tag checked with that journal's own key, as `Journal.earlier_site_job` checks it; None
+    otherwise (the job then expires at the site)."""
+    try:
+        for part, kind in (
+            (path, stat.S_ISDIR),
+            (path / "job.json", stat.S_ISREG),
+            (path / "site-job", stat.S_ISREG),
+        ):
+            info = part.lstat()
+            if not kind(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+                return None
+        key = bytes.fromhex(str(_header(path / "job.json")["key"]))
+        with (path / "site-job").open("rb") as fh:
+            job_id, _, tag = fh.read(4096).decode().strip().partition(" ")
+    except (OSError, ValueError, KeyError, _Damaged, _Foreign):
+        return None
+    if len(key) == 32 and job_id and hmac.compare_digest(tag.encode(), _site_job_tag(key, job_id).encode()):
+        return job_id
+    return None
 
 
 def _remove_tree(path: Path) -> Path:

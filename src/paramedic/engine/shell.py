@@ -100,7 +100,9 @@ def run_master(
         pieces=len(plan.pieces),
     )
     shell = JobShell(job, journal, progress)
-    published = published_earlier(job, journal)
+    # --restart: the journal's site job is the discarded run's, cancelled; whatever it published is not
+    # this search's output (the search may have changed)
+    published = None if journal is not None and journal.restarted else published_earlier(job, journal)
     auto = job.target.ship is not None and job.target.ship.mode == "auto" and published is None
     chooser = AutoChooser(job, plan, measure_site(job), journal) if auto else None
     master: Master | None = None
