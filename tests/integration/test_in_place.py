@@ -417,3 +417,26 @@ def test_a_replica_in_place_rewritten_while_serve_runs_regenerates_nothing(
                 assert not (root / "hits2.tsv").exists()
     finally:
         server.stop()
+
+
+def test_a_database_found_through_blastdb(site: Path, tmp_path: Path) -> None:
+    """-db looked up as BLAST+ does: not in the current directory, then in BLASTDB."""
+    common = [
+        "-query",
+        str(site / "q.fasta"),
+        "-db",
+        "v5-seqids-several/db",
+        "-evalue",
+        "1e-3",
+        "-outfmt",
+        "6",
+    ]
+    env = {"BLASTDB": str(site / "dbs")}
+    subprocess.run(
+        ["blastp", *common, "-out", "ref.tsv"], cwd=tmp_path, env={**os.environ, **env}, check=True
+    )
+    paramedic(
+        "search", "blastp", *common, "-out", "out.tsv", "--strategy", "fragments", cwd=tmp_path, env=env
+    )
+    assert (tmp_path / "out.tsv").read_bytes() == (tmp_path / "ref.tsv").read_bytes()
+    assert (tmp_path / "ref.tsv").stat().st_size > 0
