@@ -440,3 +440,23 @@ def test_a_database_found_through_blastdb(site: Path, tmp_path: Path) -> None:
     )
     assert (tmp_path / "out.tsv").read_bytes() == (tmp_path / "ref.tsv").read_bytes()
     assert (tmp_path / "ref.tsv").stat().st_size > 0
+
+
+@pytest.mark.parametrize("program", ["blastx", "tblastn", "tblastx"])
+@pytest.mark.parametrize("strategy", ["fragments", "queries"])
+def test_every_program_on_databases_in_place(
+    site: Path, genomes: Path, tmp_path: Path, program: str, strategy: str
+) -> None:
+    """The translated programs on databases with ids in several volumes (per fragment: ids looked up)."""
+    query = {"blastx": genomes, "tblastn": site, "tblastx": genomes}[program] / "q.fasta"
+    db = (
+        site / "dbs" / "v5-seqids-several" / "db"
+        if program == "blastx"
+        else genomes / "dbs" / "seqids" / "dna"
+    )
+    evalue = "10" if program == "blastx" else "1e-3"  # the genomes' pieces hit few of 2,400 proteins
+    common = ["-query", str(query), "-db", str(db), "-evalue", evalue, "-outfmt", "6 std sseqid"]
+    blast(program, *common, "-out", str(tmp_path / "ref.tsv"), cwd=tmp_path)
+    proc = paramedic("search", program, *common, "-out", str(tmp_path / "out.tsv"), "--strategy", strategy)
+    assert (tmp_path / "out.tsv").read_bytes() == (tmp_path / "ref.tsv").read_bytes(), proc.stderr
+    assert (tmp_path / "ref.tsv").read_text().count("\n") >= 5
