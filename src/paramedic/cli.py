@@ -185,15 +185,12 @@ def _ship_file(
     from paramedic.durable import write_output
     from paramedic.ship.apps import app_for_file
     from paramedic.ship.destination import ShipSettings
-    from paramedic.ship.file_ship import ship_file
+    from paramedic.ship.file_ship import read_input, ship_file
     from paramedic.trace import precision
 
     settings = ShipSettings.build(args.site, args.keys, args.ship, out, args.streams, args.ship_timeout)
     quantum = precision.parse(args.trace_precision)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: {exc.strerror}") from exc
+    data = read_input(path)  # a regular file, bounded: a FIFO or /dev/zero is refused
     app = app_for_file(data[:1024])
     if app is None:
         raise InputError(f"{path}: not the output of an application paramedic ships (a CLOG2 trace?)")
@@ -233,7 +230,12 @@ def _ship_file(
 
 def _ship(argv: list[str]) -> int:
     parser = _parser("ship", "Ship a finished output file (a CLOG2 trace) to a storage site.")
-    parser.add_argument("file", type=Path, help="the file (a CLOG2 trace, from paramedic trace or MPE2)")
+    parser.add_argument(
+        "file",
+        type=Path,
+        help="the file (a CLOG2 trace, from paramedic trace or MPE2): a regular file of at most 16 GiB and "
+        "half this machine's memory",
+    )
     parser.add_argument("-out", required=True, help="its path under the storage site's root")
     _ship_options(parser, required=True)
     args = parser.parse_args(argv)

@@ -21,23 +21,59 @@ reopens a stopped run's job (the site keeps what it acknowledged) or learns that
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zstandard
 
-from paramedic.errors import UsageError
+from paramedic.errors import InputError, UsageError
 from paramedic.report.record import ShipReport
 from paramedic.ship.apps import Application
 from paramedic.ship.auto import COMPRESSED, METADATA, measure_link, ship_metadata
 from paramedic.ship.codecs import CompressedCodec
 from paramedic.ship.destination import Shipping, ShipSettings
-from paramedic.ship.trace_codec import OVER_MEMORY
+from paramedic.ship.trace_codec import MAX_TRACE_BYTES, OVER_MEMORY, physical_memory
 from paramedic.ship.transport import Opening, SiteError, open_transport, scheme_named
 from paramedic.ship.wire import MAX_PAYLOAD_BYTES
+
+
+def max_file_bytes() -> int:
+    """The largest file `paramedic ship` reads: the whole file is held (and encoded) in memory, so at most
+    half of this machine's memory, and no more than a storage site regenerates (MAX_TRACE_BYTES, 16 GiB)."""
+    return min(MAX_TRACE_BYTES, physical_memory() // 2)
+
+
+def read_input(path: Path) -> bytes:
+    """The file to ship, whole: a regular file of at most `max_file_bytes`. Anything else is refused in one
+    line before it is read: `ship /dev/zero` read until memory ran out, and a FIFO blocked for ever (opened
+    without blocking, then looked at; a file that grows meanwhile is read up to the bound and refused)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(f"{path}: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"{path}: not a regular file (a FIFO, a device or a directory): give a file")
+        limit = max_file_bytes()
+        if info.st_size > limit:
+            raise InputError(
+                f"{path}: {info.st_size:,} bytes, over the {limit:,} that `paramedic ship` holds"
+            )
+        try:
+            data = fh.read(limit + 1)
+        except OSError as exc:
+            raise InputError(f"{path}: {exc.strerror}") from exc
+    if len(data) > limit:
+        raise InputError(f"{path}: grew past the {limit:,} bytes that `paramedic ship` holds while read")
+    return data
+
 
 Metadata = tuple[dict[str, Any], bytes]
 Check = Callable[[], Metadata | None]
