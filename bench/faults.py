@@ -26,6 +26,12 @@ there is its own. Meanwhile a chaos thread, at random times:
     (--journal-flips of the resumes): the resume must redo that work or refuse, never publish other
     bytes (issue 23, items 1 and 10).
 
+Issue 41's kinds (bench/faults_site.py), each bounded in count and time, against the same site: bursts of
+~1,500 connections from 6 addresses closed at once (half reset); trace metadata declaring 1 GiB in a zstd
+column and a setup holding 15 MiB of `[],` (an object bomb), both refused with their reason; 32 small jobs of
+one compute site while another's job is timed (--fair-seconds); SIGTERM to a running `paramedic trace` and to
+a running `paramedic ship` (exit 130, one line, no process, /dev/shm segment or file left, the job cancelled).
+
 Beside the site's clients, a local client (bench/faults_compute.py; `--no-compute-side` leaves it out)
 searches with --stage on a small disk of its own and two mirrors, into a pipe its reader may close early,
 while the stage disk fills up and the mirrors trickle or die (issue 23, items 5, 6, 9, 12).
@@ -87,6 +93,9 @@ LISTENING = re.compile(r"listening on [^ ]*:(\d+) ")
 STATE = ".paramedic-state"
 JOB_RECORD_FILES = {"job.json", "done.json", "failed.json"}
 MODES = ("direct", "compressed", "metadata")
+ATTACKS = ("burst", "bomb", "small", "signal")  # issue 41's kinds (bench/faults_site.py)
+# the first word of the soak's counts that faults_site's events make
+ATTACK_WORDS = {"connection", "trace", "object", "many", "ship", "small", "another"}
 KEPT = "paramedic: finished work is kept in "  # the launcher's second line when a journal is kept
 # Notes a run prints before it searches, about its journal (work it does again), not the error: a run
 # that then fails says its error in one line after them (session 17: a journal of a run killed while a
@@ -526,6 +535,7 @@ class Soak:
         self.rss_by_life: dict[int, int] = {}  # the site's process id -> its peak RSS
         self.shm: Path | None = None  # a tmpfs: each job gets a directory of it as its /dev/shm
         self.compute: Any = None  # bench/faults_compute.ComputeFaults, with --compute-side
+        self.attacks: Any = None  # bench/faults_site.SiteAttacks: issue 41's kinds
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     def violation(self, what: str, **detail: Any) -> None:
@@ -547,7 +557,7 @@ class Soak:
              str(a.fragments), "--out", str(w / "compute" / "db" / "uni"), "--quiet"])  # fmt: skip
         (w / "site").mkdir()
         shutil.copytree(w / "compute" / "db", w / "site" / "replica")  # a replica: a byte copy
-        clients = [f"compute-{i}" for i in range(a.clients)]
+        clients = [f"compute-{i}" for i in range(a.clients)] + ["attack-a", "attack-b"]  # faults_site's
         run([PARAMEDIC, "keys", "--out", str(w / "keys"), "--server", "localhost",
              *[x for c in clients for x in ("--client", c)]])  # fmt: skip
         (w / "queries").mkdir()
@@ -793,6 +803,7 @@ class Soak:
             "flood": now + self.rng.uniform(*a.flood_every),
             "flip": now + self.rng.uniform(*a.flip_every),
             "stuck": now + self.rng.uniform(*a.stuck_every),
+            **{what: now + self.rng.uniform(*a.attack_every[what]) for what in ATTACKS},
         }
         busy: dict[str, threading.Thread] = {}
         while not self.stop_chaos.is_set():
@@ -802,12 +813,13 @@ class Soak:
                     continue
                 action = {"client": self.kill_client, "site": self.kill_site, "link": self.link_fault,
                           "disk": self.fill_disk, "flood": self.flood, "flip": self.flip_replica,
-                          "stuck": self.stop_regeneration}[what]  # fmt: skip
+                          "stuck": self.stop_regeneration, **self.attack_actions()}[what]  # fmt: skip
                 busy[what] = threading.Thread(target=self.guarded, args=(action,), daemon=True)
                 busy[what].start()
                 every = {"client": a.client_kill_every, "site": a.site_kill_every,
                          "link": a.link_fault_every, "disk": a.disk_fill_every,
-                         "flood": a.flood_every, "flip": a.flip_every, "stuck": a.stuck_every}[what]  # fmt: skip
+                         "flood": a.flood_every, "flip": a.flip_every, "stuck": a.stuck_every,
+                         **a.attack_every}[what]  # fmt: skip
                 due[what] = now + self.rng.uniform(*every)
             self.stop_chaos.wait(0.2)
         for thread in busy.values():
@@ -818,6 +830,11 @@ class Soak:
             action()
         except Exception as exc:
             self.violation("harness error", action=action.__name__, error=f"{type(exc).__name__}: {exc}")
+
+    def attack_actions(self) -> dict[str, Any]:
+        """Issue 41's kinds, run by the chaos as its own: each in a thread, one of a kind at a time."""
+        at = self.attacks
+        return {"burst": at.burst, "bomb": at.bombs, "small": at.small_jobs, "signal": at.signals}
 
     def kill_client(self) -> None:
         with self.lock:
@@ -1031,6 +1048,10 @@ class Soak:
         bound = self.rss_baseline + connections * 2 * biggest + 2 * 3 * biggest + (64 << 20)
         why = (f"idle RSS {self.rss_baseline / 2**20:.1f} MiB + {connections} connections x 2 x "
                f"{biggest / 2**20:.2f} MiB + 2 workers x 3 x {biggest / 2**20:.2f} MiB + 64 MiB")  # fmt: skip
+        if self.attacks is not None:  # an object bomb's setup inflated (and copied once) before its values
+            # are counted: bounded by its size here, --max-setup at most
+            bound += 2 * (16 << 20)
+            why += " + 2 x 16 MiB (an object bomb's setup inflated)"
         if self.compute is not None:  # the mirror's replica reads: 8 read slots (site/replica_reads.py),
             # each a read of at most one volume file here, held as read and as the frame being sent
             largest = max(p.stat().st_size for p in (self.work / "compute" / "db" / "uni").glob("f*.p*"))
@@ -1062,6 +1083,9 @@ class Soak:
                 self.violation("left behind at the site (hidden partial file)", path=str(rel))
                 continue
             match = re.fullmatch(r"runs/(c\d+n\d+)-k(\d+)\.out", str(rel))
+            if rel.parts[0] == "small" and self.attacks is not None:  # a small job no one heard finish
+                self.counts["small jobs published, not heard"] += 1
+                continue
             if not match:
                 self.violation("unknown file at the site", path=str(rel))
                 continue
@@ -1071,6 +1095,8 @@ class Soak:
             else:
                 self.published_after_failure += 1
         for directory in sorted(state.iterdir()):
+            if directory.name == "published.json":  # each compute site's published outputs (site/space.py)
+                continue
             if directory.name == "work":
                 left = [str(p.relative_to(state)) for p in directory.rglob("*")]
                 if left:
@@ -1135,6 +1161,10 @@ class Soak:
             log("Toxiproxy is absent (bash bench/wan/setup.sh installs it): using the tests' CuttingProxy")
         log(f"site on port {self.site.port}, link through {self.link.backend} port {self.link.port}; "
             f"{a.clients} clients for {a.minutes:g} minutes")  # fmt: skip
+        import faults_site
+
+        self.attacks = faults_site.SiteAttacks(self, sys.modules[__name__])
+        self.attacks.prepare_signals(str(BIN / "mpicc"), str(BIN / "mpiexec"))
         self.stop_sampling = threading.Event()
         sampler = threading.Thread(target=self.sample_memory, daemon=True)
         sampler.start()
@@ -1261,6 +1291,10 @@ class Soak:
                 "dev_shm_private_per_job": self.shm is not None,
             },
             "compute_side": self.compute.result() if self.compute is not None else None,
+            "issue_41": {
+                "counts": {k: v for k, v in sorted(self.counts.items()) if k.split(" ")[0] in ATTACK_WORDS},
+                "figures": self.attacks.result() if self.attacks is not None else {},
+            },
             "violations": self.violations,
             "run_list": [
                 {
@@ -1283,6 +1317,7 @@ class Soak:
         self.stop_chaos.set()
         self.stop_jobs.set()
         kill_marked(f"{self.run_id}:job:")
+        kill_marked(f"{self.run_id}:attack:")
         if self.site is not None:
             self.site.stop()
         kill_marked(f"{self.run_id}:site")
@@ -1358,6 +1393,7 @@ def summary(result: dict[str, Any]) -> str:
         f"{b['wire']:,} on the wire",
         f"site: {s['jobs_done']} jobs done, {s['jobs_failed']} failed; RSS peak {s['rss_peak_bytes'] / mib:.1f} MiB "
         f"(bound {s['rss_bound_bytes'] / mib:.1f} MiB), with its BLAST+ processes {s['rss_tree_peak_bytes'] / mib:.1f} MiB",
+        f"issue 41: {result['issue_41']['counts']}",
         f"violations: {len(result['violations'])}",
     ]
     return "\n".join(lines)
@@ -1391,6 +1427,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--flip-every", type=float, nargs=2, default=(45.0, 100.0), metavar=("MIN", "MAX"),
                    help="seconds between volume or alias flips (default 45 100)")  # fmt: skip
+    p.add_argument("--attack-every", dest="attack_range", type=float, nargs=2, metavar=("MIN", "MAX"),
+                   help="seconds between each of issue 41's kinds (default 40-110, by kind)")  # fmt: skip
+    p.add_argument("--fair-seconds", type=float, default=10.0,
+                   help="another compute site's small job beside 32 of one site takes at most this (default 10)")  # fmt: skip
     p.add_argument("--journal-flips", type=float, default=0.3,
                    help="share of resumes whose kept journal gets a byte changed first (default 0.3)")  # fmt: skip
     args = p.parse_args(argv)
@@ -1403,6 +1443,10 @@ def main(argv: list[str] | None = None) -> int:
     args.flood_every = (25.0, 60.0)
     args.stuck_every = (40.0, 90.0)
     args.compute_fault_every = (8.0, 25.0)
+    args.attack_every = {"burst": (40.0, 90.0), "bomb": (45.0, 100.0), "small": (50.0, 110.0),
+                         "signal": (45.0, 90.0)}  # fmt: skip
+    if args.attack_range:
+        args.attack_every = {what: tuple(args.attack_range) for what in ATTACKS}
     if not (DATA / "mmseqs2" / "DB.fasta").exists():
         raise SystemExit(f"faults: {DATA}/mmseqs2 is missing: run `make data`")
 
