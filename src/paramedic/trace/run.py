@@ -106,13 +106,36 @@ def _merged(logs: Path, returncode: int) -> tuple[dict[str, object], list[str]]:
     refused = _refusal(logs)
     if refused:
         raise UsageError(refused)
-    if returncode != 0:
-        raise JobError(f"the traced program exited with status {returncode}; no trace written")
-    if not any(
-        p.name == "merged.summary" or re.fullmatch(r"rank-(\d+)\.raw", p.name) for p in logs.iterdir()
-    ):
-        raise JobError("the traced program logged nothing: did it call MPI_Init?")
-    return merge.read_summary(logs / "merged.summary"), gaps.read(logs)
+    try:
+        if returncode != 0:
+            raise JobError(f"the traced program exited with status {returncode}; no trace written")
+        if not any(
+            p.name == "merged.summary" or re.fullmatch(r"rank-(\d+)\.raw", p.name) for p in logs.iterdir()
+        ):
+            raise JobError("the traced program logged nothing: did it call MPI_Init?")
+        return merge.read_summary(logs / "merged.summary"), gaps.read(logs)
+    except (JobError, merge.MergeError) as exc:
+        full = _no_space(logs)
+        if full:  # the logs or the merged file met a full disk: not the program's fault, nor the input's
+            raise JobError(full) from exc
+        raise
+
+
+FULL_BYTES = 1 << 20  # free space under which a failed merge is put down to a full disk
+
+
+def _no_space(logs: Path) -> str:
+    """Why the trace failed when the filesystem of the ranks' logs is full ('' when it is not): the ranks'
+    writes and rank 0's merged file fail there, and the merge then looked like a rank that never reached
+    MPI_Finalize (exit 3, issue 41 item 10); said as a search says it, exit 7."""
+    try:
+        info = os.statvfs(logs)
+    except OSError:
+        return ""
+    free = info.f_bavail * info.f_frsize
+    if free >= FULL_BYTES:
+        return ""
+    return f"no space left on device for the ranks' logs in {logs.parent} ({free:,} bytes free): no trace written"
 
 
 def _supervise(command: list[str], job: TracedJob, signals: list[int]) -> int:
