@@ -86,6 +86,11 @@ VERSION = 4
 CHECK_FIELD = "sha256"
 
 
+# Journals this process refused as another search's (or another paramedic's): their work is not this
+# command's to continue, and the refusal said what does; `tidy` does not add "the same command continues".
+_REFUSED: set[Path] = set()
+
+
 def journal_path(output: Path) -> Path:
     """The journal of the search whose output (or, with --site, run record stem) is `output`."""
     return output.with_name(f".{output.name}.journal")
@@ -168,8 +173,10 @@ class Journal:
                 journal.note_site_job(superseded)
             journal.store = dataclasses.replace(journal.store, key=journal.key)
             replay = journal._replay(plan)
-        except BaseException:
+        except BaseException as exc:
             journal._unlock()
+            if isinstance(exc, UsageError):
+                _REFUSED.add(path.absolute())
             raise
         return journal, plan, replay
 
@@ -397,7 +404,9 @@ class Journal:
 def tidy(path: Path) -> bool:
     """After a run that ended without closing its journal (a rank killed): drop its partial output, and
     the whole journal if it holds no finished work. Returns whether finished work is kept. A journal that
-    another run holds now is left alone."""
+    another run holds now is left alone, and so is one this process refused as another search's."""
+    if path.absolute() in _REFUSED:
+        return False
     _clear_tomb(path)
     try:
         lock = _open_lock(path)
