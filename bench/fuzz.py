@@ -38,6 +38,13 @@ integrity checks into the parsers behind them):
               BLAST+'s batch model, `prelim.whole_lists`): batches, lists, split and skipped records (a
               batch BLAST+ did not search, issue 23); anything malformed must be a BlastError
 
+    tracemeta trace metadata as a storage site weighs and rebuilds it (`trace.codec.decode_memory`, then
+              `decode` within a budget): the header's JSON, each zstd column, and the sizes the columns'
+              frames declare, rewritten in their headers (0 to 2^64; a 1 GiB bomb among the seeds) (issue 41)
+    values    `codecs.check_json_values`, the count of a setup's JSON values before it is parsed (object
+              bombs `[[],[],...]`, brackets and commas inside strings, escapes): a text it passes must
+              parse into at most twice its bound of objects (issue 41)
+
 Out of process:
 
     server    mutated sessions against a real `paramedic serve` over TLS 1.3 on loopback; after every batch
@@ -93,6 +100,8 @@ IN_PROCESS = (
     "replica",
     "stage",
     "prelim",
+    "tracemeta",
+    "values",
 )
 TARGETS = (*IN_PROCESS, "server")
 JOB = "0123456789abcdef0123456789abcdef"
@@ -371,6 +380,45 @@ def _zstd_bomb(size: int, json_like: bool = False) -> bytes:
         body -= len(chunk)
     pieces += [obj.compress(suffix), obj.flush()]
     return b"".join(pieces)
+
+
+def declare_sizes(blobs: list[bytes], plan: bytes) -> list[bytes]:
+    """`plan` as 9-byte records (column index, declared size): each column's zstd frame rewritten to
+    declare that size in an 8-byte field, its blocks kept (how a forger makes a bomb of any size)."""
+    blobs = list(blobs)
+    for at in range(0, len(plan) - 8, 9):
+        index, size = struct.unpack_from("<BQ", plan, at)
+        if blobs:
+            i = index % len(blobs)
+            blobs[i] = with_declared_size(blobs[i], size)
+    return blobs
+
+
+def with_declared_size(frame: bytes, size: int) -> bytes:
+    """A zstd frame's header replaced by one declaring `size` (single segment, 8-byte field); not a frame:
+    unchanged."""
+    if len(frame) < 6 or frame[:4] != b"\x28\xb5\x2f\xfd":
+        return frame
+    descriptor = frame[4]
+    fcs = {0: 1 if descriptor & 0x20 else 0, 1: 2, 2: 4, 3: 8}[descriptor >> 6]
+    window = 0 if descriptor & 0x20 else 1
+    dictionary = {0: 0, 1: 1, 2: 2, 3: 4}[descriptor & 3]
+    blocks = frame[5 + window + dictionary + fcs :]
+    keep = descriptor & 0x04  # the content checksum flag
+    return frame[:4] + bytes([0xC0 | 0x20 | keep]) + struct.pack("<Q", size) + blocks
+
+
+def json_objects(value: Any) -> int:
+    """Every value a parse made (containers and scalars), counted without recursion."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
 
 
 # -- the structure-aware mutator --------------------------------------------------------------------------
@@ -743,13 +791,17 @@ class FakeSocket:
 class InlinePool:
     """The store's I/O workers, run at once in the caller (deterministic; errors show where they happen)."""
 
-    def submit(self, fn, *args):
+    def submit(self, owner: str, call: Any) -> Future:
+        """As site.fair.FairPool.submit (a call per compute site), run now."""
         future: Future = Future()
         try:
-            future.set_result(fn(*args))
+            future.set_result(call())
         except BaseException as exc:  # noqa: BLE001 (handed to the future, as the pool would)
             future.set_exception(exc)
         return future
+
+    def running(self, owner: str) -> int:
+        return 0
 
     def shutdown(self, **_: Any) -> None:
         pass
@@ -815,7 +867,7 @@ class Harness:
         self.server = SiteServer(settings)
         self.store = self.server.store
         self.store.log = self.log_lines.append
-        self.store.pool.shutdown(wait=True)
+        self.store.pool.shutdown()  # site.fair.FairPool: its threads end
         self.store.pool = InlinePool()
 
     def _setup_requests(self) -> None:
@@ -1001,6 +1053,89 @@ class Harness:
             pack_parts([struct.pack("=Iii", 0x50524C53, 0, 0) + found, b""]),
         ]
         self.kinds = ["bytes", "bytes"]
+
+    def _setup_tracemeta(self) -> None:
+        """Real metadata of small traces (periodic and general), as [header JSON, declared sizes, columns...]."""
+        sys.path.insert(0, str(REPO))
+        from paramedic.trace import codec
+        from tests.unit.test_trace_codec import make_trace, periodic_kinds
+
+        traces = [
+            make_trace([periodic_kinds(0, 200), periodic_kinds(1, 200)], period=9),
+            make_trace([periodic_kinds(0, 40)], period=5),
+        ]
+        self.pool = []
+        for data in traces:
+            header, blobs = codec.parse_header(codec.encode(data, check=False).data, len(data))
+            self.pool.append(pack_parts([json.dumps(header).encode(), b"", *blobs]))
+            # the issue's bomb: the first column declares 1 GiB (its frame rewritten, its blocks kept)
+            self.pool.append(
+                pack_parts([json.dumps(header).encode(), struct.pack("<BQ", 0, 1 << 30), *blobs])
+            )
+        self.kinds = ["json", "bytes", "payload"]
+
+    # tracemeta: metadata weighed as the site weighs it, then rebuilt within that weight
+    def _run_tracemeta(self, data: bytes) -> str:
+        from paramedic.errors import ParamedicError
+        from paramedic.ship.wire import ProtocolError, loads_json
+        from paramedic.trace import codec
+
+        parts = unpack_parts(data)
+        if len(parts) < 3:
+            return "too few parts"
+        try:
+            header = loads_json(parts[0], "header")
+        except ProtocolError:
+            return "header not JSON"
+        if not isinstance(header, dict):
+            return "header not an object"
+        blobs = declare_sizes(parts[2:], parts[1])
+        meta = codec._frame(header, blobs)
+        try:
+            need = codec.decode_memory(meta, max_size=1 << 24)
+            if need > 256 << 20:  # the site's --trace-memory would refuse it
+                return "over the budget"
+            rebuilt = codec.decode(meta, max_size=1 << 24, deadline=time.monotonic() + self.hang_seconds)
+        except ParamedicError as exc:  # what the site's trace codec turns into a refusal (ship/trace_codec)
+            return (
+                "refused: "
+                + re.sub(r"\d+|'[^']*'|\(.*\)", "N", str(exc).removeprefix("trace metadata: "))[:50]
+            )
+        if len(rebuilt) != header.get("size"):
+            raise Finding(f"decode returned {len(rebuilt)} bytes for a file of {header.get('size')!r}")
+        return "rebuilt"
+
+    def _setup_values(self) -> None:
+        """Setups' query lists, object bombs, and texts whose strings hold brackets and commas."""
+        queries = json.loads((self.world["base"] / "queries.json").read_text())
+        self.pool = [
+            pack_parts([json.dumps(queries).encode()]),
+            pack_parts([b"[" + b"[]," * 2000 + b"[]]"]),
+            pack_parts([b'[["q[1],{2}","MKV"],["q\\"[,","AC"]]']),
+            pack_parts([b'{"a":[{"b":[1,2,3]},"[[[,,,"],"c":{}}']),
+            pack_parts([b"[" * 500 + b"]" * 500]),
+        ]
+        self.kinds = ["json"]
+
+    # values: the count must bound the parse it lets through
+    def _run_values(self, data: bytes) -> str:
+        from paramedic.ship.codecs import check_json_values
+        from paramedic.ship.wire import ProtocolError
+
+        text = (unpack_parts(data) or [b""])[0]
+        bound = 1000
+        try:
+            check_json_values(text, bound, "fuzz")
+        except ProtocolError:
+            return "refused"
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            return "passed, not JSON"
+        objects = json_objects(value)
+        if objects > 2 * bound + 1:
+            raise Finding(f"a text passed at {bound} values parsed into {objects} objects")
+        return "parsed"
 
     # -- mutation ------------------------------------------------------------------------------------
     def mutate(self, data: bytes, max_size: int, seed: int) -> bytes:
@@ -1370,7 +1505,7 @@ class Harness:
         except BlastError as exc:
             outcome.append("dump refused: " + re.sub(r"\d+", "N", str(exc))[:40])
         try:
-            whole_lists(parts[1], 4, range(50))
+            whole_lists(parts[1], 4, range(50), "blastp")
             outcome.append("lists read")
         except BlastError:
             outcome.append("lists refused")
@@ -1524,6 +1659,7 @@ def worker(args: argparse.Namespace) -> None:
         import paramedic.site.safefs  # noqa: F401
         import paramedic.site.server  # noqa: F401
         import paramedic.site.store  # noqa: F401
+        import paramedic.trace.codec  # noqa: F401
     world = {"base": args.world, "replica": args.world / "db" / "fuzz", "keys": args.world / "keys"}
     work = Path(tempfile.mkdtemp(prefix=f"fuzz-{args.worker}-", dir=args.scratch))
     harness = Harness(args.worker, world, work, args.out, args.hang_seconds, args.executions)
@@ -1787,6 +1923,8 @@ WHAT = {
     ),
     "stage": ("`StageCache.use` on a rewritten copy", "copies used as they were", lambda k: k == "copy used"),
     "prelim": ("`prelim.read_dump`, `whole_lists`", "dumps read", lambda k: k.startswith("dump read")),
+    "tracemeta": ("`trace.codec.decode_memory` + `decode`", "traces rebuilt", lambda k: k == "rebuilt"),
+    "values": ("`codecs.check_json_values`", "texts passed and parsed", lambda k: k.startswith("parsed")),
     "server": ("real `paramedic serve`, TLS", "sessions that reached `done`", lambda k: "done" in k),
 }
 
