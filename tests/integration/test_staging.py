@@ -197,3 +197,32 @@ def test_refusals_are_one_line(site: Site, tmp_path: Path) -> None:
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("paramedic: error:") and words in lines[0], lines
     assert not (site.root / "refused.out").exists()
+
+
+def test_a_damaged_fragment_of_the_db_is_fetched_from_a_mirror(site: Site, tmp_path: Path) -> None:
+    """Issue 41, item 9: a fragment volume of -db damaged in place (times put back), a healthy --mirror:
+    the staged copy from -db fails its digest and is fetched from the mirror, the output is BLAST+'s.
+    Before: the job's own digest refused the database (exit 4) before the mirror was tried."""
+    import os
+
+    local = tmp_path / "local"
+    shutil.copytree(site.root / "p4", local)
+    psq = local / "uniprot" / "f001.psq"
+    info = psq.stat()
+    data = bytearray(psq.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    psq.write_bytes(bytes(data))
+    os.utime(psq, ns=(info.st_atime_ns, info.st_mtime_ns))
+    out = tmp_path / "repaired.out"
+    proc = paramedic(
+        "search", "blastp", "-query", str(site.root / "queries.fasta"), "-db", "uniprot", "-outfmt", "0",
+        "-out", str(out), "--np", "2", "--batch", "10", "--quiet", "--stage", str(tmp_path / "cache"),
+        "--mirror", str(site.root / "p4" / "uniprot"), cwd=local, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    site.assert_matches(out, None, "0")
+    # the case: -db's own f001 does not verify (striped reads may take the damaged stripe from either)
+    from paramedic.db.manifest import load_manifest, volume_sha256
+
+    manifest = load_manifest(local / "uniprot")
+    assert volume_sha256(local / "uniprot", "f001") != manifest.fragments[1].sha256

@@ -175,7 +175,9 @@ class Verification:
 
     On `threads` threads of this process (default: every core), or in a child process of its own
     (`child`): a local search starts it as soon as it knows its -db (paramedic.engine.launch), and the
-    interpreter's imports and the job's checks (0.15-0.2 s) leave a core idle. A thread digests little
+    interpreter's imports and the job's checks (0.15-0.2 s) leave a core idle. `fragments=False`: the
+    whole database's volume only, for a job that stages its fragments from --mirror replicas (each copy
+    is verified on its own, and a damaged local fragment is then fetched from a mirror). A thread digests little
     there: it needs the interpreter's lock between reads, which the importing thread holds for its
     switch interval (5 ms) each time (a 107 MiB digest took 3.6 s beside a busy thread, 0.12-0.18 s
     alone); a forked child holds a lock of its own. Done there, the digest no longer shares the
@@ -188,13 +190,14 @@ class Verification:
         threads: int | None = None,
         stamps: bool = True,
         child: bool = False,
+        fragments: bool = True,
     ):
         self.directory = db_dir
         self.checksum = manifest.checksum()
         self.stamps = volume_stamps(db_dir, manifest) if stamps else ()  # before the digest
         check_aliases(db_dir, manifest)
         volumes = [] if manifest.in_place else [(manifest.whole, manifest.whole_sha256)]
-        if manifest.tools.get("digests") == FRAGMENT_DIGESTS:
+        if fragments and manifest.tools.get("digests") == FRAGMENT_DIGESTS:
             volumes += [(f.volume, f.sha256) for f in manifest.fragments]
         if manifest.volume_blake3 and not manifest.in_place:  # the cheaper digest, when the manifest has it
             volumes = [(v, manifest.volume_blake3.get(v, "")) for v, _ in volumes]

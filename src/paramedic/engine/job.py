@@ -196,10 +196,13 @@ def prepare_job(
     cwd = settings.cwd
     queries = read_queries(cwd, options.get("query"), program)
     db, manifest = resolve_database(options.get("db") or "", cwd, digest=False, dbtype=program.db_type)
-    if early is not None and early.of(db.directory, manifest):
+    # --stage with mirrors: fragments are copied and each copy verified, from -db or a mirror (a damaged
+    # fragment of -db is fetched from a mirror: issue 41, item 9), so the job digests the whole volume only
+    repaired = settings.stage is not None and bool(settings.stage.mirrors)
+    if early is not None and early.of(db.directory, manifest) and not repaired:
         verified = early  # started before the engine was imported (paramedic.engine.launch)
     else:  # while the rest is checked
-        verified = Verification(db.directory, manifest)
+        verified = Verification(db.directory, manifest, fragments=not repaired)
     stamps = verified.stamps  # checked again before the output is made final
     if db.dbtype != program.db_type:
         kind = {"prot": "protein", "nucl": "nucleotide"}
@@ -241,6 +244,8 @@ def prepare_job(
     strategy = choose_strategy(settings, db, manifest, inexact, balance, memory)
     query_segmentation = strategy.strategy == "queries"
     stage = None if settings.stage is None else check_stage(settings.stage, manifest, db.arg)
+    if repaired and stage is not None and len(stage.dropped_mirrors) == len(stage.mirrors):
+        verified = Verification(db.directory, manifest)  # no mirror left to fetch a damaged fragment from
     if not query_segmentation and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
     ships_metadata = settings.ship is not None and _ships_pieces(settings.ship.mode)
