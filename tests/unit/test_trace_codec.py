@@ -211,6 +211,8 @@ def _rewrite_header(meta: bytes, change) -> bytes:
         (lambda m: _rewrite_header(m, lambda h: h["streams"][1].update(key=-(2**31) - 1)), "out of bounds"),
         (lambda m: _rewrite_header(m, lambda h: h["streams"][0].update(key=2**70)), "out of bounds"),
         (lambda m: _rewrite_header(m, lambda h: h.update(end_head=[2**40, 0, 0])), "out of bounds"),
+        # found by make fuzz (session 26): "size": Infinity (OverflowError), "size" as a string (TypeError)
+        (lambda m: _rewrite_header(m, lambda h: h.update(size=float("inf"))), "bad header"),
     ],
 )
 def test_corrupt_metadata_is_a_clear_error(corrupt, message):
@@ -218,6 +220,14 @@ def test_corrupt_metadata_is_a_clear_error(corrupt, message):
     meta = codec.encode(data).data
     with pytest.raises(codec.MetadataError, match=message):
         codec.decode(corrupt(meta), max_size=1 << 30)
+
+
+def test_a_size_written_as_a_string_is_read_as_its_number():
+    """Found by make fuzz (session 26): "size": "1234" passed int() in the header check and was then used
+    as given, a string (TypeError, "internal error" at the site)."""
+    data = make_trace([periodic_kinds(0, 200), periodic_kinds(1, 200)], period=9)
+    meta = _rewrite_header(codec.encode(data).data, lambda h: h.update(size=str(h["size"])))
+    assert codec.decode(meta, max_size=1 << 30) == bytes(data)
 
 
 def test_every_flipped_byte_is_refused_or_exact():

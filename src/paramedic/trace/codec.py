@@ -444,7 +444,7 @@ def parse_header(meta: bytes, max_size: int) -> tuple[dict[str, Any], list[bytes
         digest = str(header["sha256"])
         mode = header["mode"]
         version = header.get("format")
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:  # Overflow: "size": Infinity (fuzzed)
         raise MetadataError("trace metadata: bad header") from exc
     if not isinstance(header, dict) or mode not in ("general", "periodic", "columns"):
         raise MetadataError("trace metadata: bad header")
@@ -462,6 +462,7 @@ def parse_header(meta: bytes, max_size: int) -> tuple[dict[str, Any], list[bytes
     for n in sizes:
         blobs.append(meta[pos : pos + n])
         pos += n
+    header["size"], header["sha256"] = size, digest  # as checked ("size": "123" was used as given: fuzzed)
     return header, blobs
 
 
@@ -540,7 +541,7 @@ def _rebuild(header: dict[str, Any], blobs: list[bytes], size: int, deadline: fl
             }
             for s in streams
         ]
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise MetadataError("trace metadata: bad header") from exc
     total = sum(i["n"] for i in infos)
     if (
