@@ -71,6 +71,17 @@ def test_a_file_resealed_by_a_forger_is_refused(tmp_path: Path, key: Path) -> No
         _load(path)
 
 
+def test_a_seal_holding_a_lone_surrogate_is_no_seal(tmp_path: Path, key: Path) -> None:
+    """Found by make fuzz (session 26): a seal of "\\udc80" raised UnicodeEncodeError ("internal error")."""
+    path = tmp_path / "m.json"
+    save_metadata(path, IDENTITY, SUBJECTS)
+    data = json.loads(path.read_text())
+    data["seal"] = "\udc80" * 64
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match="not sealed with your metadata key"):
+        _load(path)
+
+
 def test_a_file_sealed_with_another_key_is_refused(tmp_path: Path, key: Path, monkeypatch) -> None:
     path = tmp_path / "m.json"
     monkeypatch.setenv(KEY_VARIABLE, str(tmp_path / "other" / "metadata.key"))
