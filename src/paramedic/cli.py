@@ -244,20 +244,21 @@ def _ship(argv: list[str]) -> int:
     return 0
 
 
-def _trace_report(data: bytes, source: Path, out: Path, max_records: int) -> int:
-    """A CLOG2 trace as a Jumpshot-like timeline (ranks as rows, calls as bars, messages as arrows)."""
-    from paramedic.durable import write_output
+def _trace_report(source: Path, out: Path, max_records: int) -> int:
+    """A CLOG2 trace as one page over the whole run: the file streamed once in chunks, its memory bounded
+    whatever its size (paramedic.trace.overview)."""
     from paramedic.errors import OutputError
-    from paramedic.trace.timeline import render
+    from paramedic.trace.timeline import write
 
     if not 1 <= max_records <= 10**6:
         raise UsageError("--max-records must be between 1 and 1,000,000")
-    page = render(data, max_records, source.name)
     try:
-        write_output(out, page.encode())
+        size = write(source, out, max_records)
     except OSError as exc:
+        if exc.filename == str(source):
+            raise InputError(f"{source}: {exc.strerror}") from exc
         raise OutputError(f"{out}: {exc.strerror}") from exc
-    print(f"paramedic: timeline of {source} written to {out}", file=sys.stderr)
+    print(f"paramedic: timeline of {source} written to {out} ({size / 1e6:.1f} MB)", file=sys.stderr)
     return 0
 
 
@@ -568,7 +569,10 @@ def _report(argv: list[str]) -> int:
         "--prediction", type=Path, help="`paramedic simulate --json` output to show beside the run"
     )
     parser.add_argument(
-        "--max-records", type=int, default=20000, help="a trace's records drawn (the first in time)"
+        "--max-records",
+        type=int,
+        default=20000,
+        help="a trace's single calls kept for zooming in (bounds the page)",
     )
     args = parser.parse_args(argv)
     out = args.out or args.record.with_suffix(".html")
@@ -578,11 +582,7 @@ def _report(argv: list[str]) -> int:
     except OSError:
         head = b""  # the run record's reader says what is wrong
     if head == CLOG2_MAGIC:
-        try:
-            data = args.record.read_bytes()
-        except OSError as exc:
-            raise InputError(f"{args.record}: {exc.strerror}") from exc
-        return _trace_report(data, args.record, out, args.max_records)
+        return _trace_report(args.record, out, args.max_records)
     size = write_report(args.record, out, args.prediction)
     print(f"paramedic: report page {out} ({size / 1e6:.1f} MB, opens with no network)", file=sys.stderr)
     return 0
