@@ -327,7 +327,7 @@ def _restricted(
     """The database with the job's positive restriction resolved, once, for every fragment search
     (paramedic.db.subset), and why the fragments strategy cannot honour it (None: it can). Not resolved
     when only whole-database searches will run: BLAST+ applies it there itself."""
-    name = restriction(options) or next((n for n in NEGATIVE if options.has(n)), None)
+    name = _any_restriction(options)
     if name is not None and db.misnumbered:
         raise UsageError(
             f"-{name}: {db.arg} has volumes numbered past 99 (db.99, db.100), which BLAST+ reads in another "
@@ -396,11 +396,16 @@ def _read_fasta(path: Path, program: Program) -> list[tuple[str, str]]:
     ]
 
 
+def _any_restriction(options: BlastOptions) -> str | None:
+    """The restriction option given, positive or negative (None: none)."""
+    return restriction(options) or next((n for n in NEGATIVE if options.has(n)), None)
+
+
 def _ship_restricted(settings: SearchSettings, options: BlastOptions) -> SearchSettings:
     """A restricted search's metadata would be regenerated at the storage site without its restriction,
     whose statistics its e-values need (the site does not resolve subsets yet): --ship auto ships the
     output, compressed; --ship metadata is refused in one line."""
-    name = restriction(options) or next((n for n in NEGATIVE if options.has(n)), None)
+    name = _any_restriction(options)
     ship = settings.ship
     if name is None or ship is None or not (ship.mode == "auto" or _ships_pieces(ship.mode)):
         return settings
@@ -409,13 +414,8 @@ def _ship_restricted(settings: SearchSettings, options: BlastOptions) -> SearchS
             f"--ship {ship.mode} with -{name}: the storage site cannot regenerate a restricted search yet "
             "(its statistics are the subset's); use --ship compressed"
         )
-    if not settings.quiet:
-        print(
-            f"paramedic: --ship auto: -{name} restricts the search, which the storage site cannot regenerate "
-            "yet: the output is shipped compressed instead (--ship compressed)",
-            file=sys.stderr,
-        )
-    return replace(settings, ship=replace(ship, mode=COMPRESSED_MODE))
+    why = f"-{name} restricts the search, which the storage site cannot regenerate yet"
+    return _ship_compressed(settings, why, "--ship compressed")
 
 
 def _ship_data_when_inexact(settings: SearchSettings, inexact: str | None) -> SearchSettings:
@@ -432,13 +432,18 @@ def _ship_data_when_inexact(settings: SearchSettings, inexact: str | None) -> Se
         why = f"metadata needs the fragments strategy, which {reason}"
     else:
         return settings
+    return _ship_compressed(settings, why, "--ship compressed, --strategy queries")
+
+
+def _ship_compressed(settings: SearchSettings, why: str, advice: str) -> SearchSettings:
+    """--ship auto become compressed, and the user told why (once, unless --quiet)."""
+    assert settings.ship is not None
     if not settings.quiet:
         print(
-            f"paramedic: --ship auto: {why}: the output is shipped compressed instead (--ship compressed, "
-            "--strategy queries)",
+            f"paramedic: --ship auto: {why}: the output is shipped compressed instead ({advice})",
             file=sys.stderr,
         )
-    return replace(settings, ship=replace(ship, mode=COMPRESSED_MODE))
+    return replace(settings, ship=replace(settings.ship, mode=COMPRESSED_MODE))
 
 
 # Fragment searches stop after the preliminary stage (traceback once) when the subjects a piece is
