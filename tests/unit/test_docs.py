@@ -186,6 +186,27 @@ def test_every_option_of_a_command_is_on_its_page(command: str) -> None:
     assert not missing, f"paramedic {command}: {sorted(missing)} not in docs/{' or '.join(PAGE_OF[command])}"
 
 
+def layout_modules() -> set[str]:
+    """The modules docs/LAYOUT.md lists under "Every module", one `- `path.py`: ...` line each."""
+    section = (ROOT / "docs" / "LAYOUT.md").read_text().split("## Every module", 1)[1]
+    return set(re.findall(r"^- `([\w/]+\.py)`", section, re.M))
+
+
+def source_modules() -> set[str]:
+    source = ROOT / "src" / "paramedic"
+    return {str(p.relative_to(source)) for p in source.rglob("*.py") if p.name != "__init__.py"}
+
+
+def test_every_module_in_the_layout_exists() -> None:
+    gone = layout_modules() - source_modules()
+    assert not gone, f"docs/LAYOUT.md lists modules that are not in src/paramedic: {sorted(gone)}"
+
+
+def test_every_module_is_in_the_layout() -> None:
+    unlisted = source_modules() - layout_modules()
+    assert not unlisted, f"give each a line in docs/LAYOUT.md, 'Every module': {sorted(unlisted)}"
+
+
 def code_exit_codes() -> set[int]:
     """What paramedic exits with: success, each error class's code, an interrupt, a closed stdout."""
     classes: list[type[errors.ParamedicError]] = [
