@@ -7,6 +7,9 @@ manual, and what they say of the command line, the exit codes and each other is 
   options of `search` are BLAST+'s own, checked by BLAST+ itself at run time, and not here);
 - every option of docs/OPTIONS.md is one some command's `--help` lists, and every option `search --help`
   lists is in docs/OPTIONS.md;
+- every option the other commands' `--help` lists is on the command's page of docs/ (PAGE_OF);
+- every `make TARGET` shown is a target of the Makefile;
+- docs/LAYOUT.md ("Every module") names every module of src/paramedic, and only modules that exist;
 - the exit codes of the README's line, docs/ERRORS.md's table and CHANGELOG.md's table are the codes the
   code exits with;
 - the README stays the front door: at most 200 lines, with the two set-up commands .ci/run relies on.
@@ -243,6 +246,19 @@ def test_every_exit_code_in_the_source_is_documented() -> None:
         for c in re.findall(r"^\s+exit_code = (\d+)$", p.read_text(), re.M)
     }
     assert declared <= table_codes((ROOT / "docs" / "ERRORS.md").read_text()), declared
+
+
+def test_every_make_target_shown_exists() -> None:
+    targets = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
+    shown = {
+        (rel(page), m[1])
+        for page in PAGES
+        for line in code_of(page.read_text())
+        for m in re.finditer(r"(?:^|(?<=[\s(]))make[ \t]+([a-z][\w-]*)", line)
+    }
+    unknown = sorted(f"{page}: make {target}" for page, target in shown if target not in targets)
+    assert not unknown, unknown
+    assert {"demo", "test", "setup", "lint"} <= {target for _, target in shown}
 
 
 def test_readme_is_the_front_door() -> None:
