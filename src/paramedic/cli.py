@@ -488,6 +488,7 @@ def _serve(argv: list[str]) -> int:
 
 def _simulate(argv: list[str]) -> int:
     from paramedic.engine.simulate import OUTPUT_COSTS, SimulateSettings, run_simulate
+    from paramedic.engine.startup import DATABASES, DatabaseShape, StartupRates, parse_bytes, profile
 
     parser = _parser(
         "simulate",
@@ -532,8 +533,56 @@ def _simulate(argv: list[str]) -> int:
         "proportion (default: a core per rank)",
     )
     parser.add_argument("--seed", type=int, default=1, help="seed of the query sampling (default 1)")
+    described = parser.add_argument_group(
+        "a database searched in place, described by its size (its start-up and verification predicted)"
+    )
+    described.add_argument(
+        "--database-profile",
+        choices=sorted(DATABASES),
+        help="one of NCBI's databases: "
+        + "; ".join(f"{name} {about}" for name, (_, _, _, about) in DATABASES.items()),
+    )
+    described.add_argument("--db-bytes", help="or its files' size: 364G (10^9 bytes), 1.07TiB (2^40)")
+    described.add_argument("--db-volumes", type=int, help="and its number of volumes")
+    described.add_argument(
+        "--db-residues", type=int, help="its letters (blastdbcmd -info; default: estimated from the bytes)"
+    )
+    described.add_argument(
+        "--second-job",
+        action="store_true",
+        help="every digest remembered from an earlier job (default: the first job, which digests all)",
+    )
+    described.add_argument(
+        "--stage", action="store_true", help="volumes copied to each node's disk (as search --stage)"
+    )
+    described.add_argument(
+        "--node-ranks", type=int, default=1, help="ranks per node: a node copies a volume once (default 1)"
+    )
+    described.add_argument(
+        "--digest-rate", help="bytes per second a first job digests at (default 2.1G: this machine, cold)"
+    )
+    described.add_argument(
+        "--copy-rate", help="bytes per second a stage copy reads at (default 770M: this machine's disk)"
+    )
     parser.add_argument("--json", action="store_true", help="the prediction as JSON")
     args = parser.parse_args(argv)
+    database = None
+    if args.database_profile is not None:
+        if args.db_bytes is not None or args.db_volumes is not None:
+            raise UsageError("--database-profile or --db-bytes with --db-volumes: one of them")
+        database = profile(args.database_profile, args.db_residues)
+    elif args.db_bytes is not None or args.db_volumes is not None:
+        if args.db_bytes is None or args.db_volumes is None:
+            raise UsageError("--db-bytes and --db-volumes go together (the database's size and volumes)")
+        size = parse_bytes(args.db_bytes)  # its molecule type: the pilot's program's
+        database = DatabaseShape.of("the database", "", size, args.db_volumes, args.db_residues)
+    elif args.db_residues is not None:
+        raise UsageError("--db-residues describes a database given by --database-profile or --db-bytes")
+    rates = StartupRates()
+    if args.digest_rate is not None:
+        rates = dataclasses.replace(rates, digest_rate=parse_bytes(args.digest_rate, "--digest-rate"))
+    if args.copy_rate is not None:
+        rates = dataclasses.replace(rates, copy_rate=parse_bytes(args.copy_rate, "--copy-rate"))
     settings = SimulateSettings(
         record=args.record,
         queries=args.queries,
@@ -547,6 +596,11 @@ def _simulate(argv: list[str]) -> int:
         seed=args.seed,
         cores=args.cores,
         query_file=args.query_file,
+        database=database,
+        first_job=not args.second_job,
+        stage=args.stage,
+        node_ranks=args.node_ranks,
+        rates=rates,
     )
     return run_simulate(settings, args.json)
 

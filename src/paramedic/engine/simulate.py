@@ -17,7 +17,11 @@ Virtual time, per task:
   with the `master` output strategy a report piece the record's write seconds per byte on rank 0 (the
   supermaster when there are partitions); messages wait while their master is busy;
 - a task reaches its worker `latency_seconds` after its master sends it (ranks wait by probing);
-- the job's fixed cost (start, commit, stopping the ranks) is the pilot's wall less its busiest worker.
+- the job's fixed cost (start, commit, stopping the ranks) is the pilot's wall less its busiest worker;
+- for a database described by its size (`--database-profile nr`, `--db-bytes 364G --db-volumes 176`), its
+  start-up (paramedic.engine.startup): rank 0's resolution of -db and, in a first job, its digest of every
+  byte, before any worker searches; each rank's first use of a volume (its files opened; with `--stage`
+  the node's copy and the rank's digest of it), charged to the task that uses it.
 
 Efficiency is the BLAST+ work (every task's seconds) over (ranks x wall), every rank counted: rank 0,
 partition masters and workers.
@@ -25,6 +29,7 @@ partition masters and workers.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -52,6 +57,7 @@ from paramedic.engine.hierarchy import (
 from paramedic.engine.master import Master, PieceResult, Result, SearchResult, Sink
 from paramedic.engine.plan import make_plan
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask, Task
+from paramedic.engine.startup import DatabaseShape, Startup, StartupRates
 from paramedic.engine.virtual import ForwardSink, PartitionsLink, VirtualNetwork, WorkersLink
 from paramedic.errors import InputError, ParamedicError, UsageError
 from paramedic.output.stitch import can_stitch
@@ -138,6 +144,13 @@ class SimulateSettings:
     # its cost (the cores shared out evenly); None: a core per rank, as on a cluster
     cores: int | None = None
     query_file: Path | None = None  # the job's own queries: their lengths instead of sampled ones
+    # a database described by its size (paramedic.engine.startup), searched in place: its start-up is
+    # predicted; None: the pilot's database (scaled), whose start is in the pilot's fixed cost
+    database: DatabaseShape | None = None
+    first_job: bool = True  # no digest remembered yet (and with --stage, empty node caches)
+    stage: bool = False  # --stage: volumes copied to each node's disk
+    node_ranks: int = 1  # ranks per node (a node copies a volume once)
+    rates: StartupRates = StartupRates()
 
     def __post_init__(self) -> None:
         if (self.queries is None) == (self.query_file is None):
@@ -169,6 +182,18 @@ class SimulateSettings:
             raise UsageError("--cores must be at least 1")
         if self.message_seconds < 0 or self.latency_seconds < 0:
             raise UsageError("--message-seconds and --latency-seconds must not be negative")
+        self._check_database()
+
+    def _check_database(self) -> None:
+        if self.node_ranks < 1:
+            raise UsageError("--node-ranks must be at least 1")
+        if self.database is not None and self.database_scale != 1.0:
+            raise UsageError(
+                "--database-scale scales the pilot's database; --database-profile or --db-bytes describe "
+                "another one: give one of them"
+            )
+        if self.database is None and self.stage:
+            raise UsageError("--stage needs the database described: --database-profile or --db-bytes")
 
 
 # -- the cost model --------------------------------------------------------------------------------------
@@ -337,10 +362,23 @@ class Prediction:
     simulate_seconds: float
     last_segment_seconds: float | None = None  # virtual time the supermaster handed out its last segment
     output_rounds: int = 0  # worker-collective: the rounds, the last one included
+    startup: Startup | None = None  # a described database's start-up
+    spent: dict[str, float] = dataclasses.field(default_factory=dict)  # rank-seconds by what they did
 
     @property
     def efficiency(self) -> float:
         return self.work_seconds / (self.ranks * self.wall_seconds) if self.wall_seconds else 0.0
+
+    def where(self) -> dict[str, dict[str, float]]:
+        """Where the allocation's time goes (ranks x wall): rank-seconds and their share, by what the
+        ranks did; the ranks that wait for rank 0's start count as spent on it."""
+        total = self.ranks * self.wall_seconds
+        spent = dict(self.spent)
+        spent["idle"] = max(0.0, total - sum(spent.values()))
+        return {
+            name: {"rank_seconds": round(seconds, 3), "share": round(seconds / total, 4) if total else 0.0}
+            for name, seconds in spent.items()
+        }
 
     def as_dict(self) -> dict[str, Any]:
         s = self.settings
@@ -367,6 +405,8 @@ class Prediction:
             "scheduler_cpu_seconds": round(self.scheduler_seconds, 3),
             "simulate_seconds": round(self.simulate_seconds, 3),
             "record": str(s.record),
+            "startup": self.startup.report() if self.startup is not None else None,
+            "where": self.where(),
         }
 
     def summary(self) -> str:
@@ -388,6 +428,20 @@ class Prediction:
                 f"  {name}: {r['ranks']:,} ranks, idle {r['idle_seconds_per_rank']:,.2f} s per rank "
                 f"({100 * (1 - r['utilisation']):.1f}% of the wall)"
             )
+        if self.startup is not None:
+            st, shape = self.startup, self.startup.shape
+            lines.append(
+                f"  start-up ({'first' if st.first_job else 'second'} job on {shape.name}: "
+                f"{shape.bytes / 1e9:,.1f} GB, {shape.volumes:,} volumes, {shape.residues:,} letters"
+                f"{', staged' if st.stage else ''}): rank 0 {st.rank0_seconds:,.1f} s before the first "
+                f"search (resolve {st.resolve_seconds:.2f} s, verify {st.verify_seconds:,.1f} s, stamps "
+                f"{st.stamp_seconds:.3f} s); opens {st.open_seconds:.2f} s and staging "
+                f"{st.copy_seconds + st.stage_digest_seconds:,.1f} s over all ranks"
+            )
+        lines.append(
+            "  where the time goes (share of ranks x wall): "
+            + ", ".join(f"{name} {100 * v['share']:.1f}%" for name, v in self.where().items())
+        )
         return "\n".join(lines)
 
 
@@ -432,11 +486,17 @@ class _Shared:
     unwritten: int = 0  # collective rounds: placed bytes not yet written
     round_until: float = 0.0  # ... no task starts before the round under way ends
     rounds: int = 0
+    startup: Startup | None = None  # a described database's start-up: first uses of volumes
+    volumes: range = range(0)  # the volumes a report piece reads (a mask over the whole database)
+    spent: dict[str, float] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(("search", "report pieces", "merge", "messages", "output"), 0.0)
+    )
 
     def write_round(self, barrier: float) -> None:
         """Every worker writes its share of the unwritten bytes once all are in."""
         self.round_until = barrier + self.unwritten * self.model.write_per_byte / self.searching
         self.worker_busy += self.unwritten * self.model.write_per_byte
+        self.spent["output"] += self.unwritten * self.model.write_per_byte
         self.unwritten = 0
         self.rounds += 1
 
@@ -454,11 +514,13 @@ class MasterCosts(WorkersLink):
         execute: Callable[[Task], Result],
         cost: Callable[[Task], float],
         up: RankZeroCosts | None = None,
+        ranks: Sequence[int] = (),
     ):
         super().__init__(workers, execute, cost, up)
         self.shared = shared
         self.free = 0.0  # the master's next free moment
         self.busy = 0.0
+        self.ranks = ranks  # the global rank of each (the master first, then its workers 1..workers)
 
     def _handle(self, seconds: float, at: float | None = None) -> None:
         """The master handles something that came at `at` (None: right after what it does now)."""
@@ -468,22 +530,37 @@ class MasterCosts(WorkersLink):
     def due(self, worker: int, task: Task) -> float:
         s = self.shared
         self._handle(s.message)
+        s.spent["messages"] += s.message
         seconds = self.seconds(task)
         written = 0.0
         if isinstance(task, PieceTask):
             size = round(task.n_queries * s.model.output_per_query)
             written = s.output.on_worker(size, s.model.write_per_byte)
+            s.spent["output"] += written
+        s.spent["search" if isinstance(task, SearchTask) else "report pieces"] += seconds
         s.work += seconds
         s.worker_busy += seconds + written
         s.tasks += 1
-        return max(self.free, s.round_until) + s.latency + seconds + written
+        start = max(self.free, s.round_until) + s.latency
+        if s.startup is not None:  # the rank's first use of the task's volumes
+            volumes = (
+                s.startup.shape.volumes_of(task.fragment, s.plan.n_fragments)
+                if isinstance(task, SearchTask)
+                else s.volumes
+            )
+            begin = s.startup.first_use(self.ranks[worker], volumes, start)
+            s.worker_busy += begin - start
+            start = begin
+        return start + seconds + written
 
     def arrived(self, task: Task) -> None:
         s = self.shared
         self._handle(s.message, at=self.now)
+        s.spent["messages"] += s.message
         if isinstance(task, SearchTask):
             per_query = s.model.merge_per_query + s.model.keys_per_query * KEY_SECONDS
             self._handle(per_query * len(s.plan.batches[task.batch]))
+            s.spent["merge"] += per_query * len(s.plan.batches[task.batch])
         if s.output.round_bytes is not None and isinstance(task, PieceTask):
             s.unwritten += round(task.n_queries * s.model.output_per_query)
             if s.unwritten >= s.output.round_bytes:  # after the last task in flight anywhere
@@ -491,10 +568,12 @@ class MasterCosts(WorkersLink):
 
     def asking(self) -> float:
         self._handle(self.shared.message)
+        self.shared.spent["messages"] += self.shared.message
         return self.free + self.shared.latency
 
     def answered(self) -> None:
         self._handle(self.shared.message, at=self.now)
+        self.shared.spent["messages"] += self.shared.message
 
     def forwarding(self, index: int) -> float:
         return self.free + self.shared.latency
@@ -504,6 +583,7 @@ class MasterCosts(WorkersLink):
         s = self.shared
         size = round(len(s.plan.pieces[index]) * s.model.output_per_query)
         self._handle(s.output.on_rank0(size, s.model.write_per_byte))
+        s.spent["output"] += s.output.on_rank0(size, s.model.write_per_byte)
 
     def stall_error(self) -> ParamedicError:
         return UsageError("internal: the simulated job stalled (the scheduler handed out no task)")
@@ -526,6 +606,7 @@ class RankZeroCosts(PartitionsLink):
 
     def requested(self, partition: int) -> None:
         self._handle(self.shared.message)
+        self.shared.spent["messages"] += self.shared.message
 
     def answer_due(self, answer: Answer) -> float:
         if isinstance(answer, Segment):
@@ -536,6 +617,8 @@ class RankZeroCosts(PartitionsLink):
         s = self.shared
         size = round(len(s.plan.pieces[index]) * s.model.output_per_query)
         self._handle(s.message + s.output.on_rank0(size, s.model.write_per_byte))
+        s.spent["messages"] += s.message
+        s.spent["output"] += s.output.on_rank0(size, s.model.write_per_byte)
 
     def stall_error(self) -> ParamedicError:
         return UsageError("internal: the simulated job stalled (the scheduler handed out no task)")
@@ -560,7 +643,19 @@ def predict(
     started = time.perf_counter()
     rng = random.Random(settings.seed)
     lengths, picks = _workload(model, settings, rng)
-    fragment_residues = model.database(settings.fragments, settings.database_scale)
+    shape = settings.database
+    if shape is not None and not shape.dbtype:  # given by size: the pilot's program's molecule
+        shape = shape.typed(PROGRAMS[model.program].db_type)
+    if shape is None:
+        fragment_residues = model.database(settings.fragments, settings.database_scale)
+    else:  # searched in place: a fragment per volume (paramedic.db.blastdb.fragment_ranges), or as asked
+        if PROGRAMS[model.program].db_type != shape.dbtype:
+            kind = {"prot": "protein", "nucl": "nucleotide"}[shape.dbtype]
+            raise UsageError(
+                f"{shape.name} is a {kind} database, and the pilot ran {model.program}: record a pilot with "
+                "a program that searches it"
+            )
+        fragment_residues = _equal_parts(shape.residues, settings.fragments or shape.volumes)
     blast_residues = batch_residues(model.program, BlastOptions())
     plan = make_plan(
         program=model.program,
@@ -585,6 +680,12 @@ def predict(
     searching = sum(len(group) - 1 for group in groups)  # the ranks running BLAST+
     tasks.shared = max(1.0, searching / settings.cores) if settings.cores else 1.0
     costs = _Shared(model, output, plan, settings.message_seconds, settings.latency_seconds, searching)
+    startup = None
+    if shape is not None:
+        startup = Startup(
+            shape, settings.rates, settings.first_job, settings.stage, settings.node_ranks, plan.n_fragments
+        )
+        costs.startup, costs.volumes = startup, range(shape.volumes)
     network = VirtualNetwork()
     zero = RankZeroCosts(costs) if supermaster is not None else None
     links, masters = _masters(model, settings, plan, scheduler, groups, network, costs, tasks, zero)
@@ -599,7 +700,20 @@ def predict(
     end = max(network.now, *(link.free for link in links), zero.free if zero is not None else 0.0)
     if output.round_bytes is not None and costs.unwritten:
         costs.write_round(end)
-    wall = max(end, costs.round_until) + model.fixed_seconds
+    before = startup.rank0_seconds if startup is not None else 0.0  # every rank waits for rank 0
+    wall = before + max(end, costs.round_until) + model.fixed_seconds
+    spent: dict[str, float] = {}
+    if startup is not None:
+        spent["start: rank 0 resolves -db, stamps"] = ranks * (
+            startup.resolve_seconds + startup.stamp_seconds
+        )
+        spent["start: verification"] = ranks * startup.verify_seconds
+        spent["start: volume opens"] = startup.open_seconds
+        spent["start: staging"] = startup.copy_seconds + startup.stage_digest_seconds
+    spent.update(costs.spent)
+    spent["fixed (pilot's start, commit, stop)"] = ranks * model.fixed_seconds
+    roles = _roles(zero, links, searching, costs)
+    next(iter(roles.values())).busy += before  # rank 0 starts the job
     return Prediction(
         settings=settings,
         queries=len(lengths),
@@ -611,12 +725,14 @@ def predict(
         plan_pieces=len(plan.pieces),
         fragments=plan.n_fragments,
         tasks=costs.tasks,
-        roles=_roles(zero, links, searching, costs),
+        roles=roles,
         fixed_seconds=model.fixed_seconds,
         scheduler_seconds=network.loop_seconds,
         simulate_seconds=time.perf_counter() - started,
         last_segment_seconds=zero.last_segment if zero is not None else None,
         output_rounds=costs.rounds,
+        startup=startup,
+        spent=spent,
     )
 
 
@@ -724,7 +840,7 @@ def _masters(
     links: list[MasterCosts] = []
     masters: list[Master] = []
     for group in groups:
-        link = MasterCosts(costs, len(group) - 1, tasks.result, tasks.cost, zero)
+        link = MasterCosts(costs, len(group) - 1, tasks.result, tasks.cost, zero, group)
         policy = scheduler(
             plan,
             keep_alignments=model.keep_alignments,

@@ -1,0 +1,77 @@
+"""bench/startup_pilots: the pilot runs behind the nr and nt predictions (`paramedic simulate
+--database-profile nr|nt`, bench/RESULTS.md "64 nodes against nr and nt").
+
+  blastp  every 5th mmseqs2 query (100, mean length ~430) against the 20,000 mmseqs2 proteins
+  blastn  20 pieces of 1-3 kb of the ragout genomes (bench/bigdb.py's queries) against those genomes cut
+          in 1,500-base pieces (one copy, ~48 Mbp)
+
+both made by makeblastdb -parse_seqids and searched in place: `paramedic search ... --np 2 --strategy
+fragments -outfmt 0 -evalue 1e-5`. Their run records (WORK/<program>/hits.txt.run.json) hold each task's
+BLAST+ seconds with its residues: the search rate per core the predictions take.
+
+    PARAMEDIC_DATA=~/.cache/paramedic/data .venv/bin/python bench/startup_pilots.py --work /var/tmp/pm-pilots
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bigdb import genomes, nucleotide_queries  # noqa: E402
+
+PARAMEDIC = str(HERE.parent / ".venv" / "bin" / "paramedic")
+DATA = Path(os.environ.get("PARAMEDIC_DATA", Path.home() / ".cache/paramedic/data"))
+
+
+def protein(work: Path) -> tuple[str, Path, Path]:
+    (work / "db.fasta").write_text((DATA / "mmseqs2" / "DB.fasta").read_text())
+    records = (DATA / "mmseqs2" / "QUERY.fasta").read_text().split(">")[1:]
+    (work / "q.fasta").write_text("".join(">" + r for r in records[::5]))
+    return "prot", work / "db.fasta", work / "q.fasta"
+
+
+def nucleotide(work: Path) -> tuple[str, Path, Path]:
+    with open(work / "db.fasta", "w") as fh:
+        for index, (_, seq) in enumerate(genomes()):
+            seq = seq.upper()
+            for at in range(0, len(seq) - 750, 1500):
+                fh.write(f">g{index}_{at + 1}\n{seq[at : at + 1500]}\n")
+    nucleotide_queries(20, work / "q.fasta")
+    return "nucl", work / "db.fasta", work / "q.fasta"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--work", type=Path, default=Path("/var/tmp/pm-pilots"))
+    parser.add_argument("--programs", default="blastp,blastn")
+    args = parser.parse_args()
+    for program in args.programs.split(","):
+        work = args.work / program
+        work.mkdir(parents=True, exist_ok=True)
+        dbtype, fasta, queries = (protein if program == "blastp" else nucleotide)(work)
+        subprocess.run(
+            ["makeblastdb", "-in", str(fasta), "-dbtype", dbtype, "-out", "db", "-parse_seqids"],
+            cwd=work, check=True, capture_output=True,
+        )  # fmt: skip
+        fasta.unlink()
+        argv = [PARAMEDIC, "search", program, "-query", str(queries), "-db", "db", "-out", "hits.txt"]
+        argv += ["-outfmt", "0", "-evalue", "1e-5", "--np", "2", "--strategy", "fragments", "--quiet"]
+        start = time.perf_counter()
+        subprocess.run(argv, cwd=work, check=True)
+        print(
+            f"{program}: {time.perf_counter() - start:.1f} s, load {os.getloadavg()[0]:.1f}, "
+            f"record {work / 'hits.txt.run.json'}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
