@@ -6,6 +6,7 @@ Both kinds of run live here so that nothing outside `paramedic.blast` knows how 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import html
 import json
 import re
@@ -260,13 +261,16 @@ def _searched_in_place(db: Database, fragments: Sequence[int], workdir: Path) ->
     """A database in place: an alias in `workdir` over the fragments' volumes with FIRST_OID and LAST_OID
     (1-based, inclusive, in the alias's own numbering) and the whole database's statistics. Nothing is
     written beside the user's volumes, and a search opens only the volumes it searches."""
-    alias = workdir / f"range-{fragments[0]}-{fragments[-1]}{alias_suffix(db.dbtype)}"
+    low, high = db.searched_volumes(fragments)
+    # named by where the volumes are too: a fragment staged (--stage) is searched at its copy, or where it
+    # lies when the copy no longer fits: an alias kept from one search must not send another elsewhere
+    where = hashlib.blake2s("\0".join(db.span_paths(low, high)).encode(), digest_size=4).hexdigest()
+    alias = workdir / f"range-{fragments[0]}-{fragments[-1]}-{where}{alias_suffix(db.dbtype)}"
     if db.subset is not None:
         if not alias.exists():
             _restricted_range(db, db.subset, fragments, alias)
         return str(alias.with_suffix(""))
     if not alias.exists():
-        low, high = db.searched_volumes(fragments)
         start = db.spans[low][1]
         write_alias(
             alias,

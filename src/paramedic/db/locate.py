@@ -91,6 +91,11 @@ def in_place(arg: str, cwd: Path, dbtype: str | None = None) -> tuple[Database, 
 _IN_PLACE: dict[tuple[str, Path, str | None, str], tuple[Database, Manifest]] = {}
 
 
+def open_in_place(arg: str, cwd: Path, dbtype: str | None = None) -> tuple[Database, Manifest]:
+    """As `in_place`, not remembered: another copy of the job's database (a --mirror), opened beside it."""
+    return _in_place(arg, cwd, dbtype)
+
+
 def _in_place(arg: str, cwd: Path, dbtype: str | None) -> tuple[Database, Manifest]:
     blastdb = open_blastdb(arg, cwd, dbtype)
     ranges = fragment_ranges(blastdb)
@@ -165,3 +170,27 @@ def recheck_in_place(database: Database, manifest: Manifest) -> None:
     volumes = read_volumes(database.arg, [span[0] for span in database.spans], database.dbtype)
     if _volume_digests(volumes) != manifest.volume_blake3:
         raise DatabaseError(f"{database.arg}: changed since it was opened (a volume written or replaced)")
+
+
+def manifest_of(database: Database) -> Manifest:
+    """A database in place's manifest made again from its volumes' paths (a rank need not share the
+    launcher's working directory or BLASTDB): its identity (checksum) and digests are the job's; its
+    fragments name the volumes, their residue counts are not known here (0)."""
+    volumes = read_volumes(database.arg, database.span_paths(), database.dbtype)
+    return Manifest(
+        format_version=FORMAT_VERSION,
+        dbtype=database.dbtype,
+        title=database.title,
+        nseq=database.nseq,
+        length=database.length,
+        whole="",
+        whole_sha256="",
+        fragments=[
+            Fragment(f"range{i}", volumes[v].path, last - first + 1, 0, "")
+            for i, (v, first, last) in enumerate(database.ranges)
+        ],
+        input_path=database.arg,
+        content_sha256="",
+        tools={"layout": IN_PLACE},
+        volume_blake3=_volume_digests(volumes),
+    )

@@ -114,3 +114,72 @@ def open_directory_replica(url: str, keys: Path | None = None) -> Replica:
     if "://" in url:
         raise UsageError(f"--mirror {url}: a URL needs its transport (ship.transport.open_replica)")
     return LocalReplica(Path(url).resolve())
+
+
+class InPlaceReplica:
+    """A database searched in place, at paths of this host (the -db itself, or a `--mirror` directory
+    holding the same database elsewhere): its units' files served from a whitelist built when it opens
+    (paramedic.db.units), so a name asked for never becomes a path."""
+
+    def __init__(self, label: str, manifest: Manifest, volume_paths: list[str]):
+        from paramedic.db.units import served_files
+
+        self._label = label
+        self._manifest = manifest
+        try:
+            self.units = served_files(volume_paths)
+        except (DatabaseError, UsageError) as exc:
+            raise ReplicaError(f"replica {label}: {exc}") from exc
+        self.files = {p.name: p for files in self.units.values() for p in files}
+
+    @property
+    def label(self) -> str:
+        return self._label
+
+    def manifest(self) -> Manifest:
+        return self._manifest
+
+    def volume_files(self, volume: str) -> list[VolumeFile]:
+        files = self.units.get(volume)
+        if files is None:
+            raise ReplicaError(f"replica {self.label}: no volume {volume[:80]!r}")
+        try:
+            return [VolumeFile(p.name, p.stat().st_size) for p in files]
+        except OSError as exc:
+            raise ReplicaError(f"replica {self.label}: cannot list volume {volume} ({exc.strerror})") from exc
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        path = self.files.get(name)
+        if path is None or not 0 < length <= MAX_READ_BYTES or offset < 0:
+            raise ReplicaError(f"replica {self.label}: bad read {name[:80]!r} {offset}+{length}")
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                data = os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise ReplicaError(f"replica {self.label}: cannot read {name} ({exc.strerror})") from exc
+        if len(data) != length:
+            raise ReplicaError(f"replica {self.label}: {name} is shorter than it was listed")
+        return data
+
+    def close(self) -> None:
+        pass
+
+
+def mirror_in_place(url: str, manifest: Manifest) -> InPlaceReplica:
+    """The same database as a job's -db in place, at `url`: a directory holding it under the -db's own
+    name, or a -db path itself. Its manifest is made from its own files (remembered digests), so the
+    identity check compares digests, not paths."""
+    from paramedic.db.locate import open_in_place
+
+    path = Path(url)
+    name = manifest.input_path.strip("\"'")
+    target = path / Path(name).name if path.is_dir() and " " not in name else path
+    text = str(target.resolve()) if target.is_absolute() or path.is_dir() else str(target)
+    try:
+        database, theirs = open_in_place(f'"{text}"' if " " in text else text, Path.cwd(), manifest.dbtype)
+    except DatabaseError as exc:
+        raise ReplicaError(f"replica {url}: {exc}") from exc
+    return InPlaceReplica(url, theirs, database.span_paths())

@@ -48,14 +48,15 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from paramedic.blast.alias import alias_bytes, write_alias
 from paramedic.blast.programs import alias_suffix
-from paramedic.db.manifest import FRAGMENT_DIGESTS, Fragment, Manifest, volume_sha256
+from paramedic.db.manifest import FRAGMENT_DIGESTS, Manifest, volume_sha256
+from paramedic.db.units import Unit, check_names, unit_digest
 from paramedic.durable import fsync_dir, write_durably
 from paramedic.errors import DatabaseError, OutputError, UsageError
 
@@ -80,17 +81,28 @@ def parse_size(text: str) -> int:
 
 def check_stageable(manifest: Manifest, where: str) -> None:
     """Staging verifies each copied volume against its digest: databases formatted before the digests
-    covered the stored files cannot be staged; nor yet can a database searched in place."""
+    covered the stored files cannot be staged; a database in place is staged by volume under its own
+    file names (paramedic.db.units), so two of its volumes may not share a name."""
     if manifest.in_place:
-        raise UsageError(
-            f"--stage copies the fragment volumes of a database `paramedic format` made; {where} is searched "
-            "where it lies (not supported with --stage yet): drop --stage"
-        )
+        check_names(sorted({f.volume for f in manifest.fragments}), where)
+        return
     if manifest.tools.get("digests") != FRAGMENT_DIGESTS:
         raise DatabaseError(
             f"{where}: formatted by an older paramedic, whose fragment checksums cannot verify a staged "
             "copy: format it again to use --stage"
         )
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """What the cache copies as one directory: a fragment volume, or a database in place's volume or
+    shared files (paramedic.db.units); `name` names its directory and lock in the cache entry."""
+
+    name: str
+    label: str  # for messages and the run record: the volume's name
+    size: Callable[[], int]  # bytes the copy takes (its files, as the source holds them)
+    fetch: Callable[[Path], None]  # fill a directory with the unit's verified files
+    check: Callable[[Path], bool]  # a published copy's bytes (and links) are the manifest's
 
 
 class Fetcher(Protocol):
@@ -173,46 +185,115 @@ class StageCache:
         `source`: the database directory (sizes the copy); `replicas()`: where to copy from, opened on
         the first copy only. DatabaseError when no replica serves the volume verified."""
         info = manifest.fragments[fragment]
+
+        def fetch(fill: Path) -> None:
+            replicas().fetch_volume(info.volume, info.sha256, fill, self.limit)
+            write_alias(
+                fill / (info.name + alias_suffix(manifest.dbtype)),
+                [info.volume],
+                title=manifest.title,
+                nseq=manifest.nseq,
+                length=manifest.length,
+            )
+
+        def check(place: Path) -> bool:
+            alias = place / (info.name + alias_suffix(manifest.dbtype))
+            expected = alias_bytes(
+                [info.volume], title=manifest.title, nseq=manifest.nseq, length=manifest.length
+            )
+            return alias.read_bytes() == expected and volume_sha256(place, info.volume) == info.sha256
+
+        unit = _Unit(info.volume, info.volume, lambda: _copy_bytes(source, info.volume), fetch, check)
+        with self._held(self.entry(manifest), unit) as place:
+            yield place
+
+    @contextlib.contextmanager
+    def use_in_place(
+        self,
+        manifest: Manifest,
+        volume: Unit,
+        shared: Unit | None,
+        sizes: Callable[[str], int],
+        replicas: Callable[[], Fetcher],
+    ) -> Iterator[Path | None]:
+        """A database in place: the directory of a verified local copy of one user volume (`volume`),
+        held shared for the `with` block, with its database's shared files (`shared`, version 5) staged
+        once per entry, held too, and linked beside it; None: it does not fit, search it where it lies.
+
+        Links, not copies nor hard links: a hard link moves its file's ctime, which the seals of every
+        copy linking it record (a file rewritten with its mtime put back is found by its ctime alone)."""
         entry = self.entry(manifest)
+        with contextlib.ExitStack() as held:
+            links: list[str] = []
+            if shared is not None:
+                got = held.enter_context(self._held(entry, self._in_place_unit(shared, sizes, replicas)))
+                if got is None:
+                    yield None
+                    return
+                links = sorted(p.name for p in got.iterdir() if not p.name.startswith("."))
+            unit = self._in_place_unit(volume, sizes, replicas, shared, links)
+            yield held.enter_context(self._held(entry, unit))
+
+    def _in_place_unit(
+        self,
+        unit: Unit,
+        sizes: Callable[[str], int],
+        replicas: Callable[[], Fetcher],
+        shared: Unit | None = None,
+        links: Sequence[str] = (),
+    ) -> _Unit:
+        """How a unit of a database in place is copied and checked (paramedic.db.units)."""
+        targets = {name: f"../{shared.name}/{name}" for name in links} if shared is not None else {}
+
+        def fetch(fill: Path) -> None:
+            replicas().fetch_volume(unit.base, unit.digest, fill, self.limit)
+            for name, target in targets.items():
+                os.symlink(target, fill / name)
+
+        def check(place: Path) -> bool:
+            found = {p.name: os.readlink(p) for p in place.iterdir() if p.is_symlink()}
+            return found == targets and unit_digest(place, unit.base) == unit.digest
+
+        return _Unit(unit.name, unit.base, lambda: sizes(unit.base), fetch, check)
+
+    @contextlib.contextmanager
+    def _held(self, entry: Path, unit: _Unit) -> Iterator[Path | None]:
+        """A unit's verified copy held shared for the `with` block (copied first if needed), or None."""
         try:
             if self.full is not None:
                 raise OSError(errno.ENOSPC, self.full)
             self._make_entry(entry)
-            fd = _open_lock(entry / f"{info.volume}.lock")
+            fd = _open_lock(entry / f"{unit.name}.lock")
         except OSError as exc:
             if exc.errno not in DISK_FULL:
                 raise OutputError(f"--stage {self.root}: cannot use it ({exc.strerror})") from exc
             fd = None  # a full disk (bytes or inodes): searched where it lies, never the search's end
-            self.stats.write_failures.append(f"{info.volume}: {exc.strerror or exc}")
+            self.stats.write_failures.append(f"{unit.label}: {exc.strerror or exc}")
         if fd is None:
-            self.stats.in_place.append(info.volume)
+            self.stats.in_place.append(unit.label)
             yield None
             return
         try:
-            place = self._acquire(fd, manifest, fragment, source, replicas)
+            place = self._acquire(fd, entry, unit)
             if place is None:
-                self.stats.in_place.append(info.volume)
+                self.stats.in_place.append(unit.label)
             yield place
             if place is not None and not _sealed(place):  # changed while searched: that search is void
                 self.verified.discard(place)
                 raise DatabaseError(
-                    f"--stage {self.root}: the copy of {info.volume} changed while it was searched (its "
+                    f"--stage {self.root}: the copy of {unit.label} changed while it was searched (its "
                     "files are not those sealed): run the same command again (the copy is made afresh)"
                 )
         finally:
             os.close(fd)  # releases the lock
 
     # -- the steps ----------------------------------------------------------------------------------
-    def _acquire(
-        self, fd: int, manifest: Manifest, fragment: int, source: Path, replicas: Callable[[], Fetcher]
-    ) -> Path | None:
-        info = manifest.fragments[fragment]
-        entry = self.entry(manifest)
-        place = entry / info.volume
+    def _acquire(self, fd: int, entry: Path, unit: _Unit) -> Path | None:
+        place = entry / unit.name
         copied = False
         while True:
             self._lock(fd, fcntl.LOCK_SH)  # waits while another process copies it
-            if place.is_dir() and self._trusted(place, manifest, info):
+            if place.is_dir() and self._trusted(place, unit):
                 os.utime(place)  # last use, for LRU
                 if not copied:
                     self.stats.hits += 1
@@ -222,20 +303,20 @@ class StageCache:
                 place.unlink()  # not a copy (damage, or a link): never followed
                 self.stats.discarded += 1
             if place.is_dir():
-                if self._trusted(place, manifest, info):
+                if self._trusted(place, unit):
                     continue  # another process published it meanwhile: use it shared
                 self._remove(place)  # changed since it was published: never used
                 self.stats.discarded += 1
-            for leftover in entry.glob(f"{FILL_PREFIX}{info.volume}-*"):
+            for leftover in entry.glob(f"{FILL_PREFIX}{unit.name}-*"):
                 self._remove(leftover)  # a dead copy of this volume (we hold its lock)
                 self.stats.cleaned += 1
-            size = _copy_bytes(source, info.volume)
+            size = unit.size()
             try:
-                fill = self._reserve(entry, info.volume, size)
+                fill = self._reserve(entry, unit.name, size)
             except OSError as exc:  # no room even for the copy's directory (inodes): as a full disk
                 if exc.errno not in DISK_FULL:
                     raise
-                self.stats.write_failures.append(f"{info.volume}: {exc.strerror or exc}")
+                self.stats.write_failures.append(f"{unit.label}: {exc.strerror or exc}")
                 fill = None
             if fill is None:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # searched in place, like any reader
@@ -243,14 +324,7 @@ class StageCache:
             started = time.monotonic()
             try:
                 # never more than the limit, whatever replicas say the volume holds (colluding mirrors)
-                replicas().fetch_volume(info.volume, info.sha256, fill, self.limit)
-                write_alias(
-                    fill / (info.name + alias_suffix(manifest.dbtype)),
-                    [info.volume],
-                    title=manifest.title,
-                    nseq=manifest.nseq,
-                    length=manifest.length,
-                )
+                unit.fetch(fill)
                 write_durably(fill / SEAL_NAME, json.dumps(_seal_of(fill)).encode())
                 fsync_dir(fill)
                 os.rename(fill, place)
@@ -258,7 +332,7 @@ class StageCache:
                 self.verified.add(place)  # fetch_volume digested its bytes
             except OSError as exc:  # the cache's own disk (full, over quota, failing): never the search's end
                 shutil.rmtree(fill, ignore_errors=True)
-                self.stats.write_failures.append(f"{info.volume}: {exc.strerror or exc}")
+                self.stats.write_failures.append(f"{unit.label}: {exc.strerror or exc}")
                 fcntl.flock(fd, fcntl.LOCK_SH)  # searched in place, like any reader
                 return None
             except BaseException:
@@ -269,7 +343,7 @@ class StageCache:
             self.stats.copy_seconds += time.monotonic() - started
             copied = True
 
-    def _trusted(self, place: Path, manifest: Manifest, info: Fragment) -> bool:
+    def _trusted(self, place: Path, unit: _Unit) -> bool:
         """The copy is sealed and, the first time this process uses it, its bytes are the manifest's (a
         seal records sizes, times and inodes, which a file rewritten in place keeps): digested once per
         job per worker, as `verify_volumes` digests the database once per job."""
@@ -277,12 +351,8 @@ class StageCache:
             return False
         if place in self.verified:
             return True
-        alias = place / (info.name + alias_suffix(manifest.dbtype))
-        expected = alias_bytes(
-            [info.volume], title=manifest.title, nseq=manifest.nseq, length=manifest.length
-        )
         try:
-            good = alias.read_bytes() == expected and volume_sha256(place, info.volume) == info.sha256
+            good = unit.check(place)
         except (OSError, DatabaseError):
             good = False
         if good:
@@ -468,17 +538,21 @@ def _copy_bytes(source: Path, volume: str) -> int:
 
 
 def _dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    """A copy's own bytes: a link to a database's shared files counts as nothing (they are counted once,
+    in their own directory)."""
+    return sum(st.st_size for p in path.iterdir() if stat.S_ISREG((st := p.lstat()).st_mode))
 
 
-def _seal_of(path: Path) -> dict[str, list[int]]:
-    out = {}
+def _seal_of(path: Path) -> dict[str, list[int | str]]:
+    out: dict[str, list[int | str]] = {}
     for p in sorted(path.iterdir()):
         if p.name != SEAL_NAME and not p.name.startswith("."):
-            st = p.stat()
+            st = p.lstat()  # a link (to a database's shared files) is sealed as a link, with its target
             # ctime too: a file rewritten in place with its mtime put back keeps size, mtime and inode,
             # and no user sets a ctime back
             out[p.name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+            if stat.S_ISLNK(st.st_mode):
+                out[p.name].append(os.readlink(p))
     return out
 
 

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,6 +176,9 @@ class ReplicaSet:
     inflight: int | None = None  # reads in flight per replica (None: the replica's own `parallelism`)
     max_bytes: int | None = None  # the current copy's bound (fetch_volume's max_bytes)
     required: int | None = None  # the first so many are waited for; later ones (mirrors) are raced
+    # a copy's digest (directory, volume), compared with what fetch_volume is given: SHA-256 over a
+    # formatted database's volume; a database in place's units have BLAKE3s (paramedic.db.units)
+    digest_of: Callable[[Path, str], str] = volume_sha256
 
     def __post_init__(self) -> None:
         if not 0 < self.stripe_bytes <= MAX_READ_BYTES:
@@ -285,7 +288,7 @@ class ReplicaSet:
             try:
                 if not self._striped(fetch, dest, volume):
                     continue
-                if volume_sha256(dest, volume) == sha256 or self._blame(fetch, dest, volume, sha256):
+                if self.digest_of(dest, volume) == sha256 or self._blame(fetch, dest, volume, sha256):
                     self._drop_other_listings(groups, files, volume)
                     return self._done(fetch, volume, started)
             finally:
@@ -585,7 +588,7 @@ class ReplicaSet:
                 replaced = self._replace(fetch, suspect, witness, stripes)
                 if replaced is None:  # the witness failed a read (dropped): try another
                     continue
-                if replaced and volume_sha256(dest, volume) == sha256:
+                if replaced and self.digest_of(dest, volume) == sha256:
                     self.drop(
                         suspect,
                         f"served bytes that did not verify (volume {volume}: {len(replaced)} of its "
@@ -650,7 +653,7 @@ class ReplicaSet:
         except ReplicaError as exc:
             self.drop(index, str(exc))
             return None
-        if volume_sha256(dest, volume) != sha256:
+        if self.digest_of(dest, volume) != sha256:
             self.drop(index, f"volume {volume} did not verify against the manifest")
             return None
         return sum(f.size for f in files)

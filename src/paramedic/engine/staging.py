@@ -23,6 +23,7 @@ from paramedic.errors import DatabaseError, UsageError
 
 if TYPE_CHECKING:  # the cache and the replicas are imported by the ranks that stage (sockets, TLS)
     from paramedic.db.stripes import ReplicaSet
+    from paramedic.db.units import Unit
 
 # (node name, fragments already staged there): what each rank reports at start
 Hello = tuple[str, tuple[int, ...]]
@@ -39,7 +40,7 @@ class Stager:
     def __init__(self, stage: StageSettings, db: Database):
         self.settings = stage
         self.db = db
-        self.manifest: Manifest = load_manifest(db.directory)
+        self.manifest: Manifest = _manifest(db)
         from paramedic.db.stage import StageCache
 
         self.cache = StageCache(stage.directory, stage.limit)
@@ -47,16 +48,20 @@ class Stager:
         self.replicas: ReplicaSet | None = None
         self.retired: list[dict[str, object]] = []  # reports of replica sets given up after a failure
         self.node = node_name()
+        self.units: tuple[list[Unit], dict[str, Unit]] | None = None
+        self.sources: dict[str, list[Path]] | None = None
 
     def _replicas(self) -> ReplicaSet:
         if self.replicas is None:
             urls = [str(self.db.directory), *self.settings.mirrors]
+            local = {"local": self.db} if self.db.in_place else {}  # a database in place: its own replica
             self.replicas = open_replicas(
                 urls,
                 self.manifest,
                 self.settings.keys,
                 required=1,
                 dropped=dict(self.settings.dropped_mirrors),
+                **local,
             )
             atexit.register(self.replicas.close)  # a storage site's streams end with the rank
         return self.replicas
@@ -77,7 +82,32 @@ class Stager:
             return self._replicas().fetch_volume(volume, sha256, dest, max_bytes)
 
     def hello(self) -> Hello:
+        if self.db.in_place:
+            volumes, _ = self._units()
+            entry = self.cache.entry(self.manifest)
+            here = {i for i, unit in enumerate(volumes) if (entry / unit.name).is_dir()}
+            return self.node, tuple(f for f, r in enumerate(self.db.ranges) if r[0] in here)
         return self.node, tuple(self.cache.staged(self.manifest))
+
+    def _units(self) -> tuple[list[Unit], dict[str, Unit]]:
+        """A database in place's units (paramedic.db.units): per volume, and its shared ones by name."""
+        if self.units is None:
+            from paramedic.db.units import plan_units
+
+            volumes, shared = plan_units(self.db.spans, self.manifest.volume_blake3, self.db.arg)
+            self.units = volumes, {u.name: u for u in shared}
+        return self.units
+
+    def _size(self, base: str) -> int:
+        """The bytes of a unit's files as the -db holds them (what its copy reserves in the cache)."""
+        if self.sources is None:
+            from paramedic.db.units import served_files
+
+            self.sources = served_files(self.db.span_paths())
+        try:
+            return sum(p.stat().st_size for p in self.sources[base])
+        except (KeyError, OSError) as exc:
+            raise DatabaseError(f"{self.db.arg}: volume {base} is missing or unreadable") from exc
 
     @contextmanager
     def fragment(self, fragment: int) -> Iterator[Database]:
@@ -86,6 +116,19 @@ class Stager:
         if not self.trimmed:  # a cache filled under a larger limit is brought within this one (by the
             self.trimmed = True  # ranks that search: their records count the evictions)
             self.cache.trim()
+        if self.db.in_place:
+            index = self.db.ranges[fragment][0]
+            volumes, shared = self._units()
+            unit = volumes[index]
+            link = None if unit.shared is None else shared[unit.shared]
+            with self.cache.use_in_place(self.manifest, unit, link, self._size, lambda: self) as place:
+                if place is None:
+                    yield self.db
+                    return
+                spans = list(self.db.spans)
+                spans[index] = (str(place / unit.base), *spans[index][1:])
+                yield dataclasses.replace(self.db, spans=tuple(spans))
+            return
         with self.cache.use(self.manifest, fragment, self.db.directory, lambda: self) as place:
             yield self.db if place is None else dataclasses.replace(self.db, directory=place)
 
@@ -110,29 +153,51 @@ def open_replicas(
     keys: Path | None,
     required: int | None = None,
     dropped: Mapping[str, str] | None = None,
+    local: Database | None = None,
 ) -> ReplicaSet:
     """The replicas at `urls`, identity checked; a URL's scheme plugin opens it (`tls://`: a storage site).
     `required`: the first so many must be reachable (the -db directory); the mirrors after them are extra
     sources, dropped (with why, in the record) when down or serving no reads. `dropped`: mirrors the job's
-    check already dropped (URL -> why): listed as dropped, not opened again."""
-    from paramedic.db.replicas import MAX_READ_BYTES
+    check already dropped (URL -> why): listed as dropped, not opened again. A database in place (its
+    manifest says so): `local` is the job's -db, the first URL; a directory URL holds the same database
+    under the -db's name (paramedic.db.replicas.mirror_in_place), and copies verify against BLAKE3s."""
+    from paramedic.db.replicas import (
+        MAX_READ_BYTES,
+        InPlaceReplica,
+        Replica,
+        ReplicaOpener,
+        mirror_in_place,
+    )
     from paramedic.db.stripes import ReplicaSet
+    from paramedic.db.units import unit_digest
     from paramedic.ship.transport import open_replica  # each URL's scheme plugin
 
+    def in_place(url: str, keys: Path | None) -> Replica:
+        if local is not None and url == urls[0]:
+            return InPlaceReplica(local.arg, manifest, local.span_paths())
+        return open_replica(url, keys) if "://" in url else mirror_in_place(url, manifest)
+
+    opener: ReplicaOpener = open_replica
+    options: dict[str, object] = {}
+    if manifest.in_place:
+        opener = in_place
+        options["digest_of"] = unit_digest
     stripe = os.environ.get(STRIPE_VARIABLE)
-    if not stripe:
-        return ReplicaSet.open(urls, manifest, keys, required=required, opener=open_replica, dropped=dropped)
-    if not stripe.isdigit() or not 0 < int(stripe) <= MAX_READ_BYTES:
-        raise UsageError(f"{STRIPE_VARIABLE}={stripe}: expected 1 to {MAX_READ_BYTES} bytes")
-    return ReplicaSet.open(
-        urls,
-        manifest,
-        keys,
-        required=required,
-        opener=open_replica,
-        dropped=dropped,
-        stripe_bytes=int(stripe),
-    )
+    if stripe:
+        if not stripe.isdigit() or not 0 < int(stripe) <= MAX_READ_BYTES:
+            raise UsageError(f"{STRIPE_VARIABLE}={stripe}: expected 1 to {MAX_READ_BYTES} bytes")
+        options["stripe_bytes"] = int(stripe)
+    return ReplicaSet.open(urls, manifest, keys, required=required, opener=opener, dropped=dropped, **options)
+
+
+def _manifest(db: Database) -> Manifest:
+    """The job's manifest: a formatted database's file, or a database in place's, made as the job made it
+    (its digests remembered: paramedic.db.trust)."""
+    if not db.in_place:
+        return load_manifest(db.directory)
+    from paramedic.db.locate import manifest_of
+
+    return manifest_of(db)
 
 
 _STAGERS: dict[tuple[Path, Path], Stager] = {}

@@ -3,7 +3,8 @@
 A compute site that mirrors its database from this site (`--mirror tls://site:7700/db`) asks, over the
 same authenticated TLS connections and frames as shipping, for the replica's manifest, the files of a
 fragment volume, and byte ranges of those files at explicit offsets (ship/replica_client.py). Only the
-files of the manifest's fragment volumes are served: the whitelist (name -> path and size) is built when
+files of the manifest's fragment volumes are served (of a database in place: its volumes' and their
+shared files, paramedic.db.units): the whitelist (name -> path and size) is built when
 the server starts, and a request names a file only by a key of that whitelist, so no path from the
 network ever reaches the file system. Reads are bounded: at most `replicas.MAX_READ_BYTES` each, and at
 most `max_reads` at once over all connections, counted until the reply is sent, which has a deadline for
@@ -16,12 +17,13 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from paramedic.db.manifest import MANIFEST_NAME, Manifest
 from paramedic.db.replicas import MAX_READ_BYTES
-from paramedic.errors import DatabaseError
+from paramedic.errors import DatabaseError, UsageError
 from paramedic.ship.wire import ProtocolError, field_int, field_str
 
 READ_OPS = ("replica_manifest", "volume_files", "read")
@@ -32,15 +34,25 @@ BUSY_SECONDS = 30.0  # a read waits this long for a slot, then the request is re
 class ReplicaReads:
     """The whitelist of volume files and the answers to the read requests."""
 
-    def __init__(self, directory: Path, manifest: Manifest, max_reads: int = DEFAULT_MAX_READS):
+    def __init__(
+        self,
+        directory: Path,
+        manifest: Manifest,
+        max_reads: int = DEFAULT_MAX_READS,
+        volume_paths: list[str] | None = None,
+    ):
         self.directory = directory
+        self.manifest_sha256 = manifest.checksum()
+        self.volumes: dict[str, list[tuple[str, int]]] = {}
+        self.files: dict[str, tuple[Path, int]] = {}
+        self.slots = threading.BoundedSemaphore(max_reads)
+        if manifest.in_place:
+            self._in_place(manifest, volume_paths or [])
+            return
         try:
             self.manifest_bytes = (directory / MANIFEST_NAME).read_bytes()
         except OSError as exc:
             raise DatabaseError(f"{directory}: cannot read {MANIFEST_NAME} ({exc.strerror})") from exc
-        self.manifest_sha256 = manifest.checksum()
-        self.volumes: dict[str, list[tuple[str, int]]] = {}
-        self.files: dict[str, tuple[Path, int]] = {}
         try:
             entries = sorted(directory.iterdir())
         except OSError as exc:
@@ -56,7 +68,37 @@ class ReplicaReads:
                 listing.append((path.name, st.st_size))
                 self.files[path.name] = (path, st.st_size)
             self.volumes[fragment.volume] = listing
-        self.slots = threading.BoundedSemaphore(max_reads)
+
+    def _in_place(self, manifest: Manifest, volume_paths: list[str]) -> None:
+        """A database in place: each volume's files and its database's shared ones, by the names both
+        sites agree on (paramedic.db.units); the manifest sent names volumes without this site's paths
+        (its checksum leaves them out)."""
+        from paramedic.db.units import check_names, served_files
+
+        try:
+            check_names(volume_paths, "--replica")
+            served = served_files(volume_paths)
+        except UsageError as exc:
+            raise DatabaseError(str(exc)) from exc
+        for base, paths in served.items():
+            listing = []
+            for path in paths:
+                try:  # a link the site's own database holds (volumes on other disks) is resolved now
+                    real = path.resolve(strict=True)
+                    st = real.stat()
+                except OSError as exc:
+                    raise DatabaseError(f"{path}: unreadable ({exc.strerror})") from exc
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                listing.append((path.name, st.st_size))
+                self.files[path.name] = (real, st.st_size)
+            self.volumes[base] = listing
+        shown = replace(
+            manifest,
+            fragments=[replace(f, volume=Path(f.volume).name) for f in manifest.fragments],
+            input_path=Path(manifest.input_path.strip("\"'")).name,
+        )
+        self.manifest_bytes = shown.to_json().encode()
 
     def answer(self, op: str, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         """The reply (header, payload) to a read request; ProtocolError refuses it (the connection closes)."""

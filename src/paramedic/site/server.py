@@ -161,9 +161,11 @@ class SiteServer:
             except DatabaseError as exc:
                 log(f"warning: --replica: {exc}; jobs that regenerate are refused until it is whole")
             self.replica = Replica(database, manifest.checksum(), workdir, manifest, settings.max_setup_bytes)
-            # a database in place has no fragment files to serve
-            serves = settings.replica_reads and not manifest.in_place
-            self.reads = ReplicaReads(database.directory, manifest) if serves else None
+            self.reads = (
+                ReplicaReads(database.directory, manifest, volume_paths=database.span_paths())
+                if settings.replica_reads
+                else None
+            )
         self.context = server_context(settings.keys) if settings.keys is not None else None
         self.store = JobStore(
             root,
