@@ -211,36 +211,4 @@ def test_paramedic_format_keeps_taxids(site: Path, tmp_path: Path) -> None:
         assert (tmp_path / "o.tsv").read_text() == report
 
 
-def test_a_restricted_search_ships_its_output_not_metadata(site: Path, tmp_path: Path) -> None:
-    """The storage site cannot yet regenerate under a restriction (its e-values need the subset's
-    statistics): --ship metadata is refused in one line, --ship auto ships the output compressed, and
-    what lands is BLAST+'s bytes (before: metadata shipped, regenerated with the whole database's
-    statistics, other e-values, exit 0)."""
-    import shutil
-
-    from tests.support.site import StorageSite
-
-    paramedic("keys", "--out", str(tmp_path / "keys"), "--server", "localhost", "--client", "compute-a")
-    shutil.copytree(site / "dbs" / "several", tmp_path / "replica")
-    root = tmp_path / "root"
-    root.mkdir()
-    server = StorageSite(
-        tmp_path / "replica" / "db", root, tmp_path / "keys" / "server", tmp_path / "serve.log"
-    )
-    server.start()
-    try:
-        restriction = ["-taxids", (site / "common").read_text()]
-        common = ["-query", str(site / "q.fasta"), "-db", "dbs/several/db", "-evalue", "10", *restriction]
-        ship = ["--site", server.url, "--keys", str(tmp_path / "keys" / "compute-a")]
-        record = ["--record", str(tmp_path / "run.json")]
-        proc = paramedic("search", "blastp", *common, "-out", "m.txt", *ship, "--ship", "metadata", *record,
-                         cwd=site, check=False)  # fmt: skip
-        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "-taxids" in proc.stderr, proc.stderr
-        proc = paramedic(
-            "search", "blastp", *common, "-out", "a.txt", *ship, "--ship", "auto", *record, cwd=site
-        )
-        assert "shipped (compressed)" in proc.stderr, proc.stderr
-        blast("blastp", *common, "-out", str(tmp_path / "ref.txt"), cwd=site)
-        assert (root / "a.txt").read_bytes() == (tmp_path / "ref.txt").read_bytes()
-    finally:
-        server.stop()
+# Shipping a restricted search's metadata to a storage site: tests/integration/test_restricted_ship.py

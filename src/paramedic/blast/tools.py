@@ -40,6 +40,26 @@ def blast_version() -> str:
     return first.split(":", 1)[-1].strip()
 
 
+@functools.cache
+def expands_taxids(program: str) -> bool:
+    """Whether this BLAST+ expands -taxids and -taxidlist to their descendant taxa (2.15 and later,
+    through taxonomy4blast.sqlite3), seen by the feature itself: such a BLAST+ has -no_taxid_expansion,
+    2.12 matches the taxids stored with each sequence exactly and has no such option."""
+    return b"-no_taxid_expansion" in run_tool([program, "-help"]).stdout
+
+
+def taxid_matching(program: str, no_expansion: bool = False) -> dict[str, str]:
+    """How the installed BLAST+ matches a job's taxids, for the run record."""
+    version = blast_version()
+    if not expands_taxids(program):
+        how = "exact: the taxids stored with each sequence (this BLAST+ has no -no_taxid_expansion)"
+    elif no_expansion:
+        how = "exact: -no_taxid_expansion was given"
+    else:
+        how = "with descendants: each taxid and the taxa below it, through taxonomy4blast.sqlite3"
+    return {"blast": version, "taxids_matched": how}
+
+
 # A start-up measurement is reused this long (per executable and machine): it sizes plans only, and
 # measuring it costs rank 0 about 0.2 s while every worker waits, a tenth of a one-query search.
 STARTUP_REUSE_SECONDS = 6 * 3600

@@ -15,6 +15,7 @@ through `blastdbcmd -taxids`/`-taxidlist`. Lengths come from the volumes' offset
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -57,24 +58,42 @@ def resolve_subset(db: Database, options: BlastOptions, cwd: Path) -> Subset:
     value = options.get(name) or ""
     oids = np.unique(np.asarray(_members(db, name, value, cwd), dtype=np.int64))
     bits: list[bytes] = []
-    count = total = 0
-    shortest, longest = 2**62, 0
     starts = np.asarray([span[1] for span in db.spans], dtype=np.int64)
     where = np.searchsorted(starts, oids, side="right") - 1
-    for index, (path, first, nseq, _) in enumerate(db.spans):
+    for index, (_, first, nseq, _) in enumerate(db.spans):
         local = oids[where == index] - first
         if local.size and (local.min() < 0 or local.max() >= nseq):
             raise DatabaseError(f"{db.arg}: BLAST+ listed an ordinal id outside its volumes")
         mask = np.zeros(nseq, dtype=bool)
         mask[local] = True
         bits.append(np.packbits(mask).tobytes())
+    return subset_of_masks(db, bits)
+
+
+def subset_of_masks(db: Database, bits: Sequence[bytes]) -> Subset:
+    """The subset whose members are the set bits of `bits` (per volume of `db`, one bit per local id,
+    most significant first), with its statistics counted from `db`'s own volumes: a storage site counts
+    them from its replica rather than believe a sender's numbers. ValueError when the masks do not fit
+    `db`'s volumes (another count of volumes, another size, a bit set past a volume's last id)."""
+    if len(bits) != len(db.spans):
+        raise ValueError(f"masks for {len(bits)} volumes, the database has {len(db.spans)}")
+    count = total = 0
+    shortest, longest = 2**62, 0
+    for index, (path, _, nseq, _) in enumerate(db.spans):
+        mask = bits[index]
+        if len(mask) != (nseq + 7) // 8:
+            raise ValueError(f"volume {index}'s mask is {len(mask)} bytes, not {(nseq + 7) // 8}")
+        flags = np.unpackbits(np.frombuffer(mask, dtype=np.uint8))
+        if flags[nseq:].any():
+            raise ValueError(f"volume {index}'s mask selects an id past its {nseq} sequences")
+        local = np.flatnonzero(flags[:nseq])
         if local.size:
             lengths = _lengths(Path(path), db.dbtype, local)
             count += int(local.size)
             total += int(lengths.sum())
             shortest = min(shortest, int(lengths.min()))
             longest = max(longest, int(lengths.max()))
-    return Subset(tuple(bits), count, total, shortest if count else 0, longest)
+    return Subset(tuple(bytes(b) for b in bits), count, total, shortest if count else 0, longest)
 
 
 def _members(db: Database, name: str, value: str, cwd: Path) -> list[int]:

@@ -12,6 +12,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Literal
@@ -28,7 +29,7 @@ from paramedic.blast.prelim_check import check_shim
 from paramedic.blast.programs import PROGRAMS, Program
 from paramedic.blast.render import can_render
 from paramedic.blast.run import NEGATIVE, Database
-from paramedic.blast.tools import startup_seconds
+from paramedic.blast.tools import startup_seconds, taxid_matching
 from paramedic.db.fasta import read_fasta
 from paramedic.db.locate import resolve_database
 from paramedic.db.manifest import Manifest, Stamp, Verification
@@ -148,6 +149,8 @@ class Job:
     verified: Verification | None = field(default=None, compare=False, repr=False)
     # The -db volumes' files as they were digested (paramedic.db.manifest.volume_stamps)
     volume_stamps: tuple[Stamp, ...] = ()
+    # A restricted search, as the run record says it (`restriction_record`); None: not restricted
+    restriction: dict[str, object] | None = None
 
     def plan(self, workers: int, one_machine: bool = False) -> Plan:
         """The job's plan for `workers` (`one_machine`: worker threads of this process, equal workers)."""
@@ -223,7 +226,9 @@ def prepare_job(
             "db.100), which BLAST+ reads in another order than its id index was written in; use --traceback "
             "once or --strategy queries"
         )
+    subset_started = time.perf_counter()
     db, unrestricted = _restricted(settings, options, db, inexact)
+    subset_seconds = time.perf_counter() - subset_started
     inexact = inexact or unrestricted
     if workers is None:
         workers = local_workers(os.environ)[0]
@@ -240,7 +245,7 @@ def prepare_job(
         blast_batches=blast_batches,
     )
     balance = query_balance([sum(lengths[q] for q in p) for p in segments.pieces], workers)
-    settings = _ship_data_when_inexact(_ship_restricted(settings, options), inexact)
+    settings = _ship_data_when_inexact(_ship_restricted(settings, options, db), inexact)
     strategy = choose_strategy(settings, db, manifest, inexact, balance, memory)
     query_segmentation = strategy.strategy == "queries"
     stage = None if settings.stage is None else check_stage(settings.stage, manifest, db.arg)
@@ -318,6 +323,7 @@ def prepare_job(
         traceback_reason=None if query_segmentation else traceback_reason,
         stage=stage,
         verified=verified if digest == "later" else None,
+        restriction=restriction_record(program.name, options, db, subset_seconds),
     )
 
 
@@ -345,6 +351,28 @@ def _restricted(
     if subset.nseq == 0:  # BLAST+ warns once a query and writes a report without hits
         return db, f"has nothing to search: -{name} selects no sequence of {db.arg}; use --strategy queries"
     return replace(db, subset=subset), None
+
+
+def restriction_record(
+    program: str, options: BlastOptions, db: Database, seconds: float
+) -> dict[str, object] | None:
+    """The run record's `restriction`: the option given; with taxids, how the installed BLAST+ matches
+    them (issue 43: 2.12 matches the stored taxids exactly, 2.15+ expands them to descendant taxa through
+    taxonomy4blast.sqlite3); and the subset, when resolved once for the fragment searches (its size and
+    the seconds its resolution took)."""
+    name = _any_restriction(options)
+    if name is None:
+        return None
+    record: dict[str, object] = {"option": f"-{name}"}
+    if "taxid" in name:
+        record.update(taxid_matching(program, options.has("no_taxid_expansion")))
+    if db.subset is not None:
+        record["subset"] = {
+            "sequences": db.subset.nseq,
+            "letters": db.subset.length,
+            "resolved_seconds": round(seconds, 3),
+        }
+    return record
 
 
 def read_queries(cwd: Path, query: str | None, program: Program) -> list[tuple[str, str]]:
@@ -401,20 +429,34 @@ def _any_restriction(options: BlastOptions) -> str | None:
     return restriction(options) or next((n for n in NEGATIVE if options.has(n)), None)
 
 
-def _ship_restricted(settings: SearchSettings, options: BlastOptions) -> SearchSettings:
-    """A restricted search's metadata would be regenerated at the storage site without its restriction,
-    whose statistics its e-values need (the site does not resolve subsets yet): --ship auto ships the
-    output, compressed; --ship metadata is refused in one line."""
-    name = _any_restriction(options)
+def _ship_restricted(settings: SearchSettings, options: BlastOptions, db: Database) -> SearchSettings:
+    """Metadata under a restriction carries the resolved subset, under which the storage site regenerates
+    (paramedic.ship.subset_wire). Two cannot: a negative restriction, which only BLAST+ run on the whole
+    database applies (--strategy queries: no metadata), and a subset whose masks are too large to ship.
+    For those --ship auto ships the output, compressed, and --ship metadata is refused in one line."""
     ship = settings.ship
-    if name is None or ship is None or not (ship.mode == "auto" or _ships_pieces(ship.mode)):
+    if ship is None or not (ship.mode == "auto" or _ships_pieces(ship.mode)):
+        return settings
+    negative = next((n for n in NEGATIVE if options.has(n)), None)
+    why = None
+    if negative is not None:
+        why = (
+            f"-{negative} is applied by BLAST+ searching the whole database (--strategy queries), which "
+            "makes no metadata"
+        )
+    elif db.subset is not None:
+        from paramedic.ship.subset_wire import MAX_SUBSET_BYTES, encoded_size
+
+        size = encoded_size(db.subset)
+        if size > MAX_SUBSET_BYTES:
+            why = (
+                f"-{restriction(options)} selects a subset whose masks take {size:,} bytes compressed, over "
+                f"the {MAX_SUBSET_BYTES:,} a storage site takes"
+            )
+    if why is None:
         return settings
     if ship.mode != "auto":
-        raise UsageError(
-            f"--ship {ship.mode} with -{name}: the storage site cannot regenerate a restricted search yet "
-            "(its statistics are the subset's); use --ship compressed"
-        )
-    why = f"-{name} restricts the search, which the storage site cannot regenerate yet"
+        raise UsageError(f"--ship {ship.mode}: {why}; use --ship compressed")
     return _ship_compressed(settings, why, "--ship compressed")
 
 

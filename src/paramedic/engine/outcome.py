@@ -61,4 +61,5 @@ def run_record(
         stage=summary(job.stage, [r.stage for r in ranks_stats]),
         traceback=None if segmented else "once" if plan.traceback_once else "per-fragment",
         traceback_reason=job.traceback_reason,
+        restriction=job.restriction,
     )

@@ -323,6 +323,7 @@ def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = Non
         pieces=plan.pieces,
         queries=job.queries,
         nseq=job.db.nseq,
+        subset=job.db.subset,
     )
     earlier = journal.earlier_site_job() if journal is not None else None
     if earlier is not None:  # a killed run's job still holds the output path at the site

@@ -226,6 +226,10 @@ class RunRecord:
     # Searches per batch when consecutive fragments are searched together (paramedic.engine.plan,
     # fragment_groups; a task's `fragment` is then its group); None: one search per fragment
     fragment_groups: int | None = None
+    # A restricted search (-seqidlist, -taxids, ...): the option, with taxids how the installed BLAST+
+    # matches them (its version; exact in 2.12, with descendants in 2.15+), and the subset's size when
+    # it was resolved for the fragment searches (paramedic.engine.job.restriction_record)
+    restriction: dict[str, Any] | None = None
     version: int = VERSION
 
     @classmethod

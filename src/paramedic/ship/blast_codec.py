@@ -20,7 +20,7 @@ from typing import Any
 
 from paramedic.blast.options import BlastOptions
 from paramedic.blast.programs import PROGRAMS
-from paramedic.blast.run import Database, regenerate
+from paramedic.blast.run import NEGATIVE, POSITIVE, Database, Subset, regenerate
 from paramedic.errors import ParamedicError
 from paramedic.output.stitch import Stitcher, can_stitch
 from paramedic.ship.codecs import (
@@ -37,6 +37,7 @@ from paramedic.ship.codecs import (
 )
 from paramedic.ship.idcodec import IdHistory, MetadataFormatError, decode_subjects, encode_subjects
 from paramedic.ship.query_file import StoredQueries
+from paramedic.ship.subset_wire import decode_subset, encode_subset
 from paramedic.ship.wire import ProtocolError, field_int, field_str
 
 MAX_QUERIES = 1_000_000
@@ -68,9 +69,12 @@ class BlastJobSetup:
     manifest_sha256: str
     pieces: tuple[range, ...]
     queries: list[tuple[str, str]]
+    # A restricted search's subset, resolved at the compute site (paramedic.ship.subset_wire): the site
+    # regenerates under it, with its statistics, and reads none of the user's list files
+    subset: Subset | None = None
 
     def encode(self) -> tuple[dict[str, Any], bytes]:
-        header = {
+        header: dict[str, Any] = {
             "program": self.program,
             "options": self.options,
             "db_arg": self.db_arg,
@@ -78,7 +82,11 @@ class BlastJobSetup:
             "n_queries": len(self.queries),
             "pieces": sequence_of_ranges(self.pieces),
         }
-        return header, pack_json([list(q) for q in self.queries])
+        queries = pack_json([list(q) for q in self.queries])
+        if self.subset is None:
+            return header, queries
+        header["subset"], masks = encode_subset(self.subset)
+        return header, masks + queries  # the masks first, their size in the header
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,19 @@ def _private_file(path: Path) -> Path:
     return path
 
 
+def _restriction(options: BlastOptions) -> str | None:
+    """The positive restriction a setup names (regenerated under the subset it carries), or None; a
+    negative one is refused: only BLAST+ run on the whole database applies it (--strategy queries), which
+    makes no metadata."""
+    negative = [name for name in NEGATIVE if options.has(name)]
+    if negative:
+        raise ProtocolError(f"setup: -{negative[0]} is applied by BLAST+ on the whole database, not here")
+    positive = [name for name in POSITIVE if options.has(name)]
+    if len(positive) > 1:
+        raise ProtocolError(f"setup: -{positive[0]} and -{positive[1]} together")
+    return positive[0] if positive else None
+
+
 @register_codec
 class BlastMetadataCodec(Codec):
     name = "blast-metadata"
@@ -120,7 +141,7 @@ class BlastMetadataCodec(Codec):
 
     def job_setup(self, job: JobSpec) -> tuple[dict[str, Any], bytes]:
         return BlastJobSetup(
-            job.program, job.options, job.db_arg, job.manifest_sha256, job.pieces, job.queries
+            job.program, job.options, job.db_arg, job.manifest_sha256, job.pieces, job.queries, job.subset
         ).encode()
 
     def encode(self, unit: tuple[int, Sequence[Sequence[int]], int]) -> tuple[dict[str, Any], bytes]:
@@ -145,6 +166,7 @@ class BlastMetadataCodec(Codec):
             raise ProtocolError(f"setup: option -{refused[0]} is not accepted by the storage site")
         if outfmt in UNSHIPPABLE_OUTFMTS:
             raise ProtocolError(f"setup: -outfmt {outfmt} writes one file per query")
+        restricted = _restriction(options)
         db_arg = field_str(setup, "db_arg", 1024)
         path = PurePosixPath(db_arg)
         if not db_arg or "\0" in db_arg or "\n" in db_arg or ".." in path.parts or db_arg.startswith("-"):
@@ -155,6 +177,13 @@ class BlastMetadataCodec(Codec):
             )
         if PROGRAMS[program].db_type != site.database.dbtype:
             raise ProtocolError(f"{program} cannot search the replica ({site.database.dbtype})")
+        subset = None
+        if restricted is not None or "subset" in setup:
+            if restricted is None:
+                raise ProtocolError("setup: a subset without -seqidlist, -taxids or -taxidlist")
+            if "subset" not in setup:
+                raise ProtocolError(f"setup: -{restricted} without its resolved subset")
+            subset, payload = decode_subset(setup["subset"], payload, site.database)
         n_queries = field_int(setup, "n_queries", 1, MAX_QUERIES)
         pieces = piece_ranges(setup.get("pieces"), n_queries)
         if len(pieces) > 1 and not can_stitch(options.outfmt()):
@@ -168,7 +197,8 @@ class BlastMetadataCodec(Codec):
         queries = StoredQueries(_private_file(site.workdir / f"queries-{uuid.uuid4().hex}.txt"), parsed)
         del parsed
         _return_freed_memory()
-        database = dataclasses.replace(site.database, arg=db_arg)
+        # under a restriction the subset's masks and statistics replace its options (run._applied)
+        database = dataclasses.replace(site.database, arg=db_arg, subset=subset)
         return BlastSiteContext(program, options, database, queries, pieces, site.workdir)
 
     def unpack(

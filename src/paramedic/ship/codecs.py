@@ -59,6 +59,7 @@ class JobSpec:
     pieces: tuple[range, ...]  # the output's pieces, as query index ranges
     queries: list[tuple[str, str]]  # (id and description, sequence)
     nseq: int  # sequences in the database
+    subset: Any = None  # a restricted search's resolved subset (paramedic.blast.run.Subset), or None
 
 
 class BinaryWriter(Protocol):
