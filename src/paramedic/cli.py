@@ -26,7 +26,7 @@ paramedic: parallel NCBI BLAST+ on MPI, with ParaMEDIC's metadata shipping to a 
 usage: paramedic COMMAND [options]     (paramedic COMMAND --help for a command's options)
 
 commands:
-  format   split a FASTA database into BLAST+ fragments with a manifest
+  format   make a BLAST+ database of a FASTA file (makeblastdb, one copy), to search in fragments
              paramedic format --in db.fasta --dbtype prot --fragments 8 --out dbs/uniprot
   search   search with BLAST+ in parallel (BLAST+ options keep their single dash)
              paramedic search blastp -query q.fasta -db dbs/uniprot -out hits.txt -evalue 1e-5
@@ -663,28 +663,47 @@ def _size(text: str) -> int:
 
 
 def _format(argv: list[str]) -> int:
-    from paramedic.db.format import FormatSettings, format_database
+    from paramedic.db.blastdb import DEFAULT_FRAGMENTS
+    from paramedic.db.format import LAYOUTS, FormatSettings, format_database
 
-    parser = _parser("format", "Split a FASTA database into BLAST+ fragments with a manifest.")
+    parser = _parser(
+        "format",
+        "Make a BLAST+ database of a FASTA file (makeblastdb, one copy of the sequences), to be searched in "
+        "--fragments pieces.",
+    )
     parser.add_argument("--in", dest="input", required=True, type=Path, help="FASTA file, plain or gzip")
     parser.add_argument("--dbtype", required=True, choices=["prot", "nucl"])
-    parser.add_argument("--fragments", required=True, type=int, help="number of fragments")
+    parser.add_argument(
+        "--fragments", type=int, default=DEFAULT_FRAGMENTS,
+        help=f"how many pieces a search cuts it into (default {DEFAULT_FRAGMENTS}; at least one per volume)",
+    )  # fmt: skip
     parser.add_argument("--out", required=True, type=Path, help="database name, e.g. dbs/uniprot")
     parser.add_argument("--title", help="database title (default: the --in path, as makeblastdb does)")
     parser.add_argument("--force", action="store_true", help="replace an existing database")
     parser.add_argument(
         "--taxid-map", type=Path, help="lines 'id taxid', as makeblastdb -taxid_map (for -taxids and staxids)"
     )
+    parser.add_argument(
+        "--no-parse-seqids", dest="parse_seqids", action="store_false",
+        help="keep the ids as titles, as makeblastdb does without -parse_seqids (default: -parse_seqids)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--layout", choices=LAYOUTS, default="blastdb",
+        help="blastdb (default): one plain BLAST+ database; fragments: the layout of earlier versions (a "
+        "whole copy and a copy in fragments, about twice the disk)",
+    )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress lines, no summary (errors still)")
     args = parser.parse_args(argv)
     say = (lambda _: None) if args.quiet else (lambda msg: print(f"paramedic: {msg}", file=sys.stderr))
-    settings = FormatSettings(args.input, args.dbtype, args.fragments, args.out, args.title, args.force)
-    manifest = format_database(dataclasses.replace(settings, taxid_map=args.taxid_map), say)
+    settings = FormatSettings(
+        args.input, args.dbtype, args.fragments, args.out, args.title, args.force,
+        taxid_map=args.taxid_map, parse_seqids=args.parse_seqids, layout=args.layout,
+    )  # fmt: skip
+    made = format_database(settings, say)
     if not args.quiet:
-        sizes = ", ".join(f"{f.length:,}" for f in manifest.fragments)
         print(
-            f"paramedic: formatted {manifest.nseq:,} sequences ({manifest.length:,} letters) into "
-            f"{len(manifest.fragments)} fragments of {sizes} letters: {args.out}",
+            f"paramedic: formatted {made.nseq:,} sequences ({made.length:,} letters), searched in "
+            f"{made.fragments} fragments: {args.out}",
             file=sys.stderr,
         )
     return 0

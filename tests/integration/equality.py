@@ -75,7 +75,9 @@ class Site:
     direct: dict[tuple[int, str | None], str]
     _references: dict[tuple[str | None, str], bytes] = field(default_factory=dict)
 
-    def build(self, fasta: Path, fragment_counts: tuple[int, ...] = (4, 7)) -> None:
+    def build(self, fasta: Path, fragment_counts: tuple[int, ...] = (4, 7), layout: str = "blastdb") -> None:
+        """BLAST+'s own database under ref/, and `paramedic format`'s of each fragment count under p<N>/
+        (`layout` "fragments": the layout of earlier versions, for the tests of its mechanisms)."""
         (self.root / "ref").mkdir()
         blast(
             "makeblastdb", "-in", str(fasta), "-dbtype", self.dbtype, "-parse_seqids", "-out", self.db,
@@ -84,7 +86,7 @@ class Site:
         for n in fragment_counts:
             paramedic(
                 "format", "--in", str(fasta), "--dbtype", self.dbtype, "--fragments", str(n),
-                "--out", str(self.root / f"p{n}" / self.db), "--title", self.title, "--quiet",
+                "--out", str(self.root / f"p{n}" / self.db), "--title", self.title, "--layout", layout, "--quiet",
             )  # fmt: skip
 
     def reference(self, max_target: str | None, outfmt: str, *flags: str) -> bytes:

@@ -94,7 +94,7 @@ def test_duplicate_ids_in_format_input_leave_nothing(small: Path, tmp_path: Path
         cwd=tmp_path,
         check=False,
     )
-    assert_fails(proc, 3, "duplicate sequence id 'a'")
+    assert_fails(proc, 3, "makeblastdb refused the input: Error: Duplicate seq_ids are found: LCL|A")
     assert not (tmp_path / "out" / "db").exists() and not (tmp_path / "out" / "db.pal").exists()
     assert list((tmp_path / "out").iterdir()) == []  # no half-built directory left behind
 
@@ -110,6 +110,8 @@ def test_corrupt_database_fails_whole_job_without_hanging(small: Path, tmp_path:
         "2",
         "--out",
         "c/db",
+        "--layout",
+        "fragments",
         cwd=tmp_path,
     )
     (tmp_path / "c" / "db" / "f001.psq").write_bytes(b"garbage")  # a worker's BLAST+ run will fail

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def site(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("faults")
-    databases.place(root, 2000, fragments=2, out="dbs/db")
+    databases.place(root, 2000, fragments=2, out="dbs/db", layout="fragments")
     databases.queries(root / "q.fasta", 3)
     databases.queries(root / "q100.fasta", 100)
     return root

@@ -34,7 +34,7 @@ SLACK = 15.0
 @pytest.fixture(scope="module")
 def base(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("mirror-bounds")
-    databases.place(base, 2000, fragments=4)
+    databases.place(base, 2000, fragments=4, layout="fragments")
     databases.keys(base / "keys")
     return base
 

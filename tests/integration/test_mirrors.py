@@ -30,8 +30,10 @@ def open_set(*args, **kwargs) -> ReplicaSet:
 @pytest.fixture(scope="module")
 def base(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("mirrors")
-    databases.place(base, 2000, fragments=4)
-    databases.place(base, 2000, fragments=4, out="other/uni", start=2000, fasta="other.fasta")
+    databases.place(base, 2000, fragments=4, layout="fragments")
+    databases.place(
+        base, 2000, fragments=4, out="other/uni", start=2000, fasta="other.fasta", layout="fragments"
+    )
     shutil.copytree(base / "db", base / "copy")
     shutil.copy(base / "db" / "uni.pal", base / "copy" / "uni.pal")
     databases.keys(base / "keys")

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.integration
 def world(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A small formatted database (the replica) and keys for three compute sites."""
     base = tmp_path_factory.mktemp("faults")
-    databases.place(base, 40, fragments=2)
+    databases.place(base, 40, fragments=2, layout="fragments")
     databases.queries(base / "q.fasta", 3)
     databases.keys(base / "keys", ("compute-a", "compute-b", "compute-c"))
     return {"base": base, "replica": base / "db" / "uni", "keys": base / "keys", "queries": base / "q.fasta"}

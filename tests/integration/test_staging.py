@@ -27,7 +27,7 @@ def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
     take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "queries.fasta", 30)
     take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 2000)
     site = Site(root, "blastp", "uniprot", "prot", "mmseqs2 part", {})
-    site.build(root / "db.fasta", fragment_counts=(4,))
+    site.build(root / "db.fasta", fragment_counts=(4,), layout="fragments")
     return site
 
 

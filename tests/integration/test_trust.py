@@ -31,7 +31,7 @@ def site(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
     take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "queries.fasta", 12)
     take_fasta(data_dir / "mmseqs2" / "DB.fasta", root / "db.fasta", 800)
     site = Site(root, "blastp", "uniprot", "prot", "mmseqs2 part", {})
-    site.build(root / "db.fasta", fragment_counts=(3,))
+    site.build(root / "db.fasta", fragment_counts=(3,), layout="fragments")
     return site
 
 
@@ -478,12 +478,11 @@ def test_format_accepts_a_protein_made_of_nucleotide_letters(site: Site, tmp_pat
         capture_output=True, text=True,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
-    proc = paramedic("format", "--in", str(fasta), "--dbtype", "prot", "--fragments", "2", "--out",
-                     str(tmp_path / "p" / "db"), "--quiet", check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.startswith("paramedic: warning: ") and "acgt_protein" in proc.stderr
-    manifest = json.loads((tmp_path / "p" / "db" / "manifest.json").read_text())
-    assert manifest["nseq"] == 801
+    for layout in ("blastdb", "fragments"):
+        proc = paramedic("format", "--in", str(fasta), "--dbtype", "prot", "--fragments", "2", "--out",
+                         str(tmp_path / layout / "db"), "--layout", layout, "--quiet", check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert nseq_and_length(tmp_path / layout / "db")[0] == 801
 
 
 def test_format_accepts_what_makeblastdb_accepts_whatever_a_fragment_begins_with(tmp_path: Path) -> None:
@@ -499,12 +498,22 @@ def test_format_accepts_what_makeblastdb_accepts_whatever_a_fragment_begins_with
         capture_output=True, text=True,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
-    for fragments in ("2", "3"):
+    for fragments, layout in (("2", "fragments"), ("3", "fragments"), ("3", "blastdb")):
+        out = tmp_path / f"p{fragments}{layout}" / "db"
         proc = paramedic("format", "--in", str(fasta), "--dbtype", "prot", "--fragments", fragments, "--out",
-                         str(tmp_path / f"p{fragments}" / "db"), "--quiet", check=False)  # fmt: skip
+                         str(out), "--layout", layout, "--quiet", check=False)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
-        manifest = json.loads((tmp_path / f"p{fragments}" / "db" / "manifest.json").read_text())
-        assert manifest["nseq"] == 4 and manifest["length"] == 11 + 12 + 9 + 4
+        assert nseq_and_length(out) == (4, 11 + 12 + 9 + 4)
+
+
+def nseq_and_length(db: Path) -> tuple[int, int]:
+    """A database's sequences and letters as BLAST+ counts them (`blastdbcmd -info`)."""
+    import subprocess
+
+    info = subprocess.run(["blastdbcmd", "-db", str(db), "-info"], capture_output=True, text=True, check=True)
+    line = next(x for x in info.stdout.splitlines() if "sequences;" in x)
+    parts = line.replace(",", "").split()
+    return int(parts[0]), int(parts[2])
 
 
 def run_bounded(

@@ -50,7 +50,7 @@ def sites(databases: Databases, tmp_path: Path) -> Iterator[Sites]:
     compute, storage = tmp_path / "compute", tmp_path / "storage"
     for d in (compute, storage / "root"):
         d.mkdir(parents=True)
-    databases.place(compute, 800, fragments=2)
+    databases.place(compute, 800, fragments=2, layout="fragments")
     databases.queries(compute / "q.fasta", 8)
     subprocess.run(["cp", "-r", str(compute / "db"), str(storage / "replica")], check=True)
     databases.keys(tmp_path / "keys")
@@ -133,7 +133,7 @@ def test_a_replica_changed_while_a_job_regenerates_publishes_nothing(
     compute, storage = tmp_path / "compute", tmp_path / "storage"
     for d in (compute, storage / "root"):
         d.mkdir(parents=True)
-    databases.place(compute, 800, fragments=2)
+    databases.place(compute, 800, fragments=2, layout="fragments")
     databases.queries(compute / "q.fasta", 8)
     subprocess.run(["cp", "-r", str(compute / "db"), str(storage / "replica")], check=True)
     databases.keys(tmp_path / "keys")

@@ -42,11 +42,13 @@ class Databases:
         fasta: str = "db.fasta",
         source: str = PROTEINS,
         dbtype: str = "prot",
+        layout: str = "blastdb",
     ) -> Path:
         """Records [start, start+records) of `source` (all of it when None) as `dest/fasta`, formatted into
-        `fragments` fragments at `dest/out` (relative to `dest`, as `paramedic format --out` took it).
-        Returns `dest/out`."""
-        key = ("db", source, records, start, fragments, out, fasta, dbtype)
+        `fragments` fragments at `dest/out` (relative to `dest`, as `paramedic format --out` took it);
+        `layout`: "fragments" for the layout of earlier versions (a whole copy, fragment copies, a
+        manifest), whose tests check that such databases keep working. Returns `dest/out`."""
+        key = ("db", source, records, start, fragments, out, fasta, dbtype, layout)
         built = self._built.get(key)
         if built is None:
             built = self.root / f"db{len(self._built)}"
@@ -57,7 +59,7 @@ class Databases:
                 take_fasta(self.data_dir / source, built / fasta, records, start)
             paramedic(
                 "format", "--in", fasta, "--dbtype", dbtype, "--fragments", str(fragments), "--out", out,
-                "--quiet", cwd=built,
+                "--layout", layout, "--quiet", cwd=built,
             )  # fmt: skip
             self._built[key] = built
         dest.mkdir(parents=True, exist_ok=True)

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paramedic.blast.tools import run_tool
-from paramedic.errors import BlastError, DatabaseError
+from paramedic.errors import BlastError, DatabaseError, UsageError
 
 DEFAULT_FRAGMENTS = 4  # at least this many fragments (a database of more volumes has one per volume)
 _KINDS = {"prot": ".p", "nucl": ".n"}
+_WORDS = {"prot": "protein", "nucl": "nucleotide"}
 # Keys of a user's alias file that restrict or re-count its volumes: a search of it is not a search of its
 # volumes, which is what the fragments and regenerations are made of.
 _RESTRICTING = re.compile(
@@ -91,6 +92,12 @@ def open_blastdb(arg: str, cwd: Path, dbtype: str | None = None) -> BlastDb:
         if info is not None:
             dbtype = kind
             break
+    if info is None and dbtype is not None:
+        other = "nucl" if dbtype == "prot" else "prot"
+        if _info(arg, cwd, other) is not None:
+            raise UsageError(
+                f"-db {arg}: a {_WORDS[other]} database, and the program searches a {_WORDS[dbtype]} database"
+            )
     if info is None or dbtype is None:
         raise DatabaseError(f"database {arg!r} not found (BLAST+ looks in {cwd} and in BLASTDB)")
     _check_aliases(arg, cwd, dbtype)

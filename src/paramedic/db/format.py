@@ -1,15 +1,16 @@
-"""`paramedic format`: a FASTA file -> a segmented BLAST+ database with a manifest.
+"""`paramedic format`: a FASTA file -> one plain BLAST+ database, searched in place like any other.
 
 Layout of `--out dbs/uniprot` (protein shown; nucleotide uses .nal):
 
-    dbs/uniprot.pal              alias over the whole database: `-db dbs/uniprot` works for BLAST+ too
-    dbs/uniprot/manifest.json    totals, fragments, checksums, tool versions
-    dbs/uniprot/sequences.tsv    global ordinal id -> fragment, length, sequence id
-    dbs/uniprot/seqids.*         global ordinal id -> the whole database's Seq-id (reports from archives)
-    dbs/uniprot/whole.*          the input as one BLAST+ database, original order and ids (lookups and
-                                 regeneration: its ordinal ids are the global ids)
-    dbs/uniprot/f003.*           fragment 3: makeblastdb -parse_seqids, ids `lcl|g<global id>`
-    dbs/uniprot/frag003.pal      fragment 3 with the whole database's NSEQ and LENGTH
+    dbs/uniprot.pal                alias over the database: `-db dbs/uniprot` works for BLAST+ too
+    dbs/uniprot/uniprot.*          what makeblastdb makes of the input (one or more volumes), nothing else
+    dbs/uniprot/paramedic.json     a few hundred bytes: how many fragments to search it in, where it came
+                                   from (the input's SHA-256, the taxid map's, the tools' versions)
+
+The sequences are written once, by makeblastdb, streamed from the input (gzip undone): no copy of the
+FASTA, no second database of fragments. A search finds it as BLAST+ does and cuts it into ordinal-id
+ranges (paramedic.db.locate.in_place), `--fragments` of them. `--layout fragments` writes the layout of
+earlier versions instead (paramedic.db.fragmented).
 
 Everything is built in a temporary directory beside the target and renamed into place, so an interrupted
 format leaves no half-made database under the target name.
@@ -17,41 +18,26 @@ format leaves no half-made database under the target name.
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
-import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import blake3
-
 from paramedic import __version__
 from paramedic.blast.alias import write_alias
-from paramedic.blast.hits import FRAGMENT_ID_PREFIX
 from paramedic.blast.programs import MolType, alias_suffix
-from paramedic.blast.tools import blast_version, run_tool
-from paramedic.db.fasta import read_fasta
-from paramedic.db.manifest import (
-    FORMAT_VERSION,
-    FRAGMENT_DIGESTS,
-    MANIFEST_NAME,
-    MEMBERS_NAME,
-    SEQUENCES_NAME,
-    WHOLE_NAME,
-    Fragment,
-    Manifest,
-    members_bytes,
-    volume_blake3,
-    volume_sha256,
-)
-from paramedic.db.segment import assign_fragments
-from paramedic.db.seqids import write_seqid_table
-from paramedic.errors import BlastError, InputError, OutputError, UsageError
+from paramedic.blast.tools import blast_version
+from paramedic.db.blastdb import fragment_ranges, open_blastdb
+from paramedic.db.makeblastdb import database_size, file_sha256, make_streamed, taxid_map_args, warn
+from paramedic.errors import DatabaseError, OutputError, UsageError
+
+DESCRIPTION_NAME = "paramedic.json"
+DESCRIPTION_KIND = "paramedic-format"
+_MAX_DESCRIPTION = 64 << 10
+LAYOUTS = ("blastdb", "fragments")
 
 
 @dataclass(frozen=True)
@@ -64,126 +50,108 @@ class FormatSettings:
     force: bool = False
     jobs: int = os.cpu_count() or 1
     taxid_map: Path | None = None  # makeblastdb -taxid_map: "id taxid" lines, for -taxids and staxids
+    parse_seqids: bool = True  # makeblastdb -parse_seqids: ids kept as ids (needed for -seqidlist)
+    layout: str = "blastdb"
 
 
-def format_database(settings: FormatSettings, progress: Callable[[str], None] = lambda _: None) -> Manifest:
+@dataclass(frozen=True)
+class Formatted:
+    """What a format made, for its summary line."""
+
+    nseq: int
+    length: int
+    fragments: int
+    layout: str
+
+
+def format_database(settings: FormatSettings, progress: Callable[[str], None] = lambda _: None) -> Formatted:
     out = settings.out
     alias_path = out.parent / (out.name + alias_suffix(settings.dbtype))
     if settings.fragments < 1:
         raise UsageError("--fragments must be at least 1")
+    if settings.layout not in LAYOUTS:
+        raise UsageError(f"--layout {settings.layout}: choose {' or '.join(LAYOUTS)}")
+    if settings.layout == "fragments" and not settings.parse_seqids:
+        raise UsageError("--layout fragments keeps ids (-parse_seqids): drop --no-parse-seqids")
     if (out.exists() or alias_path.exists()) and not settings.force:
         raise OutputError(f"{out} already exists (use --force to replace it)")
+    if not settings.input.is_file():
+        raise UsageError(f"--in {settings.input}: no such file")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         build = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     except OSError as exc:
         raise OutputError(f"cannot create {out.parent}: {exc.strerror}") from exc
+    title = settings.title or _default_title(settings.input)
     try:
-        manifest = _build(settings, build, progress)
-        _install(build, out, alias_path, manifest)
-        return manifest
+        if settings.layout == "fragments":
+            from paramedic.db.fragmented import build_fragmented
+
+            manifest = build_fragmented(
+                settings.input, settings.dbtype, settings.fragments, title, settings.taxid_map,
+                settings.jobs, build, progress,
+            )  # fmt: skip
+            made = Formatted(manifest.nseq, manifest.length, len(manifest.fragments), "fragments")
+            entry = manifest.whole
+        else:
+            made = _build(settings, title, build, progress)
+            entry = out.name
+        _install(build, out, alias_path, f"{out.name}/{entry}", title, made)
+        return made
     finally:
         shutil.rmtree(build, ignore_errors=True)
 
 
-def _build(settings: FormatSettings, build: Path, progress: Callable[[str], None]) -> Manifest:
-    title = settings.title or _default_title(settings.input)
-    progress(f"reading {settings.input}")
-    lengths: list[int] = []
-    ids: list[str] = []
-    seen: dict[str, int] = {}
-    digest = hashlib.sha256()
-    whole_fasta = build / "whole.fasta"
-    with open(whole_fasta, "w") as whole:
-        for record in read_fasta(settings.input, settings.dbtype, warn=_warn):
-            if record.seq_id in seen:
-                raise InputError(
-                    f"{settings.input}: duplicate sequence id {record.seq_id!r} "
-                    f"(records {seen[record.seq_id] + 1} and {len(ids) + 1})"
-                )
-            seen[record.seq_id] = len(ids)
-            text = f">{record.header}\n{record.sequence}\n"
-            whole.write(text)
-            digest.update(text.encode())
-            ids.append(record.seq_id)
-            lengths.append(len(record.sequence))
-    if settings.fragments > len(lengths):
-        raise UsageError(f"--fragments {settings.fragments} is more than the {len(lengths)} sequences")
+def _build(settings: FormatSettings, title: str, build: Path, progress: Callable[[str], None]) -> Formatted:
+    """makeblastdb on the input as it is, into `build` under the database's own name, and its description."""
+    name = settings.out.name
+    extra = ["-parse_seqids"] if settings.parse_seqids else []
+    extra += taxid_map_args(settings.taxid_map)
+    progress(f"makeblastdb: {settings.input}")
+    input_sha256, warnings = make_streamed(build, settings.dbtype, settings.input, name, title, extra)
+    for text in dict.fromkeys(warnings):
+        warn(f"makeblastdb: {text}")
+    nseq, length = database_size(build, name)
+    if settings.fragments > nseq:
+        raise UsageError(f"--fragments {settings.fragments} is more than the {nseq} sequences")
+    description = {
+        "kind": DESCRIPTION_KIND,
+        "version": 1,
+        "fragments": settings.fragments,
+        "title": title,
+        "input": str(settings.input),
+        "input_sha256": input_sha256,
+        "parse_seqids": settings.parse_seqids,
+        "taxid_map_sha256": file_sha256(settings.taxid_map) if settings.taxid_map else None,
+        "blast": blast_version(),
+        "paramedic": __version__,
+    }
+    pieces = len(fragment_ranges(open_blastdb(name, build, settings.dbtype), settings.fragments))
+    (build / DESCRIPTION_NAME).write_text(json.dumps(description, indent=2) + "\n")
+    return Formatted(nseq, length, pieces, "blastdb")
 
-    members = assign_fragments(lengths, settings.fragments)
-    fragment_of = [0] * len(lengths)
-    for frag, gids in enumerate(members):
-        for gid in gids:
-            fragment_of[gid] = frag
-    volumes = [f"f{i:03d}" for i in range(settings.fragments)]
-    _write_fragment_fastas(whole_fasta, fragment_of, [build / f"{v}.fasta" for v in volumes])
 
-    progress(f"makeblastdb: whole database and {settings.fragments} fragments")
-    taxids = _taxid_map(settings.taxid_map)
-    jobs = [(whole_fasta, WHOLE_NAME, title, taxids)] + [
-        (build / f"{v}.fasta", v, f"{title} fragment {i + 1}/{settings.fragments}", [])
-        for i, v in enumerate(volumes)
-    ]
-    with ThreadPoolExecutor(max_workers=max(1, settings.jobs)) as pool:
-        list(pool.map(lambda job: _makeblastdb(build, settings.dbtype, *job), jobs))
-
-    nseq, length = _whole_size(build, len(lengths))
-    write_seqid_table(build, WHOLE_NAME, nseq)
-    members_file = members_bytes(fragment_of, settings.fragments)
-    (build / MEMBERS_NAME).write_bytes(members_file)
-    fragments = []
-    for i, gids in enumerate(members):
-        name = f"frag{i:03d}"
-        write_alias(
-            build / (name + alias_suffix(settings.dbtype)),
-            [volumes[i]],
-            title=title,
-            nseq=nseq,
-            length=length,
+def described_fragments(directory: Path) -> int | None:
+    """The fragment count `paramedic format --fragments` recorded beside a database's volumes (None: the
+    database was not made by `paramedic format`)."""
+    path = directory / DESCRIPTION_NAME
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(_MAX_DESCRIPTION + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise DatabaseError(f"{path}: unreadable ({exc.strerror})") from exc
+    try:
+        text = json.loads(data) if len(data) <= _MAX_DESCRIPTION else None
+        count = text["fragments"] if isinstance(text, dict) and text.get("kind") == DESCRIPTION_KIND else None
+    except (ValueError, KeyError):
+        count = None
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1_000_000:
+        raise DatabaseError(
+            f"{path}: not a description `paramedic format` wrote (remove it, or format again)"
         )
-        (build / f"{volumes[i]}.fasta").unlink()  # before the digest: it covers what stays on disk
-        fragments.append(
-            Fragment(
-                name=name,
-                volume=volumes[i],
-                nseq=len(gids),
-                length=sum(lengths[g] for g in gids),
-                sha256=volume_sha256(build, volumes[i]),
-            )
-        )
-    whole_fasta.unlink()
-    with open(build / SEQUENCES_NAME, "w") as fh:
-        fh.write("gid\tfragment\tlength\tid\n")
-        for gid, seq_id in enumerate(ids):
-            fh.write(f"{gid}\t{fragment_of[gid]}\t{lengths[gid]}\t{seq_id}\n")
-    manifest = Manifest(
-        format_version=FORMAT_VERSION,
-        dbtype=settings.dbtype,
-        title=title,
-        nseq=nseq,
-        length=length,
-        whole=WHOLE_NAME,
-        whole_sha256=volume_sha256(build, WHOLE_NAME),
-        fragments=fragments,
-        input_path=str(settings.input),
-        content_sha256=digest.hexdigest(),
-        # "digests": the fragments' digests cover their files as stored (databases formatted before
-        # this also counted a FASTA file removed afterwards, so their fragments cannot be verified)
-        tools={
-            "blast": blast_version(),
-            "paramedic": __version__,
-            "digests": FRAGMENT_DIGESTS,
-            **({"taxid_map_sha256": _sha256(settings.taxid_map)} if settings.taxid_map else {}),
-        },
-        volume_blake3={v: volume_blake3(build, v) for v in [WHOLE_NAME, *volumes]},
-        members_blake3=blake3.blake3(members_file).hexdigest(),
-    )
-    (build / MANIFEST_NAME).write_text(manifest.to_json())
-    return manifest
-
-
-def _warn(text: str) -> None:
-    print(f"paramedic: warning: {text}", file=sys.stderr, flush=True)
+    return count
 
 
 def _default_title(path: Path) -> str:
@@ -191,96 +159,8 @@ def _default_title(path: Path) -> str:
     return text[: -len(".gz")] if text.endswith(".gz") else text
 
 
-def _write_fragment_fastas(whole_fasta: Path, fragment_of: list[int], paths: list[Path]) -> None:
-    """One pass over the normalised whole FASTA (two lines per record), each record to its fragment."""
-    outs = [open(p, "w") for p in paths]
-    try:
-        with open(whole_fasta) as whole:
-            for gid, _header in enumerate(whole):
-                sequence = whole.readline()
-                outs[fragment_of[gid]].write(f">lcl|{FRAGMENT_ID_PREFIX}{gid}\n{sequence}")
-    finally:
-        for fh in outs:
-            fh.close()
-
-
-def _taxid_map(path: Path | None) -> list[str]:
-    """makeblastdb's arguments for a taxid map (the whole database's volume only: its regenerations and
-    reports print the taxids; fragments name their sequences by ordinal ids)."""
-    if path is None:
-        return []
-    if not path.is_file():
-        raise InputError(f"--taxid-map {path}: no such file")
-    return ["-taxid_map", str(path.resolve())]
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _makeblastdb(
-    build: Path, dbtype: MolType, fasta: Path, volume: str, title: str, extra: list[str]
-) -> None:
-    """One volume. The FASTA goes on standard input (`-in -`): makeblastdb guesses a named file's format
-    from its first bytes, and refused a fragment file beginning with a short or unusual protein
-    (`MKUOLLXBZJ*`, gaps) although it took the whole file; on standard input it reads FASTA as told."""
-    try:
-        _run_makeblastdb(build, dbtype, fasta, volume, title, extra)
-    except BlastError as exc:
-        raise InputError(_refusal(str(exc))) from exc
-
-
-def _refusal(message: str) -> str:
-    """makeblastdb's refusal in one line of its own words, without the C++ exception's wrapping; for ids
-    that -parse_seqids cannot read, the way that works (makeblastdb's default keeps them as titles)."""
-    text = " ".join(message.split())
-    reason = re.sub(r"^.*(?:creation error:|\(\) - |makeblastdb failed \(exit \d+\):)\s*", "", text)
-    if "seq-id" in text.lower() or "ID type" in text or "too long" in text:
-        return (
-            f"makeblastdb -parse_seqids cannot read an id of this FASTA ({reason}); `paramedic format` keeps ids, "
-            "so make the database with makeblastdb itself (its default keeps such ids as titles) and search it "
-            "in place: paramedic search ... -db THAT_DATABASE"
-        )
-    return f"makeblastdb refused the input: {reason}"
-
-
-def _run_makeblastdb(
-    build: Path, dbtype: MolType, fasta: Path, volume: str, title: str, extra: list[str]
-) -> None:
-    run_tool(
-        [
-            "makeblastdb",
-            "-in",
-            "-",
-            "-dbtype",
-            dbtype,
-            "-parse_seqids",
-            "-out",
-            volume,
-            "-title",
-            title,
-            *extra,
-        ],
-        cwd=build,
-        stdin_path=build / fasta.name,
-    )
-
-
-def _whole_size(build: Path, expected_nseq: int) -> tuple[int, int]:
-    """Sequence and letter counts as BLAST+ itself counts them (authoritative for statistics)."""
-    info = run_tool(["blastdbcmd", "-db", WHOLE_NAME, "-info"], cwd=build).stdout.decode()
-    for line in info.splitlines():
-        if "sequences;" in line and "total" in line:
-            parts = line.replace(",", "").split()
-            nseq, length = int(parts[0]), int(parts[2])
-            if nseq != expected_nseq:
-                raise InputError(f"makeblastdb kept {nseq} of {expected_nseq} sequences")
-            return nseq, length
-    raise InputError("blastdbcmd -info printed no size line")
-
-
-def _install(build: Path, out: Path, alias_path: Path, manifest: Manifest) -> None:
-    """Rename the finished build into place, then write the top-level alias (atomic per file)."""
+def _install(build: Path, out: Path, alias_path: Path, entry: str, title: str, made: Formatted) -> None:
+    """Rename the finished build into place (one directory: atomic), then write the top-level alias."""
     old = None
     if out.exists():
         old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
@@ -291,12 +171,9 @@ def _install(build: Path, out: Path, alias_path: Path, manifest: Manifest) -> No
         if path != data_dir:
             os.replace(path, data_dir / path.name)
     os.replace(data_dir, out)
-    write_alias(
-        alias_path,
-        [f"{out.name}/{manifest.whole}"],
-        title=manifest.title,
-        nseq=manifest.nseq,
-        length=manifest.length,
-    )
+    write_alias(alias_path, [entry], title=title, nseq=made.nseq, length=made.length)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.chmod(alias_path, 0o666 & ~mask)  # readable as makeblastdb's own files are (it was made private)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""Finding a database made by `paramedic format` as BLAST+ resolves -db, and checking it is complete.
+"""Finding a database as BLAST+ resolves -db (any BLAST+ database, searched in place, or the layout of
+earlier `paramedic format` versions with its manifest), and checking it is complete.
 
 Used by the search (the compute site's database) and by the storage site (its replica): both must find and
 check a database the same way, and the storage site must not depend on the search engine to do it.
@@ -15,7 +16,8 @@ import blake3
 
 from paramedic.blast.programs import alias_suffix
 from paramedic.blast.run import Database
-from paramedic.db.blastdb import Volume, fragment_ranges, open_blastdb, read_volumes
+from paramedic.db.blastdb import DEFAULT_FRAGMENTS, Volume, fragment_ranges, open_blastdb, read_volumes
+from paramedic.db.format import described_fragments
 from paramedic.db.manifest import (
     FORMAT_VERSION,
     IN_PLACE,
@@ -98,7 +100,9 @@ def open_in_place(arg: str, cwd: Path, dbtype: str | None = None) -> tuple[Datab
 
 def _in_place(arg: str, cwd: Path, dbtype: str | None) -> tuple[Database, Manifest]:
     blastdb = open_blastdb(arg, cwd, dbtype)
-    ranges = fragment_ranges(blastdb)
+    places = {Path(v.path).parent for v in blastdb.volumes}
+    wanted = described_fragments(places.pop()) if len(places) == 1 else None
+    ranges = fragment_ranges(blastdb, wanted or DEFAULT_FRAGMENTS)
     volumes = blastdb.volumes
     manifest = Manifest(
         format_version=FORMAT_VERSION,
