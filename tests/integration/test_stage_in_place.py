@@ -77,6 +77,15 @@ def site(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[P
     _makeblastdb(fasta, dbs / "dup" / "a" / "db", "-blastdb_version", "4")
     _makeblastdb(other, dbs / "dup" / "b" / "db", "-blastdb_version", "4")
     (dbs / "dup.pal").write_text(f"TITLE dup\nDBLIST {dbs / 'dup' / 'a' / 'db'} {dbs / 'dup' / 'b' / 'db'}\n")
+    # an alias over two version-5 databases of several volumes in two directories, one with a space
+    half = take_fasta(other, base / "half.fasta", 1200)
+    _makeblastdb(
+        half, dbs / "two parts" / "b", "-blastdb_version", "5", "-parse_seqids", "-max_file_sz", "200KB"
+    )
+    assert len(list((dbs / "two parts").glob("b.*.pin"))) >= 2 and (dbs / "two parts" / "b.pdb").is_file()
+    (dbs / "both.pal").write_text(
+        f'TITLE both\nDBLIST {dbs / "v5-seqids-several" / "db"} "{dbs / "two parts" / "b"}"\n'
+    )
     paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
     _set_writable(dbs, False)
     yield base
@@ -147,6 +156,23 @@ def test_a_database_in_place_is_staged_cold_and_warm(site: Path, tmp_path: Path,
     _, warm = _search(site, tmp_path / "warm.tsv", f"{name}/db", "--stage", str(cache))
     assert warm["stage"]["copies"] == 0 and warm["stage"]["hits"] >= searches
     assert _replicas(warm) == []  # a warm cache opens no replica
+
+
+def test_an_alias_over_two_directories_stages_each_database_s_shared_files_once(
+    site: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    _, record = _search(site, tmp_path / "cold.tsv", "both", "--stage", str(cache))
+    volumes = len(list((site / "dbs" / "v5-seqids-several").glob("*.pin")))
+    volumes += len(list((site / "dbs" / "two parts").glob("*.pin")))
+    assert record["stage"]["copies"] == volumes + 2 and record["stage"]["in_place"] == []
+    entry = next(p for p in cache.iterdir() if p.is_dir())
+    shared = sorted(p.name for p in entry.iterdir() if p.is_dir() and p.name.startswith("s"))
+    assert shared == ["s000", "s001"]
+    targets = {os.readlink(p) for p in entry.glob("v*/*.pdb")}  # (BLAST+'s order: b.00 before db.00)
+    assert targets == {"../s000/b.pdb", "../s001/db.pdb"}
+    _, warm = _search(site, tmp_path / "warm.tsv", "both", "--stage", str(cache))
+    assert warm["stage"]["copies"] == 0
 
 
 @pytest.mark.parametrize("name", ["v5-seqids-several", "v4-several"])
