@@ -915,7 +915,8 @@ def _search_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="another replica of the -db database to copy fragments from with --stage: a directory or a "
-        "storage site URL (repeatable; its manifest must equal -db's)",
+        "storage site URL (repeatable; its manifest must equal -db's). For a makeblastdb database, the "
+        "directory holds it under -db's name (or give its -db path): the same volumes, digests equal",
     )
     return parser
 

@@ -4,7 +4,8 @@ A replica is a place that holds the files of a `paramedic format` database: a di
 a mirror mount) or a storage site serving its database read-only (`paramedic serve`, `tls://`). Staging
 (`paramedic.db.stage`) and striped reads over several replicas (`paramedic.db.stripes`) see replicas only
 through `Replica`; a URL's replica comes from its scheme's plugin (`ship.transport`, the same plugin that
-ships output), passed in as a `ReplicaOpener`. Whatever a replica serves is untrusted until it verifies against the manifest's SHA-256s.
+ships output), passed in as a `ReplicaOpener`. Whatever a replica serves is untrusted until it verifies
+against the manifest's SHA-256s (a database searched in place: its BLAKE3s, `InPlaceReplica`).
 """
 
 from __future__ import annotations

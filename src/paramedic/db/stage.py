@@ -13,6 +13,12 @@ Layout, one entry per database identity (the manifest checksum), one directory p
                                        copy, exclusive while it is copied, discarded or evicted
     DIR/<checksum[:32]>/.fill-f003-<bytes>-<token>/   a copy under way (its size is reserved)
 
+A database searched in place (paramedic.db.units) is copied by user volume, `v00003/` (its own files,
+under their own names), and a version-5 database's shared files once, `s000/` (.pdb, .pos, ...), which
+each volume's directory links (`db.pdb -> ../s000/db.pdb`); a search holds both units' locks, so the
+shared files are never evicted under it, and a volume whose shared files were evicted is kept and linked
+again when they are copied back. Links are sealed as links (their targets included).
+
 Why it is safe:
 - Published atomically: files are filled in a `.fill-*` directory inside the entry, fsynced, and the
   directory is renamed into place; a copy killed half-way leaves only a `.fill-*` directory, which the
