@@ -10,11 +10,17 @@ fragments -outfmt 0 -evalue 1e-5`. Their run records (WORK/<program>/hits.txt.ru
 BLAST+ seconds with its residues: the search rate per core the predictions take.
 
     PARAMEDIC_DATA=~/.cache/paramedic/data .venv/bin/python bench/startup_pilots.py --work /var/tmp/pm-pilots
+
+Then `--predict` (no search): a 64-node job (`--nodes 64 --node-ranks 32`: 2,048 ranks, 2,047 workers) of
+`--queries` queries against nr (the blastp pilot) and nt (the blastn pilot), first and second job, in place
+and staged, and a first job at a slower digest rate; prints a Markdown table of where the time goes, and
+each `paramedic simulate` command.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -47,11 +53,60 @@ def nucleotide(work: Path) -> tuple[str, Path, Path]:
     return "nucl", work / "db.fasta", work / "q.fasta"
 
 
+CASES = [
+    ("first job", []),
+    ("second job", ["--second-job"]),
+    ("first job, digest at 0.7 GB/s", ["--digest-rate", "0.7G"]),
+    ("first job, --stage", ["--stage"]),
+    ("second job, --stage", ["--stage", "--second-job"]),
+]
+SHOWN = [
+    ("rank 0 start", ["start: rank 0 resolves -db, stamps"]),
+    ("verification", ["start: verification"]),
+    ("opens + staging", ["start: volume opens", "start: staging"]),
+    ("search", ["search"]),
+    ("report pieces", ["report pieces"]),
+    ("merge + messages", ["merge", "messages"]),
+    ("output", ["output"]),
+    ("fixed", ["fixed (pilot's start, commit, stop)"]),
+    ("idle", ["idle"]),
+]
+
+
+def predict(args: argparse.Namespace) -> None:
+    workers = args.nodes * args.node_ranks - 1
+    head = "| database | job | wall s | efficiency | rank 0 before the first search s |"
+    print(head + "".join(f" {name} |" for name, _ in SHOWN))
+    print("|---" * (5 + len(SHOWN)) + "|")
+    for database, program in (("nr", "blastp"), ("nt", "blastn")):
+        record = args.work / program / "hits.txt.run.json"
+        for name, extra in CASES:
+            argv = [PARAMEDIC, "simulate", "--record", str(record), "--queries", str(args.queries)]
+            argv += ["--workers", str(workers), "--node-ranks", str(args.node_ranks)]
+            argv += ["--database-profile", database, *extra]
+            print("<!-- " + " ".join(argv[1:]) + " -->", file=sys.stderr)
+            out = json.loads(subprocess.run([*argv, "--json"], check=True, capture_output=True).stdout)
+            where = out["where"]
+            row = f"| {database} | {name} | {out['wall_seconds']:,.0f} | {100 * out['efficiency']:.1f}% |"
+            row += f" {out['startup']['rank0_seconds']:,.1f} |"
+            for _, keys in SHOWN:
+                share = sum(where[k]["share"] for k in keys)
+                row += f" {100 * share:.1f}% |"
+            print(row, flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", type=Path, default=Path("/var/tmp/pm-pilots"))
     parser.add_argument("--programs", default="blastp,blastn")
+    parser.add_argument("--predict", action="store_true", help="predict from the pilots' records")
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--node-ranks", type=int, default=32)
     args = parser.parse_args()
+    if args.predict:
+        predict(args)
+        return 0
     for program in args.programs.split(","):
         work = args.work / program
         work.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,8 @@ def test_stage_copies_a_volume_once_a_node_then_only_digests(tmp_path: Path) -> 
     second = run(path, shape(4e9), workers=7, stage=True, node_ranks=4, first_job=False)
     assert second.startup is not None
     assert second.startup.copy_bytes == 0 and second.startup.stage_digest_bytes > 0
-    assert second.startup.stage_digest_bytes == 2e9 * len(second.startup.opened)
+    assert second.startup.stage_digest_bytes == 2e9 * len(second.startup.used_copies)
+    assert second.startup.used_copies <= second.startup.opened
     unstaged = run(path, shape(4e9), workers=7, first_job=False)
     assert unstaged.wall_seconds < second.wall_seconds < first.wall_seconds
 
@@ -165,3 +166,30 @@ def test_bad_database_descriptions_are_one_line(tmp_path: Path, capsys: pytest.C
     _one_line(capsys, [*base, "--database-profile", "nr", "--digest-rate", "0"], "--digest-rate")
     _one_line(capsys, [*base, "--database-profile", "nr", "--copy-rate", "fast"], "--copy-rate")
     _one_line(capsys, [*base, "--database-profile", "nr", "--node-ranks", "0"], "--node-ranks")
+
+
+def test_report_pieces_read_the_database_in_place_even_with_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only fragment searches use staged copies (as the engine stages fragments only): a report piece,
+    which reads a mask over every volume, opens their files but neither copies nor digests a volume."""
+    from paramedic.engine.startup import Startup
+
+    calls: list[tuple[int, range, bool]] = []
+    original = Startup.first_use
+
+    def spy(self: Startup, rank: int, volumes: range, start: float, staged: bool = True) -> float:
+        calls.append((rank, volumes, staged))
+        return original(self, rank, volumes, start, staged)
+
+    monkeypatch.setattr(Startup, "first_use", spy)
+    path = made_up(tmp_path)
+    p = run(path, shape(40e9, volumes=8, residues=80_000), workers=6, stage=True, node_ranks=2, fragments=8)
+    assert p.startup is not None
+    pieces = [c for c in calls if not c[2]]
+    assert pieces and all(volumes == range(8) for _, volumes, _ in pieces)
+    searched = {(rank, v) for rank, volumes, staged in calls if staged for v in volumes}
+    assert p.startup.used_copies == searched
+    per_volume = 5e9 / 1e8 + 5e9 / 1e9  # a 5 GB volume's copy at 0.1 GB/s and its digest at 1 GB/s
+    assert p.startup.copy_seconds == pytest.approx(len(p.startup.copied) * per_volume)
+    assert p.startup.copy_seconds < len(searched) * per_volume + 1

@@ -548,7 +548,7 @@ class MasterCosts(WorkersLink):
                 if isinstance(task, SearchTask)
                 else s.volumes
             )
-            begin = s.startup.first_use(self.ranks[worker], volumes, start)
+            begin = s.startup.first_use(self.ranks[worker], volumes, start, isinstance(task, SearchTask))
             s.worker_busy += begin - start
             start = begin
         return start + seconds + written

@@ -166,7 +166,8 @@ class Startup:
     stage: bool
     node_ranks: int  # ranks per node (staging: a node copies a volume once)
     fragments: int
-    opened: set[tuple[int, int]] = field(default_factory=set)  # (rank, volume)
+    opened: set[tuple[int, int]] = field(default_factory=set)  # (rank, volume): its files opened
+    used_copies: set[tuple[int, int]] = field(default_factory=set)  # (rank, volume): its staged copy used
     copied: dict[tuple[int, int], float] = field(default_factory=dict)  # (node, volume): copy done at
     open_seconds: float = 0.0  # every rank's, summed
     copy_seconds: float = 0.0
@@ -199,23 +200,24 @@ class Startup:
         """Rank 0's start, every worker waiting: before the first search."""
         return self.resolve_seconds + self.verify_seconds + self.stamp_seconds
 
-    def first_use(self, rank: int, volumes: range, start: float) -> float:
+    def first_use(self, rank: int, volumes: range, start: float, staged: bool = True) -> float:
         """When `rank`, starting a task at `start` that reads `volumes`, can begin searching: its first
-        use of each volume opens its files (and the shared ones, once a rank), with staging waits for the
-        node's copy (made by this rank when it is the node's first) and digests it."""
+        use of each volume opens its files (and the shared ones, once a rank); a fragment search with
+        staging (`staged`; report pieces read -db where it lies) waits for the node's copy (made by this
+        rank when it is the node's first) and digests it."""
         at = start
         node = rank // self.node_ranks
         for volume in volumes:
-            if (rank, volume) in self.opened:
+            if (rank, volume) not in self.opened:
+                self.opened.add((rank, volume))
+                files = FILES_PER_VOLUME + (SHARED_FILES if rank not in self.ranks_started else 0)
+                self.ranks_started.add(rank)
+                seconds = files * self.rates.open_seconds
+                self.open_seconds += seconds
+                at += seconds
+            if not (self.stage and staged) or (rank, volume) in self.used_copies:
                 continue
-            self.opened.add((rank, volume))
-            files = FILES_PER_VOLUME + (SHARED_FILES if rank not in self.ranks_started else 0)
-            self.ranks_started.add(rank)
-            seconds = files * self.rates.open_seconds
-            self.open_seconds += seconds
-            at += seconds
-            if not self.stage:
-                continue
+            self.used_copies.add((rank, volume))
             size = self.shape.volume_bytes(volume)
             ready = self.copied.get((node, volume))
             if ready is None and self.first_job:  # this rank copies it; the copy is verified as it comes
