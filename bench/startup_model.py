@@ -12,8 +12,9 @@ paramedic.db.trust, paramedic.db.stage), each measured on its own:
   open + fstat         one file of a volume opened, fstat-ed and closed (what a rank does per file it opens)
   stage copy           the large file copied to another file on this disk, cold, fsynced (a stage copy
                        from a fast shared filesystem: the node's disk rate, not the network's)
-  stage digest         SHA-256 of a volume's files from the page cache (db.manifest.volume_sha256, which
-                       a staged copy's first use in each process re-reads)
+  stage digest         SHA-256 of a file from the page cache (db.manifest.volume_sha256: a staged
+                       fragment of a `paramedic format` database); a database in place's staged units
+                       are checked by BLAKE3 (db.units): the cached BLAKE3 rate above
 
 Writes bench/startup-model.json; the constants in paramedic.engine.startup are these numbers.
 
