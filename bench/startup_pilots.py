@@ -20,6 +20,7 @@ each `paramedic simulate` command.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -74,25 +75,37 @@ SHOWN = [
 
 
 def predict(args: argparse.Namespace) -> None:
+    from paramedic.engine.simulate import CostModel
+    from paramedic.report.record import RunRecord
+
+    for program in ("blastp", "blastn"):
+        record = RunRecord.load(args.work / program / "hits.txt.run.json")
+        rates = sorted(CostModel.from_record(record).search_rates)
+        print(
+            f"- {program} pilot: {record.queries} queries, wall {record.wall_seconds:.1f} s, search rate "
+            f"{rates[len(rates) // 2]:.3g} s per query letter per database letter (median of {len(rates)} tasks)"
+        )
     workers = args.nodes * args.node_ranks - 1
-    head = "| database | job | wall s | efficiency | rank 0 before the first search s |"
+    head = "| database | queries | job | wall s | efficiency | core-s a query | rank 0 before the first search s |"
     print(head + "".join(f" {name} |" for name, _ in SHOWN))
-    print("|---" * (5 + len(SHOWN)) + "|")
-    for database, program in (("nr", "blastp"), ("nt", "blastn")):
+    print("|---" * (7 + len(SHOWN)) + "|")
+    for (database, program), queries, (name, extra) in itertools.product(
+        (("nr", "blastp"), ("nt", "blastn")), args.queries.split(","), CASES
+    ):
         record = args.work / program / "hits.txt.run.json"
-        for name, extra in CASES:
-            argv = [PARAMEDIC, "simulate", "--record", str(record), "--queries", str(args.queries)]
-            argv += ["--workers", str(workers), "--node-ranks", str(args.node_ranks)]
-            argv += ["--database-profile", database, *extra]
-            print("<!-- " + " ".join(argv[1:]) + " -->", file=sys.stderr)
-            out = json.loads(subprocess.run([*argv, "--json"], check=True, capture_output=True).stdout)
-            where = out["where"]
-            row = f"| {database} | {name} | {out['wall_seconds']:,.0f} | {100 * out['efficiency']:.1f}% |"
-            row += f" {out['startup']['rank0_seconds']:,.1f} |"
-            for _, keys in SHOWN:
-                share = sum(where[k]["share"] for k in keys)
-                row += f" {100 * share:.1f}% |"
-            print(row, flush=True)
+        argv = [PARAMEDIC, "simulate", "--record", str(record), "--queries", queries]
+        argv += ["--workers", str(workers), "--node-ranks", str(args.node_ranks)]
+        argv += ["--database-profile", database, *extra]
+        print("<!-- " + " ".join(argv[1:]) + " -->", file=sys.stderr)
+        out = json.loads(subprocess.run([*argv, "--json"], check=True, capture_output=True).stdout)
+        where = out["where"]
+        row = f"| {database} | {int(queries):,} | {name} | {out['wall_seconds']:,.0f} |"
+        row += f" {100 * out['efficiency']:.1f}% | {out['work_seconds'] / int(queries):,.0f} |"
+        row += f" {out['startup']['rank0_seconds']:,.1f} |"
+        for _, keys in SHOWN:
+            share = sum(where[k]["share"] for k in keys)
+            row += f" {100 * share:.1f}% |"
+        print(row, flush=True)
 
 
 def main() -> int:
@@ -100,7 +113,7 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/var/tmp/pm-pilots"))
     parser.add_argument("--programs", default="blastp,blastn")
     parser.add_argument("--predict", action="store_true", help="predict from the pilots' records")
-    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--queries", default="100,1000", help="query counts, comma-separated")
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--node-ranks", type=int, default=32)
     args = parser.parse_args()
