@@ -18,6 +18,8 @@ from paramedic.db.stripes import ReplicaSet
 from paramedic.db.trust import DigestStore
 from paramedic.db.units import check_names, plan_units, served_files, unit_digest
 from paramedic.errors import UsageError
+from paramedic.ship.wire import ProtocolError
+from paramedic.site.replica_reads import ReplicaReads
 
 DATE = "Dec 2, 2026  4:00 AM"  # BLAST+ dates hold spaces: keys are matched by prefix, never split
 
@@ -185,3 +187,23 @@ def test_a_volume_whose_shared_files_were_evicted_is_kept_and_linked_again(tmp_p
             place is not None and (place / "db.pdb").read_bytes() == (tmp_path / "db" / "db.pdb").read_bytes()
         )
     assert cache.stats.copies == 3 and cache.stats.discarded == 0  # the shared files twice, the volume once
+
+
+def test_a_storage_site_serves_a_database_in_place_by_names_and_shows_none_of_its_paths(
+    tmp_path: Path,
+) -> None:
+    manifest, spans = make_db(tmp_path / "db", tmp_path / "store")
+    reads = ReplicaReads(tmp_path / "db", manifest, volume_paths=[path for path, *_ in spans])
+    header, payload = reads.answer("replica_manifest", {})
+    assert str(tmp_path).encode() not in payload  # the site's paths are its own
+    assert Manifest.from_json(payload.decode()).checksum() == header["manifest_sha256"] == manifest.checksum()
+    listed, _ = reads.answer("volume_files", {"volume": "db"})
+    assert [name for name, _ in listed["files"]] == [f"db.{e}" for e in ("pdb", "pos", "pot", "ptf", "pto")]
+    reply, data = reads.answer("read", {"name": "db.02.psq", "offset": 3, "length": 4})
+    reads.sent()
+    assert data == (tmp_path / "db" / "db.02.psq").read_bytes()[3:7] and reply["length"] == 4
+    for name in ("db.pal", "../db/db.pdb", str(tmp_path / "db" / "db.pdb"), "db.00"):
+        with pytest.raises(ProtocolError):
+            reads.answer("read", {"name": name, "offset": 0, "length": 1})
+    with pytest.raises(ProtocolError):
+        reads.answer("volume_files", {"volume": "db.07"})

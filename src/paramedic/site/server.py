@@ -161,11 +161,16 @@ class SiteServer:
             except DatabaseError as exc:
                 log(f"warning: --replica: {exc}; jobs that regenerate are refused until it is whole")
             self.replica = Replica(database, manifest.checksum(), workdir, manifest, settings.max_setup_bytes)
-            self.reads = (
-                ReplicaReads(database.directory, manifest, volume_paths=database.span_paths())
-                if settings.replica_reads
-                else None
-            )
+            self.reads = None
+            try:
+                if settings.replica_reads:
+                    self.reads = ReplicaReads(
+                        database.directory, manifest, volume_paths=database.span_paths()
+                    )
+            except DatabaseError as exc:
+                if not manifest.in_place:  # (in place, e.g. two volumes of one name: it regenerates still)
+                    raise
+                log(f"warning: --replica: {exc}; serving no replica reads")
         self.context = server_context(settings.keys) if settings.keys is not None else None
         self.store = JobStore(
             root,
