@@ -6,7 +6,7 @@ DATA     ?= $(or $(PARAMEDIC_DATA),$(HOME)/.cache/paramedic/data)
 DEMO     ?= demo-run
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup blast slurm chromium mpi-trace gromacs data demo test test-unit test-integration coverage lint bench conformance faults fuzz clean
+.PHONY: setup blast slurm chromium mpi-trace otf2-view gromacs data demo test test-unit test-integration coverage lint bench conformance faults fuzz clean
 
 # The package's bytecode written once: with PYTHONDONTWRITEBYTECODE set (as on this machine) every command
 # would compile its modules again (0.05 s of CPU per command, in every trace shipped and every search).
@@ -49,6 +49,17 @@ mpi-trace:
 	  mpich libmpich-dev >/dev/null; }
 	@mpiexec.openmpi --version | head -1
 
+# What opens an OTF2 archive of `paramedic convert --otf2`, from Debian when missing: otf2-tools (otf2-print,
+# which tests/integration/test_trace_otf2.py reads every event with), ViTE, and Xvfb with ImageMagick's
+# `import` for the test's screenshot of ViTE's window (idempotent). The bindings that write OTF2 are the
+# venv's (extra `otf2`, installed by `make setup`).
+otf2-view:
+	@command -v otf2-print >/dev/null && command -v vite >/dev/null && command -v Xvfb >/dev/null && \
+	  command -v xvfb-run >/dev/null && command -v import >/dev/null || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends otf2-tools vite \
+	  xvfb xauth imagemagick >/dev/null; }
+	@otf2-print --version
+
 # Debian's GROMACS (gmx_mpi, Open MPI), the paper's Figure 5 program: bench/traces.py and bench/trace_wan.py
 # trace it when present (78 MB of packages; not needed by the tests).
 gromacs: mpi-trace
@@ -59,7 +70,7 @@ gromacs: mpi-trace
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[mpich,dev]'
+	$(VENV)/bin/pip install -q -e '.[mpich,dev,otf2]'
 	touch $@
 
 data:
@@ -76,7 +87,7 @@ demo: setup mpi-trace data
 # them (pytest-xdist): 15 minutes instead of 21. Then the tests marked `alone`, one at a time: they look
 # at machine-wide state (all of /dev/shm, /tmp's MPICH files) before and after, which another test's job
 # would change. The 30 slowest tests are listed at the end of each pass.
-test: setup slurm chromium mpi-trace data
+test: setup slurm chromium mpi-trace otf2-view data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q -n 2 --dist worksteal -m "not alone" \
 	  --durations=30 --durations-min=10
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q -m alone --durations=10 --durations-min=10
@@ -86,7 +97,7 @@ test-unit: setup
 	$(VENV)/bin/pytest -q tests/unit
 
 # Real BLAST+, real mpiexec ranks, real TLS sockets and files, a real Slurm (most of `make test`'s time).
-test-integration: setup slurm chromium mpi-trace data
+test-integration: setup slurm chromium mpi-trace otf2-view data
 	PARAMEDIC_DATA=$(DATA) $(VENV)/bin/pytest -q tests/integration
 
 # The MPI runners tested inside real ranks, as mpi4py tests itself (tests/mpi): the test process is every

@@ -46,6 +46,8 @@ commands:
              paramedic verify -db nr
   report   draw a run record, or a CLOG2 trace as a timeline, as one self-contained HTML page
              paramedic report hits.txt.run.json -o hits.html
+  convert  convert a CLOG2 trace to OTF2 (an archive directory) for Vampir, ViTE and Score-P's tools
+             paramedic convert run.clog2 --otf2 run-otf2
 
 exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output,
 7 the parallel job failed on some rank (or a rank was killed), 8 storage site, 130 interrupted."""
@@ -128,6 +130,7 @@ def commands() -> dict[str, Callable[[list[str]], int]]:
         "trace": _trace,
         "ship": _ship,
         "report": _report,
+        "convert": _convert,
         "verify": _verify,
     }
 
@@ -639,6 +642,37 @@ def _report(argv: list[str]) -> int:
         return _trace_report(args.record, out, args.max_records)
     size = write_report(args.record, out, args.prediction)
     print(f"paramedic: report page {out} ({size / 1e6:.1f} MB, opens with no network)", file=sys.stderr)
+    return 0
+
+
+def _convert(argv: list[str]) -> int:
+    from paramedic.errors import OutputError
+    from paramedic.trace.otf2_out import convert, summary_line
+
+    parser = _parser(
+        "convert",
+        "Convert a CLOG2 trace (paramedic trace, or MPE2's) to an OTF2 archive, which Vampir, ViTE and "
+        "Score-P's tools open: every MPI call as Enter/Leave of its region on its rank's location, messages "
+        "as MpiSend/MpiRecv, blocking collectives; the trace is streamed, and the archive is written beside "
+        "DIR and renamed to it when complete (open DIR/traces.otf2).",
+    )
+    parser.add_argument("trace", type=Path, help="the CLOG2 file")
+    parser.add_argument(
+        "--otf2", type=Path, required=True, metavar="DIR", help="the archive's directory (new, or empty)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        counts = convert(args.trace, args.otf2)
+    except OSError as exc:
+        if exc.filename == str(args.trace):
+            raise InputError(f"{args.trace}: {exc.strerror}") from exc
+        raise OutputError(f"{args.otf2}: {exc.strerror or exc}") from exc
+    size = sum(p.stat().st_size for p in args.otf2.rglob("*") if p.is_file())
+    print(
+        f"paramedic: OTF2 of {args.trace} written to {args.otf2}/traces.otf2 ({size / 1e6:.1f} MB): "
+        f"{summary_line(counts)}",
+        file=sys.stderr,
+    )
     return 0
 
 

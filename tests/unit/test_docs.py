@@ -178,6 +178,7 @@ PAGE_OF = {
     "simulate": ["SIMULATE.md"],
     "verify": ["DATABASES.md"],
     "report": ["SEARCH.md", "TRACE.md"],
+    "convert": ["TRACE.md"],
 }
 
 
