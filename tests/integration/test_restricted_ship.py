@@ -309,3 +309,22 @@ def test_bad_subsets_are_refused_in_one_line_and_the_site_stays_up(sites: Sites)
     assert (sites.servers["several"].root / "after.tsv").read_bytes() == _reference(
         data, "dbs/several/db", restriction
     )
+
+
+def test_a_site_keeps_the_masks_in_a_private_file(sites: Sites, tmp_path: Path) -> None:
+    """The masks a job keeps are a file of the site's own, mapped (nr's are 90 MB a job), and read back as
+    the compute site's subset."""
+    import stat
+
+    from paramedic.db.locate import resolve_database
+    from paramedic.ship.subset_wire import decode_subset
+
+    setup, _ = _setup(sites, ["-taxids", (sites.protein / "common").read_text()])
+    header, payload = setup.encode()
+    replica = sites.servers["several"].replica
+    assert replica is not None
+    db, _ = resolve_database(str(replica), tmp_path, dbtype="prot")
+    subset, rest = decode_subset(header["subset"], payload, db, tmp_path / "masks")
+    assert subset == setup.subset and len(rest) == len(payload) - header["subset"]["bytes"]
+    assert stat.S_IMODE((tmp_path / "masks").stat().st_mode) == 0o600
+    assert all(isinstance(bits, memoryview) for bits in subset.bits)

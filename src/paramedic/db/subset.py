@@ -56,7 +56,7 @@ def resolve_subset(db: Database, options: BlastOptions, cwd: Path) -> Subset:
     if name is None:
         raise UsageError("internal: no restriction to resolve")
     value = options.get(name) or ""
-    oids = np.unique(np.asarray(_members(db, name, value, cwd), dtype=np.int64))
+    oids = _members(db, name, value, cwd)  # a member listed twice sets its bit twice
     bits: list[bytes] = []
     starts = np.asarray([span[1] for span in db.spans], dtype=np.int64)
     where = np.searchsorted(starts, oids, side="right") - 1
@@ -93,10 +93,10 @@ def subset_of_masks(db: Database, bits: Sequence[bytes]) -> Subset:
             total += int(lengths.sum())
             shortest = min(shortest, int(lengths.min()))
             longest = max(longest, int(lengths.max()))
-    return Subset(tuple(bytes(b) for b in bits), count, total, shortest if count else 0, longest)
+    return Subset(tuple(bits), count, total, shortest if count else 0, longest)
 
 
-def _members(db: Database, name: str, value: str, cwd: Path) -> list[int]:
+def _members(db: Database, name: str, value: str, cwd: Path) -> np.ndarray:
     """Global ordinal ids of the members, as BLAST+ reads the list."""
     with tempfile.TemporaryDirectory(prefix="paramedic-subset-") as tmp:
         if name == "seqidlist":
@@ -119,7 +119,7 @@ def _members(db: Database, name: str, value: str, cwd: Path) -> list[int]:
         except BlastError as exc:
             raise UsageError(f"-{name} {value}: {_reason(exc)}") from exc
     try:
-        return [int(line) for line in out.split()]
+        return np.array(out.split(), dtype=np.int64)  # 0.2 s for a million ids (int() each: 0.6 s)
     except ValueError as exc:
         raise DatabaseError(
             f"{db.arg}: blastdbcmd listed the subset in a way paramedic does not know"

@@ -183,7 +183,8 @@ class BlastMetadataCodec(Codec):
                 raise ProtocolError("setup: a subset without -seqidlist, -taxids or -taxidlist")
             if "subset" not in setup:
                 raise ProtocolError(f"setup: -{restricted} without its resolved subset")
-            subset, payload = decode_subset(setup["subset"], payload, site.database)
+            spill = site.workdir / f"subset-{uuid.uuid4().hex}.masks"  # mapped, not held in memory
+            subset, payload = decode_subset(setup["subset"], payload, site.database, spill)
         n_queries = field_int(setup, "n_queries", 1, MAX_QUERIES)
         pieces = piece_ranges(setup.get("pieces"), n_queries)
         if len(pieces) > 1 and not can_stitch(options.outfmt()):

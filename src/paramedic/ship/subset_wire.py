@@ -11,12 +11,17 @@ The storage site takes it as hostile: the compressed size is capped (MAX_SUBSET_
 the header declares; the frame must declare, before anything is inflated, exactly the size the site's own
 replica gives the masks (its volumes' counts, rounded up to bytes), and inflate to that and no more; no
 bit may be set past a volume's last id; and the statistics are counted again from the replica's own
-volumes and must be the sender's. A problem is a ProtocolError: the job is refused in one line.
+volumes and must be the sender's. A problem is a ProtocolError: the job is refused in one line. The masks
+a job keeps (one bit per sequence: 90 MB for nr) are a file in the job's scratch directory, mapped, not
+memory held for the job's life.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import mmap
+import os
+from pathlib import Path
+from typing import Any, cast
 
 import zstandard
 
@@ -52,9 +57,13 @@ def encoded_size(subset: Subset) -> int:
     return len(encode_subset(subset)[1])
 
 
-def decode_subset(header: Any, payload: bytes, db: Database) -> tuple[Subset, bytes]:
+def decode_subset(
+    header: Any, payload: bytes, db: Database, spill: Path | None = None
+) -> tuple[Subset, bytes]:
     """The subset a setup carries at the head of its payload, checked against the site's replica `db`,
-    and the rest of the payload. ProtocolError for anything that is not a subset of `db`."""
+    and the rest of the payload. ProtocolError for anything that is not a subset of `db`. With `spill`
+    the masks are kept in that file (mode 0600) and mapped from it, not held in memory: a job lives for
+    hours, and nr's masks are 90 MB."""
     if not isinstance(header, dict):
         raise ProtocolError("setup: subset: not an object")
     if not db.in_place:
@@ -80,12 +89,19 @@ def decode_subset(header: Any, payload: bytes, db: Database) -> tuple[Subset, by
         raise ProtocolError(f"setup: subset: damaged ({exc})") from None
     if not whole or len(raw) != expected:
         raise ProtocolError("setup: subset: not one whole frame of the declared size")
+    try:
+        held: bytes | memoryview = raw if spill is None else _mapped(spill, raw)
+    except OSError as exc:
+        raise ProtocolError(
+            f"setup: subset: the storage site cannot keep its masks ({exc.strerror})"
+        ) from None
+    del raw
     bits, at = [], 0
     for _, _, count, _ in db.spans:
-        bits.append(raw[at : at + (count + 7) // 8])
+        bits.append(held[at : at + (count + 7) // 8])
         at += (count + 7) // 8
     try:
-        subset = subset_of_masks(db, bits)
+        subset = subset_of_masks(db, cast("list[bytes]", bits))
     except ValueError as exc:
         raise ProtocolError(f"setup: subset: {exc}") from None
     if subset.nseq == 0:
@@ -105,3 +121,16 @@ def _field(header: dict[str, Any], name: str, high: int) -> int:
         return field_int(header, name, 1 if name == "bytes" else 0, high)
     except ProtocolError as exc:
         raise ProtocolError(f"setup: subset: {exc}") from None
+
+
+def _mapped(path: Path, raw: bytes) -> memoryview:
+    """`raw` written to a new private file at `path`, mapped read-only (the mapping keeps its pages when
+    the job's directory is removed)."""
+
+    def private(name: str, flags: int) -> int:
+        return os.open(name, flags | os.O_CLOEXEC, 0o600)
+
+    with open(path, "xb+", opener=private) as fh:  # read too: a mapping needs it
+        fh.write(raw)
+        fh.flush()
+        return memoryview(mmap.mmap(fh.fileno(), len(raw), prot=mmap.PROT_READ))
