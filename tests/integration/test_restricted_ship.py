@@ -328,3 +328,56 @@ def test_a_site_keeps_the_masks_in_a_private_file(sites: Sites, tmp_path: Path) 
     assert subset == setup.subset and len(rest) == len(payload) - header["subset"]["bytes"]
     assert stat.S_IMODE((tmp_path / "masks").stat().st_mode) == 0o600
     assert all(isinstance(bits, memoryview) for bits in subset.bits)
+
+
+def test_mutated_subsets_are_refused_or_exact(sites: Sites, tmp_path: Path) -> None:
+    """A few hundred random mutations of a valid subset (bit flips, truncation, bytes appended, header
+    numbers changed, zstd frames that inflate to other bytes of the declared size): each is refused with a
+    ProtocolError, or decodes to a subset of the replica whose statistics are the ones the header says."""
+    import random
+
+    from paramedic.db.locate import resolve_database
+    from paramedic.ship.subset_wire import decode_subset
+    from paramedic.ship.wire import ProtocolError
+
+    setup, _ = _setup(sites, ["-taxids", (sites.protein / "common").read_text()])
+    header, payload = setup.encode()
+    fields = header["subset"]
+    masks, rest = payload[: fields["bytes"]], payload[fields["bytes"] :]
+    replica = sites.servers["several"].replica
+    assert replica is not None
+    db, _ = resolve_database(str(replica), tmp_path, dbtype="prot")
+    raw = bytearray(b"".join(setup.subset.bits))
+    rng = random.Random(43)
+    refused = accepted = 0
+    for _ in range(400):
+        kind = rng.randrange(5)
+        blob, numbers = bytearray(masks), dict(fields)
+        if kind == 0:
+            for _ in range(rng.randint(1, 4)):
+                blob[rng.randrange(len(blob))] ^= 1 << rng.randrange(8)
+        elif kind == 1:
+            del blob[rng.randrange(len(blob)) :]
+        elif kind == 2:
+            blob += bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+        elif kind == 3:
+            name = rng.choice(list(numbers))
+            numbers[name] = rng.choice([-1, 0, 1, numbers[name] + 1, 2**63, "7", None, 1.5, True])
+        else:
+            other = bytearray(raw)
+            for _ in range(rng.randint(1, 8)):
+                other[rng.randrange(len(other))] ^= 1 << rng.randrange(8)
+            blob = bytearray(zstandard.ZstdCompressor().compress(bytes(other)))
+        numbers = {**numbers, "bytes": len(blob)} if kind != 3 else numbers
+        try:
+            subset, left = decode_subset(numbers, bytes(blob) + rest, db)
+        except ProtocolError as exc:
+            assert "\n" not in str(exc)
+            refused += 1
+            continue
+        accepted += 1
+        assert left == rest
+        assert [subset.nseq, subset.length, subset.shortest, subset.longest] == [
+            numbers[name] for name in ("nseq", "length", "shortest", "longest")
+        ]
+    assert refused >= 300, (refused, accepted)
