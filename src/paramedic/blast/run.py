@@ -103,6 +103,9 @@ class Database:
     seqids: bool = False  # in place, made with -parse_seqids: subjects are named by their own ids
     subset: Subset | None = None  # in place: the job's positive restriction, resolved
     misnumbered: bool = False  # in place: ids looked up go wrong in BLAST+ itself (paramedic.db.blastdb)
+    # in place: the manifest's volume digests (key, BLAKE3), sent to the workers with the job, so that a
+    # rank that stages copies checks them against rank 0's digests without digesting the database again
+    digests: tuple[tuple[str, str], ...] = ()
 
     @property
     def in_place(self) -> bool:

@@ -134,6 +134,7 @@ def _in_place(arg: str, cwd: Path, dbtype: str | None) -> tuple[Database, Manife
         ranges=tuple((r.volume, r.first, r.last) for r in ranges),
         seqids=blastdb.seqids,
         misnumbered=blastdb.misnumbered,
+        digests=tuple(sorted(manifest.volume_blake3.items())),
     )
     return database, manifest
 
@@ -178,9 +179,12 @@ def recheck_in_place(database: Database, manifest: Manifest) -> None:
 
 def manifest_of(database: Database) -> Manifest:
     """A database in place's manifest made again from its volumes' paths (a rank need not share the
-    launcher's working directory or BLASTDB): its identity (checksum) and digests are the job's; its
-    fragments name the volumes, their residue counts are not known here (0)."""
-    volumes = read_volumes(database.arg, database.span_paths(), database.dbtype)
+    launcher's working directory or BLASTDB) and the digests the job was made with (`Database.digests`;
+    without them, its volumes' own): its identity (checksum) is the job's; its fragments name the
+    volumes, their residue counts are not known here (0)."""
+    digests = dict(database.digests)
+    if not digests:
+        digests = _volume_digests(read_volumes(database.arg, database.span_paths(), database.dbtype))
     return Manifest(
         format_version=FORMAT_VERSION,
         dbtype=database.dbtype,
@@ -190,11 +194,11 @@ def manifest_of(database: Database) -> Manifest:
         whole="",
         whole_sha256="",
         fragments=[
-            Fragment(f"range{i}", volumes[v].path, last - first + 1, 0, "")
+            Fragment(f"range{i}", database.spans[v][0], last - first + 1, 0, "")
             for i, (v, first, last) in enumerate(database.ranges)
         ],
         input_path=database.arg,
         content_sha256="",
         tools={"layout": IN_PLACE},
-        volume_blake3=_volume_digests(volumes),
+        volume_blake3=digests,
     )
