@@ -535,6 +535,13 @@ def _simulate(argv: list[str]) -> int:
         help="cores the ranks share on one machine: more workers than cores slow every task in "
         "proportion (default: a core per rank)",
     )
+    parser.add_argument(
+        "--core-speed",
+        type=float,
+        default=1.0,
+        help="the job's cores this many times as fast as the pilot's: its BLAST+ seconds divided by it "
+        "(default 1)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of the query sampling (default 1)")
     described = parser.add_argument_group(
         "a database searched in place, described by its size (its start-up and verification predicted)"
@@ -604,6 +611,7 @@ def _simulate(argv: list[str]) -> int:
         stage=args.stage,
         node_ranks=args.node_ranks,
         rates=rates,
+        core_speed=args.core_speed,
     )
     return run_simulate(settings, args.json)
 

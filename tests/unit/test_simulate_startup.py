@@ -193,3 +193,16 @@ def test_report_pieces_read_the_database_in_place_even_with_stage(
     per_volume = 5e9 / 1e8 + 5e9 / 1e9  # a 5 GB volume's copy at 0.1 GB/s and its digest at 1 GB/s
     assert p.startup.copy_seconds == pytest.approx(len(p.startup.copied) * per_volume)
     assert p.startup.copy_seconds < len(searched) * per_volume + 1
+
+
+def test_faster_cores_divide_the_pilots_blast_seconds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = made_up(tmp_path)
+    one, two = run(path, shape(1e9)), run(path, shape(1e9), core_speed=2.0)
+    assert two.work_seconds == pytest.approx(one.work_seconds / 2)
+    assert two.startup is not None and one.startup is not None
+    assert two.startup.rank0_seconds == one.startup.rank0_seconds  # the disk is not the cores
+    base = ["--record", str(path), "--queries", "10", "--workers", "2"]
+    _one_line(capsys, [*base, "--core-speed", "0"], "--core-speed")
+    _one_line(capsys, [*base, "--core-speed", "nan"], "--core-speed")

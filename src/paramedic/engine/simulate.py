@@ -143,6 +143,9 @@ class SimulateSettings:
     # cores the ranks share (one machine): with more workers than cores a task takes workers/cores times
     # its cost (the cores shared out evenly); None: a core per rank, as on a cluster
     cores: int | None = None
+    # the job's cores this many times as fast as the pilot's (a cluster's cores, or a pilot measured on a
+    # loaded machine): every BLAST+ second of the pilot's rates divided by it
+    core_speed: float = 1.0
     query_file: Path | None = None  # the job's own queries: their lengths instead of sampled ones
     # a database described by its size (paramedic.engine.startup), searched in place: its start-up is
     # predicted; None: the pilot's database (scaled), whose start is in the pilot's fixed cost
@@ -187,6 +190,8 @@ class SimulateSettings:
     def _check_database(self) -> None:
         if self.node_ranks < 1:
             raise UsageError("--node-ranks must be at least 1")
+        if not (self.core_speed > 0 and math.isfinite(self.core_speed)):
+            raise UsageError("--core-speed must be a positive number")
         if self.database is not None and self.database_scale != 1.0:
             raise UsageError(
                 "--database-scale scales the pilot's database; --database-profile or --db-bytes describe "
@@ -679,6 +684,7 @@ def predict(
     groups, supermaster = _partition_groups(settings, plan, ranks)
     searching = sum(len(group) - 1 for group in groups)  # the ranks running BLAST+
     tasks.shared = max(1.0, searching / settings.cores) if settings.cores else 1.0
+    tasks.shared /= settings.core_speed
     costs = _Shared(model, output, plan, settings.message_seconds, settings.latency_seconds, searching)
     startup = None
     if shape is not None:
