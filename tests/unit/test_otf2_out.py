@@ -145,11 +145,13 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path: Path, capsys: pytest
     (tmp_path / "not.clog2").write_bytes(b"hello, not a trace\n" * 100)
     (tmp_path / "cut.clog2").write_bytes(good[: len(good) // 2 + 100])
     (tmp_path / "good.clog2").write_bytes(good)
-    for name, code in (("not.clog2", 3), ("cut.clog2", 3), ("missing.clog2", 3)):
+    (tmp_path / "dir.clog2").mkdir()
+    for name, code in (("not.clog2", 3), ("cut.clog2", 3), ("missing.clog2", 3), ("dir.clog2", 3)):
         got, err = convert(capsys, str(tmp_path / name), "--otf2", str(tmp_path / "out"))
         assert got == code, (name, err)
         assert err.startswith("paramedic: error: ") and err.count("\n") == 1, err
         assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+    (tmp_path / "dir.clog2").rmdir()
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     got, err = convert(capsys, str(tmp_path / "good.clog2"), "--otf2", str(tmp_path / "full"))

@@ -36,13 +36,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from paramedic.errors import OutputError, UsageError
+from paramedic.errors import InputError, OutputError, UsageError
 from paramedic.trace import clog2, overview
 
 ARCHIVE = "traces"  # DIR/traces.otf2 is what a viewer opens
 TIMER_RESOLUTION = 1_000_000_000  # ticks per second: nanoseconds
 MAX_THREADS = 1 << 10  # per rank
-MAX_LOCATIONS = 1 << 16
+MAX_LOCATIONS = 1 << 14  # ranks x threads (the report page's bound on ranks too): a buffer and file each
 BUFFER_BUDGET = 256 << 20  # OTF2's event buffers over all locations, when each can have less than 1 MiB
 REC_STATEDEF, REC_EVENTDEF, REC_BAREEVT, REC_MSGEVT, REC_COLLEVT = 2, 3, 5, 7, 8
 SEND, RECV = -101, -102
@@ -483,6 +483,8 @@ def convert(trace: Path, out: Path, creator: str = "paramedic") -> Counts:
     """Write the OTF2 archive of the CLOG2 file `trace` as the directory `out` (streamed twice; nothing at
     `out` unless complete). InputError: the trace; OutputError: the directory."""
     _, enums = library()
+    if trace.exists() and not trace.is_file():
+        raise InputError(f"{trace}: not a regular file (a CLOG2 trace is read twice)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OutputError(f"{out}: already exists (give a new directory, or an empty one)")
     parent = out.absolute().parent
