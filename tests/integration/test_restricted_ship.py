@@ -182,6 +182,9 @@ def test_ship_auto_under_a_restriction_weighs_metadata(sites: Sites) -> None:
                  "--strategy", "fragments")  # fmt: skip
     assert "restrict" not in proc.stderr and "instead" not in proc.stderr, proc.stderr
     assert "shipped (" in proc.stderr, proc.stderr
+    decision = json.loads((data / "auto.tsv.run.json").read_text())["ship"]["auto_decision"]
+    assert decision["reason"].startswith("D - x = ")  # the ParaMEDIC rule decided, its x with the subset
+    assert 0 < decision["x_subset_bytes"] <= decision["x_metadata_bytes"]
     expected = _reference(data, "dbs/several/db", restriction)
     assert (sites.servers["several"].root / "auto.tsv").read_bytes() == expected
 

@@ -298,11 +298,24 @@ class AutoChooser:
             result.seconds,
             len(payload),
             encode_seconds,
+            _subset_cost(job),
         )
         shipping = open_shipping(job, self.plan, mode, self.journal)
         shipping.decision = decision
         self.chosen = shipped_sink(job, self.plan, shipping)
         return self.chosen
+
+
+def _subset_cost(job: Job) -> tuple[int, float]:
+    """A restricted search's subset as the metadata carries it: its bytes and the seconds to make them
+    (0, 0.0 without a restriction)."""
+    if job.db.subset is None:
+        return 0, 0.0
+    from paramedic.ship.subset_wire import encode_subset
+
+    start = time.perf_counter()
+    _, blob = encode_subset(job.db.subset)
+    return len(blob), time.perf_counter() - start
 
 
 def open_shipping(job: Job, plan: Plan, mode: str, journal: Journal | None = None) -> Shipping:

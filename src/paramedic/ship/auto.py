@@ -113,8 +113,10 @@ def decide(
     probe_regen_seconds: float,
     probe_metadata_bytes: int,
     probe_encode_seconds: float,
+    subset: tuple[int, float] = (0, 0.0),
 ) -> tuple[str, dict[str, Any]]:
-    """The mode (METADATA or COMPRESSED) and the record of why."""
+    """The mode (METADATA or COMPRESSED) and the record of why. `subset`: the bytes and seconds of a
+    restricted search's subset, which the metadata carries once (paramedic.ship.subset_wire)."""
     scale = n_queries / probe_queries
     start = time.perf_counter()
     compressed = len(zstandard.ZstdCompressor(level=3).compress(probe_output))
@@ -122,13 +124,15 @@ def decide(
     estimates = {
         "D_output_bytes": round(len(probe_output) * scale),
         "D_compressed_bytes": round(compressed * scale),
-        "x_metadata_bytes": round(probe_metadata_bytes * scale),
-        "f_seconds": round(probe_encode_seconds * scale, 4),
+        "x_metadata_bytes": round(probe_metadata_bytes * scale) + subset[0],
+        "f_seconds": round(probe_encode_seconds * scale + subset[1], 4),
         "g_seconds": round(probe_regen_seconds * scale, 3),
         "compress_seconds": round(compress_seconds * scale, 3),
         "probe_queries": probe_queries,
         "queries": n_queries,
     }
+    if subset[0]:
+        estimates["x_subset_bytes"] = subset[0]
     if link is None:
         mode = METADATA
         reason = "shared-directory transport: no link to measure; metadata is the least to write"
