@@ -93,13 +93,29 @@ def site(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[P
 
 
 def _search(
-    site: Path, out: Path, db: str, *flags: str, env: dict[str, str] | None = None, check: bool = True
+    site: Path,
+    out: Path,
+    db: str,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    blast_args: tuple[str, ...] = (),
 ) -> tuple[subprocess.CompletedProcess[str], dict]:
     """paramedic with 2 workers and batches of about 10 queries (each volume searched several times), against
     one BLAST+ run on the same -db: byte for byte; nothing appears in or changes in the databases."""
     dbs = site / "dbs"
     before = _listing(dbs)
-    common = ["-query", str(site / "q.fasta"), "-db", db, "-evalue", "1e-3", "-outfmt", "6 std sseqid"]
+    common = [
+        "-query",
+        str(site / "q.fasta"),
+        "-db",
+        db,
+        "-evalue",
+        "1e-3",
+        "-outfmt",
+        "6 std sseqid",
+        *blast_args,
+    ]
     proc = paramedic(
         "search", "blastp", *common, "-out", str(out), "--np", "3", "--batch", "10", "--quiet", *flags,
         cwd=dbs, env=env, check=check,
@@ -173,6 +189,29 @@ def test_an_alias_over_two_directories_stages_each_database_s_shared_files_once(
     assert targets == {"../s000/b.pdb", "../s001/db.pdb"}
     _, warm = _search(site, tmp_path / "warm.tsv", "both", "--stage", str(cache))
     assert warm["stage"]["copies"] == 0
+
+
+def test_a_restricted_search_reads_its_masks_over_the_staged_copies(site: Path, tmp_path: Path) -> None:
+    """-seqidlist: each fragment's alias masks the staged volume (paramedic.blast.run._restricted_range)."""
+    name = "v5-seqids-several"
+    ids = subprocess.run(
+        ["blastdbcmd", "-db", f"{name}/db", "-entry", "all", "-outfmt", "%a"],
+        cwd=site / "dbs", check=True, capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    chosen = tmp_path / "ids.txt"
+    chosen.write_text("\n".join(ids[::3]) + "\n")  # a third of the proteins, in every volume
+    cache = tmp_path / "cache"
+    _, record = _search(
+        site,
+        tmp_path / "out.tsv",
+        f"{name}/db",
+        "--stage",
+        str(cache),
+        blast_args=("-seqidlist", str(chosen)),
+    )
+    assert record["stage"]["copies"] == _units(name, site) and record["stage"]["in_place"] == []
+    subjects = {line.split("\t")[1] for line in (tmp_path / "out.tsv").read_text().splitlines()}
+    assert subjects <= set(ids[::3]) and len(subjects) >= 10  # restricted, and still many subjects
 
 
 @pytest.mark.parametrize("name", ["v5-seqids-several", "v4-several"])
