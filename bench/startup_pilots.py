@@ -55,6 +55,7 @@ def nucleotide(work: Path) -> tuple[str, Path, Path]:
 
 
 CASES = [
+    ("first job, the pilot's wall rates", ["--core-speed", "1"]),
     ("first job", []),
     ("second job", ["--second-job"]),
     ("first job, digest at 0.7 GB/s", ["--digest-rate", "0.7G"]),
@@ -78,12 +79,18 @@ def predict(args: argparse.Namespace) -> None:
     from paramedic.engine.simulate import CostModel
     from paramedic.report.record import RunRecord
 
-    for program in ("blastp", "blastn"):
-        record = RunRecord.load(args.work / program / "hits.txt.run.json")
+    records = {"blastp": args.work / "blastp" / "hits.txt.run.json"}
+    records["blastn"] = args.work / "blastn" / "hits.txt.run.json"
+    records.update(dict(r.split("=", 1) for r in args.records.split(",") if r))  # type: ignore[misc]
+    speeds = {k: v for k, v in (s.split("=", 1) for s in args.core_speed.split(",") if s)}
+    for program, path in records.items():
+        record = RunRecord.load(Path(path))
         rates = sorted(CostModel.from_record(record).search_rates)
+        speed = float(speeds.get(program, 1))
         print(
-            f"- {program} pilot: {record.queries} queries, wall {record.wall_seconds:.1f} s, search rate "
-            f"{rates[len(rates) // 2]:.3g} s per query letter per database letter (median of {len(rates)} tasks)"
+            f"- {program} pilot ({path}): {record.queries} queries, wall {record.wall_seconds:.1f} s, search "
+            f"rate {rates[len(rates) // 2]:.3g} s per query letter per database letter (median of "
+            f"{len(rates)} tasks; {rates[len(rates) // 2] / speed:.3g} with --core-speed {speed:g})"
         )
     workers = args.nodes * args.node_ranks - 1
     head = "| database | queries | job | wall s | efficiency | core-s a query | rank 0 before the first search s |"
@@ -92,8 +99,8 @@ def predict(args: argparse.Namespace) -> None:
     for (database, program), queries, (name, extra) in itertools.product(
         (("nr", "blastp"), ("nt", "blastn")), args.queries.split(","), CASES
     ):
-        record = args.work / program / "hits.txt.run.json"
-        argv = [PARAMEDIC, "simulate", "--record", str(record), "--queries", queries]
+        argv = [PARAMEDIC, "simulate", "--record", str(records[program]), "--queries", queries]
+        argv += ["--core-speed", speeds.get(program, "1")]
         argv += ["--workers", str(workers), "--node-ranks", str(args.node_ranks)]
         argv += ["--database-profile", database, *extra]
         print("<!-- " + " ".join(argv[1:]) + " -->", file=sys.stderr)
@@ -115,6 +122,10 @@ def main() -> int:
     parser.add_argument("--predict", action="store_true", help="predict from the pilots' records")
     parser.add_argument("--queries", default="100,1000", help="query counts, comma-separated")
     parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--records", default="", help="blastp=PATH,blastn=PATH: other pilots' records")
+    parser.add_argument(
+        "--core-speed", default="", help="blastp=X,blastn=Y: simulate --core-speed of each pilot"
+    )
     parser.add_argument("--node-ranks", type=int, default=32)
     args = parser.parse_args()
     if args.predict:
