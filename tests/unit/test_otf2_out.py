@@ -12,6 +12,7 @@ import pytest
 
 from paramedic import cli
 from paramedic.trace import clog2, otf2_out
+from tests.unit.test_trace_overview import synthetic
 
 otf2 = pytest.importorskip("otf2")
 
@@ -187,3 +188,29 @@ def test_ranks_and_threads_are_checked(tmp_path: Path, capsys: pytest.CaptureFix
     (tmp_path / "t.clog2").write_bytes(data)
     got, err = convert(capsys, str(tmp_path / "t.clog2"), "--otf2", str(tmp_path / "out"))
     assert got == 3 and "thread 5000" in err and leftovers(tmp_path) == []
+
+
+def test_buffers_written_as_they_fill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With OTF2's smallest chunks, one a location, its buffer is written to its file many times during the
+    conversion: every event still comes back, in order, with its time (the memory callbacks' path)."""
+    monkeypatch.setattr(otf2_out, "CHUNK_SIZE", 256 << 10)
+    monkeypatch.setattr(otf2_out, "CHUNKS", 1)
+    data = synthetic(2, 5000)
+    (tmp_path / "t.clog2").write_bytes(data)
+    counts = otf2_out.convert(tmp_path / "t.clog2", tmp_path / "out")
+    rec = clog2.read(data).records
+    ticks = np.rint(rec.seconds() * 1e9).astype(np.int64) - int(np.rint(rec.seconds().min() * 1e9))
+    events, _ = read(tmp_path / "out")
+    for rank in range(2):
+        mine = np.flatnonzero((rec.head[:, 1] == rank) & np.isin(rec.head[:, 3], [5, 7]))
+        kinds = np.where(
+            rec.head[mine, 3] == 5,
+            np.where(rec.body[mine, 0] % 2 == 0, "Enter", "Leave"),
+            np.where(rec.body[mine, 0] == -101, "MpiSend", "MpiRecv"),
+        )
+        got = events[f"rank {rank} thread 0"]
+        assert [(k, t) for k, t, *_ in got] == list(zip(kinds.tolist(), ticks[mine].tolist(), strict=True))
+    assert counts.events == 2 * len(mine) and counts.events > 70_000
+    sizes = [p.stat().st_size for p in (tmp_path / "out" / "traces").glob("*.evt")]
+    assert len(sizes) == 2 and min(sizes) > 256 << 10  # more than the one chunk a location holds
+    assert counts.flushes >= 2

@@ -48,6 +48,7 @@ BUFFER_BUDGET = 256 << 20  # OTF2's event buffers over all locations, when each 
 REC_STATEDEF, REC_EVENTDEF, REC_BAREEVT, REC_MSGEVT, REC_COLLEVT = 2, 3, 5, 7, 8
 SEND, RECV = -101, -102
 ENTER, LEAVE, MSG_SEND, MSG_RECV, COLL = 0, 1, 2, 3, 4
+CHUNK_SIZE = 1 << 20  # OTF2's event chunk (at least its 256 KiB)
 CHUNKS = 2  # OTF2 chunks a buffer holds before it is written to its file
 SLICE = 1 << 16  # events handed to the library from one list of Python numbers
 UNDEFINED = 0xFFFFFFFF  # OTF2_UNDEFINED_UINT32 (a root that is no rank)
@@ -275,6 +276,7 @@ class Counts:
     moved: int = 0  # times moved up to their location's previous event
     unmatched: int = 0  # final events with no start: left out
     closed: int = 0  # calls still open at their location's end (or under a final event): closed
+    flushes: int = 0  # OTF2 buffers written to their files as they filled
     per_location: dict[int, tuple[int, int]] = field(default_factory=dict)  # location -> rank, thread
 
 
@@ -289,7 +291,7 @@ class Writer:
         e = self.enums
         self.scan, self.regions = scan, regions
         n = len(scan.locations)
-        chunk = max(256 << 10, min(1 << 20, BUFFER_BUDGET // max(n, 1)))
+        chunk = max(256 << 10, min(CHUNK_SIZE, BUFFER_BUDGET // max(n, 1)))
         self.archive = self.lib.Archive_Open(
             str(path), ARCHIVE, e.FileMode.WRITE, chunk, 4 << 20, e.FileSubstrate.POSIX, e.Compression.NONE
         )
@@ -459,6 +461,7 @@ class Writer:
         lib.Archive_Close(a)
         self.archive = None
         self.counts.locations = len(sizes)
+        self.counts.flushes = self.memory.refused
         self.counts.regions = len(self.regions)
 
     def abandon(self) -> None:
@@ -493,6 +496,7 @@ class Memory:
 
     def __init__(self, lib: Any, archive: Any) -> None:
         self.held: dict[tuple[int, int], list[Any]] = {}
+        self.refused = 0  # buffers written to their files before the end
         self.callbacks = _MemoryCallbacks(_ALLOCATE(self.allocate), _FREE_ALL(self.free_all))
         fn = lib["OTF2_Archive_SetMemoryCallbacks"]
         fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(_MemoryCallbacks), ctypes.c_void_p]
@@ -504,6 +508,7 @@ class Memory:
     def allocate(self, _user: int, kind: int, location: int, _per: Any, size: int) -> int | None:
         chunks = self.held.setdefault((kind, location), [])
         if len(chunks) >= CHUNKS:
+            self.refused += 1
             return None  # libotf2 flushes this buffer, then asks again
         chunks.append(ctypes.create_string_buffer(size))
         return ctypes.addressof(chunks[-1])
