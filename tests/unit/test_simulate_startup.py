@@ -49,7 +49,7 @@ def test_a_first_job_waits_for_rank0_to_digest_every_byte(tmp_path: Path) -> Non
     rank 0's start exactly, and that start is the resolution plus every byte at the digest rate."""
     path = made_up(tmp_path)
     plain = run(path, None)
-    first = run(path, shape(30e9))
+    first = run(path, shape(30e9), fragments=2)  # the pilot's 2 (in place, 2 volumes are cut in 4)
     assert first.work_seconds == pytest.approx(plain.work_seconds)
     assert first.startup is not None and first.startup.verify_bytes == 30e9
     start = 0.5 + 0.01 * 2 + 30e9 / 1e9
@@ -124,6 +124,8 @@ def test_ncbi_databases_by_name() -> None:
         with pytest.raises(UsageError):
             parse_bytes(bad)
     nr_shape = profile("nr")
+    assert nr_shape.fragments() == 176 and profile("swissprot").fragments() == 4  # as fragment_ranges cuts
+    assert [shape(1e9, v).fragments() for v in (1, 2, 3, 4, 5)] == [4, 4, 3, 4, 5]
     fragments = [nr_shape.volumes_of(f, 176) for f in range(176)]
     assert fragments == [range(v, v + 1) for v in range(176)]
     assert nr_shape.volumes_of(0, 4) == range(0, 44) and nr_shape.volumes_of(3, 4) == range(132, 176)

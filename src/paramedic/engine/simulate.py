@@ -653,14 +653,14 @@ def predict(
         shape = shape.typed(PROGRAMS[model.program].db_type)
     if shape is None:
         fragment_residues = model.database(settings.fragments, settings.database_scale)
-    else:  # searched in place: a fragment per volume (paramedic.db.blastdb.fragment_ranges), or as asked
+    else:  # searched in place: fragments as paramedic.db.blastdb.fragment_ranges cuts it, or as asked
         if PROGRAMS[model.program].db_type != shape.dbtype:
             kind = {"prot": "protein", "nucl": "nucleotide"}[shape.dbtype]
             raise UsageError(
                 f"{shape.name} is a {kind} database, and the pilot ran {model.program}: record a pilot with "
                 "a program that searches it"
             )
-        fragment_residues = _equal_parts(shape.residues, settings.fragments or shape.volumes)
+        fragment_residues = _equal_parts(shape.residues, settings.fragments or shape.fragments())
     blast_residues = batch_residues(model.program, BlastOptions())
     plan = make_plan(
         program=model.program,

@@ -27,6 +27,7 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 
+from paramedic.db.blastdb import DEFAULT_FRAGMENTS
 from paramedic.errors import UsageError
 
 # -- measured here: bench/startup_model.py (bench/startup-model.json) ------------------------------------
@@ -97,6 +98,11 @@ class DatabaseShape:
     def volume_residues(self) -> tuple[int, ...]:
         base, extra = divmod(self.residues, self.volumes)
         return tuple(base + (1 if v < extra else 0) for v in range(self.volumes))
+
+    def fragments(self) -> int:
+        """How many fragments a search in place cuts it into (paramedic.db.blastdb.fragment_ranges: each
+        volume its share of DEFAULT_FRAGMENTS by letters, at least one; the volumes are equal here)."""
+        return self.volumes * max(1, round(DEFAULT_FRAGMENTS / self.volumes))
 
     def volumes_of(self, fragment: int, fragments: int) -> range:
         """The volumes fragment `fragment` of `fragments` equal ones covers (in place: its own volume, or
