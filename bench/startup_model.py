@@ -19,6 +19,7 @@ paramedic.db.trust, paramedic.db.stage), each measured on its own:
 Writes bench/startup-model.json; the constants in paramedic.engine.startup are these numbers.
 
     .venv/bin/python bench/startup_model.py --work /var/tmp/pm-cal [--big-gb 2] [--copies 4]
+    .venv/bin/python bench/startup_model.py --work /var/tmp/pm-cal --large 100    # 1.53 GB: 1 vs 12 volumes
 """
 
 from __future__ import annotations
@@ -91,6 +92,22 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def large(args: argparse.Namespace) -> None:
+    """Rank 0's start, first (pages dropped, empty store) and second, on large volumes."""
+    dbs = [make_db(args.work, f"large{args.large}-{m}", args.large, m) for m in ("4GB", "80MB")]
+    time.sleep(max(0.0, trust.RACY_SECONDS + 1 - (time.time() - dbs[-1].with_suffix(".pdb").stat().st_ctime)))
+    for db in dbs * 2:
+        store = db.parent.with_name(db.parent.name + "-store")
+        drop(files_of(db))
+        load = os.getloadavg()[0]
+        first = rank0(db, store, fresh=True)
+        second = median([rank0(db, store, fresh=False) for _ in range(args.repeat)])
+        size = sum(p.stat().st_size for p in files_of(db))
+        row = {"volumes": len(list(db.parent.glob("*.pin"))), "bytes": size, "load": round(load, 1)}
+        row |= {"first_s": round(first, 3), "second_s": round(second, 4)}
+        print(json.dumps(row), flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", type=Path, default=Path("/var/tmp/pm-cal"))
@@ -98,7 +115,16 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=4, help="copies of the proteins in the many-volume db")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--large",
+        type=int,
+        metavar="COPIES",
+        help="only rank 0's start on COPIES copies of the proteins in 1 volume and in 80 MB volumes, twice each",
+    )
     args = parser.parse_args()
+    if args.large:
+        large(args)
+        return 0
     args.work.mkdir(parents=True, exist_ok=True)
     one = make_db(args.work, "one", args.copies, "4GB")
     many = make_db(args.work, "many", args.copies, "1MB")
