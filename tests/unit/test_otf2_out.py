@@ -85,6 +85,7 @@ def test_events_and_mending(tmp_path: Path) -> None:
             leave(3 * us, 0, 10),
             (3 * us, 1, 0, 7, [-102, 0, 0, 7, 800]),
             leave(3.5 * us, 1, 16),
+            (3.6 * us, 1, 0, 7, [-101, 0, 7, 1, 8]),  # a message to rank 7 of 2: left out
             leave(4 * us, 0, 16),  # a final event with no start: left out
             enter(5 * us, 0, 33),
             (5.5 * us, 0, 0, 8, [66, -1, 64]),  # Allreduce's collective event
@@ -96,7 +97,7 @@ def test_events_and_mending(tmp_path: Path) -> None:
     )  # fmt: skip
     (tmp_path / "t.clog2").write_bytes(data)
     counts = otf2_out.convert(tmp_path / "t.clog2", tmp_path / "out")
-    assert (counts.moved, counts.unmatched, counts.closed) == (1, 1, 1)
+    assert (counts.moved, counts.unmatched, counts.closed, counts.no_peer) == (1, 1, 1, 1)
     assert (counts.enters, counts.leaves, counts.sends, counts.receives, counts.collectives) == (
         5,
         5,
@@ -129,7 +130,7 @@ def test_events_and_mending(tmp_path: Path) -> None:
     assert regions == {"MPI_Send": "POINT2POINT", "MPI_Recv": "POINT2POINT", "MPI_Allreduce": "COLL_ALL2ALL"}
     line = otf2_out.summary_line(counts)
     assert "1 times moved up" in line and "1 final events with no start left out" in line
-    assert "1 calls left open closed" in line
+    assert "1 calls left open closed" in line and "1 messages with no rank of the file as peer" in line
 
 
 def convert(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -161,6 +162,9 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path: Path, capsys: pytest
         and "already exists" in err
         and sorted(p.name for p in (tmp_path / "full").iterdir()) == ["x"]
     )
+    (tmp_path / "file").write_text("x")
+    got, err = convert(capsys, str(tmp_path / "good.clog2"), "--otf2", str(tmp_path / "file"))
+    assert got == 6 and (tmp_path / "file").read_text() == "x" and leftovers(tmp_path) == []
     got, err = convert(capsys, str(tmp_path / "good.clog2"), "--otf2", str(tmp_path / "no" / "out"))
     assert got == 6 and err.count("\n") == 1
     got, err = convert(capsys, str(tmp_path / "good.clog2"))

@@ -216,9 +216,10 @@ class Events:
     c: np.ndarray
 
 
-def events(plan: Plan, rec: clog2.Records, last: np.ndarray) -> tuple[Events, int]:
+def events(plan: Plan, rec: clog2.Records, last: np.ndarray) -> tuple[Events, int, int]:
     """A chunk's records as events; `last` (per location: its latest tick so far) is updated. Also the
-    number of times moved up to their location's previous event."""
+    number of times moved up to their location's previous event, and of messages left out (their peer is
+    no rank of the file)."""
     rectype, etype = rec.head[:, 3], rec.body[:, 0].astype(np.int64)
     kind = np.full(len(rec), -1, np.int64)
     a = np.zeros(len(rec), np.int64)
@@ -228,9 +229,9 @@ def events(plan: Plan, rec: clog2.Records, last: np.ndarray) -> tuple[Events, in
     k, region, _ = plan.states_of(etype[bare])
     kind[bare], a[bare] = k, region
     peer = rec.body[:, 2].astype(np.int64)
-    msg = (
-        (rectype == REC_MSGEVT) & ((etype == SEND) | (etype == RECV)) & (peer >= 0) & (peer < plan.scan.world)
-    )
+    msg = (rectype == REC_MSGEVT) & ((etype == SEND) | (etype == RECV))
+    no_peer = int(np.count_nonzero(msg & ((peer < 0) | (peer >= plan.scan.world))))
+    msg &= (peer >= 0) & (peer < plan.scan.world)
     kind[msg] = np.where(etype[msg] == SEND, MSG_SEND, MSG_RECV)
     a[msg], b[msg] = peer[msg], rec.body[msg, 3].astype(np.int64) & 0xFFFFFFFF
     c[msg] = np.maximum(rec.body[msg, 4], 0)
@@ -254,7 +255,7 @@ def events(plan: Plan, rec: clog2.Records, last: np.ndarray) -> tuple[Events, in
         moved += int(np.count_nonzero(fixed != tick[mine]))
         tick[mine] = fixed
         last[where] = fixed[-1]
-    return Events(loc, kind[keep], tick, a[keep], b[keep], c[keep]), moved
+    return Events(loc, kind[keep], tick, a[keep], b[keep], c[keep]), moved, no_peer
 
 
 # -- writing -------------------------------------------------------------------------------------------------
@@ -276,6 +277,7 @@ class Counts:
     moved: int = 0  # times moved up to their location's previous event
     unmatched: int = 0  # final events with no start: left out
     closed: int = 0  # calls still open at their location's end (or under a final event): closed
+    no_peer: int = 0  # messages whose peer is no rank of the file: left out
     flushes: int = 0  # OTF2 buffers written to their files as they filled
     per_location: dict[int, tuple[int, int]] = field(default_factory=dict)  # location -> rank, thread
 
@@ -559,8 +561,9 @@ def convert(trace: Path, out: Path, creator: str = "paramedic") -> Counts:
             last = np.full(len(found.locations), np.iinfo(np.int64).min, np.int64)
             moved = 0
             for _, rec, _ in overview.chunks(fh):
-                ev, shifted = events(plan, rec, last)
+                ev, shifted, no_peer = events(plan, rec, last)
                 moved += shifted
+                writer.counts.no_peer += no_peer
                 writer.write(ev, ops)
             writer.finish(found.states, trace.name)
             counts = writer.counts
@@ -608,6 +611,8 @@ def summary_line(counts: Counts) -> str:
         mended.append(f"{counts.unmatched:,} final events with no start left out")
     if counts.closed:
         mended.append(f"{counts.closed:,} calls left open closed")
+    if counts.no_peer:
+        mended.append(f"{counts.no_peer:,} messages with no rank of the file as peer left out")
     return (
         f"{counts.events:,} events on {counts.locations:,} locations from {counts.records:,} records: "
         f"{counts.enters:,} calls (Enter/Leave), {counts.sends:,} sends, {counts.receives:,} receives, "
