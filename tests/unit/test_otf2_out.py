@@ -4,6 +4,7 @@ input refused in one line with nothing left at DIR or beside it, an interrupted 
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -218,3 +219,13 @@ def test_buffers_written_as_they_fill(tmp_path: Path, monkeypatch: pytest.Monkey
     sizes = [p.stat().st_size for p in (tmp_path / "out" / "traces").glob("*.evt")]
     assert len(sizes) == 2 and min(sizes) > 256 << 10  # more than the one chunk a location holds
     assert counts.flushes >= 2
+
+
+def test_without_the_bindings_says_how_to_install_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "t.clog2").write_bytes(clog2_file([enter(1e-6, 0, 10), leave(2e-6, 0, 10)], 1))
+    monkeypatch.setitem(sys.modules, "_otf2", None)  # import _otf2 fails
+    got, err = convert(capsys, str(tmp_path / "t.clog2"), "--otf2", str(tmp_path / "out"))
+    assert got == 2 and "pip install 'paramedic[otf2]'" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.clog2"]
