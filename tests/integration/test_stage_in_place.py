@@ -248,6 +248,29 @@ def test_a_directory_mirror_at_another_path_serves_stripes(site: Path, tmp_path:
     assert record["stage"]["copies"] == _units(name, site)
 
 
+def test_a_damaged_directory_mirror_is_dropped_where_it_is_damaged(site: Path, tmp_path: Path) -> None:
+    """A mirror of the same release (its headers, so its keys, are the job's) whose sequences are
+    damaged: opened without digesting it (its keys are read from its headers), its stripes checked
+    as they are copied."""
+    name = "v5-seqids-several"
+    mirror = tmp_path / "mirror" / name
+    shutil.copytree(site / "dbs" / name, mirror)
+    damaged = [p for p in mirror.iterdir() if p.suffix == ".psq"]  # (a damaged .pdb: BLAST+ cannot open it)
+    assert len(damaged) >= 3
+    for path in damaged:
+        _flip_all(path)
+    _, record = _search(
+        site, tmp_path / "out.tsv", f"{name}/db", "--stage", str(tmp_path / "cache"), "--mirror",
+        str(mirror), env={"PARAMEDIC_STRIPE_BYTES": "8192"},
+    )  # fmt: skip
+    theirs = [r for r in _replicas(record) if r["replica"] == str(mirror)]
+    # a rank whose copy took the mirror's damaged stripes dropped it (a rank may have copied only what is
+    # whole there: the shared files, the headers); the copies all verified: the report is BLAST+'s
+    dropped = [r["dropped"] for r in theirs if r["dropped"]]
+    assert dropped and all("did not verify" in why for why in dropped), theirs
+    assert record["stage"]["copies"] == _units(name, site)
+
+
 def _flip_all(path: Path) -> None:
     """Every stripe of the file wrong, its times put back (the site's start-time digests still claim it)."""
     st = path.stat()

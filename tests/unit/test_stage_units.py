@@ -207,3 +207,12 @@ def test_a_storage_site_serves_a_database_in_place_by_names_and_shows_none_of_it
             reads.answer("read", {"name": name, "offset": 0, "length": 1})
     with pytest.raises(ProtocolError):
         reads.answer("volume_files", {"volume": "db.07"})
+
+
+def test_a_mirror_s_keys_are_the_digests_keys_read_from_headers_alone(tmp_path: Path) -> None:
+    from paramedic.db.blastdb import Volume
+    from paramedic.db.locate import _volume_digests, volume_keys
+
+    manifest, spans = make_db(tmp_path / "db", tmp_path / "store")
+    volumes = [Volume(path, first, nseq, length, DATE, 5) for path, first, nseq, length in spans]
+    assert volume_keys(volumes) == set(_volume_digests(volumes)) == set(manifest.volume_blake3)

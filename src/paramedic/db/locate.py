@@ -93,11 +93,6 @@ def in_place(arg: str, cwd: Path, dbtype: str | None = None) -> tuple[Database, 
 _IN_PLACE: dict[tuple[str, Path, str | None, str], tuple[Database, Manifest]] = {}
 
 
-def open_in_place(arg: str, cwd: Path, dbtype: str | None = None) -> tuple[Database, Manifest]:
-    """As `in_place`, not remembered: another copy of the job's database (a --mirror), opened beside it."""
-    return _in_place(arg, cwd, dbtype)
-
-
 def _in_place(arg: str, cwd: Path, dbtype: str | None) -> tuple[Database, Manifest]:
     blastdb = open_blastdb(arg, cwd, dbtype)
     places = {Path(v.path).parent for v in blastdb.volumes}
@@ -148,10 +143,32 @@ def _volume_digests(volumes: Sequence[Volume]) -> dict[str, str]:
     out: dict[str, str] = {}
     for v in volumes:
         own, shared = volume_files_in_place(Path(v.path), listings)
-        out[f"{v.first} {Path(v.path).name} {v.nseq} {v.length} {v.date}"] = _combined(own, store)
+        out[_volume_key(v)] = _combined(own, store)
         if shared:
-            out[f"shared {shared[0].name.rsplit('.', 1)[0]} {v.date}"] = _combined(shared, store)
+            out[_shared_key(shared, v)] = _combined(shared, store)
     return out
+
+
+def volume_keys(volumes: Sequence[Volume]) -> set[str]:
+    """The keys `_volume_digests` gives, without reading a byte past the volumes' headers: a copy of the
+    database elsewhere (a --mirror) is the same release when its keys are the job's, and each of its
+    bytes is then checked against the job's digests as it is copied (paramedic.db.replicas)."""
+    listings = Listings()
+    out = set()
+    for v in volumes:
+        _, shared = volume_files_in_place(Path(v.path), listings)
+        out.add(_volume_key(v))
+        if shared:
+            out.add(_shared_key(shared, v))
+    return out
+
+
+def _volume_key(v: Volume) -> str:
+    return f"{v.first} {Path(v.path).name} {v.nseq} {v.length} {v.date}"
+
+
+def _shared_key(shared: list[Path], v: Volume) -> str:
+    return f"shared {shared[0].name.rsplit('.', 1)[0]} {v.date}"
 
 
 def _combined(files: list[Path], store: DigestStore) -> str:

@@ -171,16 +171,28 @@ class InPlaceReplica:
 
 def mirror_in_place(url: str, manifest: Manifest) -> InPlaceReplica:
     """The same database as a job's -db in place, at `url`: a directory holding it under the -db's own
-    name, or a -db path itself. Its manifest is made from its own files (remembered digests), so the
-    identity check compares digests, not paths."""
-    from paramedic.db.locate import open_in_place
+    name, or a -db path itself. It is the same release when its volumes' keys (names, counts, letters,
+    dates: paths excluded) and statistics are the job's; its bytes are not digested here (a large mirror
+    would be read whole at every job's start) but checked against the job's digests as each unit is
+    copied, so a damaged mirror is dropped where it is damaged. Another release (other keys) is refused
+    by the identity check: its manifest then has none of the job's digests."""
+    from dataclasses import replace
+
+    from paramedic.db.blastdb import open_blastdb
+    from paramedic.db.locate import volume_keys
 
     path = Path(url)
     name = manifest.input_path.strip("\"'")
     target = path / Path(name).name if path.is_dir() and " " not in name else path
     text = str(target.resolve()) if target.is_absolute() or path.is_dir() else str(target)
     try:
-        database, theirs = open_in_place(f'"{text}"' if " " in text else text, Path.cwd(), manifest.dbtype)
+        theirs = open_blastdb(f'"{text}"' if " " in text else text, Path.cwd(), manifest.dbtype)
+        keys = volume_keys(theirs.volumes)
     except DatabaseError as exc:
         raise ReplicaError(f"replica {url}: {exc}") from exc
-    return InPlaceReplica(url, theirs, database.span_paths())
+    paths = [v.path for v in theirs.volumes]
+    same = (theirs.title, theirs.nseq, theirs.length) == (manifest.title, manifest.nseq, manifest.length)
+    if same and keys == set(manifest.volume_blake3):
+        return InPlaceReplica(url, manifest, paths)
+    other = replace(manifest, title=theirs.title, volume_blake3=dict.fromkeys(sorted(keys), ""))
+    return InPlaceReplica(url, other, paths)
