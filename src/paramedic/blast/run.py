@@ -462,3 +462,53 @@ def _escaped(text: str, outfmt: int) -> str:
     if outfmt in (8, 9, 10, 11):  # ASN.1: a quote is doubled
         return text.replace('"', '""')
     return text
+
+
+def search_whole(
+    program: str,
+    options: BlastOptions,
+    queries: Path,
+    threads: int,
+    mt_mode: int,
+    out_fd: int,
+    cwd: Path,
+) -> float:
+    """One BLAST+ run over the user's own -db with the user's options, its report written to `out_fd`
+    (the job's partial output file, or a stream it writes through): the "blast" plan
+    (paramedic.engine.whole). `-num_threads threads`, and `-mt_mode 1` when asked (mode 0 is BLAST+'s
+    default and not passed). Run in `cwd`, the user's directory, so that -db resolves and prints as
+    BLAST+ run there would. Returns BLAST+'s wall seconds; a failure is one line (BlastError), a reader
+    of standard output that went away is BrokenPipeError. BLAST+'s warnings are passed on."""
+    import signal
+    import subprocess
+
+    from paramedic.blast.tools import first_error_line, require_tool
+
+    argv = [
+        require_tool(program),
+        *options.without("query", "out", "num_threads", "mt_mode").argv(),
+        "-query",
+        str(queries),
+        "-num_threads",
+        str(max(1, threads)),
+        *(["-mt_mode", str(mt_mode)] if mt_mode else []),
+    ]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=subprocess.PIPE
+        )
+    except OSError as exc:
+        raise BlastError(f"cannot run {program}: {exc}") from exc
+    try:
+        _, stderr = proc.communicate()
+    except BaseException:  # an interrupt: the run goes with the job
+        proc.kill()
+        proc.wait()
+        raise
+    if proc.returncode == -signal.SIGPIPE:
+        raise BrokenPipeError(f"{program}: its output's reader went away")
+    if proc.returncode != 0:
+        raise BlastError(f"{program} failed (exit {proc.returncode}): {first_error_line(stderr)}")
+    pass_on(program, stderr)
+    return time.perf_counter() - start

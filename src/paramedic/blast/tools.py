@@ -174,7 +174,7 @@ def run_tool(
     except OSError as exc:
         raise BlastError(f"cannot run {argv[0]}: {exc}") from exc
     if proc.returncode != 0:
-        raise BlastError(f"{argv[0]} failed (exit {proc.returncode}): {_first_error_line(proc.stderr)}")
+        raise BlastError(f"{argv[0]} failed (exit {proc.returncode}): {first_error_line(proc.stderr)}")
     return proc
 
 
@@ -197,7 +197,8 @@ def _run_forked(
     return subprocess.CompletedProcess(argv, code, stdout, stderr)
 
 
-def _first_error_line(stderr: bytes) -> str:
+def first_error_line(stderr: bytes) -> str:
+    """The line of BLAST+'s stderr that says what went wrong (the first naming an error, else the first)."""
     lines = [ln.strip() for ln in stderr.decode(errors="replace").splitlines() if ln.strip()]
     for ln in lines:
         if "error" in ln.lower():

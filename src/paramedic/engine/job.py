@@ -36,6 +36,7 @@ from paramedic.db.manifest import Manifest, Stamp, Verification
 from paramedic.db.seqids import SeqIdTable
 from paramedic.db.subset import resolve_subset, restriction, with_absolute_lists
 from paramedic.durable import refused_target, stream_target
+from paramedic.engine.costs import Shape
 from paramedic.engine.journal import journal_path
 from paramedic.engine.metadata import SearchIdentity, load_metadata, metadata_key
 from paramedic.engine.plan import DEFAULT_REGEN_GROUP, PlanInputs, make_plan
@@ -44,9 +45,11 @@ from paramedic.engine.settings import SearchSettings, StageSettings
 from paramedic.engine.strategy import (
     StrategyChoice,
     WorkerMemory,
+    blast_refusal,
     choose_strategy,
     local_workers,
     query_balance,
+    weigh,
 )
 from paramedic.errors import InputError, OutputError, UsageError
 from paramedic.output.stitch import can_stitch
@@ -182,6 +185,7 @@ def prepare_job(
     digest: Literal["now", "later"] = "now",
     memory: WorkerMemory | None = None,  # a worker's on the job's tightest node (strategy.job_memory)
     early: Verification | None = None,  # the database's digest, started by the caller
+    one_node: bool = False,  # every worker on this node: one BLAST+ run is a candidate (issue 44)
 ) -> Job:
     """The checked job; `workers`: how many worker ranks it will have (the launcher's; default: one
     per local core, as `paramedic search` starts them), which `--strategy auto` weighs. With
@@ -247,11 +251,28 @@ def prepare_job(
     balance = query_balance([sum(lengths[q] for q in p) for p in segments.pieces], workers)
     settings = _ship_data_when_inexact(_ship_restricted(settings, options, db), inexact)
     strategy = choose_strategy(settings, db, manifest, inexact, balance, memory)
+    if settings.strategy == "auto":  # the cost model weighs one BLAST+ run against the engine's plan
+        shape = Shape(
+            program=program.name,
+            query_residues=sum(lengths),
+            database_residues=db.subset.length if db.subset is not None else db.length,
+            cores=workers,
+            blast_batches=tuple(sum(lengths[q] for q in b) for b in blast_batches),
+            outfmt=options.outfmt_number(),
+            startup_seconds=segments_startup,
+            queries=len(queries),
+            queries_tasks=len(segments.pieces),
+            queries_balance=balance.ratio,
+            fragment_searches=2 * workers,
+            pairwise=options.outfmt_number() not in (6, 7, 10),
+        )
+        refused = blast_refusal(settings, one_node, target.journal, strategy.database_bytes, strategy.memory)
+        strategy = weigh(strategy, shape, refused)
     query_segmentation = strategy.strategy == "queries"
     stage = None if settings.stage is None else check_stage(settings.stage, manifest, db.arg)
     if repaired and stage is not None and len(stage.dropped_mirrors) == len(stage.mirrors):
         verified = Verification(db.directory, manifest)  # no mirror left to fetch a damaged fragment from
-    if not query_segmentation and settings.from_metadata is None:
+    if not query_segmentation and not strategy.whole_blast and settings.from_metadata is None:
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
     ships_metadata = settings.ship is not None and _ships_pieces(settings.ship.mode)
     blast_batches = (
@@ -320,7 +341,7 @@ def prepare_job(
         partition_size=settings.partition_size,
         replica_group_size=settings.replica_group_size,
         strategy=strategy,
-        traceback_reason=None if query_segmentation else traceback_reason,
+        traceback_reason=None if query_segmentation or strategy.whole_blast else traceback_reason,
         stage=stage,
         verified=verified if digest == "later" else None,
         restriction=restriction_record(program.name, options, db, subset_seconds),

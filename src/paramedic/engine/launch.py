@@ -183,9 +183,20 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
             os.environ[LOCAL_WORKERS_VARIABLE] = str(workers)
             # with worker threads the digest overlaps the first searches (their loop looks at it)
             job = prepare_job(
-                settings, workers=workers, digest="later" if workers > 1 else "now", early=early
+                settings,
+                workers=workers,
+                digest="later" if workers > 1 else "now",
+                early=early,
+                one_node=True,
             )
-            record = run_local_job(job, workers, ["paramedic", *argv])
+            if job.strategy is not None and job.strategy.whole_blast:  # one BLAST+ run (issue 44)
+                from paramedic.blast.forkserver import close_fork_servers
+                from paramedic.engine.whole import run_whole
+
+                close_fork_servers()  # prestarted for worker threads that will not run
+                record = run_whole(job, ["paramedic", *argv], settings.cwd)
+            else:
+                record = run_local_job(job, workers, ["paramedic", *argv])
             conclude(record, job, settings.report)
         return 0
     except BrokenPipeError:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from paramedic.engine.costs import Costs, Prediction, Shape, cheapest, predict
 from paramedic.engine.jobdir import LOCAL_WORKERS_VARIABLE
 from paramedic.errors import UsageError
 from paramedic.report.record import StrategyReason
@@ -127,13 +128,23 @@ def query_balance(task_residues: list[int], workers: int) -> QueryBalance:
 class StrategyChoice:
     """The strategy a search uses, and why (the run record's `strategy_reason`)."""
 
-    strategy: str  # "fragments" or "queries"
+    strategy: str  # "fragments", "queries" or "blast" (one BLAST+ run: `weigh`)
     asked: str  # --strategy: "auto", "fragments" or "queries"
     reason: str
     database_bytes: int  # the whole database's BLAST+ files
     largest_fragment_bytes: int  # the largest fragment's BLAST+ files
     fragments: int
     memory: WorkerMemory
+    # The cost model's predictions (paramedic.engine.costs), each with why it was not a candidate (None:
+    # it was); empty when no model was weighed (a strategy asked by name)
+    plans: tuple[tuple[Prediction, str | None], ...] = ()
+    threads: int = 1  # blast: -num_threads
+    mt_mode: int = 0  # blast: -mt_mode
+
+    @property
+    def whole_blast(self) -> bool:
+        """The search is one BLAST+ run over the whole database (the "blast" plan)."""
+        return self.strategy == BLAST_PLAN
 
     def fits_each_worker(self) -> bool:
         """Whether the whole database fits in the share of memory each worker may use for it (the rule
@@ -144,7 +155,7 @@ class StrategyChoice:
 
     def record(self) -> StrategyReason:
         m = self.memory
-        return StrategyReason(
+        reason = StrategyReason(
             asked=self.asked,
             chosen=self.strategy,
             reason=self.reason,
@@ -160,6 +171,18 @@ class StrategyChoice:
             cgroup=m.cgroup,
             ranks_in_cgroup=m.ranks_in_cgroup,
         )
+        if self.plans:
+            reason["plans"] = [
+                {
+                    "plan": p.plan,
+                    "predicted_seconds": round(p.seconds, 3),
+                    **({"mt_mode": p.mt_mode} if p.mt_mode is not None else {}),
+                    "candidate": why_not is None,
+                    **({"why_not": why_not} if why_not is not None else {}),
+                }
+                for p, why_not in self.plans
+            ]
+        return reason
 
 
 def decide(
@@ -221,6 +244,89 @@ def decide(
         f"{whole} does not fit in {share}, nor does its largest fragment ({_mib(largest)}): fragments "
         f"read less per worker; format it with at least {needed} fragments for one to fit",
     )
+
+
+BLAST_PLAN = "blast"  # one BLAST+ process over the whole database (paramedic.engine.whole)
+
+
+def weigh(
+    choice: StrategyChoice, shape: Shape, refused: str | None, costs: Costs | None = None
+) -> StrategyChoice:
+    """`--strategy auto`: the plan the cost model predicts fastest (paramedic.engine.costs) among one
+    BLAST+ run over the whole database (unless `refused` says why its output would not be what the job
+    asks for) and the engine plan `decide`'s rule admits (the other engine plan is predicted and recorded
+    with why it was not a candidate). A strategy asked by name is kept as it is."""
+    if choice.asked != "auto":
+        return choice
+    predictions = predict(shape) if costs is None else predict(shape, costs)
+    engine = choice.strategy
+    other = "queries" if engine == "fragments" else "fragments"
+    why_not = {
+        BLAST_PLAN: refused,
+        engine: None,
+        other: f"auto's rule for the engine's own plans chose {engine} (see the reason)",
+    }
+    candidates = [plan for plan in (BLAST_PLAN, engine) if why_not[plan] is None]
+    chosen = cheapest(predictions, candidates)
+    plans = tuple((predictions[p], why_not[p]) for p in (BLAST_PLAN, "queries", "fragments"))
+    blast = predictions[BLAST_PLAN]
+    threads = max(1, shape.cores)
+    mode = blast.mt_mode or 0
+    run = f"one BLAST+ run (-num_threads {threads}, -mt_mode {mode})"
+    if chosen == BLAST_PLAN:
+        reason = (
+            f"the cost model predicts {run} {blast.seconds:.2f} s, the {engine} strategy "
+            f"{predictions[engine].seconds:.2f} s (the engine's plan: {choice.reason})"
+        )
+        return dataclasses.replace(
+            choice, strategy=BLAST_PLAN, reason=reason, plans=plans, threads=threads, mt_mode=mode
+        )
+    if refused is None:
+        reason = (
+            f"{choice.reason}; the cost model predicts {predictions[engine].seconds:.2f} s, {run} "
+            f"{blast.seconds:.2f} s"
+        )
+    else:
+        reason = f"{choice.reason} (one BLAST+ run is not a candidate: {refused})"
+    return dataclasses.replace(choice, reason=reason, plans=plans)
+
+
+def blast_refusal(
+    settings: SearchSettings, one_node: bool, journal: Path | None, database_bytes: int, memory: WorkerMemory
+) -> str | None:
+    """Why one BLAST+ run over the whole database would not give what this job asks for (None: it
+    would): it runs on one node only, makes no metadata, and honours none of the engine's own
+    behaviours (shipping, staging, partitions, output strategies, a stopped run's journal to resume)."""
+    if not one_node:
+        return "the job's ranks are on several nodes"
+    asked = [
+        (settings.ship is not None, "--site ships the output to a storage site"),
+        (settings.save_metadata is not None, "--metadata saves the merged hits, which only fragments make"),
+        (settings.from_metadata is not None, "--from-metadata writes the report from saved metadata"),
+        (settings.stage is not None, "--stage searches staged fragments"),
+        (settings.partition_size is not None, "--partition-size asks for partitions of ranks"),
+        (settings.replica_group_size is not None, "--replica-group-size places fragments on workers"),
+        (settings.output_strategy != "master", f"--output-strategy {settings.output_strategy} asks the workers to write"),
+        (settings.traceback != "auto", f"--traceback {settings.traceback} is how fragment searches align"),
+        (settings.fragment_groups != "auto", f"--fragment-groups {settings.fragment_groups} is how fragments are searched"),
+        (settings.batch is not None, "--batch sizes the engine's search tasks"),
+        (settings.piece_queries is not None, "--regen-batch sizes the engine's report pieces"),
+    ]  # fmt: skip
+    for given, why in asked:
+        if given:
+            return why
+    if journal is not None and journal.exists():
+        return f"a stopped run's journal ({journal.name}) is beside the output, to resume from"
+    if memory.physical is not None:
+        node = memory.physical
+        if memory.cgroup_limit is not None:
+            node = min(node, memory.cgroup_limit)
+        if database_bytes > QUERIES_MEMORY_SHARE * node:
+            return (
+                f"the whole database ({_mib(database_bytes)}) does not fit in {QUERIES_MEMORY_SHARE:.0%} of "
+                f"the node's memory ({_mib(node)}): one run would read it from disk again"
+            )
+    return None
 
 
 def choose_strategy(

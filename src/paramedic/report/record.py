@@ -56,7 +56,7 @@ class StrategyReason(TypedDict):
     cgroup's limit shared by the job's ranks in it and the physical memory shared by the node's workers."""
 
     asked: str  # --strategy: auto, fragments or queries
-    chosen: str  # fragments or queries
+    chosen: str  # fragments, queries or blast (one BLAST+ run over the whole database)
     reason: str  # one sentence
     database_bytes: int  # the whole database's BLAST+ files
     largest_fragment_bytes: int
@@ -69,6 +69,9 @@ class StrategyReason(TypedDict):
     workers_on_node_from: str  # e.g. "MPI_LOCALNRANKS=3"
     cgroup: str | None  # the memory cgroup whose limit binds
     ranks_in_cgroup: int  # this job's ranks sharing that limit
+    # auto: the plans the cost model weighed (paramedic.engine.costs), each {"plan", "predicted_seconds",
+    # "candidate", and "mt_mode" for blast, "why_not" for a plan that was not a candidate}
+    plans: NotRequired[list[dict[str, Any]]]
 
 
 class TaskCost(NamedTuple):
@@ -184,7 +187,9 @@ class RunRecord:
     batches: int
     fragments: int
     pieces: int
-    strategy: str  # "fragments" (search fragments, merge, regenerate) or "queries" (query segmentation)
+    # "fragments" (search fragments, merge, regenerate), "queries" (query segmentation) or "blast" (one
+    # BLAST+ run over the whole database with -num_threads = `workers`: paramedic.engine.whole)
+    strategy: str
     search_batch_queries: int  # queries per search task (the first batch)
     regen_group_queries: int  # queries per regeneration run (the first piece)
     blast_startup_seconds: float  # measured at job start; the floor of every task
@@ -259,6 +264,8 @@ class RunRecord:
         n = _count
         searches = sum(r.tasks["search"] for r in self.ranks_stats)
         share = f"start-up ~{100 * self.startup_share():.1f}% of search"
+        if self.strategy == "blast":
+            return f"  tasks: one BLAST+ run with -num_threads {self.workers}"
         if self.strategy == "queries":
             return (
                 f"  tasks: {n(searches, 'whole-database search', 'es')} of "
@@ -307,7 +314,11 @@ class RunRecord:
         totals = self.phase_totals()
         lines = [
             f"paramedic: {self.program} {_count(self.queries, 'query', 'ies')} x "
-            + ("the whole database" if self.strategy == "queries" else _count(self.fragments, "fragment"))
+            + (
+                "the whole database"
+                if self.strategy in ("queries", "blast")
+                else _count(self.fragments, "fragment")
+            )
             + (
                 f" in {_count(self.fragment_groups, 'search', 'es')} per batch"
                 if self.fragment_groups
@@ -328,6 +339,8 @@ class RunRecord:
                 f"{_count(self.queries_with_hits or 0, 'query', 'ies')} with hits, "
                 f"{self.searched_again} searched again (hit list filled)"
                 if self.metadata_pairs is not None
+                else " (one BLAST+ run over the whole database)"
+                if self.strategy == "blast"
                 else " (query segmentation: whole database per task, no merge)"
             ),
             f"  output: {self.output} ({self.output_bytes:,} bytes)",
