@@ -763,7 +763,12 @@ def _run_rank_here(settings: SearchSettings, argv: list[str], comm: Any, np_igno
                 file=sys.stderr,
             )
         try:
-            job = prepare_job(settings, workers=max(1, comm.Get_size() - 1), memory=job_memory(measured))
+            job = prepare_job(
+                settings,
+                workers=max(1, comm.Get_size() - 1),
+                memory=job_memory(measured),
+                one_node=len({host for host, _ in measured}) == 1,
+            )
         except ParamedicError as exc:
             failure = exc
         except Exception as exc:  # a bug while preparing: every rank still learns of it (no hang)
@@ -783,7 +788,28 @@ def _run_rank_here(settings: SearchSettings, argv: list[str], comm: Any, np_igno
             raise _Refused(failure)
         return failure.exit_code
     assert job is not None  # prepared, or the failure was said
+    if job.strategy is not None and job.strategy.whole_blast:  # one BLAST+ run on this node (issue 44)
+        return _run_whole_on_ranks(job, settings, argv, comm)
     record = run_job(job, comm, ["paramedic", *argv])
     if record is not None:
         conclude(record, job, settings.report)
+    return 0
+
+
+def _run_whole_on_ranks(job: Any, settings: SearchSettings, argv: list[str], comm: Any) -> int:
+    """The blast plan on MPI ranks of one node: rank 0 runs BLAST+ with a thread per worker rank, the
+    others wait for it without spinning (a blocking MPI wait busy-polls a core BLAST+ needs)."""
+    from paramedic.blast.forkserver import close_fork_servers
+    from paramedic.engine.shell import conclude
+
+    close_fork_servers()  # started while rank 0 prepared the job: no task will use them
+    if comm.Get_rank() == 0:
+        from paramedic.engine.whole import run_whole
+
+        record = run_whole(job, ["paramedic", *argv], settings.cwd, ranks=comm.Get_size())
+        record.runner = "mpi"
+        conclude(record, job, settings.report)
+    done = comm.Ibarrier()
+    while not done.Test():
+        time.sleep(0.05)
     return 0
