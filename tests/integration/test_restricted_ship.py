@@ -384,3 +384,41 @@ def test_mutated_subsets_are_refused_or_exact(sites: Sites, tmp_path: Path) -> N
             numbers[name] for name in ("nseq", "length", "shortest", "longest")
         ]
     assert refused >= 300, (refused, accepted)
+
+
+@pytest.mark.parametrize("engine", ["one master", "partitions"])
+def test_a_shared_directory_inbox_regenerates_under_the_subset(
+    sites: Sites, tmp_path: Path, engine: str
+) -> None:
+    """The same subset through `--site file://` (the setup's payload a file in the inbox): --ship metadata,
+    and --ship auto (no link to weigh: metadata) run by partition masters (each partition's pieces
+    regenerated under the one subset)."""
+    replica = sites.servers["several"].replica
+    assert replica is not None
+    inbox, root = tmp_path / "inbox", tmp_path / "root"
+    root.mkdir()
+    server = StorageSite(replica, root, None, tmp_path / "serve.log", 1, inbox=inbox)
+    server.start()
+    try:
+        data, restriction = sites.protein, _restriction(sites.protein, "taxidlist")
+        extra = ["--ship", "metadata"]
+        if engine == "partitions":
+            extra = ["--ship", "auto", "--np", "4", "--partition-size", "2", "--batch", "4"]
+        record = tmp_path / "record.json"
+        paramedic(
+            "search", "blastp", *_common(data, "dbs/several/db", restriction, "blastp", COLUMNS),
+            "-out", "inbox.tsv", "--site", f"file://{inbox}", "--strategy", "fragments", "--ship-timeout",
+            "120", "--record", str(record), *extra, cwd=data,
+        )  # fmt: skip
+        expected = _reference(data, "dbs/several/db", restriction)
+        assert (root / "inbox.tsv").read_bytes() == expected
+        lines = expected.decode().splitlines()
+        assert (
+            len(lines) >= 10
+            and _unchanged(expected, _reference(data, "dbs/several/db", [])) <= len(lines) // 4
+        )
+        shipped = json.loads(record.read_text())
+        assert shipped["ship"]["mode"] == "metadata"
+        assert shipped["partitions"] == (2 if engine == "partitions" else 1)
+    finally:
+        server.stop()

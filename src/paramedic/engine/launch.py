@@ -273,12 +273,15 @@ def check_before_launch(settings: SearchSettings) -> None:
     from paramedic.blast.options import CHECKED_VARIABLE, BlastOptions, check_values
     from paramedic.blast.programs import PROGRAMS
     from paramedic.db.locate import resolve_database
+    from paramedic.db.subset import with_absolute_lists
     from paramedic.engine.job import check_outfmt
 
     program = PROGRAMS.get(settings.program)
     if program is None:
         return
-    options = BlastOptions.parse(program.name, settings.blast_args)
+    # list files named from the user's directory: BLAST+ checks the values elsewhere (-taxidlist
+    # taxids.txt under mpiexec was "File is not acessible", exit 2)
+    options = with_absolute_lists(BlastOptions.parse(program.name, settings.blast_args), settings.cwd)
     check_outfmt(program.name, options)
     if not options.get("db"):
         return
