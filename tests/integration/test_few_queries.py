@@ -1,6 +1,7 @@
 """Few queries against a database many times their preliminary lists: the job database segmentation
-exists for (issue 21). The defaults must choose the fragments strategy with the traceback done once,
-say why in the run record, and write BLAST+'s bytes; `--traceback per-fragment` (the other path, by
+exists for (issue 21). Of the engine's plans the defaults must choose the fragments strategy (on one
+node auto runs one BLAST+ instead: issue 44), with the traceback done once, say why in the run record,
+and write BLAST+'s bytes; `--traceback per-fragment` (the other path, by
 name) too. Real BLAST+, real ranks (`--np 2`), 80,000 real and mutated proteins in 4 fragments.
 """
 
@@ -59,9 +60,15 @@ def test_defaults_choose_fragments_and_one_traceback(proteins: Path, outfmt: str
     )  # fmt: skip
     record = search(proteins, out, outfmt=outfmt)
     assert out.read_bytes() == expected.read_bytes()
-    assert record["strategy"] == "fragments" and record["traceback"] == "once"
+    # of the engine's plans auto's rule takes fragments; on one node one BLAST+ run is cheaper (issue 44)
+    assert record["strategy"] == "blast"
     reason = record["strategy_reason"]["reason"]
     assert "query segmentation would make 1 task for 2 workers" in reason and "2.00x" in reason
+    assert {p["plan"] for p in record["strategy_reason"]["plans"] if p["candidate"]} == {"blast", "fragments"}
+    out.unlink()
+    record = search(proteins, out, "--strategy", "fragments", outfmt=outfmt)  # its traceback's default
+    assert out.read_bytes() == expected.read_bytes()
+    assert record["strategy"] == "fragments" and record["traceback"] == "once"
     assert (
         "1 query x 1,050 subjects) are 1.3% of the database's 80,000 sequences" in record["traceback_reason"]
     )

@@ -114,9 +114,11 @@ def test_record_says_why_auto_chose(small_db: Path, runner: str, counted_from: s
     )
     why = reason(small_db)
     whole = sum(p.stat().st_size for p in (small_db / "db").glob("db.*") if p.suffix not in (".pal", ".json"))
-    # the database fits, but 3 queries are one BLAST+ batch: one task, one worker; fragments use both
-    assert (why["asked"], why["chosen"]) == ("auto", "fragments")
+    # the database fits, but 3 queries are one BLAST+ batch: one task, one worker; of the engine's plans
+    # fragments use both; on one node one BLAST+ run with both cores is cheaper still (issue 44)
+    assert (why["asked"], why["chosen"]) == ("auto", "blast")
     assert "query segmentation would make 1 task for 2 workers" in why["reason"]
+    assert {p["plan"] for p in why["plans"] if p["candidate"]} == {"blast", "fragments"}
     assert why["database_bytes"] == whole
     assert why["fragments"] == 4 and 0 < why["largest_fragment_bytes"] < whole
     assert why["workers_on_node"] == 2 and why["workers_on_node_from"] == counted_from
@@ -158,7 +160,10 @@ def test_cgroup_limit_makes_auto_choose_fragments(larger_db: Path, cgroup: Path)
     run_paramedic(*args, cwd=larger_db, cgroup=cgroup)
     why = reason(larger_db)
     assert why["database_bytes"] > 80 * MiB, "the database must be larger than half a worker's memory"
-    assert (why["asked"], why["chosen"]) == ("auto", "fragments")
+    # the engine's rule: fragments; one BLAST+ run (one copy of the database for both threads, within
+    # the limit) is predicted cheaper on one node (issue 44)
+    assert (why["asked"], why["chosen"]) == ("auto", "blast")
+    assert {p["plan"] for p in why["plans"] if p["candidate"]} == {"blast", "fragments"}
     assert why["cgroup_limit_bytes"] == 320 * MiB
     assert why["cgroup"] == str(cgroup)
     assert why["ranks_in_cgroup"] == 3 and why["memory_per_worker_bytes"] == 160 * MiB
@@ -168,10 +173,10 @@ def test_cgroup_limit_makes_auto_choose_fragments(larger_db: Path, cgroup: Path)
     )
     assert "its largest fragment" in why["reason"] and "does: each worker searches fragments" in why["reason"]
     record = json.loads((larger_db / "out.txt.run.json").read_text())
-    assert record["strategy"] == "fragments"
+    assert record["strategy"] == "blast"
     shutil.copy(larger_db / "out.txt", larger_db / "limited.txt")
     run_paramedic(*args, cwd=larger_db)  # the same search, no limit: the database fits now
     unlimited = reason(larger_db)
     assert "fits in 50% of the memory available per worker" in unlimited["reason"]
-    assert unlimited["chosen"] == "fragments" and "1 task for 2 workers" in unlimited["reason"]
+    assert unlimited["chosen"] == "blast" and "1 task for 2 workers" in unlimited["reason"]
     assert (larger_db / "out.txt").read_bytes() == (larger_db / "limited.txt").read_bytes()
