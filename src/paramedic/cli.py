@@ -828,7 +828,9 @@ def _search_parser() -> argparse.ArgumentParser:
         default="auto",
         help="fragments: search fragments, merge, regenerate; queries: whole database per task; "
         "auto (default): queries when the whole database fits in half the memory per worker and no "
-        "metadata is asked (the run record's strategy_reason says why)",
+        "metadata is asked, else fragments; on one node, one BLAST+ run with a thread per core instead "
+        "when its cost model predicts it faster and nothing asks for the engine (the run record's "
+        "strategy_reason says why, with each plan's predicted seconds)",
     )
     parser.add_argument(
         "--traceback",
