@@ -159,5 +159,6 @@ def test_blast_refused_off_one_node_with_a_journal_or_without_memory(tmp_path: P
     journal.mkdir()
     assert "journal" in (blast_refusal(settings(), True, journal, MiB, MEMORY) or "")
     assert "does not fit" in (blast_refusal(settings(), True, None, 9 * GiB, MEMORY) or "")
+    assert "@PG" in (blast_refusal(settings(), True, None, MiB, MEMORY, outfmt=17) or "")
     limited = replace(MEMORY, cgroup_limit=GiB)
     assert "does not fit" in (blast_refusal(settings(), True, None, GiB, limited) or "")

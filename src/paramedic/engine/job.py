@@ -266,7 +266,14 @@ def prepare_job(
             fragment_searches=2 * workers,
             pairwise=options.outfmt_number() not in (6, 7, 10),
         )
-        refused = blast_refusal(settings, one_node, target.journal, strategy.database_bytes, strategy.memory)
+        refused = blast_refusal(
+            settings,
+            one_node,
+            target.journal,
+            strategy.database_bytes,
+            strategy.memory,
+            options.outfmt_number(),
+        )
         strategy = weigh(strategy, shape, refused)
     query_segmentation = strategy.strategy == "queries"
     stage = None if settings.stage is None else check_stage(settings.stage, manifest, db.arg)

@@ -292,7 +292,12 @@ def weigh(
 
 
 def blast_refusal(
-    settings: SearchSettings, one_node: bool, journal: Path | None, database_bytes: int, memory: WorkerMemory
+    settings: SearchSettings,
+    one_node: bool,
+    journal: Path | None,
+    database_bytes: int,
+    memory: WorkerMemory,
+    outfmt: int = 0,
 ) -> str | None:
     """Why one BLAST+ run over the whole database would not give what this job asks for (None: it
     would): it runs on one node only, makes no metadata, and honours none of the engine's own
@@ -315,6 +320,8 @@ def blast_refusal(
     for given, why in asked:
         if given:
             return why
+    if outfmt == 17:  # the engine writes the user's command line there (paramedic.blast.run)
+        return "-outfmt 17's @PG line holds BLAST+'s command line, which one run here would not print as the user's"
     if journal is not None and journal.exists():
         return f"a stopped run's journal ({journal.name}) is beside the output, to resume from"
     if memory.physical is not None:
