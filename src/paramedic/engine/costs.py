@@ -3,9 +3,10 @@
 Three plans can run a search on one node: "blast", one BLAST+ process over the whole database with
 `-num_threads` = the job's cores (in the faster `-mt_mode` that keeps BLAST+'s bytes); "queries", the
 engine's query segmentation; "fragments", the engine's database segmentation (merge, reports written
-again). Each is predicted from the job's shape (`Shape`) and measured costs, all kept here with their
-source (calibrated by bench/plan_costs.py, figures in bench/RESULTS.md, "Plan costs"). `predict` is a pure
-function of those numbers: the unit tests drive it with synthetic cost tables (`Costs`).
+again). Each is predicted from the job's shape (`Shape`) and measured costs, all kept here (`Costs`)
+with the measurement each comes from (bench/plan_costs.py --calibrate measures them again on a machine,
+and compares predicted with measured walls). `predict` is a pure function of those numbers: the unit
+tests drive it with synthetic cost tables.
 
 The model, for `cores` cores and W = RATE x query residues x database residues (single-thread CPU seconds
 of the search, paramedic.engine.plan's measured rates), B BLAST+ query batches, S = SCAN x database
