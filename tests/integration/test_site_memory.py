@@ -56,7 +56,7 @@ def _setup(mib: float, checksum: str) -> tuple[dict, bytes]:
 @pytest.fixture(scope="module")
 def served(databases: Databases, tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("memory")
-    databases.place(base, 40, fragments=2)
+    databases.place(base, 40, fragments=2, layout="fragments")
     databases.keys(base / "keys")
     (base / "root").mkdir()
     site = StorageSite(base / "db" / "uni", base / "root", base / "keys" / "server", base / "serve.log",
@@ -99,7 +99,7 @@ def big_replica(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """The whole mmseqs2 database in one fragment (its .psq about 10 MiB), served by a real site."""
     base = tmp_path_factory.mktemp("reads")
     paramedic("format", "--in", str(data_dir / "mmseqs2" / "DB.fasta"), "--dbtype", "prot", "--fragments",
-              "1", "--out", str(base / "db" / "uni"), "--quiet")  # fmt: skip
+              "1", "--out", str(base / "db" / "uni"), "--layout", "fragments", "--quiet")  # fmt: skip
     paramedic("keys", "--out", str(base / "keys"), "--server", "localhost", "--client", "compute-a")
     (base / "root").mkdir()
     site = StorageSite(base / "db" / "uni", base / "root", base / "keys" / "server", base / "serve.log",
