@@ -168,9 +168,9 @@ def test_options_page_and_search_help_agree() -> None:
     assert not missing, sorted(missing)
 
 
-# the page of the manual that documents each command's options (search's: OPTIONS.md, above). Not yet
-# `format`: its options are being changed (--layout, --no-parse-seqids) while this is written.
+# the page of the manual that documents each command's options (search's: OPTIONS.md, above)
 PAGE_OF = {
+    "format": ["DATABASES.md"],
     "serve": ["SITE.md"],
     "keys": ["SITE.md"],
     "trace": ["TRACE.md"],
