@@ -321,7 +321,7 @@ def _run_trace(argv: list[str]) -> int:
 
         ShipSettings.build(args.site, args.keys, args.ship, str(args.out), args.streams, args.ship_timeout)
     remove_leftovers(Path(tempfile.gettempdir()))  # what launchers killed outright left (trace's too)
-    summary = trace(argv[split + 1 :], args.out, args.buffer)
+    summary = trace(argv[split + 1 :], args.out, args.buffer, args.max_trace_size)
     print(f"paramedic: trace written to {args.out}: {summary_line(summary)}", file=sys.stderr)
     if args.site is not None:
         _ship_file(args, args.out, str(args.out), {"trace": summary})
@@ -352,6 +352,15 @@ def _trace_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--buffer", type=int, default=8 << 20, help="bytes each rank buffers before writing (default 8 MiB)"
+    )
+    parser.add_argument(
+        "--max-trace-size",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="the most the merged file may hold (e.g. 500M, 2G; at least 128K): each rank logs an equal "
+        "share and then stops recording, and the closing line and --record say what was left out "
+        "(default: 40%% of the free space beside -out, at least 64M)",
     )
     _ship_options(parser, required=False)
     return parser

@@ -181,7 +181,7 @@ def read_summary(path: Path) -> dict[str, object]:
         raise MergeError("the tree merge's summary is damaged")
     magic, size, status, merge_ns = SUMMARY_HEAD.unpack_from(data)
     body = data[SUMMARY_HEAD.size :]
-    rows = np.frombuffer(body, "<i8").reshape(-1, 5) if size > 0 and len(body) % 40 == 0 else None
+    rows = np.frombuffer(body, "<i8").reshape(-1, 9) if size > 0 and len(body) % 72 == 0 else None
     if magic != SUMMARY_MAGIC or rows is None or len(rows) != size:
         raise MergeError("the tree merge's summary is damaged")
     if status:
@@ -191,6 +191,16 @@ def read_summary(path: Path) -> dict[str, object]:
             f"the ranks' tree merge failed{where}: {STATUS.get(int(status), f'status {status}')}"
         )
     records, dropped, off_init, off_fini = (rows[:, i].tolist() for i in range(4))
+    logged, calls, events, cut_ns = (rows[:, i].tolist() for i in range(5, 9))
+    left_out = {
+        str(r): {
+            "from_seconds": cut_ns[r] / 1e9 if cut_ns[r] >= 0 else None,
+            "calls": int(calls[r]),
+            "events": int(events[r]),
+        }
+        for r in range(size)
+        if calls[r] or events[r]
+    }
     return {
         "ranks": size,
         "merge": "binary tree in MPI_Finalize",
@@ -198,4 +208,9 @@ def read_summary(path: Path) -> dict[str, object]:
         "records": {str(r): int(records[r]) for r in range(size)},
         "dropped_message_events": {str(r): int(dropped[r]) for r in range(size) if dropped[r]},
         "clock_offset_ns": {str(r): [int(off_init[r]), int(off_fini[r])] for r in range(size)},
+        # bytes of each rank's records in the file (its own and its two TIMESHIFT records)
+        "rank_bytes": {str(r): int(logged[r]) + 64 for r in range(size)},
+        # what --max-trace-size left out, per rank: from when (seconds on the trace's clock), how many
+        # calls, and how many message or collective events of the call it stopped in
+        "left_out": left_out,
     }

@@ -7,6 +7,10 @@ the output, where the ranks merge them along a binary tree inside MPI_Finalize a
 not at all. An -out that is a device, a FIFO or /dev/stdout is written through, as BLAST+ writes its -out
 (the logs then go to the temporary directory, not beside /dev/null).
 
+The trace's size is bounded (`max_bytes`, --max-trace-size; by default DEFAULT_SHARE of the free space
+where the logs go, at least DEFAULT_FLOOR): each rank logs at most its share and then stops recording,
+and the summary says what each left out (native/clogtrace.c).
+
 A signal (SIGTERM, SIGHUP, SIGINT) stops the traced job: mpiexec runs in a session of its own, and the
 launcher ends it and every rank, removes their logs and what MPI made, and raises `job.Interrupted`
 (paramedic.trace.job, which also says what a launcher killed outright leaves for the next one).
@@ -45,8 +49,28 @@ def inject(command: list[str], kind: str, env: dict[str, str]) -> list[str]:
     return [command[0], *opts, *command[1:]]
 
 
-def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[str, object]:
-    """Run `command` (mpiexec ... PROGRAM ARGS) traced; write the merged CLOG2 file to `out`; a summary."""
+DEFAULT_SHARE = 0.4  # of the free space: the logs and the merged file are both on disk as the merge ends
+DEFAULT_FLOOR = 64 << 20  # a smaller disk is its own limit: a full disk is said as such (exit 7)
+MIN_BYTES = 128 << 10  # the least bound: the preamble, one block, the definitions
+
+
+def default_bound(logs: Path) -> int:
+    """The trace's bound when none is given: DEFAULT_SHARE of the free space of the logs' filesystem (the
+    ranks' logs and the merged file are both there until the merge ends), at least DEFAULT_FLOOR."""
+    try:
+        info = os.statvfs(logs)
+    except OSError:
+        return DEFAULT_FLOOR
+    return max(DEFAULT_FLOOR, int(info.f_bavail * info.f_frsize * DEFAULT_SHARE))
+
+
+def trace(
+    command: list[str], out: Path, buffer_bytes: int = 8 << 20, max_bytes: int | None = None
+) -> dict[str, object]:
+    """Run `command` (mpiexec ... PROGRAM ARGS) traced; write the merged CLOG2 file to `out`, of at most
+    `max_bytes` (default: `default_bound`); a summary."""
+    if max_bytes is not None and max_bytes < MIN_BYTES:
+        raise UsageError(f"--max-trace-size must be at least {MIN_BYTES:,} bytes (128K)")
     if not command:
         raise UsageError("paramedic trace: no command after --")
     lib, kind = native.library(command[0])
@@ -55,6 +79,7 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
         logs = _logs_directory(out, stream)
         try:
             job = TracedJob.create(logs)
+            bound = max_bytes if max_bytes is not None else default_bound(logs)
         except OSError as exc:
             shutil.rmtree(logs, ignore_errors=True)
             raise OutputError(f"cannot note the job in {tempfile.gettempdir()}: {exc.strerror}") from exc
@@ -64,6 +89,7 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
                 "LD_AUDIT": str(native.audit_library()),
                 "PARAMEDIC_TRACE_DIR": str(logs),
                 "PARAMEDIC_TRACE_BUFFER": str(buffer_bytes),
+                "PARAMEDIC_TRACE_MAX": str(bound),
                 **job.environment(),
             }
             started = time.monotonic()
@@ -83,6 +109,9 @@ def trace(command: list[str], out: Path, buffer_bytes: int = 8 << 20) -> dict[st
         if signals:
             raise Interrupted(f"the trace was written to {out} as the signal came")
     summary.update({"mpi": kind, "library": str(lib), "seconds": round(elapsed, 3), "bytes": size})
+    summary["max_trace_bytes"] = bound
+    summary["bound"] = "given" if max_bytes is not None else "default"
+    summary["buffer_bytes"] = buffer_bytes
     summary["untraced_calls"] = untraced  # linked MPI functions the tracer does not wrap (gaps.py)
     summary["untraced_communication"] = gaps.communicating(untraced)
     return summary
@@ -244,7 +273,46 @@ def summary_line(summary: dict[str, object]) -> str:
     )
     if isinstance(dropped, dict) and any(dropped.values()):
         text += f"; message events dropped: {json.dumps(dropped, sort_keys=True)}"
+    text += _bytes_line(summary) + _left_out_line(summary)
     untraced = summary.get("untraced_calls")
     if isinstance(untraced, list):
         text += gaps.line([str(name) for name in untraced])
     return text
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB" if n >= 100_000 else f"{n:,} bytes"
+
+
+def _bytes_line(summary: dict[str, object]) -> str:
+    """Each rank's bytes in the file (its records), the first eight ranks and the largest."""
+    per = summary.get("rank_bytes")
+    if not isinstance(per, dict) or not per:
+        return ""
+    items = sorted(((int(r), int(b)) for r, b in per.items()), key=lambda rb: rb[0])
+    shown = items if len(items) <= 8 else items[:8]
+    text = "; per rank " + ", ".join(f"{r}: {_mb(b)}" for r, b in shown)
+    if len(items) > 8:
+        rank, most = max(items, key=lambda rb: rb[1])
+        text += f", ... (largest: rank {rank}, {_mb(most)})"
+    return text
+
+
+def _left_out_line(summary: dict[str, object]) -> str:
+    """What the trace's bound left out, per rank (from when, how many calls and events), or that it
+    held everything."""
+    left = summary.get("left_out")
+    bound = int(summary.get("max_trace_bytes", 0) or 0)  # type: ignore[call-overload]
+    if not isinstance(left, dict) or not left:
+        return f"; nothing left out (bound {_mb(bound)})" if bound else ""
+    calls = sum(int(v["calls"]) for v in left.values())
+    parts = [
+        f"rank {r}"
+        + (f" from {float(v['from_seconds']):.3f} s" if v["from_seconds"] is not None else "")
+        + f" ({int(v['calls']):,} calls"
+        + (f", {int(v['events']):,} message or collective events" if int(v["events"]) else "")
+        + ")"
+        for r, v in sorted(left.items(), key=lambda rv: int(rv[0]))
+    ]
+    shown = parts if len(parts) <= 8 else parts[:8] + [f"and {len(parts) - 8} more ranks"]
+    return f"; LEFT OUT by the bound of {_mb(bound)} (--max-trace-size): {calls:,} calls, {', '.join(shown)}"

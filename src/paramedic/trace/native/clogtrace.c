@@ -9,6 +9,14 @@
    round trip counts) and writes both in the file's trailer. Then, still inside MPI_Finalize, the processes
    merge their logs along a binary tree and rank 0 writes the one CLOG2 file (clogtrace_merge.h).
 
+   Bounded cost: a process holds its buffer (and, merging, a few 1 MiB chunks), whatever the run's length.
+   With PARAMEDIC_TRACE_MAX (bytes of the whole merged file) each process may log a share of it
+   (`share`, set at MPI_Init from the world size and CLOG2's packing); a call that would not fit (with
+   its final event and MPI_Finalize's two reserved) is not logged, nor any call after it: the process
+   stops recording there and counts what it left out (calls, and message or collective events of the call
+   in progress that did not fit), which the merge's summary reports with the time it stopped. The
+   records it kept stay whole states: the merged file is a valid CLOG2 file of at most that size.
+
    A call is a state: a start bare event (etype 2*stateID) and a final one (2*stateID+1). Sends log a
    message event (-101: peer, tag, bytes) after the start event; receives log one (-102) from the status,
    before the final event (an MPI_Irecv's at the Wait/Test that completes it). Collectives log a collective
@@ -53,6 +61,13 @@ static int world_rank = -1, active;
 static const char *trace_dir; /* set on every rank when traced: each takes part in the collective steps */
 static int64_t t_init, t_fini, off_init, off_fini;
 static uint64_t n_records, n_dropped;
+static int64_t share = INT64_MAX;  /* bytes of records this process may log (PARAMEDIC_TRACE_MAX) */
+static int64_t logged;             /* bytes of records logged (buffered or written) */
+static int cut;                    /* the share was reached: nothing more is logged */
+static int64_t cut_ns = -1;        /* when (local clock), -1: never */
+static uint64_t calls_left_out, events_left_out;
+#define FINAL_ROOM 32                /* a state's final bare event */
+#define FINALIZE_ROOM 64             /* MPI_Finalize's start and final events, always logged */
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -93,6 +108,12 @@ static void put(int64_t t, int rectype, const void *body, size_t len) {
     LOCK();
     if (thread_no < 0) thread_no = threaded ? n_threads++ : 0;
     if (t == NOW) t = now_ns();
+    if ((rectype == REC_MSGEVT || rectype == REC_COLLEVT) &&
+        logged + 24 + (int64_t)len + FINAL_ROOM + FINALIZE_ROOM > share) {
+        events_left_out++; /* the call's final event and MPI_Finalize's keep their room */
+        UNLOCK();
+        return;
+    }
     if (buf_len + 24 + len > buf_cap) flush_buffer();
     char *p = buf + buf_len;
     int32_t h[4] = {0, world_rank, thread_no, rectype};
@@ -100,8 +121,24 @@ static void put(int64_t t, int rectype, const void *body, size_t len) {
     memcpy(p + 8, h, 16);
     memcpy(p + 24, body, len);
     buf_len += 24 + len;
+    logged += 24 + (int64_t)len;
     n_records++;
     UNLOCK();
+}
+
+/* A call is logged while its start and final events fit in the share with MPI_Finalize's room kept; the
+   first that does not stops the process's recording for the rest of the run (every later call counted). */
+static int call_fits(void) {
+    if (share == INT64_MAX) return 1;
+    LOCK();
+    int fits = !cut && logged + 2 * FINAL_ROOM + FINALIZE_ROOM <= share;
+    if (!fits) {
+        if (!cut) cut_ns = now_ns();
+        cut = 1;
+        calls_left_out++;
+    }
+    UNLOCK();
+    return fits;
 }
 
 static void bare(int etype) {
@@ -123,7 +160,7 @@ static void coll(int etype, int root, int64_t size) {
    call: an MPI whose Fortran binding calls the C MPI_* functions (not PMPI_*) is not logged twice. */
 static __thread int nested;
 #define LOGGING (active && !nested)
-#define START(s) int _state = (s); int _logging = LOGGING; if (_logging) bare(2 * _state)
+#define START(s) int _state = (s); int _logging = LOGGING && call_fits(); if (_logging) bare(2 * _state)
 #define FINAL() if (_logging) bare(2 * _state + 1)
 
 static int64_t bytes_of(int count, MPI_Datatype type) {
@@ -278,6 +315,21 @@ static void start_log(void) {
     buf_cap = cap ? (size_t)strtoull(cap, NULL, 10) : (8u << 20);
     if (buf_cap < 4096) buf_cap = 4096;
     buf = malloc(buf_cap);
+    const char *max = getenv("PARAMEDIC_TRACE_MAX");
+    if (max != NULL && *max) {
+        /* The merged file: a 1,024-byte preamble, 64 KiB blocks that each hold at least BLOCK_SIZE - 160
+           bytes of records but the last, the 44-byte communicator table; its records are every process's
+           plus two TIMESHIFT records (32 bytes) each, and rank 0's state definitions. Each process gets an
+           equal part of what remains (at least its communicator event and MPI_Finalize's). */
+        int size = 1;
+        PMPI_Comm_size(MPI_COMM_WORLD, &size);
+        double whole = strtod(max, NULL) - PREAMBLE - 44 - BLOCK_SIZE;
+        double records = whole * (BLOCK_SIZE - 24 - MAX_REC) / BLOCK_SIZE - 64.0 * size;
+        int64_t defs = (int64_t)(sizeof state_names / sizeof state_names[0]) * (24 + 112);
+        double each = (records - (double)defs) / size;
+        share = each > 72 + FINALIZE_ROOM ? (int64_t)each : 72 + FINALIZE_ROOM;
+        if (world_rank == 0) share += defs;
+    }
     char path[4096];
     snprintf(path, sizeof path, "%s/rank-%d.raw", dir, world_rank);
     out_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);

@@ -10,8 +10,10 @@
    order of paramedic/trace/merge.py (the reference the tests compare with, byte for byte).
 
    Included by clogtrace.c after its state (buf, out_fd, world_rank, t_init, off_init, ...). Output:
-   $PARAMEDIC_TRACE_DIR/merged.clog2 and merged.summary (per rank: records, dropped message events, clock
-   offsets, status; then the merge's wall time), written by rank 0 once every rank has reported. */
+   $PARAMEDIC_TRACE_DIR/merged.clog2 and merged.summary (the merge's wall time, then per rank: records,
+   dropped message events, clock offsets, status, bytes of records logged, and what PARAMEDIC_TRACE_MAX left
+   out: calls, events, the time it stopped recording on rank 0's clock or -1), written by rank 0 once every
+   rank has reported. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -371,9 +373,11 @@ static void tree_merge(const char *dir, int have_log) {
         PMPI_Send(&status, 1, MPI_INT64_T, k->parent, MERGE_TAG_END, comm);
     }
     /* every process's figures (its own status: a subtree's is already in `status` on its way up) */
-    int64_t mine[5] = {(int64_t)n_records, (int64_t)n_dropped, off_init, off_fini, own->status};
+    int64_t cut_at = cut_ns < 0 ? -1 : corrected_ns(own, cut_ns);
+    int64_t mine[9] = {(int64_t)n_records, (int64_t)n_dropped, off_init, off_fini, own->status,
+                       logged, (int64_t)calls_left_out, (int64_t)events_left_out, cut_at};
     int64_t *all = world_rank == 0 ? malloc(sizeof mine * (size_t)size) : NULL;
-    PMPI_Gather(mine, 5, MPI_INT64_T, all, 5, MPI_INT64_T, 0, comm);
+    PMPI_Gather(mine, 9, MPI_INT64_T, all, 9, MPI_INT64_T, 0, comm);
     if (k->parent < 0) {
         end_block(k, 100000000.0, 0);
         static const char table[44] = {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 'M', 'P', 'I',
@@ -393,7 +397,7 @@ static void tree_merge(const char *dir, int have_log) {
             unlink(part);
             if (status == ST_OK) status = ST_WRITE;
         }
-        /* magic, world size, overall status, merge nanoseconds, then 5 numbers per rank */
+        /* magic, world size, overall status, merge nanoseconds, then 9 numbers per rank */
         int64_t head[4] = {(int64_t)SUMMARY_MAGIC, size, status, (int64_t)((PMPI_Wtime() - started) * 1e9)};
         int fd = open(summary_part, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fd >= 0) {
