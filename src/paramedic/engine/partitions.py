@@ -62,10 +62,9 @@ from paramedic.engine.ranks import (
     run_workers,
 )
 from paramedic.engine.runner import Arrival, Driven, Transport, drive
-from paramedic.engine.scheduler import PieceTask, Plan, Scheduler
-from paramedic.engine.shell import JobShell
-from paramedic.engine.sinks import AutoChooser, measure_site, open_sink, workers_write
-from paramedic.engine.staging import scheduling
+from paramedic.engine.scheduler import PieceTask, Plan
+from paramedic.engine.shell import JobOutput, JobShell, new_scheduler
+from paramedic.engine.sinks import workers_write
 from paramedic.engine.store import RecordError, Store
 from paramedic.errors import InternalError, JobError
 from paramedic.output.strategies import Order, Round
@@ -188,14 +187,7 @@ def _partition_master(
     job: Job, plan: Plan, comm: MPI.Comm, local: MPI.Comm, group: list[int], store: Store | None
 ) -> None:
     stats = RankStats(rank=comm.Get_rank(), role="partition master")
-    scheduler = Scheduler(
-        plan,
-        keep_alignments=job.keep_alignments,
-        alignments_stored=store is not None,
-        assigned=set(),
-        replica_group=job.replica_group_size,
-        **scheduling(job.stage, job.stage_nodes, group),  # --stage: the partition's workers' nodes
-    )
+    scheduler = new_scheduler(job, plan, store, group, assigned=set())  # --stage: the partition's nodes
     if job.target.ship is not None and job.target.ship.mode == "auto":  # rank 0 decides from the first probe
         master = Master(scheduler, None, Progress(0, quiet=True), stats, choose_sink=_asking(comm))
     else:
@@ -435,19 +427,19 @@ def _supermaster(
     start = time.perf_counter()
     stats = RankStats(rank=0, role="supermaster")
     progress = Progress(len(job.queries), quiet=job.quiet)
-    auto = job.target.ship is not None and job.target.ship.mode == "auto"
-    chooser = AutoChooser(job, plan, measure_site(job), journal) if auto else None
-    sink = None if auto else open_sink(job, plan, job.target.ship.mode if job.target.ship else None, journal)
     shell = JobShell(job, journal, progress)
+    opened: JobOutput | None = None
     segments: SegmentMaster | None = None
 
     def abort() -> None:
-        output = segments.sink if segments is not None else sink
+        output = segments.sink if segments is not None else opened.sink if opened is not None else None
         if output is not None:
             output.abort()
 
     with shell.running(abort):
-        done: list[int] = []
+        opened = shell.open_output(plan)
+        sink, chooser = opened.sink, opened.chooser
+        done = list(opened.done_pieces(plan))  # an earlier run's job finished at the site
         if journal is not None and sink is not None and not sink.holds_pieces:
             for index in replay.pieces:
                 data = journal.load_piece(index)
@@ -478,9 +470,7 @@ def _supermaster(
         if placing is not None:
             placing.sink.closed_by_ranks()
         metadata = [merged.get(q, []) for q in range(len(job.queries))]
-        output = sink or (chooser.chosen if chooser is not None else None)
-        assert output is not None  # opened at start, or by the first probe (--ship auto)
-        shell.complete(output.commit, metadata)
+        shell.complete(opened.output.commit, metadata)
     stats.measure_memory()
     workers = sum(len(group) - 1 for group in groups)
     _note(job, groups)
@@ -491,7 +481,7 @@ def _supermaster(
         wall_seconds=time.perf_counter() - start,
         ranks=comm.Get_size(),
         workers=workers,
-        sink=output,
+        sink=opened.output,
         merged=metadata,
         searched_again=searched_again,
         journal=journal,

@@ -5,15 +5,21 @@ it, closes the progress bar and the journal, for one master (`run_master`, here)
 of partitions (paramedic.engine.partitions) alike. The runner is what differs between ways of running
 one master: MPI ranks (paramedic.engine.ranks), threads of one process (paramedic.engine.local), or the
 master's own rank doing every task.
+
+`JobShell.open_output` is rank 0's output at the job's start, for both too: the output already published
+by the storage site for an earlier run of the search, the `--ship auto` chooser, or the sink opened now.
+`new_scheduler` is a master's scheduler, the one master's and a partition master's.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from paramedic.blast.forkserver import close_fork_servers
 from paramedic.db.manifest import check_stamps
@@ -77,6 +83,62 @@ class JobShell:
         if self.job.target.save_metadata is not None:
             save_metadata(self.job.target.save_metadata, self.job.identity, merged)
 
+    def open_output(self, plan: Plan) -> JobOutput:
+        """The job's output, chosen once for one master and for partitions: the storage site's file when an
+        earlier run of this search had it published (then every piece is done), else the --ship auto
+        chooser (the output is opened by the first probe), else the sink opened now."""
+        job, journal = self.job, self.journal
+        # --restart: the journal's site job is the discarded run's, cancelled; whatever it published is not
+        # this search's output (the search may have changed)
+        published = None if journal is not None and journal.restarted else published_earlier(job, journal)
+        if published is not None:
+            if not job.quiet:
+                print(
+                    f"paramedic: the storage site already holds {job.target.ship.out if job.target.ship else ''} "
+                    "from an earlier run of this search, stopped before it heard so: nothing left to do",
+                    file=sys.stderr,
+                )
+            return JobOutput(PublishedSink(job, published), None, published=True)
+        if job.target.ship is not None and job.target.ship.mode == "auto":
+            return JobOutput(None, AutoChooser(job, plan, measure_site(job), journal))
+        return JobOutput(
+            open_sink(job, plan, job.target.ship.mode if job.target.ship else None, journal), None
+        )
+
+
+@dataclass
+class JobOutput:
+    """Rank 0's output at the job's start (`JobShell.open_output`): a sink, or the --ship auto chooser that
+    opens one from the first probe."""
+
+    sink: Output | None
+    chooser: AutoChooser | None
+    published: bool = False  # the storage site already holds the output: every piece is done
+
+    def done_pieces(self, plan: Plan) -> range:
+        """The pieces nothing is left to do for at the start."""
+        return range(len(plan.pieces) if self.published else 0)
+
+    @property
+    def output(self) -> Output:
+        """The output the job wrote: the sink, or the one the chooser opened."""
+        output = self.sink or (self.chooser.chosen if self.chooser is not None else None)
+        assert output is not None  # given at start, or opened by the first probe (--ship auto)
+        return output
+
+
+def new_scheduler(job: Job, plan: Plan, store: Store | None, ranks: Sequence[int], **kw: Any) -> Scheduler:
+    """A master's scheduler over `ranks` (their nodes matter under --stage): the one master's, and a
+    partition master's (paramedic.engine.partitions, given `assigned`)."""
+    return Scheduler(
+        plan,
+        keep_alignments=job.keep_alignments,
+        alignments_stored=store is not None,
+        replica_group=job.replica_group_size,
+        **kw,
+        **scheduling(job.stage, job.stage_nodes, ranks),
+    )
+
 
 def run_master(
     job: Job,
@@ -100,43 +162,21 @@ def run_master(
         pieces=len(plan.pieces),
     )
     shell = JobShell(job, journal, progress)
-    # --restart: the journal's site job is the discarded run's, cancelled; whatever it published is not
-    # this search's output (the search may have changed)
-    published = None if journal is not None and journal.restarted else published_earlier(job, journal)
-    auto = job.target.ship is not None and job.target.ship.mode == "auto" and published is None
-    chooser = AutoChooser(job, plan, measure_site(job), journal) if auto else None
     master: Master | None = None
-    sink: Output | None = None
     with shell.running(lambda: master.abort() if master is not None else None):
-        if published is not None:
-            sink = PublishedSink(job, published)
-        elif not auto:
-            sink = open_sink(job, plan, job.target.ship.mode if job.target.ship else None, journal)
+        opened = shell.open_output(plan)
         master = Master(
-            Scheduler(
-                plan,
-                keep_alignments=job.keep_alignments,
-                alignments_stored=store is not None,
-                replica_group=job.replica_group_size,
-                **scheduling(job.stage, job.stage_nodes, range(ranks)),
-            ),
-            sink,
+            new_scheduler(job, plan, store, range(ranks)),
+            opened.sink,
             progress,
             stats,
             journal,
             replay,
-            chooser,
+            opened.chooser,
             job.verified,
         )
-        if published is not None:  # an earlier run's job finished at the site: nothing is left to do
-            for piece in range(len(plan.pieces)):
-                master.scheduler.mark_piece_done(piece)
-            if not job.quiet:
-                print(
-                    f"paramedic: the storage site already holds {job.target.ship.out if job.target.ship else ''} from an "
-                    "earlier run of this search, stopped before it heard so: nothing left to do",
-                    file=sys.stderr,
-                )
+        for piece in opened.done_pieces(plan):  # an earlier run's job finished at the site
+            master.scheduler.mark_piece_done(piece)
         if job.preloaded is not None:
             master.scheduler.preload(job.preloaded)
         worker_stats = runner(master, stats)
@@ -144,8 +184,6 @@ def run_master(
         shell.complete(master.commit, merged)
     close_fork_servers()  # their BLAST+ runs then count in this rank's peak memory
     stats.measure_memory()
-    output = sink or (chooser.chosen if chooser is not None else None)
-    assert output is not None  # the master opened it (--ship auto) or it was given
     return run_record(
         job,
         plan,
@@ -153,7 +191,7 @@ def run_master(
         wall_seconds=time.perf_counter() - start,
         ranks=ranks,
         workers=max(1, ranks - 1),
-        sink=output,
+        sink=opened.output,
         merged=merged,
         searched_again=master.scheduler.searched_again,
         journal=journal,
