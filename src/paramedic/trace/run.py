@@ -280,6 +280,10 @@ def summary_line(summary: dict[str, object]) -> str:
     return text
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB" if n >= 100_000 else f"{n:,} bytes"
 
@@ -309,10 +313,10 @@ def _left_out_line(summary: dict[str, object]) -> str:
     parts = [
         f"rank {r}"
         + (f" from {float(v['from_seconds']):.3f} s" if v["from_seconds"] is not None else "")
-        + f" ({int(v['calls']):,} calls"
-        + (f", {int(v['events']):,} message or collective events" if int(v["events"]) else "")
+        + f" ({_plural(int(v['calls']), 'call')}"
+        + (f", {_plural(int(v['events']), 'message or collective event')}" if int(v["events"]) else "")
         + ")"
         for r, v in sorted(left.items(), key=lambda rv: int(rv[0]))
     ]
     shown = parts if len(parts) <= 8 else parts[:8] + [f"and {len(parts) - 8} more ranks"]
-    return f"; LEFT OUT by the bound of {_mb(bound)} (--max-trace-size): {calls:,} calls, {', '.join(shown)}"
+    return f"; LEFT OUT by the bound of {_mb(bound)} (--max-trace-size): {_plural(calls, 'call')}, {', '.join(shown)}"
