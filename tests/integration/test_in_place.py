@@ -128,6 +128,28 @@ def test_a_makeblastdb_database_is_searched_in_place(
     assert f"strategy: {strategy}" in err
 
 
+@pytest.mark.parametrize("name", ["v5-seqids-several", "v4-several", "v5-over-100"])
+@pytest.mark.parametrize("outfmt", ["0", "5"])
+def test_reports_are_written_from_the_searches_alignments(
+    site: Path, tmp_path: Path, name: str, outfmt: str
+) -> None:
+    """The fragment searches' alignments make the report (blast_formatter), no second search: subjects
+    named by their own ids as they are, or by ordinal ids made the whole database's (a volume's first id
+    plus the id in the search)."""
+    import json
+
+    _compare(site, tmp_path, f"{name}/db", "--strategy", "fragments", "--traceback", "per-fragment",
+             outfmt=outfmt)  # fmt: skip
+    record = json.loads((tmp_path / "out.tsv.run.json").read_text())
+    tasks = [rank["tasks"] for rank in record["ranks_stats"]]
+    # the case: every piece written from the alignments, none by searching again
+    assert record["alignments"] in ("store", "tasks")
+    assert sum(t["rendered"] for t in tasks) == record["pieces"] >= 1
+    assert sum(t["render_fallbacks"] for t in tasks) == 0
+    # and the alignments came from several fragments, past the first volume (ids that needed the offset)
+    assert record["fragments"] >= 3
+
+
 def test_fragments_of_many_volumes_cross_volume_boundaries_in_order(site: Path, tmp_path: Path) -> None:
     """More than 100 volumes: BLAST+ numbers `db.100` before `db.11`; a global id is the volume's first id
     in that order plus the local id, so every hit keeps its place (and the tie rule its order)."""

@@ -90,8 +90,9 @@ def parse_fragment_archive(
 
     With `keep_alignments`, each hit carries its subject's Seq-aligns (for `fill_archive`). With
     `ordinal_offset` (a database in place), subjects are named by their ordinal id in the search
-    (BL_ORD_ID), the global id being the offset plus it; with `subject`, by their own ids, which it maps
-    to global ids (paramedic.blast.seqid); else by `lcl|g<global id>`.
+    (BL_ORD_ID), the global id being the offset plus it (the kept alignments are given the global id, as
+    a search of the whole database names them); with `subject`, by their own ids, which it maps to global
+    ids (paramedic.blast.seqid), and which the kept alignments keep; else by `lcl|g<global id>`.
     """
     subject_id = _SUBJECT_ID if ordinal_offset is None else _ORDINAL_ID
     offset = ordinal_offset or 0
@@ -114,6 +115,9 @@ def parse_fragment_archive(
         if query_match is None or (subject is None and subject_match is None) or score_match is None:
             raise ValueError("BLAST archive: an alignment without query, subject or score")
         gid = subject(block) if subject is not None else offset + int(subject_match.group(1))  # type: ignore[union-attr]
+        if keep_alignments and subject is None and ordinal_offset:  # the report names the whole database's id
+            assert subject_match is not None
+            block = block[: subject_match.start(1)] + b"%d" % gid + block[subject_match.end(1) :]
         key = (int(query_match.group(1)) - 1, gid)
         if not 0 <= key[0] < n_queries:
             raise ValueError(f"fragment search reported query {key[0] + 1} of {n_queries}")

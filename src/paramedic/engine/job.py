@@ -304,7 +304,7 @@ def prepare_job(
         and not ships_metadata
         and settings.from_metadata is None
         and can_render(program.name, options)
-        and SeqIdTable.exists(db.directory)
+        and (db.in_place or SeqIdTable.exists(db.directory))  # its subjects' own ids are at hand
     )
     plan_inputs = PlanInputs(
         program=program.name,
