@@ -63,6 +63,7 @@ static int64_t t_init, t_fini, off_init, off_fini;
 static uint64_t n_records, n_dropped;
 static int64_t share = INT64_MAX;  /* bytes of records this process may log (PARAMEDIC_TRACE_MAX) */
 static int64_t logged;             /* bytes of records logged (buffered or written) */
+static int64_t reserved;           /* room kept for the final events of calls in progress (threads) */
 static int cut;                    /* the share was reached: nothing more is logged */
 static int64_t cut_ns = -1;        /* when (local clock), -1: never */
 static uint64_t calls_left_out, events_left_out;
@@ -108,8 +109,10 @@ static void put(int64_t t, int rectype, const void *body, size_t len) {
     LOCK();
     if (thread_no < 0) thread_no = threaded ? n_threads++ : 0;
     if (t == NOW) t = now_ns();
+    if (rectype == REC_BAREEVT && (*(const int32_t *)body & 1) && reserved >= FINAL_ROOM)
+        reserved -= FINAL_ROOM; /* a call's final event: its room was kept by call_fits */
     if ((rectype == REC_MSGEVT || rectype == REC_COLLEVT) &&
-        logged + 24 + (int64_t)len + FINAL_ROOM + FINALIZE_ROOM > share) {
+        logged + reserved + 24 + (int64_t)len + FINALIZE_ROOM > share) {
         events_left_out++; /* the call's final event and MPI_Finalize's keep their room */
         UNLOCK();
         return;
@@ -131,7 +134,8 @@ static void put(int64_t t, int rectype, const void *body, size_t len) {
 static int call_fits(void) {
     if (share == INT64_MAX) return 1;
     LOCK();
-    int fits = !cut && logged + 2 * FINAL_ROOM + FINALIZE_ROOM <= share;
+    int fits = !cut && logged + reserved + 2 * FINAL_ROOM + FINALIZE_ROOM <= share;
+    if (fits) reserved += FINAL_ROOM; /* its final event's, whatever other threads log meanwhile */
     if (!fits) {
         if (!cut) cut_ns = now_ns();
         cut = 1;
