@@ -89,20 +89,25 @@ class LocalReplica:
     def read(self, name: str, offset: int, length: int) -> bytes:
         if "/" in name or name.startswith(".") or not 0 < length <= MAX_READ_BYTES or offset < 0:
             raise ReplicaError(f"replica {self.label}: bad read {name!r} {offset}+{length}")
-        try:
-            fd = os.open(self.directory / name, os.O_RDONLY)
-            try:
-                data = os.pread(fd, length, offset)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise ReplicaError(f"replica {self.label}: cannot read {name} ({exc.strerror})") from exc
-        if len(data) != length:
-            raise ReplicaError(f"replica {self.label}: {name} is shorter than it was listed")
-        return data
+        return _read_exactly(self.label, self.directory / name, name, offset, length)
 
     def close(self) -> None:
         pass
+
+
+def _read_exactly(label: str, path: Path, name: str, offset: int, length: int) -> bytes:
+    """`length` bytes of `path` from `offset`, or ReplicaError (a file shorter than it was listed too)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise ReplicaError(f"replica {label}: cannot read {name} ({exc.strerror})") from exc
+    if len(data) != length:
+        raise ReplicaError(f"replica {label}: {name} is shorter than it was listed")
+    return data
 
 
 # Opens the replica at a URL or directory path; the engine passes `ship.transport.open_replica`, which
@@ -153,17 +158,7 @@ class InPlaceReplica:
         path = self.files.get(name)
         if path is None or not 0 < length <= MAX_READ_BYTES or offset < 0:
             raise ReplicaError(f"replica {self.label}: bad read {name[:80]!r} {offset}+{length}")
-        try:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                data = os.pread(fd, length, offset)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise ReplicaError(f"replica {self.label}: cannot read {name} ({exc.strerror})") from exc
-        if len(data) != length:
-            raise ReplicaError(f"replica {self.label}: {name} is shorter than it was listed")
-        return data
+        return _read_exactly(self.label, path, name, offset, length)
 
     def close(self) -> None:
         pass
