@@ -849,7 +849,8 @@ def _search_under_own_mpiexec(
     site: Site, tmp_path: Path, out: str
 ) -> tuple[Path, dict[str, str], list[str], subprocess.Popen[str]]:
     """A search of 300 queries under the user's own `mpiexec -n 3` (no paramedic launcher), with a TMPDIR
-    of its own: (that TMPDIR, the environment, the command, the mpiexec process; stderr piped)."""
+    of its own: (that TMPDIR, the environment, the command, the mpiexec process; stderr piped). The
+    engine's ranks by name: on one node `auto` would run one BLAST+ on rank 0, whose workers wait."""
     from tests.conftest import BIN
 
     tmp = tmp_path / "tmp"
@@ -857,7 +858,7 @@ def _search_under_own_mpiexec(
     env = {**os.environ, "TMPDIR": str(tmp)}
     queries = take_fasta(site.root / "db.fasta", tmp_path / "many.fasta", 300)
     argv = [str(BIN / "paramedic"), "search", "blastp", "-query", str(queries), "-db", "uniprot", "-out",
-            str(tmp_path / out), "--quiet", "--no-journal"]  # fmt: skip
+            str(tmp_path / out), "--quiet", "--no-journal", "--strategy", "fragments"]  # fmt: skip
     mpiexec = subprocess.Popen([str(BIN / "mpiexec"), "-n", "3", *argv], cwd=site.root / "p3", env=env,
                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     return tmp, env, argv, mpiexec
