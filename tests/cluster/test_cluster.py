@@ -75,8 +75,9 @@ def data(cluster: Cluster, data_dir: Path) -> Path:
     take_fasta(data_dir / "mmseqs2" / "QUERY.fasta", root / "q.fasta", QUERIES)
     blast("makeblastdb", "-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-out", "proteins",
           "-title", TITLE, cwd=root / "ref")  # fmt: skip
+    # the layout of earlier versions (a volume per fragment), whose staging and resume these tests count
     paramedic("format", "--in", "db.fasta", "--dbtype", "prot", "--fragments", "3", "--out", "p/proteins",
-              "--title", TITLE, "--quiet", cwd=root)  # fmt: skip
+              "--title", TITLE, "--layout", "fragments", "--quiet", cwd=root)  # fmt: skip
     blast("blastp", "-query", "../q.fasta", "-db", "proteins", *OPTIONS, "-out", "ref.txt", cwd=root / "ref")
     return root
 
