@@ -3,7 +3,7 @@
 A restricted search (-seqidlist, -taxids) is resolved once per job (paramedic.db.subset.resolve_subset):
 BLAST+'s own reader lists the members (blastdbcmd), their lengths are read from the volumes' offset
 tables, and per volume a mask is made. This times that against databases of growing size, made here by
-makeblastdb -parse_seqids -taxid_map from random proteins (kept under --work for later runs), with lists
+makeblastdb -parse_seqids -taxid_map from random proteins (kept under --work DIR when given; by default in a temporary directory removed at the end), with lists
 of growing length, and the plain BLAST+ search with the same restriction (one thread, --queries random
 queries). It also gives the subset's size on the wire (paramedic.ship.subset_wire: compressed masks) and
 its encoding time, which --ship metadata adds.
@@ -16,10 +16,13 @@ Appends a section to bench/RESULTS.md (unless --no-results).
 from __future__ import annotations
 
 import argparse
+import atexit
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,10 +78,17 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--queries", type=int, default=4, help="random queries of the BLAST+ search")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/paramedic-bench-subset"))
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="where the databases are made and kept (default: a temporary directory, removed)",
+    )
     parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
     args = parser.parse_args()
     rng = random.Random(43)
+    if args.work is None:  # nothing left behind: the databases go with the run
+        args.work = Path(tempfile.mkdtemp(prefix="paramedic-bench-subset-"))
+        atexit.register(shutil.rmtree, args.work, ignore_errors=True)
     args.work.mkdir(parents=True, exist_ok=True)
     queries = args.work / "queries.fasta"
     queries.write_text("".join(f">q{i}\n{''.join(rng.choices(AMINO, k=250))}\n" for i in range(args.queries)))
