@@ -17,8 +17,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from paramedic.blast.alias import write_alias
 from paramedic.blast.options import BlastOptions
@@ -27,6 +26,9 @@ from paramedic.blast.run import POSITIVE, Database, Subset
 from paramedic.blast.tools import run_tool
 from paramedic.db.blastdb import read_header
 from paramedic.errors import BlastError, DatabaseError, UsageError
+
+if TYPE_CHECKING:  # numpy is imported by the functions that count (0.1 s of every search's start else)
+    import numpy as np
 
 # Restrictions the fragments strategy applies exactly (a member is any sequence one of whose ids or taxids
 # is listed); the negative lists keep a sequence unless all of its ids are listed, which BLAST+ alone
@@ -56,6 +58,8 @@ def resolve_subset(db: Database, options: BlastOptions, cwd: Path) -> Subset:
     if name is None:
         raise UsageError("internal: no restriction to resolve")
     value = options.get(name) or ""
+    import numpy as np
+
     oids = _members(db, name, value, cwd)  # a member listed twice sets its bit twice
     bits: list[bytes] = []
     starts = np.asarray([span[1] for span in db.spans], dtype=np.int64)
@@ -75,6 +79,8 @@ def subset_of_masks(db: Database, bits: Sequence[bytes]) -> Subset:
     most significant first), with its statistics counted from `db`'s own volumes: a storage site counts
     them from its replica rather than believe a sender's numbers. ValueError when the masks do not fit
     `db`'s volumes (another count of volumes, another size, a bit set past a volume's last id)."""
+    import numpy as np
+
     if len(bits) != len(db.spans):
         raise ValueError(f"masks for {len(bits)} volumes, the database has {len(db.spans)}")
     count = total = 0
@@ -98,6 +104,8 @@ def subset_of_masks(db: Database, bits: Sequence[bytes]) -> Subset:
 
 def _members(db: Database, name: str, value: str, cwd: Path) -> np.ndarray:
     """Global ordinal ids of the members, as BLAST+ reads the list."""
+    import numpy as np
+
     with tempfile.TemporaryDirectory(prefix="paramedic-subset-") as tmp:
         if name == "seqidlist":
             listed = Path(value) if Path(value).is_absolute() else cwd / value
@@ -142,6 +150,8 @@ def _reason(exc: BlastError) -> str:
 def _lengths(volume: Path, dbtype: str, local: np.ndarray) -> np.ndarray:
     """Each member's length as BLAST+'s scan of a restricted database counts it: proteins exactly (the
     sequence bytes less the separator), nucleotides approximately from the packed bytes."""
+    import numpy as np
+
     suffix = ".pin" if dbtype == "prot" else ".nin"
     index = volume.with_name(volume.name + suffix)
     header = read_header(index)
