@@ -17,7 +17,7 @@ SITES: dict[str, dict[str, Any]] = {}  # name -> {"setup": ..., "chunks": [...],
 DIRECTORIES: dict[str, Path] = {}
 
 
-class MemoryTransport:
+class MemoryShipper:
     def __init__(self, opening: Opening):
         self.opening = opening
         self.job_id = opening.job_id or "0" * 32
@@ -57,8 +57,8 @@ class MemoryScheme:
     def check(self, address: SiteAddress, keys: Path | None) -> None:
         pass
 
-    def transport(self, opening: Opening) -> MemoryTransport:
-        return MemoryTransport(opening)
+    def shipper(self, opening: Opening) -> MemoryShipper:
+        return MemoryShipper(opening)
 
     def replica(self, url: str, keys: Path | None) -> Replica:
         return LocalReplica(DIRECTORIES[urlparse(url).hostname or ""])

@@ -486,7 +486,7 @@ def finished_job(address: SiteAddress, keys: Path, job_id: str, out: str) -> dic
     return reply
 
 
-def tls_transport(opening: Opening) -> TlsShipper:
+def tls_shipper(opening: Opening) -> TlsShipper:
     assert opening.keys is not None
     return TlsShipper(
         opening.address,

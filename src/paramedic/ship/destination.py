@@ -26,7 +26,7 @@ from paramedic.ship.blast_codec import UNSHIPPABLE_OUTFMTS
 from paramedic.ship.codecs import Codec, JobSpec, split_range
 from paramedic.ship.paths import output_path_problem
 from paramedic.ship.registry import codec_for_mode, ship_modes
-from paramedic.ship.transport import Opening, SiteAddress, SiteError, Transport, open_transport, scheme_named
+from paramedic.ship.transport import Opening, Shipper, SiteAddress, SiteError, open_shipper, scheme_named
 
 SHIP_MODES = (*ship_modes(), "auto")  # from the codecs (paramedic.ship.registry); auto chooses
 METADATA_FLUSH_SECONDS = 10.0
@@ -84,13 +84,13 @@ def check_shippable(options: BlastOptions) -> None:
 
 
 class Shipping:
-    """One job's shipping: the codec, the transport, and the figures for the run record."""
+    """One job's shipping: the codec, the shipper, and the figures for the run record."""
 
-    def __init__(self, settings: ShipSettings, mode: str, codec: Codec, transport: Transport, nseq: int):
+    def __init__(self, settings: ShipSettings, mode: str, codec: Codec, shipper: Shipper, nseq: int):
         self.settings = settings
         self.mode = mode
         self.codec = codec
-        self.transport = transport
+        self.shipper = shipper
         self.nseq = nseq
         self.encode_seconds = 0.0  # f(x): making the payloads
         self.output_bytes = 0  # D as produced here (ranges modes)
@@ -113,7 +113,7 @@ class Shipping:
             start = time.perf_counter()
             header, payload = self.codec.encode((offset, part))
             self.encode_seconds += time.perf_counter() - start
-            self.transport.send(header, payload)
+            self.shipper.send(header, payload)
         self.output_bytes += len(data)
         self.digest.update(data)
 
@@ -138,7 +138,7 @@ class Shipping:
             start = time.perf_counter()
             header, payload = self.codec.encode((first, subjects, self.nseq))
             self.encode_seconds += time.perf_counter() - start
-            self.transport.send(header, payload)
+            self.shipper.send(header, payload)
 
     # -- end ---------------------------------------------------------------------------------------------
     def commit(self) -> None:
@@ -147,21 +147,21 @@ class Shipping:
         final: dict[str, Any] = {}
         if not self.holds_pieces:
             final = {"size": self.output_bytes, "sha256": self.digest.hexdigest()}
-        self.result = self.transport.finish(final)
+        self.result = self.shipper.finish(final)
         self.finish_seconds = time.perf_counter() - start
         if not self.holds_pieces and self.result.get("sha256") != final["sha256"]:
             raise SiteError("the storage site's file differs from the output made here")
-        self.transport.close()
+        self.shipper.close()
 
     def abort(self) -> None:
         """The job failed here: the site drops its job (and its data) instead of keeping it open."""
         try:
-            self.transport.cancel()
+            self.shipper.cancel()
         finally:
-            self.transport.close()
+            self.shipper.close()
 
     def report(self) -> ShipReport:
-        stats = self.transport.stats
+        stats = self.shipper.stats
         result = self.result or {}
         output_bytes = int(result.get("bytes", self.output_bytes))
         return ShipReport(
@@ -209,13 +209,11 @@ def cancel_site_job(settings: ShipSettings, job_id: str) -> None:
     that resumes opens a new one, and the site lets only one job write an output path."""
     if not re.fullmatch(r"[0-9a-f]{32}", job_id):
         return
-    transport = open_transport(
-        Opening(settings.site, settings.keys, "", timeout=settings.timeout, job_id=job_id)
-    )
+    shipper = open_shipper(Opening(settings.site, settings.keys, "", timeout=settings.timeout, job_id=job_id))
     try:
-        transport.cancel()
+        shipper.cancel()
     finally:
-        transport.close()
+        shipper.close()
 
 
 def start_shipping(settings: ShipSettings, mode: str, job: JobSpec, job_id: str | None = None) -> Shipping:
@@ -224,7 +222,7 @@ def start_shipping(settings: ShipSettings, mode: str, job: JobSpec, job_id: str 
     codec = codec_for_mode(mode)
     header, payload = codec.job_setup(job)
     setup: dict[str, Any] = {**header, "out": settings.out}
-    transport = open_transport(
+    shipper = open_shipper(
         Opening(
             settings.site,
             settings.keys,
@@ -236,7 +234,7 @@ def start_shipping(settings: ShipSettings, mode: str, job: JobSpec, job_id: str 
             job_id,
         )
     )
-    transport.start()
-    shipping = Shipping(settings, mode, codec, transport, job.nseq)
+    shipper.start()
+    shipping = Shipping(settings, mode, codec, shipper, job.nseq)
     shipping.flush_queries = max(1, len(job.queries) // 4)
     return shipping

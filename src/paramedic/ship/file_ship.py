@@ -39,7 +39,7 @@ from paramedic.ship.auto import COMPRESSED, METADATA, measure_link, ship_metadat
 from paramedic.ship.codecs import CompressedCodec
 from paramedic.ship.destination import Shipping, ShipSettings
 from paramedic.ship.trace_codec import MAX_TRACE_BYTES, OVER_MEMORY, physical_memory
-from paramedic.ship.transport import Opening, SiteError, open_transport, scheme_named
+from paramedic.ship.transport import Opening, SiteError, open_shipper, scheme_named
 from paramedic.ship.wire import MAX_PAYLOAD_BYTES
 
 
@@ -181,14 +181,14 @@ def ship_file(
     # units go over one stream, in order: the site regenerates each while the next arrives (over four
     # streams they shared the link and all arrived at the end, and so were regenerated at the end)
     streams = 1 if shipment.planned is not None else None
-    transport = open_transport(_opening(settings, shipment.codec.name, shipment.job_id, streams))
+    shipper = open_shipper(_opening(settings, shipment.codec.name, shipment.job_id, streams))
     if shipment.mode == METADATA and shipment.made is None:
-        earlier = _encode_while_opening(settings, app, data, shipment, transport)
+        earlier = _encode_while_opening(settings, app, data, shipment, shipper)
     else:
-        earlier = _open_unless_published(settings, app, data, shipment, transport)
+        earlier = _open_unless_published(settings, app, data, shipment, shipper)
     if earlier is not None:
         return _with_precision(earlier, app, precision)
-    return _send(settings, app, data, precision, shipment, transport)
+    return _send(settings, app, data, precision, shipment, shipper)
 
 
 def _shipment(settings: ShipSettings, app: Application, data: bytes, precision: str) -> _Shipment:
@@ -216,7 +216,7 @@ def _shipment(settings: ShipSettings, app: Application, data: bytes, precision: 
 
 
 def _encode_while_opening(
-    settings: ShipSettings, app: Application, data: bytes, shipment: _Shipment, transport: Any
+    settings: ShipSettings, app: Application, data: bytes, shipment: _Shipment, shipper: Any
 ) -> ShipReport | None:
     """The metadata made (of a file cut in units: the first unit, the others while the ones before are
     sent) while the site is asked for an earlier run's file and, unless it has it, the job opens (TLS
@@ -228,7 +228,7 @@ def _encode_while_opening(
     def open_unless_published() -> None:
         earlier[0] = _published_earlier_of(settings, shipment.ids, data, shipment.sha.hexdigest())
         if earlier[0] is None:
-            transport.start()
+            shipper.start()
 
     opened = _Background(open_unless_published)
     codec = shipment.codec
@@ -242,7 +242,7 @@ def _encode_while_opening(
     except BaseException:
         finished, failure = opened.wait(OPEN_WAIT_ON_FAILURE)
         if finished and failure is None and earlier[0] is None:  # the job is open: the site drops it
-            Shipping(settings, shipment.mode, codec, transport, 0).abort()
+            Shipping(settings, shipment.mode, codec, shipper, 0).abort()
         raise  # (a job still opening expires at the site as idle ones do)
     shipment.units, shipment.made, shipment.check, shipment.encode_seconds = units, made, check, seconds
     failure = opened.wait()[1]
@@ -252,7 +252,7 @@ def _encode_while_opening(
 
 
 def _open_unless_published(
-    settings: ShipSettings, app: Application, data: bytes, shipment: _Shipment, transport: Any
+    settings: ShipSettings, app: Application, data: bytes, shipment: _Shipment, shipper: Any
 ) -> ShipReport | None:
     """The report of an earlier run whose file the site has; else the job opened, None."""
     done = _published_earlier_of(settings, shipment.ids, data, shipment.sha.hexdigest())
@@ -260,20 +260,20 @@ def _open_unless_published(
         return done
     for one in shipment.made or []:
         _limit(app, one)
-    _start(transport)
+    _start(shipper)
     return None
 
 
-def _start(transport: Any) -> None:
+def _start(shipper: Any) -> None:
     """Open the site's job. Stopped meanwhile (Ctrl-C, SIGTERM: `paramedic ship` raises an interrupt), the
     job, which the site may have opened, is cancelled: it would hold its output path for an hour."""
     try:
-        transport.start()
+        shipper.start()
     except KeyboardInterrupt:
         try:
-            transport.cancel()
+            shipper.cancel()
         finally:
-            transport.close()
+            shipper.close()
         raise
 
 
@@ -283,15 +283,15 @@ def _send(
     data: bytes,
     precision: str,
     shipment: _Shipment,
-    transport: Any,
+    shipper: Any,
 ) -> ShipReport:
     """The file (or its metadata, unit after unit) over the open job, committed; a refusal by the site is
     answered by `_after_refusal`."""
-    shipping = Shipping(settings, shipment.mode, shipment.codec, transport, 0)
+    shipping = Shipping(settings, shipment.mode, shipment.codec, shipper, 0)
     shipping.decision = shipment.decision
     try:
         if shipment.made is not None:
-            _send_metadata(app, shipment, transport)
+            _send_metadata(app, shipment, shipper)
             shipping.encode_seconds = shipment.encode_seconds
             shipping.output_bytes = len(data)
             shipping.digest = shipment.sha.copy()
@@ -310,17 +310,17 @@ def _send(
     return _with_precision(report, app, precision)
 
 
-def _send_metadata(app: Application, shipment: _Shipment, transport: Any) -> None:
+def _send_metadata(app: Application, shipment: _Shipment, shipper: Any) -> None:
     """The metadata made, then each remaining unit's, encoded while the one before is on its way."""
     made = shipment.made or []
     for one in made:
-        transport.send(*one)
+        shipper.send(*one)
     for unit in (shipment.units or [])[len(made) :]:
         start = time.perf_counter()
         one = shipment.codec.encode_unit(unit)
         shipment.encode_seconds += time.perf_counter() - start
         _limit(app, one)
-        transport.send(*one)
+        shipper.send(*one)
 
 
 def _after_refusal(
@@ -359,14 +359,14 @@ def _reship(
     """Ship `made` (checked metadata) in a new job at the site (the first one failed): an id of its own, which
     the same command run again also asks about."""
     codec = _codec(app, METADATA, precision)
-    transport = open_transport(
+    shipper = open_shipper(
         _opening(settings, codec.name, resumable_job_id(settings.out or "", "general", data, sha.digest()))
     )
-    _start(transport)
-    shipping = Shipping(settings, METADATA, codec, transport, 0)
+    _start(shipper)
+    shipping = Shipping(settings, METADATA, codec, shipper, 0)
     shipping.decision = decision
     try:
-        transport.send(*made)
+        shipper.send(*made)
         shipping.output_bytes = len(data)
         shipping.digest = sha.copy()
         shipping.commit()
@@ -475,9 +475,9 @@ def _ship_compressed_instead(
     done = _published_earlier_of(settings, [job_id], data, sha.hexdigest())
     if done is not None:
         return _with_precision(done, app, precision)
-    transport = open_transport(_opening(settings, codec.name, job_id))
-    _start(transport)
-    shipping = Shipping(settings, COMPRESSED, codec, transport, 0)
+    shipper = open_shipper(_opening(settings, codec.name, job_id))
+    _start(shipper)
+    shipping = Shipping(settings, COMPRESSED, codec, shipper, 0)
     shipping.decision = {**(decision or {}), "mode": COMPRESSED, "metadata_refused": refusal}
     try:
         shipping.write(data)

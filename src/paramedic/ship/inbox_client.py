@@ -294,7 +294,7 @@ class InboxScheme:
     def check(self, address: SiteAddress, keys: Path | None) -> None:
         pass  # without --keys, access control is the shared filesystem's alone
 
-    def transport(self, opening: Opening) -> InboxShipper:
+    def shipper(self, opening: Opening) -> InboxShipper:
         return InboxShipper(
             opening.address,
             opening.codec,

@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 from paramedic.errors import UsageError
 from paramedic.ship.auto import measure_tls_link
-from paramedic.ship.client import TlsShipper, finished_job, tls_transport
+from paramedic.ship.client import TlsShipper, finished_job, tls_shipper
 from paramedic.ship.replica_client import TlsReplica
 from paramedic.ship.transport import Link, Opening, SiteAddress, register_scheme
 
@@ -29,8 +29,8 @@ class TlsScheme:
         if keys is None:
             raise UsageError("--site tls://... needs --keys DIR (made by `paramedic keys`)")
 
-    def transport(self, opening: Opening) -> TlsShipper:
-        return tls_transport(opening)
+    def shipper(self, opening: Opening) -> TlsShipper:
+        return tls_shipper(opening)
 
     def replica(self, url: str, keys: Path | None) -> TlsReplica:
         return TlsReplica(url, keys)

@@ -1,7 +1,7 @@
 """The seam between the compute site and the ways to reach a storage site: one plugin per URL scheme.
 
 A `Scheme` is everything one kind of URL does at the compute site: it parses a `--site` address (and says
-what it needs, e.g. `--keys`), opens the `Transport` that carries a job's setup, chunks and final request
+what it needs, e.g. `--keys`), opens the `Shipper` that carries a job's setup, chunks and final request
 (`ship.client`: TLS streams, `tls://`; `ship.inbox_client`: files in a shared directory, `file://`),
 reads a `--mirror` replica's files (`db.replicas.Replica`), measures the link for `--ship auto`, and asks
 whether an earlier run's job was published. Schemes are found in one registry (`SCHEMES`); `PLUGINS`
@@ -78,7 +78,7 @@ class ShipStats:
 
 @dataclass(frozen=True)
 class Opening:
-    """What a transport needs to open a job at the site."""
+    """What a shipper needs to open a job at the site."""
 
     address: SiteAddress
     keys: Path | None  # this compute site's keys (TLS client certificate; the inbox's signing key)
@@ -90,8 +90,8 @@ class Opening:
     job_id: str | None = None  # reach an existing job (to cancel it); None: a new job
 
 
-class Transport(Protocol):
-    """One job at one storage site."""
+class Shipper(Protocol):
+    """One job at one storage site: its setup, chunks and final request carried there, the answers back."""
 
     job_id: str
     stats: ShipStats
@@ -129,8 +129,8 @@ class Scheme(Protocol):
         """What a site of this scheme needs beyond its address (UsageError, e.g. no --keys for TLS)."""
         ...
 
-    def transport(self, opening: Opening) -> Transport:
-        """The transport for one job (not started)."""
+    def shipper(self, opening: Opening) -> Shipper:
+        """The shipper of one job (not started)."""
         ...
 
     def replica(self, url: str, keys: Path | None) -> Replica:
@@ -178,9 +178,9 @@ def scheme_named(name: str, what: str) -> Scheme:
     return SCHEMES[name]
 
 
-def open_transport(opening: Opening) -> Transport:
-    """The transport for the opening's address (not started)."""
-    return scheme_named(opening.address.scheme, f"--site {opening.address}").transport(opening)
+def open_shipper(opening: Opening) -> Shipper:
+    """The shipper of one job to the opening's address (not started)."""
+    return scheme_named(opening.address.scheme, f"--site {opening.address}").shipper(opening)
 
 
 def open_replica(url: str, keys: Path | None = None) -> Replica:
