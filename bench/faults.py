@@ -39,7 +39,7 @@ while the stage disk fills up and the mirrors trickle or die (issue 23, items 5,
 Checks (each failure is a violation; any violation makes the exit status 1):
   - a job that exited 0 has its output at the site byte-identical (sha256) to a local `paramedic search`
     of the same queries and options (the reference, computed once);
-  - a run that failed exited with a documented code (README, "Exit codes"; 1, an internal error, is a bug,
+  - a run that failed exited with a documented code (docs/ERRORS.md, "Exit codes"; 1, an internal error, is a bug,
     as is any message that says "internal") and printed one line `paramedic: ...` (and the launcher's
     line when a journal is kept), nothing on stdout, no traceback; no run hangs (--hang-seconds);
   - nothing is left behind: no files in a finished run's TMPDIR, /dev/shm or working directory but its run
@@ -88,7 +88,8 @@ TOOLS = Path(os.environ.get("PARAMEDIC_TOOLS", Path.home() / ".cache/paramedic/t
 BIN = Path(sys.executable).parent
 PARAMEDIC = str(BIN / "paramedic")
 MARK = "PARAMEDIC_SOAK"  # every process we start carries MARK=<run>:<label> in its environment
-DOCUMENTED_FAILURES = {2, 3, 4, 5, 6, 7, 8, 130}  # README "Exit codes"; 1 is an internal error (a bug)
+# docs/ERRORS.md "Exit codes"; 1 is an internal error (a bug)
+DOCUMENTED_FAILURES = {2, 3, 4, 5, 6, 7, 8, 130}
 LISTENING = re.compile(r"listening on [^ ]*:(\d+) ")
 STATE = ".paramedic-state"
 JOB_RECORD_FILES = {"job.json", "done.json", "failed.json"}

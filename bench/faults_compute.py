@@ -40,7 +40,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-DOCUMENTED = "README, 'Exit codes'"
+DOCUMENTED = "docs/ERRORS.md, 'Exit codes'"
 FAULTS = (
     "stage disk full",
     "mirror trickle",

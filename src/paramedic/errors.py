@@ -1,4 +1,4 @@
-"""Errors a user can act on, each with a documented exit code (see README, "Exit codes").
+"""Errors a user can act on, each with a documented exit code (docs/ERRORS.md, "Exit codes").
 
 Anything raised as a ParamedicError is printed as one line, `paramedic: error: <message>`, and the
 process exits with its code; nothing else reaches the user as a traceback.
