@@ -502,7 +502,7 @@ def test_another_compute_site_cannot_touch_a_job(sites: Sites) -> None:
 def test_failed_jobs_do_not_fill_the_site(sites: Sites) -> None:
     """A job that failed for good (a chunk that cannot be decoded) must not count as open for ever: after
     64 of them (MAX_ACTIVE_JOBS) the site must still accept new jobs."""
-    from paramedic.site.store import MAX_ACTIVE_JOBS
+    from paramedic.site.admission import MAX_ACTIVE_JOBS
 
     root = sites.base / "busy-root"
     root.mkdir()

@@ -855,9 +855,9 @@ def test_an_abandoned_job_expires_soon_and_frees_its_output_path(make_site) -> N
 
 
 def test_one_compute_site_cannot_hold_every_job(make_site, monkeypatch: pytest.MonkeyPatch) -> None:
-    from paramedic.site import store as store_module
+    from paramedic.site import admission
 
-    monkeypatch.setattr(store_module, "MAX_ACTIVE_JOBS_PER_PEER", 3)
+    monkeypatch.setattr(admission, "MAX_ACTIVE_JOBS_PER_PEER", 3)
     site = make_site()
     for i in range(3):
         _open_raw(site, f"many/{i}.bin", client="compute-b")
@@ -992,7 +992,7 @@ def test_a_job_refused_at_open_leaves_no_directory(make_site) -> None:
 def test_a_killed_search_started_again_supersedes_its_silent_job(make_site) -> None:
     """The same compute site, the same output, its earlier job silent for minutes: a search killed (no
     cancel) and run again must not wait for the old job to expire. Another site's job is never taken."""
-    from paramedic.site.store import STALE_SECONDS
+    from paramedic.site.jobs import STALE_SECONDS
 
     site = make_site()
     old = _open_raw(site, "again/x.bin")
@@ -1018,7 +1018,7 @@ def test_a_metadata_search_resumes_after_the_site_failed_it(
     journal), run again: every search came from the journal, the pieces they released were held for
     shipping and nothing shipped them, so the run ended with exit 7 "internal: scheduler stalled with every
     worker idle" (8 of 148 runs in the soak)."""
-    from paramedic.site.store import JobFailed
+    from paramedic.site.jobs import JobFailed
 
     site = make_site()
     store = site.server.store

@@ -36,10 +36,10 @@ def test_an_ended_job_leaves_no_decoded_markers_and_a_failed_one_no_empty_direct
 
 
 def test_a_restart_failure_names_its_reason() -> None:
-    from paramedic.site.store import _describe
+    from paramedic.site.jobs import describe
 
-    assert _describe(MemoryError()) == "MemoryError" and _describe(ValueError()) == "ValueError"
-    assert _describe(ValueError("bad setup")) == "bad setup"
+    assert describe(MemoryError()) == "MemoryError" and describe(ValueError()) == "ValueError"
+    assert describe(ValueError("bad setup")) == "bad setup"
 
 
 # -- items 7 and 8: every wait of the compute side is bounded by --ship-timeout ---------------------------------

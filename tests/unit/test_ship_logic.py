@@ -12,7 +12,7 @@ from paramedic.blast.hits import FragmentSearch, Hit
 from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
 from paramedic.ship.auto import decide, ship_metadata
 from paramedic.ship.wire import MAX_PAYLOAD_BYTES, ProtocolError, recv_frame, send_frame
-from paramedic.site.store import safe_output_path
+from paramedic.site.admission import safe_output_path
 from tests.unit.fragments import searched
 
 

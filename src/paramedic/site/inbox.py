@@ -39,7 +39,8 @@ from typing import Any
 from paramedic.errors import ParamedicError
 from paramedic.ship.inbox_dirs import GONE, remove_job_directory
 from paramedic.ship.wire import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, ProtocolError, field_int, loads_json
-from paramedic.site.store import DEFAULT_OPEN_IDLE_SECONDS, JOB_ID, JobFailed, JobStore, SiteJob
+from paramedic.site.jobs import JOB_ID, JobFailed, SiteJob
+from paramedic.site.store import DEFAULT_OPEN_IDLE_SECONDS, JobStore
 
 PEER = "inbox"  # the owner of unsigned inbox jobs; TLS clients are "tls:<name>", signed inbox jobs "inbox:<name>"
 POLL_SECONDS = 0.2

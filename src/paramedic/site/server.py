@@ -52,18 +52,16 @@ from paramedic.ship.wire import (
     send_frame,
 )
 from paramedic.site.handshakes import HandshakeLoop
+from paramedic.site.jobs import JobFailed, SiteJob
+from paramedic.site.replica import DEFAULT_MAX_SETUP_BYTES, Replica
 from paramedic.site.replica_reads import READ_OPS, ReplicaReads
 from paramedic.site.space import Quota
 from paramedic.site.store import (
     DEFAULT_EXPIRE_SECONDS,
-    DEFAULT_MAX_SETUP_BYTES,
     DEFAULT_OPEN_IDLE_SECONDS,
     DEFAULT_REGEN_SECONDS,
     STATE_DIR_NAME,
-    JobFailed,
     JobStore,
-    Replica,
-    SiteJob,
 )
 
 PROTOCOL_VERSION = 1
