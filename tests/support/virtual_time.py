@@ -234,11 +234,15 @@ class _Event:
 
 
 def patch_module(monkeypatch: Any, module: types.ModuleType, clock: VirtualClock) -> None:
-    """Give `module` the clock's `time` and `threading` (it must use those two names for them)."""
+    """Give `module` the clock's `time` and `threading`, whichever of the two it uses (under those names;
+    it must use at least one)."""
     import threading as real_threading
     import time as real_time
 
-    assert getattr(module, "time", None) is real_time, f"{module.__name__} does not use `time`"
-    assert getattr(module, "threading", None) is real_threading, f"{module.__name__} does not use `threading`"
-    monkeypatch.setattr(module, "time", clock.time_module())
-    monkeypatch.setattr(module, "threading", clock.threading_module())
+    uses_time = getattr(module, "time", None) is real_time
+    uses_threading = getattr(module, "threading", None) is real_threading
+    assert uses_time or uses_threading, f"{module.__name__} uses neither `time` nor `threading`"
+    if uses_time:
+        monkeypatch.setattr(module, "time", clock.time_module())
+    if uses_threading:
+        monkeypatch.setattr(module, "threading", clock.threading_module())

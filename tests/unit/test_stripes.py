@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from paramedic.db import stripes
+from paramedic.db import replica_health, replica_open, striped_read, stripes, volume_listings, volume_repair
 from paramedic.db.manifest import MANIFEST_NAME, Fragment, Manifest, volume_sha256
 from paramedic.db.replicas import LocalReplica, ReplicaError, VolumeFile
 from paramedic.db.stripes import ReplicaSet
@@ -58,11 +58,16 @@ def corrupt(path: Path, every: int = 4096) -> None:
     path.write_bytes(bytes(data))
 
 
+# the modules of a ReplicaSet that read the time or start threads (db.stripes' parts)
+STRIPE_MODULES = (stripes, replica_health, replica_open, striped_read, volume_listings, volume_repair)
+
+
 @pytest.fixture(autouse=True)
 def clock(monkeypatch) -> Iterator[VirtualClock]:
     """Every test here runs the stripe readers in virtual time."""
     made = VirtualClock()
-    patch_module(monkeypatch, stripes, made)
+    for module in STRIPE_MODULES:
+        patch_module(monkeypatch, module, made)
     yield made
     made.close()
     assert not made.stalled
