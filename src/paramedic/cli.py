@@ -1,4 +1,7 @@
-"""Command line: parsing only. Builds typed settings and calls the library (USAGE is the user's help)."""
+"""Command line: each command's options parsed into typed settings and handed to the library (USAGE is
+the user's help), and what the command line owns around them: SIGTERM and SIGHUP as interrupts, one line
+and a documented exit code per error (docs/ERRORS.md), a run record and a summary line for `paramedic
+ship` and `paramedic trace`, and the process's end (`run`). No search, shipping or tracing logic."""
 
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ paramedic: parallel NCBI BLAST+ on MPI, with ParaMEDIC's metadata shipping to a 
 usage: paramedic COMMAND [options]     (paramedic COMMAND --help for a command's options)
 
 commands:
-  format   make a BLAST+ database of a FASTA file (makeblastdb, one copy), to search in fragments
+  format   make a BLAST+ database of a FASTA file (makeblastdb, one copy); search takes any BLAST+ database
              paramedic format --in db.fasta --dbtype prot --fragments 8 --out dbs/uniprot
   search   search with BLAST+ in parallel (BLAST+ options keep their single dash)
              paramedic search blastp -query q.fasta -db dbs/uniprot -out hits.txt -evalue 1e-5
@@ -50,7 +53,8 @@ commands:
              paramedic convert run.clog2 --otf2 run-otf2
 
 exit codes: 0 success, 1 internal error, 2 usage, 3 input data, 4 database, 5 BLAST+, 6 output,
-7 the parallel job failed on some rank (or a rank was killed), 8 storage site, 130 interrupted."""
+7 the parallel job failed on some rank (or a rank was killed), 8 storage site, 130 interrupted,
+141 standard output closed by its reader."""
 
 
 def run() -> None:
@@ -393,7 +397,11 @@ def _serve(argv: list[str]) -> int:
     from paramedic.site.server import ServeSettings, serve
     from paramedic.site.space import Quota
 
-    parser = _parser("serve", "Storage site: receive output or metadata over TLS and write the output.")
+    parser = _parser(
+        "serve",
+        "Storage site: receive output or metadata over TLS (or from a shared --inbox directory) and write "
+        "the output.",
+    )
     parser.add_argument(
         "--replica",
         type=Path,
@@ -445,7 +453,9 @@ def _serve(argv: list[str]) -> int:
         "--site-quota",
         type=_size,
         metavar="BYTES",
-        help="bytes all the jobs of one compute site may hold (e.g. 500G; default: no bound)",
+        help="bytes all the jobs of one compute site may hold, the outputs they published here included "
+        "(e.g. 500G; default: half of the free space above --reserve plus what the compute site holds: "
+        "whoever comes next finds half of what is free)",
     )
     parser.add_argument(
         "--reserve",
@@ -820,9 +830,10 @@ def _search_parser() -> argparse.ArgumentParser:
 
     parser = _parser(
         "search",
-        "Search with BLAST+ in parallel over a database made by `paramedic format`. BLAST+ options keep "
-        "their own single-dash spelling and meaning (PROGRAM is blastn, blastp, blastx, tblastn or tblastx; "
-        "`paramedic search PROGRAM -help` shows them); the engine's options below use double dashes.",
+        "Search with BLAST+ in parallel over any BLAST+ database, searched where it lies (or one made by "
+        "`paramedic format`). BLAST+ options keep their own single-dash spelling and meaning (PROGRAM is "
+        "blastn, blastp, blastx, tblastn or tblastx; `paramedic search PROGRAM -help` shows them); the "
+        "engine's options below use double dashes.",
         usage=SEARCH_USAGE,
     )
     parser.add_argument(
