@@ -9,13 +9,19 @@
 - A rank's memory is its buffer, not its trace: 24 MB of records logged through a 1 MiB buffer raise the
   ranks' peak resident memory by about that buffer.
 - The run says what it wrote: each rank's bytes are the bytes of its records in the file.
+- The disk is about one trace, not two: each rank frees its log on disk as the merge reads it (holes
+  punched), so the logs still to merge and the merged file written so far hold about one trace between
+  them, sampled all through a slowed merge.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -192,3 +198,50 @@ def test_a_bound_holds_with_threads_calling_mpi_at_once(tmp_path: Path) -> None:
             etypes = mine.body[mine.head[:, 3] == 5, 0]
             assert np.all(etypes[0::2] % 2 == 0) and np.all(etypes[1::2] == etypes[0::2] + 1)
     assert codec.decode(codec.encode(data).data) == data
+
+
+def allocated(top: Path) -> int:
+    """Bytes of disk allocated to the files under `top` (a punched hole holds none)."""
+    total = 0
+    for folder, _, files in os.walk(top):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(folder, name)).st_blocks * 512
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def peak_disk(tmp_path: Path, *env: tuple[str, str]) -> tuple[int, int]:
+    """poll.c's trace (2 ranks, tens of MB) merged in 16 KiB chunks (a merge of seconds), and the most disk
+    its directory held meanwhile (sampled every few ms), with the trace's size."""
+    tmp_path.mkdir()
+    program, mpiexec = build(tmp_path, "openmpi")
+    out = tmp_path / "out" / "run.clog2"
+    out.parent.mkdir()
+    peak, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], allocated(out.parent))
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        paramedic("trace", "-out", str(out), "--max-trace-size", "48M", "--", mpiexec, "-n", "2",
+                  str(program), "20", "2000", env={**OMPI_ENV, "PARAMEDIC_TRACE_CHUNK": "16384", **dict(env)})  # fmt: skip
+    finally:
+        stop.set()
+        sampler.join()
+    return peak[0], out.stat().st_size
+
+
+def test_the_logs_are_freed_as_they_are_merged(tmp_path: Path) -> None:
+    """The peak is about the trace (its logs freed 1 MiB at a time, a chunk or two in flight per rank),
+    where keeping the logs (PARAMEDIC_TRACE_KEEP, as every merge did before) holds two traces."""
+    peak, size = peak_disk(tmp_path / "freed")
+    assert size > 16 << 20, size  # enough trace for 1 MiB steps to matter
+    assert peak < 1.15 * size + (6 << 20), (peak, size)
+    kept, size = peak_disk(tmp_path / "kept", ("PARAMEDIC_TRACE_KEEP", "1"))
+    assert kept > 1.8 * size, (kept, size)  # the sampling sees both copies when both are there

@@ -50,6 +50,9 @@ struct source {
     int32_t key_rank;
     /* own log */
     int fd;
+    int punch;              /* free what was read of the log as the merge goes (fallocate PUNCH_HOLE) */
+    int64_t read_to;        /* the log's bytes read so far (its file offset) */
+    int64_t punched;        /* the log's bytes freed so far */
     int64_t left;           /* record bytes still to read from the file */
     int64_t records;        /* records read */
     int64_t last;           /* the previous record's corrected time */
@@ -64,6 +67,22 @@ struct source {
 static int64_t merge_base; /* rank 0's MPI_Init time on its own clock */
 static size_t chunk_cap = 1u << 20;
 
+/* The log's bytes already read into memory freed on disk (a hole punched over them, whole 1 MiB steps),
+   so that the logs still to merge and the merged file written so far hold about one trace between them,
+   not two at the end of the merge. Where the filesystem cannot punch holes (EOPNOTSUPP: some network and
+   older filesystems) the log stays whole until it is removed, as before. Not with PARAMEDIC_TRACE_KEEP. */
+static void own_free_read(struct source *s) {
+    const int64_t step = 1 << 20;
+    int64_t upto = s->read_to / step * step;
+    if (!s->punch || upto <= s->punched) return;
+    if (fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)s->punched,
+                  (off_t)(upto - s->punched)) != 0) {
+        s->punch = 0;
+        return;
+    }
+    s->punched = upto;
+}
+
 /* The own log's next raw record into s->hold (time still on the local clock); 0 at its end or on error. */
 static int own_read(struct source *s) {
     if (s->left <= 0) return 0;
@@ -77,7 +96,9 @@ static int own_read(struct source *s) {
             if (n < 0 && errno == EINTR) continue;
             if (n <= 0) break;
             s->len += (size_t)n;
+            s->read_to += n;
         }
+        own_free_read(s);
     }
     if (s->len - s->pos < 24) { s->status = ST_LOG; return 0; }
     int size = rec_size(s->chunk + s->pos);
@@ -312,8 +333,14 @@ static void tree_merge(const char *dir, int have_log) {
     own->last = INT64_MIN;
     char path[4096];
     snprintf(path, sizeof path, "%s/rank-%d.raw", dir, world_rank);
-    own->fd = have_log && own->chunk ? open(path, O_RDONLY) : -1;
+    own->punch = getenv("PARAMEDIC_TRACE_KEEP") == NULL;
+    own->fd = have_log && own->chunk && own->punch ? open(path, O_RDWR) : -1;
+    if (own->fd < 0) {
+        own->punch = 0;
+        own->fd = have_log && own->chunk ? open(path, O_RDONLY) : -1;
+    }
     own->left = log_bytes;
+    own->read_to = 16;
     if (own->fd < 0 || lseek(own->fd, 16, SEEK_SET) != 16) {
         own->status = have_log ? ST_LOG : ST_NOLOG;
         own->left = 0;
