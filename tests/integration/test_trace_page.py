@@ -1,7 +1,8 @@
 """The report page of a multi-million-record trace (issue 46, item 1): `paramedic report` on a synthetic CLOG2
 file of 2.4 million records, opened in headless Chromium: no JavaScript error, the whole run on the time axis,
 every rank drawn, and single calls where the zoomed window is one the page kept them for. The check is shown
-to fail on a page that draws only the start of the run."""
+to fail on a page that draws only the start of the run. With 1,024 ranks (2.5 million records) every rank
+is a row of its own and the whole run still fits about one screen: rows of 2 px, every tenth named."""
 
 from __future__ import annotations
 
@@ -102,3 +103,29 @@ def test_the_check_fails_on_a_page_of_the_first_records_only(page: Path, tmp_pat
     short.write_text(text)
     with pytest.raises(AssertionError):
         overview_checks(load(short, tmp_path / "browser"))
+
+
+MANY, MANY_PERIODS = 1024, 300  # 2.5 million records, 89 MB
+
+
+def test_every_rank_of_many_is_drawn_and_the_run_fits_a_screen(tmp_path: Path) -> None:
+    chromium()
+    (tmp_path / "many.clog2").write_bytes(synthetic(MANY, MANY_PERIODS))
+    paramedic("report", "many.clog2", "-o", "many.html", cwd=tmp_path)
+    page = tmp_path / "many.html"
+    assert page.stat().st_size < 10_000_000  # plotly.js, at most 4.9 MB of cells, the rest
+    loaded = load(page, tmp_path / "browser")
+    assert loaded.errors == []
+    attrs = chart(loaded, "chart-1")
+    # the whole run: the last period's allreduce ends on the last rank, 1 us a rank late
+    span = max(MANY_PERIODS * 1e-3 + 1e-4, (MANY_PERIODS - 1 + 0.97) * 1e-3 + (MANY - 1) * 1e-6)
+    start, end = (float(x) for x in attrs["data-range"].split(","))
+    assert start == 0 and end == pytest.approx(span, rel=1e-6), (start, end)
+    assert int(attrs["data-ranks"]) == MANY  # every rank has cells
+    overview = loaded.dom.split('<div id="chart-1"', 1)[1].split('<div id="chart-2"', 1)[0]
+    image = re.search(r'<g class="hm"><image[^>]* height="([0-9.]+)"', overview)
+    assert image is not None
+    assert int(attrs["data-rowpx"]) == 2 and 2 * MANY <= float(image[1]) <= 2 * MANY + 40  # 2 px a rank
+    named = {int(r) for r in re.findall(r">rank (\d+)<", overview)}
+    assert named == set(range(0, MANY, 10))
+    assert loaded.charts["chart-2"]  # time per rank

@@ -261,9 +261,15 @@ const inMpi = Object.assign({}, heat, {z:zmpi, colorscale:'YlOrRd', zmin:0, zmax
 const mode = document.getElementById('mode');
 const covered = det.windows.filter(w => w[3] > 0 && w[2] > w[0]).map(w => ({type:'rect', xref:'x', yref:'paper',
   x0:w[0], x1:Math.max(Math.min(w[2], D.span), w[0] + D.span/400), y0:0, y1:0.03, fillcolor:'#1f3b57', opacity:0.8, line:{width:0}}));
-const layout = {template:'plotly_white', height:Math.max(260, 80 + 22*R), margin:{l:70, r:20, t:10, b:50},
+// a row per rank: 22 px up to 72 ranks, then thinner so that the whole run stays at a glance (about 1,600 px
+// of rows, at least 2 px a rank), every `every`-th rank named
+const rowPx = R <= 72 ? 22 : Math.max(2, Math.floor(1600 / R));
+const every = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000].find(k => k*rowPx >= 14) || 10000;
+const named = ranks.filter(r => r % every === 0);
+heat.ygap = inMpi.ygap = rowPx >= 8 ? 1 : 0;
+const layout = {template:'plotly_white', height:Math.max(260, 80 + rowPx*R), margin:{l:70, r:20, t:10, b:50},
   xaxis:{title:{text:'seconds since the first record'}, range:[0, D.span], rangemode:'tozero'},
-  yaxis:{autorange:'reversed', tickvals:ranks, ticktext:ranks.map(r => 'rank '+r), fixedrange:true},
+  yaxis:{autorange:'reversed', tickvals:named, ticktext:named.map(r => 'rank '+r), fixedrange:true},
   shapes:covered, showlegend:false, uirevision:'keep', dragmode:'zoom'};
 const div = document.getElementById('chart-1');
 const legend = document.getElementById('legend');
@@ -309,6 +315,7 @@ function update(range) {
   // what a test (or a reader of the DOM) checks: the range on the axis, the ranks with a cell drawn
   div.dataset.range = x0 + ',' + x1;
   div.dataset.ranks = z.filter(row => row.some(v => v !== null)).length;
+  div.dataset.rowpx = rowPx;
   div.dataset.calls = pick ? pick.length : 0;
 }
 const asked = /#zoom=([0-9.e-]+),([0-9.e-]+)/.exec(location.hash);  // a link to a stretch of the run
@@ -334,8 +341,8 @@ const per = D.per_rank, bars = [];
 D.categories.forEach((c, k) => { const xs = ranks.map(r => k === 0 ? Math.max(0, D.traced[r] - per[r].slice(1).reduce((a, b) => a + b, 0)) : per[r][k]);
   if (xs.some(v => v > 0)) bars.push({type:'bar', orientation:'h', y:ranks.map(r => 'rank '+r), x:xs, name:c[0], marker:{color:c[1]},
     hovertemplate:'%{y}: '+c[0]+' %{x:.6f} s<extra></extra>'}); });
-Plotly.newPlot('chart-2', bars, {template:'plotly_white', barmode:'stack', height:Math.max(240, 90 + 26*R), margin:{l:70, r:20, t:30, b:50},
-  xaxis:{title:{text:'seconds'}}, yaxis:{autorange:'reversed'}, legend:{orientation:'h', y:1.02, yanchor:'bottom', x:0}}, {displaylogo:false, responsive:true});
+Plotly.newPlot('chart-2', bars, {template:'plotly_white', barmode:'stack', height:Math.max(240, 90 + (R <= 72 ? 26 : rowPx)*R), margin:{l:70, r:20, t:30, b:50},
+  xaxis:{title:{text:'seconds'}}, yaxis:{autorange:'reversed', tickvals:named.map(r => 'rank '+r)}, legend:{orientation:'h', y:1.02, yanchor:'bottom', x:0}}, {displaylogo:false, responsive:true});
 // the pair matrix
 const m = D.matrix, g = m.group, labels = m.bytes.map((_, i) => g === 1 ? 'rank '+i : 'ranks '+(i*g)+'-'+(i*g+g-1));
 const hover = m.bytes.map((row, i) => row.map((v, j) => labels[i]+' to '+labels[j]+': '+v.toLocaleString()+' bytes in '+m.messages[i][j].toLocaleString()+' messages'));
