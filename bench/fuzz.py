@@ -940,8 +940,8 @@ class Harness:
 
     def _setup_journal(self) -> None:
         from paramedic.blast.hits import FragmentSearch, Hit
-        from paramedic.engine.journal import PIECE_MAGIC, Journal
-        from paramedic.engine.store import Store
+        from paramedic.engine.rank.journal import PIECE_MAGIC, Journal
+        from paramedic.engine.rank.store import Store
 
         self.jstore = Store(self.work / "search", durable=False, key=b"k" * 32)
         self.jstore.path.mkdir()
@@ -960,8 +960,8 @@ class Harness:
             pool.append(pack_parts([record, piece, b"", b"reseal"]))
         # a real journal's header and a piece tagged with its key: each execution opens a journal made
         # of them, its job.json mutated (the identity and plan it was made with are this search's)
-        from paramedic.engine import journal as journal_module
-        from paramedic.engine.scheduler import Plan
+        from paramedic.engine.core.scheduler import Plan
+        from paramedic.engine.rank import journal as journal_module
 
         journal_module._warn = lambda text: None  # a dropped header says so on stderr: not here
         self.jplan = Plan(batches=(range(0, 2),), n_fragments=2, pieces=(range(0, 2),), hitlist_size=5)
@@ -978,7 +978,7 @@ class Harness:
         self.kinds = ["bytes", "bytes", "json", "bytes"]
 
     def _setup_metadata(self) -> None:
-        from paramedic.engine.metadata import SearchIdentity, save_metadata
+        from paramedic.engine.rank.metadata import SearchIdentity, save_metadata
 
         self.identity = SearchIdentity("blastp", ["-evalue", "1e-5"], 500, "a" * 64, "b" * 64)
         os.environ["PARAMEDIC_METADATA_KEY"] = str(self.work / "metadata.key")  # the user's key: not ~'s
@@ -1415,7 +1415,7 @@ class Harness:
         import hashlib as hashlib_
         import hmac
 
-        from paramedic.engine.store import MAGIC, TAG_BYTES, RecordError
+        from paramedic.engine.rank.store import MAGIC, TAG_BYTES, RecordError
 
         parts = unpack_parts(data) + [b"", b"", b"", b""]
         record, piece = parts[0], parts[1]
@@ -1450,7 +1450,7 @@ class Harness:
         import hashlib as hashlib_
         import shutil
 
-        from paramedic.engine.journal import CHECK_FIELD, Journal, _header_bytes
+        from paramedic.engine.rank.journal import CHECK_FIELD, Journal, _header_bytes
         from paramedic.errors import UsageError
 
         if reseal:
@@ -1513,7 +1513,7 @@ class Harness:
 
     # metadata: a metadata file as --from-metadata reads it
     def _run_metadata(self, data: bytes) -> str:
-        from paramedic.engine.metadata import DIGEST, _digest, load_metadata
+        from paramedic.engine.rank.metadata import DIGEST, _digest, load_metadata
         from paramedic.errors import ParamedicError
 
         parts = unpack_parts(data) + [b"", b""]
@@ -1646,9 +1646,9 @@ def worker(args: argparse.Namespace) -> None:
         import paramedic.blast.prelim  # noqa: F401
         import paramedic.db.stage  # noqa: F401
         import paramedic.db.stripes  # noqa: F401
-        import paramedic.engine.journal  # noqa: F401
-        import paramedic.engine.metadata  # noqa: F401
-        import paramedic.engine.store  # noqa: F401
+        import paramedic.engine.rank.journal  # noqa: F401
+        import paramedic.engine.rank.metadata  # noqa: F401
+        import paramedic.engine.rank.store  # noqa: F401
         import paramedic.ship.blast_codec  # noqa: F401
         import paramedic.ship.codecs  # noqa: F401
         import paramedic.ship.idcodec  # noqa: F401

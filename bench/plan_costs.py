@@ -11,7 +11,7 @@ and every paramedic output is compared with BLAST+'s byte for byte. Medians over
 warm-up; ratios against the faster BLAST+ mode. It also measures the model's inputs here (`--calibrate`):
 BLAST+'s start (CPU seconds of `-version`), the single-thread rate per residue pair of blastp and blastn
 on the shapes' databases, and the threads' efficiency (single-thread CPU over cores x wall), to set
-paramedic.engine.costs.Costs.
+paramedic.engine.core.costs.Costs.
 
 Shapes (real data from `make data`; kept in --work between runs):
   - p30x16k-0: 30 mmseqs2 queries x 16,600 mmseqs2 proteins, -outfmt 0 (issue 44's first row);

@@ -37,7 +37,7 @@ from pathlib import Path
 from paramedic.blast.prelim import query_batches
 from paramedic.blast.tools import run_tool, startup_seconds
 from paramedic.db.fasta import read_fasta
-from paramedic.engine.plan import (
+from paramedic.engine.core.plan import (
     aligned,
     decreasing_batches,
     decreasing_pieces,

@@ -1,6 +1,6 @@
 """What a BLAST+ search costs however few its queries: one query file searched as 1, 2, 4 ... runs.
 
-The plan (paramedic.engine.plan: RATE, SCAN) sizes tasks by what a search costs per query residue and
+The plan (paramedic.engine.core.plan: RATE, SCAN) sizes tasks by what a search costs per query residue and
 what it costs regardless of its queries. This splits a query file into k consecutive parts, runs plain
 BLAST+ (one thread) on each against the whole database, and sums their CPU: the growth with k is the
 per-run cost (start-up, lookup table, and for blastn the scan of every subject's words).

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from paramedic.engine import scheduler as current
+from paramedic.engine.core import scheduler as current
 
-MODULE = "src/paramedic/engine/scheduler.py"
+MODULE = "src/paramedic/engine/core/scheduler.py"
 
 
 def load_revision(revision: str) -> ModuleType:

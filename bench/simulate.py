@@ -140,8 +140,8 @@ CALIBRATE = """
 import pickle, sys, time
 from mpi4py import MPI
 from paramedic.blast.hits import Candidate, FragmentSearch, Hit, PrelimList
-from paramedic.engine.master import SearchResult
-from paramedic.engine.scheduler import SearchTask
+from paramedic.engine.core.master import SearchResult
+from paramedic.engine.core.scheduler import SearchTask
 comm, n = MPI.COMM_WORLD, int(sys.argv[1])
 hits = [[Hit(1e-20 * i, 50 + i, 1000 * q + i) for i in range(48)] for q in range(20)]
 prelim = [PrelimList(1050, tuple(Candidate(h.evalue, h.score, h.gid) for h in q)) for q in hits]

@@ -16,7 +16,7 @@ paramedic.db.trust, paramedic.db.stage), each measured on its own:
                        fragment of a `paramedic format` database); a database in place's staged units
                        are checked by BLAKE3 (db.units): the cached BLAKE3 rate above
 
-Writes bench/startup-model.json; the constants in paramedic.engine.startup are these numbers.
+Writes bench/startup-model.json; the constants in paramedic.engine.predict.startup are these numbers.
 
     .venv/bin/python bench/startup_model.py --work /var/tmp/pm-cal [--big-gb 2] [--copies 4]
     .venv/bin/python bench/startup_model.py --work /var/tmp/pm-cal --large 100    # 1.53 GB: 1 vs 12 volumes

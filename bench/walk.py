@@ -1,4 +1,4 @@
-"""Walk a job as a newcomer would, from `engine/roles.py:run_job`, and count what the walk passes.
+"""Walk a job as a newcomer would, from `engine/runtime/roles.py:run_job`, and count what the walk passes.
 
 Run under mpiexec (every rank runs `paramedic search` in this process, as tests/mpi does); rank 0 records
 every call into paramedic's own code made while `run_job` runs (threads included) and prints:
@@ -55,7 +55,7 @@ class Walk:
             return
         name = frame.f_code.co_qualname
         if not self.active:
-            if module == "engine/roles.py" and name == "run_job":
+            if module == "engine/runtime/roles.py" and name == "run_job":
                 self.active = True
             else:
                 return

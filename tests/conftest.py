@@ -59,7 +59,7 @@ def digest_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session", autouse=True)
 def metadata_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Metadata files are sealed with the user's own key (paramedic.engine.metadata): the tests use a
+    """Metadata files are sealed with the user's own key (paramedic.engine.rank.metadata): the tests use a
     key of their own, never the one in ~/.config."""
     yield from _variable("PARAMEDIC_METADATA_KEY", tmp_path_factory.mktemp("metadata-key") / "metadata.key")
 

@@ -21,7 +21,7 @@ from paramedic.errors import InputError, ParamedicError, UsageError
 if TYPE_CHECKING:  # the engine is imported by the commands that run it
     from collections.abc import Callable
 
-    from paramedic.engine.settings import SearchSettings
+    from paramedic.engine.core.settings import SearchSettings
 
 USAGE = """\
 paramedic: parallel NCBI BLAST+ on MPI, with ParaMEDIC's metadata shipping to a storage site.
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(argv)
     except ParamedicError as exc:
-        from paramedic.engine.launch import another_rank
+        from paramedic.engine.runtime.launch import another_rank
 
         if not another_rank():  # under mpiexec/srun every rank finds the same refusal: rank 0 says it
             print(f"paramedic: error: {exc}", file=sys.stderr)
@@ -157,7 +157,7 @@ def _blast_version() -> str:
 
 
 def _search_command(argv: list[str]) -> int:
-    from paramedic.engine.launch import under_mpi
+    from paramedic.engine.runtime.launch import under_mpi
 
     if not under_mpi():
         # the launching process: SIGTERM or SIGHUP before the job's supervisor takes them over (while
@@ -296,7 +296,7 @@ def _interrupt_once(signum: int, _frame: object) -> None:
 def _run_trace(argv: list[str]) -> int:
     import tempfile
 
-    from paramedic.engine.leftovers import remove_leftovers
+    from paramedic.engine.runtime.leftovers import remove_leftovers
     from paramedic.trace.run import summary_line, trace
 
     parser = _trace_parser()
@@ -509,8 +509,8 @@ def _serve(argv: list[str]) -> int:
 
 
 def _simulate(argv: list[str]) -> int:
-    from paramedic.engine.simulate import OUTPUT_COSTS, SimulateSettings, run_simulate
-    from paramedic.engine.startup import DATABASES, DatabaseShape, StartupRates, parse_bytes, profile
+    from paramedic.engine.predict.simulate import OUTPUT_COSTS, SimulateSettings, run_simulate
+    from paramedic.engine.predict.startup import DATABASES, DatabaseShape, StartupRates, parse_bytes, profile
 
     parser = _parser(
         "simulate",
@@ -825,7 +825,7 @@ def _search(argv: list[str]) -> int:
 
 
 def _search_parser() -> argparse.ArgumentParser:
-    from paramedic.engine.settings import FRAGMENT_GROUP_CHOICES, RUNNER_CHOICES, TRACEBACK_CHOICES
+    from paramedic.engine.core.settings import FRAGMENT_GROUP_CHOICES, RUNNER_CHOICES, TRACEBACK_CHOICES
     from paramedic.output.strategies import MASTER, OUTPUT_STRATEGIES, output_strategy_names
 
     parser = _parser(
@@ -990,8 +990,8 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
         raise UsageError("--np must be at least 1")  # the launcher's, not the job's: not in the settings
 
     from paramedic.blast.options import typed_value
-    from paramedic.engine.launch import launch_or_run
-    from paramedic.engine.settings import SearchSettings
+    from paramedic.engine.core.settings import SearchSettings
+    from paramedic.engine.runtime.launch import launch_or_run
 
     ship = None
     if args.site is not None:
@@ -1011,7 +1011,7 @@ def _run_search(program: str, args: argparse.Namespace, blast_args: list[str], a
     stage = None
     if args.stage is not None:
         from paramedic.db.stage import parse_size
-        from paramedic.engine.settings import DEFAULT_STAGE_COPIES, StageSettings
+        from paramedic.engine.core.settings import DEFAULT_STAGE_COPIES, StageSettings
 
         stage = StageSettings(
             directory=args.stage.absolute(),
@@ -1061,7 +1061,7 @@ def _descriptor_query(settings: SearchSettings, argv: list[str]) -> tuple[Search
     user's own mpiexec read it where it is."""
     from paramedic.blast.options import typed_value
     from paramedic.durable import through_descriptor
-    from paramedic.engine.launch import under_mpi
+    from paramedic.engine.runtime.launch import under_mpi
 
     query = typed_value(settings.blast_args, "query")
     starts_mpiexec = settings.runner == "mpi" or (

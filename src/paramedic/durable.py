@@ -62,7 +62,7 @@ def umask() -> int:
     return 0o022
 
 
-JOB_DIR_PREFIX = "paramedic-job-"  # a launching paramedic's job directory (paramedic.engine.leftovers)
+JOB_DIR_PREFIX = "paramedic-job-"  # a launcher's job directory (paramedic.engine.runtime.leftovers)
 PARTIALS_NOTE = "partials"  # in it: the partial outputs named after the job, one absolute path a line
 
 
@@ -70,7 +70,7 @@ def note_partial(path: Path) -> None:
     """`path`, a partial output named after the job (`.<out>.partial-<job id>`), noted in the job
     directory of the paramedic that launched this process (TMPDIR is that directory's `tmp`): should
     the launcher be killed outright (SIGKILL), the next run removes the file with the directory
-    (paramedic.engine.leftovers). Nothing is noted under the user's own mpiexec (no job directory)."""
+    (paramedic.engine.runtime.leftovers). Nothing is noted under the user's own mpiexec (no job directory)."""
     tmp = os.environ.get("TMPDIR")
     if not tmp or not os.environ.get("PARAMEDIC_JOB_ID"):
         return

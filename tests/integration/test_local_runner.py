@@ -1,4 +1,4 @@
-"""The local runner (paramedic.engine.local): started without an MPI launcher, the workers are threads of
+"""The local runner (paramedic.engine.runtime.local): started without an MPI launcher, the workers are threads of
 one process, each driving real BLAST+ runs. Its output equals MPI's and BLAST+'s; an interrupt, a
 SIGTERM or a failed BLAST+ run ends it with one line and a documented code, with no BLAST+ run left and
 nothing left in $TMPDIR (real BLAST+, real signals)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from paramedic.engine.launch import find_mpiexec
+from paramedic.engine.runtime.launch import find_mpiexec
 
 pytestmark = pytest.mark.integration
 

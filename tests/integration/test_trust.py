@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from paramedic.engine.metadata import _digest
+from paramedic.engine.rank.metadata import _digest
 from tests.conftest import paramedic, take_fasta
 from tests.integration.equality import Site
 from tests.support.databases import Databases
@@ -149,8 +149,8 @@ def test_a_staged_copy_changed_within_a_job_is_never_searched_unseen(site: Site,
     (times kept) after that, in the same job, passed its seal (sizes, mtimes, inodes) and was searched:
     exit 0 with another report. The seal holds ctimes too, and is checked again when a search ends."""
     from paramedic.db.locate import resolve_database
-    from paramedic.engine.settings import StageSettings
-    from paramedic.engine.staging import Stager
+    from paramedic.engine.core.settings import StageSettings
+    from paramedic.engine.rank.staging import Stager
     from paramedic.errors import DatabaseError
 
     db, _ = resolve_database("uniprot", site.root / "p3")
@@ -226,7 +226,7 @@ def test_a_journal_another_user_planted_beside_the_output_is_never_resumed(
     import hmac
     import shutil
 
-    from paramedic.engine.journal import PIECE_MAGIC
+    from paramedic.engine.rank.journal import PIECE_MAGIC
     from tests.integration import test_resume as resume
 
     data = resume.data.__wrapped__(databases, _Factory(tmp_path / "data"))  # type: ignore[attr-defined]
@@ -590,8 +590,8 @@ def test_a_stage_disk_out_of_inodes_searches_in_place(site: Site, tmp_path: Path
     import subprocess
 
     from paramedic.db.locate import resolve_database
-    from paramedic.engine.settings import StageSettings
-    from paramedic.engine.staging import Stager
+    from paramedic.engine.core.settings import StageSettings
+    from paramedic.engine.rank.staging import Stager
 
     db, _ = resolve_database("uniprot", site.root / "p3")
     for inodes in range(1, 7):  # the file system's root takes one
@@ -772,7 +772,7 @@ def test_what_a_launcher_killed_outright_left_is_removed_by_the_next_run(site: S
     assert job_dir.exists()
     alive = tmp / "paramedic-job-alive"  # a running launcher's (ours): kept
     alive.mkdir()
-    from paramedic.engine.leftovers import note_launcher
+    from paramedic.engine.runtime.leftovers import note_launcher
 
     note_launcher(alive)
     proc = run_bounded([*argv[1:5], "-db", "uniprot", "-out", str(tmp_path / "next.out"), "--np", "2",
@@ -833,7 +833,7 @@ def test_an_mpi_start_that_hangs_is_stopped_and_started_again(
     left = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _has_env(p, str(marker))]
     assert not left and not list(tmp.iterdir()), (left, list(tmp.iterdir()))
     # a segment of this job's is mapped by no process any more (another job's, running beside, is)
-    from paramedic.engine.stopped import mapped_shared_memory
+    from paramedic.engine.runtime.stopped import mapped_shared_memory
 
     mapped = {n for p in Path("/proc").iterdir() if p.name.isdigit() for n in mapped_shared_memory(p.name)}
     assert not [n for n in set(os.listdir("/dev/shm")) - shm_before - mapped if n.startswith("mpich")]
@@ -876,7 +876,7 @@ def test_what_ranks_under_the_users_own_mpiexec_left_when_killed_is_removed_by_t
     import signal
     import time
 
-    from paramedic.engine.leftovers import OWNER_FILE, RANK_PREFIX
+    from paramedic.engine.runtime.leftovers import OWNER_FILE, RANK_PREFIX
 
     tmp, env, argv, mpiexec = _search_under_own_mpiexec(site, tmp_path, "killed.out")
     deadline = time.monotonic() + 60
@@ -918,7 +918,7 @@ def test_a_job_that_aborts_under_the_users_own_mpiexec_leaves_no_shared_memory(
     import signal
     import time
 
-    from paramedic.engine.leftovers import OWNER_FILE, RANK_PREFIX
+    from paramedic.engine.runtime.leftovers import OWNER_FILE, RANK_PREFIX
 
     tmp, _, _, mpiexec = _search_under_own_mpiexec(site, tmp_path, "aborted.out")
     try:

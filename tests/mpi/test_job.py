@@ -19,7 +19,7 @@ import pytest
 from mpi4py import MPI
 
 from paramedic.cli import main
-from paramedic.engine import ranks
+from paramedic.engine.runtime import ranks
 from tests.conftest import DATA, take_fasta
 from tests.mpi.end_writes import WorkerAtEnd  # registers a third worker output strategy
 

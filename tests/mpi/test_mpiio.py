@@ -1,4 +1,4 @@
-"""engine/mpiio.py under real ranks: the report file written with MPI-IO by the ranks that hold its
+"""engine/rank/mpiio.py under real ranks: the report file written with MPI-IO by the ranks that hold its
 pieces, each way the output strategies order it (a rank writes its own piece, sends it to a writer that
 merges, or writes in a collective round), checked byte for byte by rank 0."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from paramedic.engine.mpiio import Holder, OutputFile
+from paramedic.engine.rank.mpiio import Holder, OutputFile
 from paramedic.errors import OutputError
 from paramedic.output.strategies import Merge, Round, Send, Write
 

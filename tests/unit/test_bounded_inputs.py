@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from paramedic.engine.metadata import SearchIdentity, load_metadata, max_metadata_bytes, save_metadata
+from paramedic.engine.rank.metadata import SearchIdentity, load_metadata, max_metadata_bytes, save_metadata
 from paramedic.errors import InputError
 
 IDENTITY = SearchIdentity("blastp", ["-evalue", "10"], 500, "0" * 64, "1" * 64)
@@ -58,7 +58,7 @@ def test_a_metadata_file_that_is_not_one_is_refused_at_once(tmp_path: Path, kind
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_run_record_or_prediction_that_is_not_one_is_refused_at_once(tmp_path: Path, kind: str) -> None:
-    from paramedic.engine.simulate import SimulateSettings, simulate
+    from paramedic.engine.predict.simulate import SimulateSettings, simulate
     from paramedic.report.html import load_prediction, load_record
     from paramedic.report.record import MAX_RECORD_BYTES
 

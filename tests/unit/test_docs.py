@@ -26,7 +26,7 @@ from urllib.parse import unquote
 import pytest
 
 from paramedic import cli, errors, pipes
-from paramedic.engine import stopped
+from paramedic.engine.runtime import stopped
 from paramedic.ship.transport import SiteError
 
 ROOT = Path(__file__).resolve().parents[2]

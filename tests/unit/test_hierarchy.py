@@ -1,14 +1,14 @@
-"""Two-level scheduling without MPI (paramedic.engine.hierarchy): a supermaster and partition masters
+"""Two-level scheduling without MPI (paramedic.engine.core.hierarchy): a supermaster and partition masters
 driven in virtual time by the engine's runner loop; the output equals one master's, segments flow to the fastest partition."""
 
 from __future__ import annotations
 
 import pytest
 
-from paramedic.engine.hierarchy import PartitionMaster, Segment, SegmentMaster, Supermaster, partitions
-from paramedic.engine.master import Master
-from paramedic.engine.scheduler import Plan, Scheduler, SearchTask, Task
-from paramedic.engine.virtual import ForwardSink, PartitionsLink, VirtualNetwork, WorkersLink
+from paramedic.engine.core.hierarchy import PartitionMaster, Segment, SegmentMaster, Supermaster, partitions
+from paramedic.engine.core.master import Master
+from paramedic.engine.core.scheduler import Plan, Scheduler, SearchTask, Task
+from paramedic.engine.predict.virtual import ForwardSink, PartitionsLink, VirtualNetwork, WorkersLink
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats
 from tests.unit.test_master import PLAN, expected_output, run_task, writer
@@ -29,7 +29,7 @@ def run(
     plan: Plan, speeds: list[list[float]], done_pieces: tuple[int, ...] = ()
 ) -> tuple[bytes, dict[int, list[int]]]:
     """Partitions with workers of the given speeds, every master on the engine's runner loop in one
-    virtual time (paramedic.engine.virtual); returns the output and, per partition, the batches it got."""
+    virtual time (paramedic.engine.predict.virtual); returns the output and, per partition, the batches it got."""
     sink, memory = writer(plan)
     supermaster = Supermaster(plan, done_pieces)
     for index in done_pieces:  # an earlier run wrote them (the journal)

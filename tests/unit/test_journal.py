@@ -1,4 +1,4 @@
-"""The journal's records and its replay into the scheduler (paramedic.engine.journal), without MPI."""
+"""The journal's records and its replay into the scheduler (paramedic.engine.rank.journal), without MPI."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from paramedic.blast.hits import Candidate, FragmentSearch, Hit, PrelimList
-from paramedic.engine.journal import Journal
-from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
+from paramedic.engine.core.scheduler import PieceTask, Plan, Scheduler, SearchTask
+from paramedic.engine.rank.journal import Journal
 from paramedic.errors import UsageError
 
 PLAN = Plan(
@@ -197,7 +197,7 @@ def test_a_piece_changed_in_one_byte_or_taken_from_another_journal_is_dropped(tm
 
 
 def test_a_journal_of_grouped_fragments_continues_with_its_own_groups(tmp_path: Path) -> None:
-    """Groups follow the workers (paramedic.engine.plan.search_units): a run with other workers makes
+    """Groups follow the workers (paramedic.engine.core.plan.search_units): a run with other workers makes
     other groups, and must continue the journal's, whose records are per group, and keep their lists."""
     grouped = Plan(
         batches=(range(0, 3),), n_fragments=2, pieces=(range(0, 3),), hitlist_size=5, groups=((0, 1, 2), (3,))
@@ -229,7 +229,7 @@ def test_what_is_not_a_file_where_a_journal_file_belongs_is_dropped(
     dropped and its work done again; `tidy` (after a failed run) does not trip over it either."""
     import os
 
-    from paramedic.engine.journal import tidy
+    from paramedic.engine.rank.journal import tidy
 
     path = tmp_path / ".out.journal"
     journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
@@ -264,7 +264,7 @@ def test_a_foreign_journal_header_is_refused_and_not_said_to_continue(tmp_path: 
     journal (and keeps it, for --restart). (An unparseable one is dropped: the test below.)"""
     import json
 
-    from paramedic.engine.journal import tidy
+    from paramedic.engine.rank.journal import tidy
 
     path = tmp_path / ".out.journal"
     journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
@@ -343,7 +343,7 @@ def test_a_damaged_journal_header_is_dropped_and_its_work_done_again(
     "from another search (different options)" or of another paramedic version, blaming the user. It holds
     nothing usable: it is dropped (one line says it is damaged), with every record (they are bound to its
     key), and the same command does the work again, with a new header that the next run continues."""
-    from paramedic.engine.journal import tidy
+    from paramedic.engine.rank.journal import tidy
 
     path = tmp_path / ".out.journal"
     journal, _, _ = Journal.open(path, {**IDENTITY, "evalue": "1e-5"}, PLAN, restart=False)
@@ -375,7 +375,7 @@ def test_a_journal_header_whose_fields_do_not_read_is_dropped(
     continue it, so it is dropped like a damaged one (refused, the user could only add --restart)."""
     import json
 
-    from paramedic.engine.journal import _header_bytes
+    from paramedic.engine.rank.journal import _header_bytes
 
     path = tmp_path / ".out.journal"
     journal, _, _ = Journal.open(path, IDENTITY, PLAN, restart=False)
@@ -435,7 +435,7 @@ def test_a_journal_of_another_user_that_cannot_be_removed_is_refused(tmp_path: P
     """As in a sticky directory (/tmp): another user's journal cannot be removed: one line, exit 6."""
     import os
 
-    from paramedic.engine import journal as journal_module
+    from paramedic.engine.rank import journal as journal_module
     from paramedic.errors import OutputError
 
     path = tmp_path / ".out.journal"

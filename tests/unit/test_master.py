@@ -1,5 +1,5 @@
-"""The master without MPI (paramedic.engine.master), driven in virtual time by the engine's own runner
-loop (paramedic.engine.runner over paramedic.engine.virtual): tasks out, results in, output in order; --ship auto's probe is an ordinary task while the others search."""
+"""The master without MPI (paramedic.engine.core.master), driven in virtual time by the engine's own runner
+loop (paramedic.engine.core.runner over paramedic.engine.predict.virtual): tasks out, results in, output in order; --ship auto's probe is an ordinary task while the others search."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from paramedic.blast.hits import Hit
-from paramedic.engine.master import Master, PieceResult, Result, SearchResult
-from paramedic.engine.runner import drive, run_serial
-from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask, Task
-from paramedic.engine.sinks import WriterSink
-from paramedic.engine.virtual import VirtualTransport
+from paramedic.engine.core.master import Master, PieceResult, Result, SearchResult
+from paramedic.engine.core.runner import drive, run_serial
+from paramedic.engine.core.scheduler import PieceTask, Plan, Scheduler, SearchTask, Task
+from paramedic.engine.job.sinks import WriterSink
+from paramedic.engine.predict.virtual import VirtualTransport
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats
 from tests.unit.fragments import searched
@@ -70,7 +70,7 @@ def writer(plan: Plan = PLAN) -> tuple[WriterSink, Memory]:
 
 
 class Shipped:
-    """A sink that ships pieces as metadata (as engine.sinks.MetadataSink)."""
+    """A sink that ships pieces as metadata (as engine.job.sinks.MetadataSink)."""
 
     holds_pieces = True
 

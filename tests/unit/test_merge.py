@@ -1,7 +1,7 @@
 import random
 
 from paramedic.blast.hits import Hit
-from paramedic.engine.merge import merge_hits
+from paramedic.engine.core.merge import merge_hits
 
 
 def test_orders_by_evalue_then_score_then_higher_ordinal_first():

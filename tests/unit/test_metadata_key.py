@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from paramedic.engine.metadata import (
+from paramedic.engine.rank.metadata import (
     KEY_VARIABLE,
     SearchIdentity,
     _digest,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from paramedic.engine.launch import _Bar
+from paramedic.engine.runtime.launch import _Bar
 from paramedic.report.html import render
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord, TaskCost

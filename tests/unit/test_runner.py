@@ -1,4 +1,4 @@
-"""The one runner loop (paramedic.engine.runner) and its seams, each tried as docs/CONTRIBUTING.md says:
+"""The one runner loop (paramedic.engine.core.runner) and its seams, each tried as docs/CONTRIBUTING.md says:
 a new transport (results back in the reverse order of sending) and a new scheduling policy (no cache
 affinity) give the same output; a stall is an error, never a hang; the predictor takes the policy."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from paramedic.engine.master import Master, Result
-from paramedic.engine.runner import Arrival, Transport, drive
-from paramedic.engine.scheduler import Plan, Scheduler, Task
-from paramedic.engine.simulate import predict
-from paramedic.engine.virtual import VirtualTransport
+from paramedic.engine.core.master import Master, Result
+from paramedic.engine.core.runner import Arrival, Transport, drive
+from paramedic.engine.core.scheduler import Plan, Scheduler, Task
+from paramedic.engine.predict.simulate import predict
+from paramedic.engine.predict.virtual import VirtualTransport
 from paramedic.errors import InternalError
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats

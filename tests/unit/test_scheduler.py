@@ -3,9 +3,9 @@ import dataclasses
 import pytest
 
 from paramedic.blast.hits import Hit
-from paramedic.engine.plan import fragment_groups, make_plan, one_search_per_worker, search_units
-from paramedic.engine.plan import grouped as group
-from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
+from paramedic.engine.core.plan import fragment_groups, make_plan, one_search_per_worker, search_units
+from paramedic.engine.core.plan import grouped as group
+from paramedic.engine.core.scheduler import PieceTask, Plan, Scheduler, SearchTask
 from tests.unit.fragments import searched
 
 
@@ -161,7 +161,7 @@ def test_alignments_are_not_kept_unless_asked():
 
 
 def test_plan_for_archive_reports_uses_large_shrinking_batches_and_half_batch_groups():
-    from paramedic.engine.plan import make_plan
+    from paramedic.engine.core.plan import make_plan
 
     common = dict(program="blastp", query_lengths=[300] * 500, fragment_residues=[2_000_000] * 4, workers=2,
                   hitlist_size=500, startup_seconds=0.04, stitchable=True)  # fmt: skip
@@ -187,7 +187,7 @@ def _makespan(pieces, lengths, workers, per_run=0.05, per_residue=4e-4):
 def test_query_segmentation_pieces_shrink_so_workers_finish_together():
     import random
 
-    from paramedic.engine.plan import make_plan, smallest_piece_residues
+    from paramedic.engine.core.plan import make_plan, smallest_piece_residues
 
     rng = random.Random(7)
     lengths = [int(rng.lognormvariate(5.8, 0.7)) + 20 for _ in range(500)]  # like mmseqs2 QUERY.fasta
@@ -211,7 +211,7 @@ def test_blastn_tasks_pay_a_database_scan_so_many_queries_make_few_tasks():
     """blastn scans the whole database in every run (plan.SCAN): 500 queries against 306 Mbp in 8 tasks
     cost 8.07 s of CPU against 5.65 s in 2 (bench/scan_cost.py). The plan makes one task per worker for
     them, and leaves 20 queries, whose share costs less than its scan, in one piece."""
-    from paramedic.engine.plan import make_plan
+    from paramedic.engine.core.plan import make_plan
 
     def pieces(n: int, workers: int = 2) -> tuple[range, ...]:
         return make_plan(program="blastn", query_lengths=[2000] * n, fragment_residues=[38_000_000] * 8,
@@ -228,7 +228,7 @@ def test_blastn_tasks_pay_a_database_scan_so_many_queries_make_few_tasks():
 
 
 def test_query_segmentation_keeps_unstitchable_formats_in_one_piece():
-    from paramedic.engine.plan import make_plan
+    from paramedic.engine.core.plan import make_plan
 
     plan = make_plan(program="blastp", query_lengths=[300] * 50, fragment_residues=[9_000_000], workers=2,
                      hitlist_size=500, startup_seconds=0.04, stitchable=False, query_segmentation=True)  # fmt: skip
@@ -237,7 +237,7 @@ def test_query_segmentation_keeps_unstitchable_formats_in_one_piece():
 
 def test_batches_and_pieces_start_where_blast_starts_a_batch():
     from paramedic.blast.prelim import query_batches
-    from paramedic.engine.plan import make_plan
+    from paramedic.engine.core.plan import make_plan
 
     lengths = [((i * 7919) % 900) + 50 for i in range(400)]
     blast_batches = query_batches(lengths, 10000)
@@ -268,7 +268,7 @@ def test_query_segmentation_shrinks_whole_blast_batches_down_to_one():
     import random
 
     from paramedic.blast.prelim import query_batches
-    from paramedic.engine.plan import (
+    from paramedic.engine.core.plan import (
         ROUND_SHARE,
         aligned,
         decreasing_pieces,
@@ -318,7 +318,7 @@ def test_replica_groups_keep_each_worker_on_its_share_of_the_database():
     assert [plain.next_task(w).fragment for w in (1, 3)] == [0, 1]
 
 
-# -- fragment groups (paramedic.engine.plan) ------------------------------------------------------------
+# -- fragment groups (paramedic.engine.core.plan) ------------------------------------------------------------
 @pytest.mark.parametrize(
     ("fragments", "batches", "workers", "even", "units"),
     [

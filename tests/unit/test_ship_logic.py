@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from paramedic.blast.hits import FragmentSearch, Hit
-from paramedic.engine.scheduler import PieceTask, Plan, Scheduler, SearchTask
+from paramedic.engine.core.scheduler import PieceTask, Plan, Scheduler, SearchTask
 from paramedic.ship.auto import decide, ship_metadata
 from paramedic.ship.wire import MAX_PAYLOAD_BYTES, ProtocolError, recv_frame, send_frame
 from paramedic.site.admission import safe_output_path

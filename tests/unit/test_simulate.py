@@ -1,4 +1,4 @@
-"""The predictor (paramedic.engine.simulate) on small made-up run records: one worker takes the sum of the
+"""The predictor (paramedic.engine.predict.simulate) on small made-up run records: one worker takes the sum of the
 task costs, more workers are never slower on balanced work, the JSON has its keys, bad records and bad
 options are one line and an exit code; the engine's scheduler, indexed for large plans, decides as a
 plain scan of every batch does."""
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from paramedic.cli import main
-from paramedic.engine.master import Master, PieceResult, Result, SearchResult
-from paramedic.engine.runner import Arrival, Transport
-from paramedic.engine.runner import drive as runner_drive
-from paramedic.engine.scheduler import Plan, Scheduler, SearchTask, Task
-from paramedic.engine.simulate import CostModel, SimulateSettings, predict
+from paramedic.engine.core.master import Master, PieceResult, Result, SearchResult
+from paramedic.engine.core.runner import Arrival, Transport
+from paramedic.engine.core.runner import drive as runner_drive
+from paramedic.engine.core.scheduler import Plan, Scheduler, SearchTask, Task
+from paramedic.engine.predict.simulate import CostModel, SimulateSettings, predict
 from paramedic.errors import UsageError
 from paramedic.output.strategies import ROUND_BYTES
 from paramedic.report.progress import Progress

@@ -1,4 +1,4 @@
-"""The predictor's start-up on a database described by its size (paramedic.engine.startup): a first job's
+"""The predictor's start-up on a database described by its size (paramedic.engine.predict.startup): a first job's
 verification is in the wall and grows with the bytes, a second job's start does not, a rank's first use of
 a volume and --stage's copies are charged once where the model says, NCBI's databases are known by name,
 and bad values are one line and exit 2."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from paramedic.cli import main
-from paramedic.engine.simulate import SimulateSettings, predict
-from paramedic.engine.startup import (
+from paramedic.engine.predict.simulate import SimulateSettings, predict
+from paramedic.engine.predict.startup import (
     DATABASES,
     FILES_PER_VOLUME,
     SHARED_FILES,
@@ -175,7 +175,7 @@ def test_report_pieces_read_the_database_in_place_even_with_stage(
 ) -> None:
     """Only fragment searches use staged copies (as the engine stages fragments only): a report piece,
     which reads a mask over every volume, opens their files but neither copies nor digests a volume."""
-    from paramedic.engine.startup import Startup
+    from paramedic.engine.predict.startup import Startup
 
     calls: list[tuple[int, range, bool]] = []
     original = Startup.first_use

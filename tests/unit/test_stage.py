@@ -20,7 +20,7 @@ from paramedic.db.manifest import FRAGMENT_DIGESTS, MANIFEST_NAME, Fragment, Man
 from paramedic.db.replicas import LocalReplica
 from paramedic.db.stage import FILL_PREFIX, StageCache, check_stageable, parse_size
 from paramedic.db.stripes import ReplicaSet
-from paramedic.engine.scheduler import Plan, Scheduler, SearchTask
+from paramedic.engine.core.scheduler import Plan, Scheduler, SearchTask
 from paramedic.errors import DatabaseError, UsageError
 from tests.unit.fragments import searched
 
@@ -435,7 +435,7 @@ def test_without_nodes_the_scheduler_is_unchanged():
 
 
 def test_settings_refuse_staging_with_query_segmentation(tmp_path):
-    from paramedic.engine.settings import SearchSettings, StageSettings
+    from paramedic.engine.core.settings import SearchSettings, StageSettings
 
     stage = StageSettings(tmp_path)
     with pytest.raises(UsageError, match="--strategy queries"):
@@ -449,8 +449,8 @@ def _stager(tmp_path: Path, db: Path, opened: list[Path]):
     """A rank's Stager over `db` whose replica sets are opened, one per call, on the directories in
     `opened` (the engine opens the -db directory and the mirrors; here each attempt gets its own)."""
     from paramedic.blast.run import Database
-    from paramedic.engine import staging
-    from paramedic.engine.settings import StageSettings
+    from paramedic.engine.core.settings import StageSettings
+    from paramedic.engine.rank import staging
 
     attempts = iter(opened)
 
@@ -477,7 +477,7 @@ def _damaged_copy(db: Path, where: Path) -> Path:
 def test_a_copy_no_replica_served_verified_is_fetched_again_from_all_afresh(tmp_path, monkeypatch):
     """The first attempt's only replica serves bad bytes (dropped, nothing used); the copy is fetched
     again from a fresh set, verified, and the record keeps both sets' reports."""
-    from paramedic.engine import staging
+    from paramedic.engine.rank import staging
 
     db = tmp_path / "db"
     manifest = make_db(db)
@@ -492,7 +492,7 @@ def test_a_copy_no_replica_served_verified_is_fetched_again_from_all_afresh(tmp_
 
 
 def test_a_copy_that_fails_twice_fails_the_task_and_leaves_nothing(tmp_path, monkeypatch):
-    from paramedic.engine import staging
+    from paramedic.engine.rank import staging
 
     db = tmp_path / "db"
     make_db(db)

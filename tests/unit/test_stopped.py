@@ -1,4 +1,4 @@
-"""A rank stopped under srun (paramedic.engine.stopped): what it removes of its job step's on the node."""
+"""A rank stopped under srun (paramedic.engine.runtime.stopped): what it removes of its job step's on the node."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from paramedic.engine.stopped import mapped_shared_memory, remove_step_dirs, step_tag
+from paramedic.engine.runtime.stopped import mapped_shared_memory, remove_step_dirs, step_tag
 
 
 def test_step_dirs_of_this_step_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Search records (paramedic.engine.store): exact keys, alignments read per query, damage detected."""
+"""Search records (paramedic.engine.rank.store): exact keys, alignments read per query, damage detected."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from paramedic.blast.hits import Candidate, FragmentSearch, Hit, PrelimList
-from paramedic.engine.store import RecordError, Store, decode_record, encode_record, keys_only
+from paramedic.engine.rank.store import RecordError, Store, decode_record, encode_record, keys_only
 
 
 def result(n_queries: int, gid: int, hits_per_query: int = 2) -> FragmentSearch:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from paramedic.engine.strategy import (
+from paramedic.engine.core.strategy import (
     QUERIES_MEMORY_SHARE,
     WorkerMemory,
     cgroup_limit,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from paramedic.engine.costs import Costs, Shape, busiest_share, cheapest, mt_mode_allowed, predict
-from paramedic.engine.settings import SearchSettings
-from paramedic.engine.strategy import WorkerMemory, blast_refusal, decide, weigh
+from paramedic.engine.core.costs import Costs, Shape, busiest_share, cheapest, mt_mode_allowed, predict
+from paramedic.engine.core.settings import SearchSettings
+from paramedic.engine.core.strategy import WorkerMemory, blast_refusal, decide, weigh
 
 MiB = 1 << 20
 GiB = 1 << 30

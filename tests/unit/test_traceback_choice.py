@@ -12,10 +12,10 @@ import pytest
 
 from paramedic.blast.options import BlastOptions
 from paramedic.blast.prelim import query_batches
-from paramedic.engine.job import TRACEBACK_ONCE_SHARE, choose_traceback
-from paramedic.engine.plan import make_plan
-from paramedic.engine.settings import SearchSettings
-from paramedic.engine.strategy import QUERIES_BALANCE_LIMIT, WorkerMemory, decide, query_balance
+from paramedic.engine.core.plan import make_plan
+from paramedic.engine.core.settings import SearchSettings
+from paramedic.engine.core.strategy import QUERIES_BALANCE_LIMIT, WorkerMemory, decide, query_balance
+from paramedic.engine.job.job import TRACEBACK_ONCE_SHARE, choose_traceback
 from paramedic.errors import UsageError
 
 GiB = 1 << 30

@@ -475,7 +475,7 @@ def search_whole(
 ) -> float:
     """One BLAST+ run over the user's own -db with the user's options, its report written to `out_fd`
     (the job's partial output file, or a stream it writes through): the "blast" plan
-    (paramedic.engine.whole). `-num_threads threads`, and `-mt_mode 1` when asked (mode 0 is BLAST+'s
+    (paramedic.engine.job.whole). `-num_threads threads`, and `-mt_mode 1` when asked (mode 0 is BLAST+'s
     default and not passed). Run in `cwd`, the user's directory, so that -db resolves and prints as
     BLAST+ run there would. Returns BLAST+'s wall seconds; a failure is one line (BlastError), a reader
     of standard output that went away is BrokenPipeError. BLAST+'s warnings are passed on."""

@@ -18,7 +18,7 @@ where they are written. Each strategy turns placed pieces into orders for the ra
 
 Pieces rank 0 itself holds (journaled by an earlier run, or every piece when the job has one rank) are
 written by rank 0: `Write` orders, or its share of a round. This module is pure bookkeeping (no MPI):
-paramedic.engine.mpiio carries the orders out.
+paramedic.engine.rank.mpiio carries the orders out.
 """
 
 from __future__ import annotations

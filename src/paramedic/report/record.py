@@ -52,7 +52,7 @@ class ShipReport(TypedDict):
 
 class StrategyReason(TypedDict):
     """The run record's `strategy_reason`: which strategy the search used and why (see
-    engine.strategy). Memory figures in bytes; `memory_per_worker_bytes` is the smallest of the memory
+    engine.core.strategy). Memory figures in bytes; `memory_per_worker_bytes` is the smallest of the memory
     cgroup's limit shared by the job's ranks in it and the physical memory shared by the node's workers."""
 
     asked: str  # --strategy: auto, fragments or queries
@@ -69,14 +69,14 @@ class StrategyReason(TypedDict):
     workers_on_node_from: str  # e.g. "MPI_LOCALNRANKS=3"
     cgroup: str | None  # the memory cgroup whose limit binds
     ranks_in_cgroup: int  # this job's ranks sharing that limit
-    # auto: the plans the cost model weighed (paramedic.engine.costs), each {"plan", "predicted_seconds",
+    # auto: the plans the cost model weighed (paramedic.engine.core.costs), each {"plan", "predicted_seconds",
     # "candidate", and "mt_mode" for blast, "why_not" for a plan that was not a candidate}
     plans: NotRequired[list[dict[str, Any]]]
 
 
 class TaskCost(NamedTuple):
     """One task a rank ran, as `RankStats.task_costs` keeps it (a JSON list in this column order): what the
-    predictor (paramedic.engine.simulate) scales to other jobs."""
+    predictor (paramedic.engine.predict.simulate) scales to other jobs."""
 
     kind: str  # "search" (a fragment search), "piece" (a report piece), "whole" (query segmentation)
     number: int  # the search batch, or the piece
@@ -127,7 +127,7 @@ class RankStats:
     # cache, or the wait for another worker's), as [kind, start (epoch seconds), seconds], for the
     # timeline: spans of at least EVENT_MIN_SECONDS, at most MAX_EVENTS of them. [] in older records
     events: list[list[Any]] = field(default_factory=list)
-    # With --stage: this rank's node-local cache (paramedic.engine.staging.Stager.record): node, hits,
+    # With --stage: this rank's node-local cache (paramedic.engine.rank.staging.Stager.record): node, hits,
     # copies, bytes, seconds copying and waiting, evictions, volumes searched in place, each replica's
     # bytes, seconds and why it was dropped. None: no staging, or no fragment searched
     stage: dict[str, Any] | None = None
@@ -168,7 +168,7 @@ class RankStats:
 
     def measure_memory(self) -> None:
         """Peak RSS of this process and of its largest BLAST+ run. Call it once the rank's BLAST+ fork
-        servers are stopped (paramedic.engine.roles), so that their children count as its descendants."""
+        servers are stopped (paramedic.engine.runtime.roles), so that their children count as its descendants."""
         usage = resource.getrusage(resource.RUSAGE_SELF)
         self.peak_rss_mb = usage.ru_maxrss / 1024
         self.python_cpu_seconds = round(usage.ru_utime + usage.ru_stime, 3)
@@ -188,7 +188,7 @@ class RunRecord:
     fragments: int
     pieces: int
     # "fragments" (search fragments, merge, regenerate), "queries" (query segmentation) or "blast" (one
-    # BLAST+ run over the whole database with -num_threads = `workers`: paramedic.engine.whole)
+    # BLAST+ run over the whole database with -num_threads = `workers`: paramedic.engine.job.whole)
     strategy: str
     search_batch_queries: int  # queries per search task (the first batch)
     regen_group_queries: int  # queries per regeneration run (the first piece)
@@ -209,7 +209,7 @@ class RunRecord:
     # some rank did not see the store), None (reports written by searching again)
     alignments: str | None = None
     # Partitions of the ranks (--partition-size): 1 is one master for all workers; more, a supermaster
-    # (rank 0) handing query segments to partition masters (paramedic.engine.hierarchy)
+    # (rank 0) handing query segments to partition masters (paramedic.engine.core.hierarchy)
     partitions: int = 1
     # Who wrote the report file (--output-strategy): "master" (rank 0) or a worker strategy
     output_strategy: str = "master"
@@ -224,16 +224,16 @@ class RunRecord:
     # How the fragment searches aligned: "once" (they stopped after BLAST+'s preliminary stage; each
     # query was aligned once, against the whole database's list) or "per-fragment"; None: queries
     traceback: str | None = None
-    traceback_reason: str | None = None  # why, in numbers (paramedic.engine.job.choose_traceback)
+    traceback_reason: str | None = None  # why, in numbers (paramedic.engine.job.job.choose_traceback)
     # How the workers ran: "mpi" (ranks of an MPI job) or "local" (threads of one process started
-    # without an MPI launcher, paramedic.engine.local)
+    # without an MPI launcher, paramedic.engine.runtime.local)
     runner: str = "mpi"
-    # Searches per batch when consecutive fragments are searched together (paramedic.engine.plan,
+    # Searches per batch when consecutive fragments are searched together (paramedic.engine.core.plan,
     # fragment_groups; a task's `fragment` is then its group); None: one search per fragment
     fragment_groups: int | None = None
     # A restricted search (-seqidlist, -taxids, ...): the option, with taxids how the installed BLAST+
     # matches them (its version; exact in 2.12, with descendants in 2.15+), and the subset's size when
-    # it was resolved for the fragment searches (paramedic.engine.job.restriction_record)
+    # it was resolved for the fragment searches (paramedic.engine.job.job.restriction_record)
     restriction: dict[str, Any] | None = None
     version: int = VERSION
 

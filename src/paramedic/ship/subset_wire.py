@@ -31,7 +31,7 @@ from paramedic.ship.codecs import MAX_WINDOW_BYTES
 from paramedic.ship.wire import ProtocolError, field_int
 
 # The compressed masks, at most: a subset this large (half of a database of ~130 million sequences chosen
-# at random) ships its output instead (paramedic.engine.job). The setup's payload, queries included, is
+# at random) ships its output instead (paramedic.engine.job.job). The setup's payload, queries included, is
 # bounded by the wire (MAX_PAYLOAD_BYTES, 32 MiB).
 MAX_SUBSET_BYTES = 16 * 2**20
 LEVEL = 9  # zstd level: nr-sized masks (~90 MB) compress in about a second

@@ -7,7 +7,7 @@
  * than N candidates in the whole database gets other answers from fragments than from one run. With
  * each fragment's preliminary list (subject, best e-value, score, as BLAST+'s heap ranks them) the
  * engine computes the whole database's list exactly and searches again against those subjects only
- * (paramedic.blast.prelim, paramedic.engine.merge).
+ * (paramedic.blast.prelim, paramedic.engine.core.merge).
  *
  * How: BlastHSPStreamClose is called (through libblast's PLT) once per query batch, after the
  * preliminary stage and before the traceback reads the stream. This shim finalises the stream's writer

@@ -1,0 +1,1 @@
+"""The predictor (`paramedic simulate`): the core's objects driven in virtual time."""
