@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-EXIT_CODE = 130  # README "Exit codes": interrupted
+EXIT_CODE = 130  # docs/ERRORS.md "Exit codes": interrupted
 
 
 class Stopped(BaseException):
