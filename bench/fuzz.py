@@ -29,7 +29,7 @@ integrity checks into the parsers behind them):
     metadata  `load_metadata` on a metadata file, sometimes re-sealed (its plain SHA-256 recomputed, as a
               forger can; only the user's key seals: a changed file accepted is a finding) (issue 23)
     replica   a storage site's replies to a mirror (`TlsReplica.manifest`, `volume_files`, `read`, then
-              `stripes._check_listing` under a --stage-limit) (issue 23)
+              `volume_listings.check_listing` under a --stage-limit) (issue 23)
     stage     a published copy in a --stage cache (`StageCache.use`, in a new process or in the one that
               made and digested the copy): one of its files (volume or alias)
               rewritten in place, its size, inode and times kept, and its seal kept or replaced by mutated
@@ -1541,7 +1541,7 @@ class Harness:
     # replica: a storage site's replies, as a mirroring compute site parses them
     def _run_replica(self, data: bytes) -> str:
         from paramedic.db.replicas import ReplicaError
-        from paramedic.db.stripes import _check_listing
+        from paramedic.db.volume_listings import check_listing
         from paramedic.ship.wire import ProtocolError, loads_json
 
         parts = unpack_parts(data) + [b"", b"", b""]
@@ -1559,7 +1559,7 @@ class Harness:
                 replica.manifest()
             elif op == "files":
                 listing = replica.volume_files(self.volume)
-                _check_listing(self.volume, listing, 10_000)
+                check_listing(self.volume, listing, 10_000)
             else:
                 got = replica.read(f"{self.volume}.psq", 0, 5)
                 if len(got) != 5:
@@ -1917,7 +1917,7 @@ WHAT = {
     ),
     "metadata": ("`load_metadata`", "files accepted", lambda k: k == "accepted"),
     "replica": (
-        "`TlsReplica` replies, `_check_listing`",
+        "`TlsReplica` replies, `check_listing`",
         "replies accepted",
         lambda k: k.endswith("accepted"),
     ),

@@ -43,7 +43,7 @@ from paramedic.db.replica_open import MIRROR_OPEN_SECONDS, open_replicas
 from paramedic.db.replicas import MAX_READ_BYTES, Replica, ReplicaOpener, open_directory_replica
 from paramedic.db.steering import Steering
 from paramedic.db.striped_read import StripedRead
-from paramedic.db.volume_listings import MIRROR_LIST_SECONDS, check_listing, drop_other_listings, listings
+from paramedic.db.volume_listings import MIRROR_LIST_SECONDS, drop_other_listings, listings
 from paramedic.db.volume_repair import Repair
 from paramedic.db.volume_stripes import Fetch
 from paramedic.errors import DatabaseError, UsageError
@@ -62,7 +62,6 @@ DEFAULT_STRIPE_BYTES = 4 << 20
 DEFAULT_SKIP_RATIO = 4.0  # a replica this many times slower than the fastest gets no stripes
 DEFAULT_PROBE_SECONDS = 5.0  # a skipped replica gets one stripe this often, to notice a recovery
 POLICIES = ("adaptive", "round-robin")
-_check_listing = check_listing  # (the name bench/fuzz.py fuzzes a storage site's listings through)
 
 
 @dataclass(frozen=True)

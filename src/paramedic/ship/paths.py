@@ -1,7 +1,7 @@
 """The rule for output paths under a storage site's --root, shared by both sites.
 
 The compute site checks -out with it before starting MPI (a usage error, exit 2); the storage site checks
-the same string again, because it comes off the network (see `site.store.safe_output_path`).
+the same string again, because it comes off the network (see `site.admission.safe_output_path`).
 """
 
 from __future__ import annotations
