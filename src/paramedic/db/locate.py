@@ -11,12 +11,20 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import blake3
 
 from paramedic.blast.programs import alias_suffix
 from paramedic.blast.run import Database
-from paramedic.db.blastdb import DEFAULT_FRAGMENTS, Volume, fragment_ranges, open_blastdb, read_volumes
+from paramedic.db.blastdb import (
+    DEFAULT_FRAGMENTS,
+    BlastDb,
+    Volume,
+    fragment_ranges,
+    open_blastdb,
+    read_volumes,
+)
 from paramedic.db.format import described_fragments
 from paramedic.db.manifest import (
     FORMAT_VERSION,
@@ -28,13 +36,21 @@ from paramedic.db.manifest import (
     verify_volumes,
     volume_files_in_place,
 )
-from paramedic.db.trust import DigestStore, digests
-from paramedic.errors import DatabaseError
+from paramedic.db.trust import DigestStore, digests, unknown
+from paramedic.errors import DatabaseError, UsageError
 
 
 def _resolve(cwd: Path, path: str) -> Path:
     p = Path(path)
     return p if p.is_absolute() else cwd / p
+
+
+def _candidates(arg: str, cwd: Path) -> list[Path]:
+    """Where a database of the earlier layout (a directory with its manifest) would be, as BLAST+ looks."""
+    candidates = [_resolve(cwd, arg)]
+    if not Path(arg).is_absolute():
+        candidates += [Path(d) / arg for d in os.environ.get("BLASTDB", "").split(":") if d]
+    return candidates
 
 
 def resolve_database(
@@ -44,10 +60,7 @@ def resolve_database(
     `digest`: and its bytes against the manifest (the job that searches it does; a check before the job
     starts need not read it twice). A database `paramedic format` did not make is searched in place
     (`in_place`); `dbtype` ("prot", "nucl") is the program's, when known."""
-    candidates = [_resolve(cwd, arg)]
-    if not Path(arg).is_absolute():
-        candidates += [Path(d) / arg for d in os.environ.get("BLASTDB", "").split(":") if d]
-    directory = next((c for c in candidates if (c / "manifest.json").is_file()), None)
+    directory = next((c for c in _candidates(arg, cwd) if (c / "manifest.json").is_file()), None)
     if directory is None:  # any other database BLAST+ opens: searched where it lies
         return in_place(arg, cwd, dbtype)
     directory = directory.resolve()
@@ -93,29 +106,48 @@ def in_place(arg: str, cwd: Path, dbtype: str | None = None) -> tuple[Database, 
 _IN_PLACE: dict[tuple[str, Path, str | None, str], tuple[Database, Manifest]] = {}
 
 
+def _opened(arg: str, cwd: Path, dbtype: str | None) -> BlastDb:
+    """`open_blastdb`, once per process for the same -db (a rank that lists the files to digest first
+    opens it again to make its manifest)."""
+    key = (arg, cwd, dbtype, os.environ.get("BLASTDB", ""))
+    if key not in _OPENED:
+        _OPENED.clear()
+        _OPENED[key] = open_blastdb(arg, cwd, dbtype)
+    return _OPENED[key]
+
+
+_OPENED: dict[tuple[str, Path, str | None, str], BlastDb] = {}
+
+
+def files_to_digest(arg: str, cwd: Path, dbtype: str | None) -> list[tuple[Path, int]]:
+    """A database in place's files whose digests this user has not remembered for their stamps now, with
+    their sizes: what opening it (`in_place`) would digest. Nothing for a database of the earlier layout
+    (its manifest names its digests) or one that cannot be opened (opening it again says why)."""
+    try:
+        if any((c / "manifest.json").is_file() for c in _candidates(arg, cwd)):
+            return []
+        blastdb = _opened(arg, cwd, dbtype)
+        listings = Listings()
+        files: dict[Path, None] = {}
+        for v in blastdb.volumes:
+            own, shared = volume_files_in_place(Path(v.path), listings)
+            files.update(dict.fromkeys([*own, *shared]))
+    except (DatabaseError, UsageError, OSError):
+        return []
+    return [(path, info.st_size) for path, info in unknown(files, DigestStore(warn=_warn_once))]
+
+
 def _in_place(arg: str, cwd: Path, dbtype: str | None) -> tuple[Database, Manifest]:
-    blastdb = open_blastdb(arg, cwd, dbtype)
+    blastdb = _opened(arg, cwd, dbtype)
     places = {Path(v.path).parent for v in blastdb.volumes}
     wanted = described_fragments(places.pop()) if len(places) == 1 else None
     ranges = fragment_ranges(blastdb, wanted or DEFAULT_FRAGMENTS)
     volumes = blastdb.volumes
-    manifest = Manifest(
-        format_version=FORMAT_VERSION,
-        dbtype=blastdb.dbtype,
-        title=blastdb.title,
-        nseq=blastdb.nseq,
-        length=blastdb.length,
-        whole="",
-        whole_sha256="",
-        fragments=[
-            Fragment(f"range{i}", volumes[r.volume].path, r.last - r.first + 1, r.length, "")
-            for i, r in enumerate(ranges)
-        ],
-        input_path=arg,
-        content_sha256="",
-        tools={"layout": IN_PLACE},
-        volume_blake3=_volume_digests(volumes),
-    )
+    fragments = [
+        Fragment(f"range{i}", volumes[r.volume].path, r.last - r.first + 1, r.length, "")
+        for i, r in enumerate(ranges)
+    ]
+    manifest = _manifest(arg, blastdb, fragments, _volume_digests(volumes))
     database = Database(
         arg=arg,
         directory=Path(volumes[0].path).parent,
@@ -202,19 +234,36 @@ def manifest_of(database: Database) -> Manifest:
     digests = dict(database.digests)
     if not digests:
         digests = _volume_digests(read_volumes(database.arg, database.span_paths(), database.dbtype))
+    fragments = [
+        Fragment(f"range{i}", database.spans[v][0], last - first + 1, 0, "")
+        for i, (v, first, last) in enumerate(database.ranges)
+    ]
+    return _manifest(database.arg, database, fragments, digests)
+
+
+class _Described(Protocol):
+    @property
+    def dbtype(self) -> str: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def nseq(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+
+
+def _manifest(arg: str, db: _Described, fragments: list[Fragment], digests: dict[str, str]) -> Manifest:
+    """A database in place's manifest: made, never written; its identity is its volumes' digests."""
     return Manifest(
         format_version=FORMAT_VERSION,
-        dbtype=database.dbtype,
-        title=database.title,
-        nseq=database.nseq,
-        length=database.length,
+        dbtype=db.dbtype,
+        title=db.title,
+        nseq=db.nseq,
+        length=db.length,
         whole="",
         whole_sha256="",
-        fragments=[
-            Fragment(f"range{i}", database.spans[v][0], last - first + 1, 0, "")
-            for i, (v, first, last) in enumerate(database.ranges)
-        ],
-        input_path=database.arg,
+        fragments=fragments,
+        input_path=arg,
         content_sha256="",
         tools={"layout": IN_PLACE},
         volume_blake3=digests,

@@ -98,6 +98,34 @@ class DigestStore:
             pass  # a store that cannot be written only costs another digest
 
 
+# Digests this process was handed by the ranks that computed them (paramedic.db.spread), by the stamp
+# this process sees: `digests` takes them as its own for this job.
+_HANDED: dict[tuple[object, ...], str] = {}
+
+
+def hand(path: Path, info: os.stat_result, digest: str, started_ns: int, store: DigestStore | None) -> None:
+    """A digest another rank computed of `path` as this process sees it (`info`): used by this job,
+    and remembered as if computed here (the racy-clean rule with the other rank's start)."""
+    _HANDED[tuple(_stamp(path, info))] = digest
+    if store is not None:
+        store.remember(path, info, digest, started_ns)
+
+
+def unknown(paths: Iterable[Path], store: DigestStore) -> list[tuple[Path, os.stat_result]]:
+    """The files whose digest is neither remembered nor handed for their stamp now (unreadable ones
+    too: digesting them says why)."""
+    out = []
+    for path in paths:
+        try:
+            info = path.stat()
+        except OSError:
+            out.append((path, os.stat_result((0,) * 10)))
+            continue
+        if _HANDED.get(tuple(_stamp(path, info))) is None and store.recall(path, info) is None:
+            out.append((path, info))
+    return out
+
+
 def _stamp(path: Path, info: os.stat_result) -> list[object]:
     return [str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
 
@@ -118,7 +146,7 @@ def digests(paths: Iterable[Path], store: DigestStore | None = None, fresh: bool
     for path in paths:
         try:
             before = path.stat()
-            known = None if fresh else store.recall(path, before)
+            known = None if fresh else _HANDED.get(tuple(_stamp(path, before))) or store.recall(path, before)
             if known is not None:
                 out[path] = known
                 continue

@@ -235,6 +235,9 @@ class RunRecord:
     # matches them (its version; exact in 2.12, with descendants in 2.15+), and the subset's size when
     # it was resolved for the fragment searches (paramedic.engine.job.job.restriction_record)
     restriction: dict[str, Any] | None = None
+    # The first job on a database in place, on several nodes: its files digested one share per node
+    # (paramedic.db.spread): nodes, files and bytes rank 0 took, each digesting rank's files and seconds
+    first_digest: dict[str, Any] | None = None
     version: int = VERSION
 
     @classmethod

@@ -154,6 +154,8 @@ class Job:
     volume_stamps: tuple[Stamp, ...] = ()
     # A restricted search, as the run record says it (`restriction_record`); None: not restricted
     restriction: dict[str, object] | None = None
+    # The first job's digest spread over the job's nodes (paramedic.db.spread): the run record's figures
+    first_digest: dict[str, object] | None = None
 
     def plan(self, workers: int, one_machine: bool = False) -> Plan:
         """The job's plan for `workers` (`one_machine`: worker threads of this process, equal workers)."""

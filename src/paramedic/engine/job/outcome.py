@@ -62,4 +62,5 @@ def run_record(
         traceback=None if segmented else "once" if plan.traceback_once else "per-fragment",
         traceback_reason=job.traceback_reason,
         restriction=job.restriction,
+        first_digest=job.first_digest,
     )

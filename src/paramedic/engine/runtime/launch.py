@@ -16,6 +16,7 @@ the hidden partial output is named after the job.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import re
@@ -760,6 +761,7 @@ def _run_rank_here(settings: SearchSettings, argv: list[str], comm: Any, np_igno
     if rank != 0:
         warm_up(settings.program)  # this worker's BLAST+ fork server starts while rank 0 checks the job
     measured = comm.gather(node_memory(), root=0)  # each node's own memory and cgroup count (auto)
+    spread = _spread_first_digest(settings, comm, measured)
     if rank == 0:
         if np_ignored and LAUNCHED_VARIABLE not in os.environ and not settings.quiet:
             print(
@@ -783,6 +785,8 @@ def _run_rank_here(settings: SearchSettings, argv: list[str], comm: Any, np_igno
             failure = InternalError(
                 f"internal error: {type(exc).__name__}: {exc} (PARAMEDIC_DEBUG=1 shows more)"
             )
+    if job is not None and spread is not None:
+        job = dataclasses.replace(job, first_digest=spread)
     # the workers' job holds no queries: each task brings its own (rank 0 keeps the whole job)
     shared = comm.bcast((job.for_workers() if job is not None else None, failure), root=0)
     if rank != 0:
@@ -798,6 +802,44 @@ def _run_rank_here(settings: SearchSettings, argv: list[str], comm: Any, np_igno
     if record is not None:
         conclude(record, job, settings.report)
     return 0
+
+
+def _spread_first_digest(
+    settings: SearchSettings, comm: Any, measured: list[tuple[str, Any]] | None
+) -> dict[str, object] | None:
+    """A database in place whose files this user has not digested yet, on ranks of several nodes: one
+    rank per node digests a share (paramedic.db.spread), rank 0 takes the digests, then opens the
+    database without reading those files again. None (nothing done) on one node (rank 0 digests with
+    every core there) or when every stamp is known; else, on rank 0, the run record's figures."""
+    from paramedic.blast.options import BlastOptions
+    from paramedic.blast.programs import PROGRAMS
+    from paramedic.db.locate import files_to_digest
+    from paramedic.db.spread import accept, assign, digest_share, leaders
+    from paramedic.db.trust import DigestStore
+
+    shares: dict[int, list[str]] | None = None
+    if comm.Get_rank() == 0 and measured is not None:
+        hosts = [host for host, _ in measured]
+        program = PROGRAMS.get(settings.program)
+        if len(set(hosts)) > 1 and program is not None:
+            try:
+                arg = BlastOptions.parse(program.name, settings.blast_args).get("db")
+            except (ParamedicError, ValueError):
+                arg = None  # prepare_job says why
+            files = files_to_digest(arg, settings.cwd, program.db_type) if arg else []
+            shares = assign(files, leaders(hosts)) or None
+    shares = comm.bcast(shares, root=0)
+    if shares is None:
+        return None
+    started = time.perf_counter()
+    mine = digest_share(shares.get(comm.Get_rank(), []))
+    seconds = time.perf_counter() - started
+    gathered = comm.gather((mine, round(seconds, 3)), root=0)
+    if comm.Get_rank() != 0:
+        return None
+    taken, size = accept([d for results, _ in gathered for d in results], DigestStore())
+    per_rank = {str(r): {"files": len(shares[r]), "seconds": gathered[r][1]} for r in sorted(shares)}
+    return {"nodes": len(shares), "files": taken, "bytes": size, "per_rank": per_rank}
 
 
 def _run_whole_on_ranks(job: Any, settings: SearchSettings, argv: list[str], comm: Any) -> int:
