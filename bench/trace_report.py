@@ -1,7 +1,8 @@
 """Report time and page size against trace size: `paramedic report TRACE.clog2 -o PAGE.html` on each trace
 given (issue 46, item 1), each in a fresh process under /usr/bin/time (wall seconds, peak RSS), and the page
-written by trace.timeline.write, which streams the file instead of reading it whole as `paramedic report`
-does today (peak RSS). Traces: make them with `paramedic trace` (bench/traces.py, or the section's command);
+written by trace.timeline.write alone (which `paramedic report` calls: both stream the file 32 MB at a
+time), each with its peak RSS. Traces: make them with `paramedic trace` (bench/traces.py, or the section's
+command);
 `--synthetic N` adds a synthetic 4-rank trace of N periods (8 records each; tests/unit/test_trace_overview.py).
 Appends a section to bench/RESULTS.md (`--no-append`: print only).
 
@@ -127,8 +128,8 @@ def main() -> int:
             "`.venv/bin/python bench/trace_report.py "
             + " ".join(sys.argv[1:])
             + "` on a 2-core machine shared "
-            "with other jobs. `paramedic report` reads the file whole (cli.py) and then summarises it in "
-            'one pass; "streamed" is `trace.timeline.write`, which reads it 32 MB at a time.\n\n'
+            "with other jobs. `paramedic report` (cli.py) streams the file as `trace.timeline.write` does, "
+            '32 MB at a time; "streamed" is that function alone, without the command\'s start.\n\n'
             + text
             + "\n"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from paramedic.trace import clog2, overview, timeline
@@ -85,3 +86,27 @@ def test_a_trace_of_more_states_than_the_page_colours():
     names = [c[0] for c in data["categories"]]
     assert len(names) <= timeline.MAX_CATEGORIES + 2 and names[-1] in ("other calls", "other states")
     assert sum(data["per_rank"][0]) == pytest.approx(2 * n * 1e-3 - 1e-3)
+
+
+def test_phases_are_mixes_of_calls_cut_where_the_mix_changes():
+    """A stretch whose calls alternate from bin to bin (an exchange and its wait) is one phase with its mix;
+    the cuts fall on the bins where the mix changes (not on a 32nd of the run), and noise in the shares
+    within a phase cuts nothing."""
+    rng = np.random.default_rng(7)
+    used, cuts = 640, (0, 200, 437, 640)
+    cells = np.zeros((2, used, 4))  # 2 ranks; outside MPI, A, B, C
+    cells[:, 0:200:2, 1] = 1.0  # A and B in turn
+    cells[:, 1:200:2, 2] = 1.0
+    cells[:, 200:437, 3] = rng.uniform(0.7, 1.0, (2, 237))  # mostly C, the rest outside MPI
+    cells[:, 200:437, 0] = 1.0 - cells[:, 200:437, 3]
+    cells[:, 437:, 0] = 1.0
+    found = timeline.phases(cells, used, 0.5)
+    assert [(a, b) for a, b, *_ in found] == [
+        (lo * 0.5, hi * 0.5) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)
+    ]
+    assert [(c, round(s, 2), [[k, round(v, 2)] for k, v in o]) for _, _, c, s, o in found] == [
+        (1, 0.5, [[2, 0.5]]),
+        (3, round(cells[:, 200:437, 3].sum() / 474, 2), [[0, round(cells[:, 200:437, 0].sum() / 474, 2)]]),
+        (0, 1.0, []),
+    ]
+    assert timeline.phases(cells[:, :40], 40, 0.5) == [(0.0, 20.0, 1, 0.5, [[2, 0.5]])]  # too short to cut

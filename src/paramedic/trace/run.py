@@ -49,14 +49,16 @@ def inject(command: list[str], kind: str, env: dict[str, str]) -> list[str]:
     return [command[0], *opts, *command[1:]]
 
 
-DEFAULT_SHARE = 0.4  # of the free space: the logs and the merged file are both on disk as the merge ends
+DEFAULT_SHARE = 0.4  # of the free space: twice it fits where the logs cannot be freed as they are merged
 DEFAULT_FLOOR = 64 << 20  # a smaller disk is its own limit: a full disk is said as such (exit 7)
 MIN_BYTES = 128 << 10  # the least bound: the preamble, one block, the definitions
 
 
 def default_bound(logs: Path) -> int:
-    """The trace's bound when none is given: DEFAULT_SHARE of the free space of the logs' filesystem (the
-    ranks' logs and the merged file are both there until the merge ends), at least DEFAULT_FLOOR."""
+    """The trace's bound when none is given: DEFAULT_SHARE of the free space of the logs' filesystem, at
+    least DEFAULT_FLOOR. The merge frees each log as it reads it (holes punched) where the filesystem can:
+    the logs and the merged file then hold one trace between them; where it cannot, both are whole on disk
+    as the merge ends."""
     try:
         info = os.statvfs(logs)
     except OSError:

@@ -9,7 +9,8 @@ opens with no network:
   kept single calls for (the start of each of 64 stretches of the run, marked under the rows) and holds
   at most DRAW_CALLS of them, the calls themselves are drawn over the cells;
 * per rank, the seconds in each call and outside MPI; bytes and messages between each pair of ranks; the
-  codec's period (its FFT on each rank's first records) and the phases (stretches of one dominant call).
+  codec's period (its FFT on each rank's first records) and the phases (long stretches of one mix of calls,
+  cut where the mix changes).
 
 The page's size is bounded whatever the trace's: plotly.js (4.8 MB), 10 bytes per (rank, bin) cell (at
 most overview.MAX_CELLS, 4.9 MB), 28 bytes per kept call (`max_records`, 20,000 by default: 0.6 MB), and per
@@ -19,6 +20,7 @@ rank and per pair of ranks a few numbers.
 from __future__ import annotations
 
 import base64
+import heapq
 import html
 import json
 from pathlib import Path
@@ -34,7 +36,10 @@ MAX_CATEGORIES = 250  # states with a colour of their own (one byte per cell); t
 MAX_MATRIX = 256  # ranks of the pair matrix (more ranks are grouped)
 CELL_BYTES = 7  # the page's bytes per (rank, bin)
 DRAW_CALLS = 4000  # single calls drawn at once when zoomed in
-PHASE_SEGMENTS = 32  # a phase lasts at least 1/32 of the run
+PHASE_PARTS = 64  # a phase lasts at least 1/64 of the run
+PHASE_CHANGE = 0.4  # two neighbouring phases' mixes differ by this much at least (L1: 20% of the time moved)
+PHASE_OTHER = 0.1  # a category in a phase's mix, beside the first: 10% of its time at least
+MAX_PHASES = 24
 
 
 def _b64(array: np.ndarray) -> str:
@@ -82,32 +87,76 @@ def top_cells(cells: np.ndarray, used: int) -> np.ndarray:
     return out
 
 
-def phases(cells: np.ndarray, used: int, width: float) -> list[tuple[float, float, int, float]]:
-    """Long stretches of one dominant category over all ranks (start, end, category, its share there): the
-    run cut into PHASE_SEGMENTS stretches, each labelled by the category that took most of its time over
-    all ranks, equal neighbours joined."""
+def phases(
+    cells: np.ndarray, used: int, width: float
+) -> list[tuple[float, float, int, float, list[list[Any]]]]:
+    """The run's phases: long stretches of one mix of calls over all ranks (start, end, the category that
+    took most of the stretch's time, its share there, and the other categories of the mix: [category,
+    share] of at least PHASE_OTHER each, at most two). Each bin's mix is its shares of the time per
+    category summed over the ranks; the run is cut where the mix changes, at the bins' resolution, by
+    binary segmentation: the stretch whose best cut (the one that most lowers the squared spread of the
+    mixes around their stretch's mean) gains most is cut first, so long as both sides last a PHASE_PARTS-th
+    of the run (and 2 bins) at least and their mixes differ by PHASE_CHANGE (L1) at least, up to
+    MAX_PHASES. Calls that alternate from bin to bin (a message exchange and its wait) are one phase."""
     if used == 0:
         return []
     per_bin = cells[:, :used].sum(axis=0)
-    edges = np.unique(np.linspace(0, used, min(PHASE_SEGMENTS, used) + 1).astype(np.int64))
-    segments = np.add.reduceat(per_bin, edges[:-1], axis=0)
-    labels = np.where(segments.sum(axis=1) > 0, np.argmax(segments, axis=1), -1)
+    total = per_bin.sum(axis=1)
+    weight = (total > 0).astype(np.float64)
+    mix = np.divide(per_bin, total[:, None], out=np.zeros_like(per_bin), where=total[:, None] > 0)
     out = []
-    for first, last, cat in _runs(labels):
-        if cat < 0:
+    for lo, hi in _segments(mix, weight, max(2, used // PHASE_PARTS)):
+        time = per_bin[lo:hi].sum(axis=0)
+        if time.sum() <= 0:
             continue
-        lo, hi = int(edges[first]), int(edges[last])
-        span = per_bin[lo:hi].sum(axis=0)
-        out.append((lo * width, hi * width, cat, float(span[cat] / max(span.sum(), 1e-300))))
+        share = time / time.sum()
+        order = np.argsort(-share, kind="stable")
+        others = [[int(c), float(share[c])] for c in order[1:3] if share[c] >= PHASE_OTHER]
+        out.append((lo * width, hi * width, int(order[0]), float(share[order[0]]), others))
     return out
 
 
-def _runs(labels: np.ndarray) -> list[tuple[int, int, int]]:
-    """Runs of equal labels: (start, end, label)."""
-    change = np.flatnonzero(np.diff(labels)) + 1
-    starts = np.r_[0, change]
-    ends = np.r_[change, len(labels)]
-    return [(int(s), int(e), int(labels[s])) for s, e in zip(starts, ends, strict=True)]
+def _segments(mix: np.ndarray, weight: np.ndarray, least: int) -> list[tuple[int, int]]:
+    """Stretches [lo, hi) of the bins whose mixes (rows of `mix`, bins of weight 0 not counted) change
+    least within and most between (phases()); each at least `least` bins long."""
+    n = len(weight)
+    pw = np.r_[0.0, np.cumsum(weight)]
+    px = np.vstack([np.zeros(mix.shape[1]), np.cumsum(mix * weight[:, None], axis=0)])
+    pxx = np.r_[0.0, np.cumsum(weight * (mix * mix).sum(axis=1))]
+
+    def best(lo: int, hi: int) -> tuple[float, int] | None:
+        if hi - lo < 2 * least:
+            return None
+        k = np.arange(lo + least, hi - least + 1)
+        wl, wr = pw[k] - pw[lo], pw[hi] - pw[k]
+        xl, xr = px[k] - px[lo], px[hi] - px[k]
+        ok = (wl > 0) & (wr > 0)
+        if not ok.any():
+            return None
+        wl, wr = np.where(ok, wl, 1.0), np.where(ok, wr, 1.0)
+        # the spread left on either side: sum of squares minus the squared sum over the weight
+        spread = (
+            (pxx[k] - pxx[lo]) - (xl * xl).sum(axis=1) / wl + (pxx[hi] - pxx[k]) - (xr * xr).sum(axis=1) / wr
+        )
+        i = int(np.argmin(np.where(ok, spread, np.inf)))
+        if np.abs(xl[i] / wl[i] - xr[i] / wr[i]).sum() < PHASE_CHANGE:
+            return None
+        whole = pxx[hi] - pxx[lo] - float((px[hi] - px[lo]) @ (px[hi] - px[lo])) / (pw[hi] - pw[lo])
+        return float(whole - spread[i]), int(k[i])
+
+    cuts, heap = {0, n}, []
+    found = best(0, n)
+    if found:
+        heap.append((-found[0], 0, n, found[1]))
+    while heap and len(cuts) - 1 < MAX_PHASES:
+        _, lo, hi, at = heapq.heappop(heap)
+        cuts.add(at)
+        for a, b in ((lo, at), (at, hi)):
+            found = best(a, b)
+            if found:
+                heapq.heappush(heap, (-found[0], a, b, found[1]))
+    edges = sorted(cuts)
+    return list(zip(edges[:-1], edges[1:], strict=True))
 
 
 def _detail(summary: overview.Summary, cat_of: dict[int, int]) -> dict[str, Any]:
@@ -173,7 +222,7 @@ def payload(summary: overview.Summary, title: str) -> dict[str, Any]:
         "matrix": _matrix(summary),
         "detail": _detail(summary, cat_of),
         "periods": {str(r): list(p) for r, p in summary.periods.items()},
-        "phases": [[a, b, c, s] for a, b, c, s in phases(cells, used, bins.width)],
+        "phases": [[a, b, c, s, o] for a, b, c, s, o in phases(cells, used, bins.width)],
         "draw_calls": DRAW_CALLS,
     }
 
@@ -357,9 +406,10 @@ const esc = s => String(s).replace(/[&<>"']/g, c => '&#'+c.charCodeAt(0)+';');
 let h = '<table><tr><th>rank</th><th>period (records)</th><th>one period lasts</th></tr>';
 for (const [r, p] of Object.entries(D.periods)) h += '<tr><td>'+r+'</td><td>'+(p[0] ? p[0].toLocaleString() : 'none found')+'</td><td>'+(p[0] ? fmt(p[1]) : '')+'</td></tr>';
 h += '</table><p class="note">The trace codec\'s period: an FFT autocorrelation of each rank\'s first records\' kinds (the same records repeat every period).</p>';
-h += '<table><tr><th>phase</th><th>from</th><th>to</th><th>mostly</th><th>share</th></tr>';
-D.phases.forEach((p, i) => { h += '<tr><td>'+(i+1)+'</td><td>'+fmt(p[0])+'</td><td>'+fmt(Math.min(p[1], D.span))+'</td><td>'+esc(D.categories[p[2]][0])+'</td><td>'+Math.round(p[3]*100)+'%</td></tr>'; });
-h += '</table><p class="note">Phases: stretches of the run where one call (or time outside MPI) dominates over all ranks, shorter ones folded into the phase before.</p>';
+h += '<table><tr><th>phase</th><th>from</th><th>to</th><th>mostly</th><th>share</th><th>with</th></tr>';
+D.phases.forEach((p, i) => { h += '<tr><td>'+(i+1)+'</td><td>'+fmt(p[0])+'</td><td>'+fmt(Math.min(p[1], D.span))+'</td><td>'+esc(D.categories[p[2]][0])+'</td><td>'+Math.round(p[3]*100)+'%</td><td>'+
+  (p[4] || []).map(o => esc(D.categories[o[0]][0])+' '+Math.round(o[1]*100)+'%').join(', ')+'</td></tr>'; });
+h += '</table><p class="note">Phases: long stretches of the run (a 64th of it at least) of one mix of calls (and time outside MPI) over all ranks, cut where the mix changes by a fifth of the time or more.</p>';
 document.getElementById('period').innerHTML = h;
 })();
 """
