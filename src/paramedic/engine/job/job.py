@@ -192,7 +192,85 @@ def prepare_job(
     """The checked job; `workers`: how many worker ranks it will have (the launcher's; default: one
     per local core, as `paramedic search` starts them), which `--strategy auto` weighs. With
     `digest="later"` the database's digest is still running when the job is returned: the caller must
-    call `Job.verified` before it takes any result."""
+    call `Job.verified` before it takes any result.
+
+    In three phases, each computed once and handed on typed: the request (queries, database, options,
+    checked: `Request`), the strategy (`Choice`), the plan's inputs (`PlanInputs`)."""
+    request = _request(settings, early)
+    if workers is None:
+        workers = local_workers(os.environ)[0]
+    choice = _choose(settings, request, workers, memory, one_node)
+    settings, strategy, db, manifest = choice.settings, choice.strategy, request.db, request.manifest
+    query_segmentation = strategy.strategy == "queries"
+    verified = request.verified
+    stage = None if settings.stage is None else check_stage(settings.stage, manifest, db.arg)
+    if request.repaired and stage is not None and len(stage.dropped_mirrors) == len(stage.mirrors):
+        verified = Verification(db.directory, manifest)  # no mirror left to fetch a damaged fragment from
+    if not query_segmentation and not strategy.whole_blast and settings.from_metadata is None:
+        check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
+    plan_inputs, traceback_reason = _plan_inputs(settings, request, choice)
+    identity = SearchIdentity.of(request.program.name, request.options, manifest.checksum(), request.queries)
+    preloaded = None
+    if settings.from_metadata is not None:
+        preloaded = load_metadata(
+            _resolve(settings.cwd, str(settings.from_metadata)), identity, len(request.queries), db.nseq
+        )
+    if digest == "now":
+        verified()  # every job digests its database: sizes and times are not a digest
+    return Job(
+        program=request.program.name,
+        options=request.options,
+        db=db,
+        queries=request.queries,
+        # --ship auto may have become compressed (`_ship_data_when_inexact`) since the target was made
+        target=replace(request.target, ship=settings.ship),
+        plan_inputs=plan_inputs,
+        quiet=settings.quiet,
+        manifest_checksum=manifest.checksum(),
+        volume_stamps=request.verified.stamps,
+        identity=identity,
+        preloaded=preloaded,
+        keep_alignments=plan_inputs.keep_alignments,
+        partition_size=settings.partition_size,
+        replica_group_size=settings.replica_group_size,
+        strategy=strategy,
+        traceback_reason=None if query_segmentation or strategy.whole_blast else traceback_reason,
+        stage=stage,
+        verified=verified if digest == "later" else None,
+        restriction=restriction_record(request.program.name, request.options, db, request.subset_seconds),
+    )
+
+
+@dataclass(frozen=True)
+class Request:
+    """prepare_job's first phase: what the command asks, read and checked."""
+
+    program: Program
+    options: BlastOptions
+    queries: list[tuple[str, str]]
+    lengths: list[int]  # each query's residues
+    blast_batches: list[range]  # BLAST+'s own batches of the query file ([] for blastn): cut once here
+    db: Database  # with its positive restriction resolved (`_restricted`)
+    manifest: Manifest
+    verified: Verification  # the database's digest, started (its stamps: checked again at the end)
+    repaired: bool  # --stage with mirrors: each copied fragment is verified, the digest skips them
+    target: Target
+    inexact: str | None  # why the fragments strategy cannot give BLAST+'s own output (None: it can)
+    subset_seconds: float  # resolving the restriction's subset
+
+
+@dataclass(frozen=True)
+class Choice:
+    """prepare_job's second phase: how the work is split, and the settings it leaves."""
+
+    settings: SearchSettings  # --ship as the job ships (a restricted or inexact job ships data)
+    strategy: StrategyChoice
+    startup_seconds: float  # BLAST+'s start, measured here once
+
+
+def _request(settings: SearchSettings, early: Verification | None) -> Request:
+    """The queries read, the database resolved as BLAST+ resolves -db and its digest started, the options
+    checked (by BLAST+ too), BLAST+'s query batches cut, and the restriction resolved."""
     program = PROGRAMS.get(settings.program)
     if program is None:
         raise UsageError(f"unknown program {settings.program!r}: choose one of {', '.join(PROGRAMS)}")
@@ -212,7 +290,6 @@ def prepare_job(
         verified = early  # started before the engine was imported (paramedic.engine.runtime.launch)
     else:  # while the rest is checked
         verified = Verification(db.directory, manifest, fragments=not repaired)
-    stamps = verified.stamps  # checked again before the output is made final
     if db.dbtype != program.db_type:
         kind = {"prot": "protein", "nucl": "nucleotide"}
         raise UsageError(
@@ -223,9 +300,8 @@ def prepare_job(
     target = _target(settings, options)
     lengths = [len(s) for _, s in queries]
     inexact = fragments_inexact(settings.blast_args) or _split_reason(program.name, options, lengths, queries)
-    blast_batches = (
-        query_batches(lengths, residues) if (residues := batch_residues(program.name, options)) else []
-    )
+    residues = batch_residues(program.name, options)
+    blast_batches = query_batches(lengths, residues) if residues else []
     if db.misnumbered and settings.traceback != "once":
         inexact = inexact or (
             f"cannot find the subjects of {db.arg} by their ids: its volumes are numbered past 99 (db.99, "
@@ -234,35 +310,54 @@ def prepare_job(
         )
     subset_started = time.perf_counter()
     db, unrestricted = _restricted(settings, options, db, inexact)
-    subset_seconds = time.perf_counter() - subset_started
-    inexact = inexact or unrestricted
-    if workers is None:
-        workers = local_workers(os.environ)[0]
+    return Request(
+        program=program,
+        options=options,
+        queries=queries,
+        lengths=lengths,
+        blast_batches=blast_batches,
+        db=db,
+        manifest=manifest,
+        verified=verified,
+        repaired=repaired,
+        target=target,
+        inexact=inexact or unrestricted,
+        subset_seconds=time.perf_counter() - subset_started,
+    )
+
+
+def _choose(
+    settings: SearchSettings, request: Request, workers: int, memory: WorkerMemory | None, one_node: bool
+) -> Choice:
+    """The strategy: fragments or queries by the rule (`choose_strategy`), and with `--strategy auto` the
+    cost model's weighing of one BLAST+ run against the engine's plan."""
+    program, options, lengths, db = request.program.name, request.options, request.lengths, request.db
+    startup = startup_seconds(program)
     segments = make_plan(
-        program=program.name,
+        program=program,
         query_lengths=lengths,
-        fragment_residues=[f.length for f in manifest.fragments],
+        fragment_residues=[f.length for f in request.manifest.fragments],
         workers=workers,
         hitlist_size=options.hitlist_size(),
-        startup_seconds=(segments_startup := startup_seconds(program.name)),
+        startup_seconds=startup,
         stitchable=can_stitch(options.outfmt()),
         batch=settings.batch,
         query_segmentation=True,
-        blast_batches=blast_batches,
+        blast_batches=request.blast_batches,
     )
     balance = query_balance([sum(lengths[q] for q in p) for p in segments.pieces], workers)
-    settings = _ship_data_when_inexact(_ship_restricted(settings, options, db), inexact)
-    strategy = choose_strategy(settings, db, manifest, inexact, balance, memory)
+    settings = _ship_data_when_inexact(_ship_restricted(settings, options, db), request.inexact)
+    strategy = choose_strategy(settings, db, request.manifest, request.inexact, balance, memory)
     if settings.strategy == "auto":  # the cost model weighs one BLAST+ run against the engine's plan
         shape = Shape(
-            program=program.name,
+            program=program,
             query_residues=sum(lengths),
             database_residues=db.subset.length if db.subset is not None else db.length,
             cores=workers,
-            blast_batches=tuple(sum(lengths[q] for q in b) for b in blast_batches),
+            blast_batches=tuple(sum(lengths[q] for q in b) for b in request.blast_batches),
             outfmt=options.outfmt_number(),
-            startup_seconds=segments_startup,
-            queries=len(queries),
+            startup_seconds=startup,
+            queries=len(request.queries),
             queries_tasks=len(segments.pieces),
             queries_balance=balance.ratio,
             fragment_searches=2 * workers,
@@ -271,28 +366,26 @@ def prepare_job(
         refused = blast_refusal(
             settings,
             one_node,
-            target.journal,
+            request.target.journal,
             strategy.database_bytes,
             strategy.memory,
             options.outfmt_number(),
         )
         strategy = weigh(strategy, shape, refused)
-    query_segmentation = strategy.strategy == "queries"
-    stage = None if settings.stage is None else check_stage(settings.stage, manifest, db.arg)
-    if repaired and stage is not None and len(stage.dropped_mirrors) == len(stage.mirrors):
-        verified = Verification(db.directory, manifest)  # no mirror left to fetch a damaged fragment from
-    if not query_segmentation and not strategy.whole_blast and settings.from_metadata is None:
-        check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
+    return Choice(settings=settings, strategy=strategy, startup_seconds=startup)
+
+
+def _plan_inputs(settings: SearchSettings, request: Request, choice: Choice) -> tuple[PlanInputs, str]:
+    """What the plan is made from at run time, with the traceback's choice and why it was made."""
+    program, options, db = request.program.name, request.options, request.db
+    query_segmentation = choice.strategy.strategy == "queries"
     ships_metadata = settings.ship is not None and _ships_pieces(settings.ship.mode)
-    blast_batches = (
-        query_batches(lengths, residues) if (residues := batch_residues(program.name, options)) else []
-    )
     traceback_once, traceback_reason = choose_traceback(
         settings,
-        program.name,
+        program,
         options,
-        lengths,
-        blast_batches,
+        request.lengths,
+        request.blast_batches,
         db.nseq,
         metadata=ships_metadata
         or settings.from_metadata is not None
@@ -305,56 +398,29 @@ def prepare_job(
         and not traceback_once
         and not ships_metadata
         and settings.from_metadata is None
-        and can_render(program.name, options)
+        and can_render(program, options)
         and (db.in_place or SeqIdTable.exists(db.directory))  # its subjects' own ids are at hand
     )
-    plan_inputs = PlanInputs(
-        program=program.name,
-        query_lengths=lengths,
-        fragment_residues=[f.length for f in manifest.fragments],
+    inputs = PlanInputs(
+        program=program,
+        query_lengths=request.lengths,
+        fragment_residues=[f.length for f in request.manifest.fragments],
         hitlist_size=options.hitlist_size(),
-        startup_seconds=segments_startup,
+        startup_seconds=choice.startup_seconds,
         stitchable=can_stitch(options.outfmt()),
         batch=settings.batch,
         piece_queries=settings.piece_queries,
         query_segmentation=query_segmentation,
         keep_alignments=keep_alignments,
-        blast_batches=blast_batches,
-        search_filled_again=composition_adjusted(options, program.name) or options.has("qcov_hsp_perc"),
+        blast_batches=request.blast_batches,
+        search_filled_again=composition_adjusted(options, program) or options.has("qcov_hsp_perc"),
         traceback_once=traceback_once,
         group_fragments=settings.fragment_groups == "auto"
         and settings.stage is None  # a staged fragment is copied and searched on its own
         and settings.replica_group_size is None  # workers keep to their share of the fragments
-        and strategy.fits_each_worker(),
+        and choice.strategy.fits_each_worker(),
     )
-    identity = SearchIdentity.of(program.name, options, manifest.checksum(), queries)
-    preloaded = None
-    if settings.from_metadata is not None:
-        preloaded = load_metadata(_resolve(cwd, str(settings.from_metadata)), identity, len(queries), db.nseq)
-    if digest == "now":
-        verified()  # every job digests its database: sizes and times are not a digest
-    return Job(
-        program=program.name,
-        options=options,
-        db=db,
-        queries=queries,
-        # --ship auto may have become compressed (`_ship_data_when_inexact`) since the target was made
-        target=replace(target, ship=settings.ship),
-        plan_inputs=plan_inputs,
-        quiet=settings.quiet,
-        manifest_checksum=manifest.checksum(),
-        volume_stamps=stamps,
-        identity=identity,
-        preloaded=preloaded,
-        keep_alignments=keep_alignments,
-        partition_size=settings.partition_size,
-        replica_group_size=settings.replica_group_size,
-        strategy=strategy,
-        traceback_reason=None if query_segmentation or strategy.whole_blast else traceback_reason,
-        stage=stage,
-        verified=verified if digest == "later" else None,
-        restriction=restriction_record(program.name, options, db, subset_seconds),
-    )
+    return inputs, traceback_reason
 
 
 def _restricted(
