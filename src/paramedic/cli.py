@@ -585,7 +585,10 @@ def _simulate(argv: list[str]) -> int:
         "--stage", action="store_true", help="volumes copied to each node's disk (as search --stage)"
     )
     described.add_argument(
-        "--node-ranks", type=int, default=1, help="ranks per node: a node copies a volume once (default 1)"
+        "--node-ranks",
+        type=int,
+        default=1,
+        help="ranks per node: a node copies a volume once and digests a share of a first job's files (default 1)",
     )
     described.add_argument(
         "--digest-rate", help="bytes per second a first job digests at (default 2.1G: this machine, cold)"

@@ -49,7 +49,8 @@ def test_a_first_job_waits_for_rank0_to_digest_every_byte(tmp_path: Path) -> Non
     rank 0's start exactly, and that start is the resolution plus every byte at the digest rate."""
     path = made_up(tmp_path)
     plain = run(path, None)
-    first = run(path, shape(30e9), fragments=2)  # the pilot's 2 (in place, 2 volumes are cut in 4)
+    # the pilot's 2 (in place, 2 volumes are cut in 4); every rank on one node: rank 0's node digests all
+    first = run(path, shape(30e9), fragments=2, node_ranks=5)
     assert first.work_seconds == pytest.approx(plain.work_seconds)
     assert first.startup is not None and first.startup.verify_bytes == 30e9
     start = 0.5 + 0.01 * 2 + 30e9 / 1e9
@@ -62,7 +63,7 @@ def test_a_first_job_waits_for_rank0_to_digest_every_byte(tmp_path: Path) -> Non
 
 def test_verification_grows_with_bytes_and_a_second_job_does_not(tmp_path: Path) -> None:
     path = made_up(tmp_path)
-    walls = {size: run(path, shape(size)).wall_seconds for size in (1e9, 10e9, 100e9)}
+    walls = {size: run(path, shape(size), node_ranks=5).wall_seconds for size in (1e9, 10e9, 100e9)}
     assert walls[10e9] - walls[1e9] == pytest.approx(9.0)  # 9 GB more at 1 GB/s
     assert walls[100e9] - walls[10e9] == pytest.approx(90.0)
     second = {size: run(path, shape(size), first_job=False) for size in (1e9, 100e9, 10e12)}
@@ -71,6 +72,20 @@ def test_verification_grows_with_bytes_and_a_second_job_does_not(tmp_path: Path)
         assert p.startup is not None and p.startup.verify_seconds == 0 and p.startup.verify_bytes == 0
         assert p.startup.rank0_seconds == pytest.approx(0.5 + 0.01 * 2)
         assert p.wall_seconds < walls[1e9]
+
+
+def test_a_first_jobs_digest_is_shared_by_the_nodes(tmp_path: Path) -> None:
+    """A share per node, the largest files first to the least loaded (paramedic.db.spread): the job waits
+    for the largest share."""
+    path = made_up(tmp_path)
+    db = shape(40e9, volumes=8)
+    runs = {node_ranks: run(path, db, workers=7, node_ranks=node_ranks) for node_ranks in (8, 4, 1)}
+    seconds = {n: p.startup.verify_seconds for n, p in runs.items() if p.startup is not None}
+    assert seconds == pytest.approx({8: 40.0, 4: 20.0, 1: 5.0})  # 1, 2 and 8 nodes
+    assert runs[8].wall_seconds - runs[4].wall_seconds == pytest.approx(20.0)
+    odd = run(path, shape(30e9, volumes=3), workers=7, node_ranks=4)  # 3 volumes, 2 nodes: 2 on one
+    assert odd.startup is not None and odd.startup.verify_seconds == pytest.approx(20.0)
+    assert odd.startup.report()["verify_nodes"] == 2
 
 
 def test_a_second_jobs_start_grows_with_volumes_only(tmp_path: Path) -> None:
@@ -134,7 +149,8 @@ def test_ncbi_databases_by_name() -> None:
 def test_the_prediction_names_its_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = made_up(tmp_path)
     argv = ["simulate", "--record", str(path), "--queries", "40", "--workers", "7"]
-    assert main([*argv, "--db-bytes", "30G", "--db-volumes", "2", "--db-residues", "20000", "--json"]) == 0
+    one_node = ["--node-ranks", "8", "--json"]
+    assert main([*argv, "--db-bytes", "30G", "--db-volumes", "2", "--db-residues", "20000", *one_node]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["startup"]["rank0_verify_bytes"] == 30 * 10**9 and out["startup"]["job"] == "first"
     assert out["startup"]["rank0_verify_seconds"] == pytest.approx(30e9 / 2.1e9, rel=1e-3)

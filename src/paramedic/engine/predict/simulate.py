@@ -689,7 +689,13 @@ def predict(
     startup = None
     if shape is not None:
         startup = Startup(
-            shape, settings.rates, settings.first_job, settings.stage, settings.node_ranks, plan.n_fragments
+            shape,
+            settings.rates,
+            settings.first_job,
+            settings.stage,
+            settings.node_ranks,
+            plan.n_fragments,
+            nodes=-(-ranks // settings.node_ranks),
         )
         costs.startup, costs.volumes = startup, range(shape.volumes)
     network = VirtualNetwork()

@@ -7,8 +7,10 @@ What the engine does (paramedic.db.locate.in_place, paramedic.db.trust, paramedi
   per volume once there are 4 or more; a few offsets of a volume's table read by binary search), and
   stats each file and recalls its remembered digest: a fixed part and a part per volume
   (`RANK0_FIXED_SECONDS`, `RANK0_PER_VOLUME_SECONDS`), whatever the volumes' bytes;
-- a first job (no digest remembered) digests every byte of every file on rank 0 (BLAKE3 on every core of
-  its node) before any worker searches: bytes / `DIGEST_BYTES_PER_SECOND`; a later job only stamps;
+- a first job (no digest remembered) digests every byte of every file before any worker searches, a
+  share per node (paramedic.db.spread: the largest files first to the least loaded node, BLAKE3 on every
+  core of each), so the wait is the largest share / `DIGEST_BYTES_PER_SECOND` (the shared filesystem is
+  assumed to serve every node at that rate); a later job only stamps;
 - each rank opens (and fstats) the files of a volume the first time one of its tasks searches it
   (`OPEN_SECONDS` a file); a report piece searches a mask over the whole database: its rank opens every
   volume it has not opened yet;
@@ -26,8 +28,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from paramedic.db.blastdb import DEFAULT_FRAGMENTS
+from paramedic.db.spread import assign
 from paramedic.errors import UsageError
 
 # -- measured here: bench/startup_model.py (bench/startup-model.json) ------------------------------------
@@ -174,6 +178,7 @@ class Startup:
     stage: bool
     node_ranks: int  # ranks per node (staging: a node copies a volume once)
     fragments: int
+    nodes: int = 1  # the job's nodes: a first job's digest is shared among them
     opened: set[tuple[int, int]] = field(default_factory=set)  # (rank, volume): its files opened
     used_copies: set[tuple[int, int]] = field(default_factory=set)  # (rank, volume): its staged copy used
     copied: dict[tuple[int, int], float] = field(default_factory=dict)  # (node, volume): copy done at
@@ -195,8 +200,15 @@ class Startup:
 
     @property
     def verify_seconds(self) -> float:
-        """Rank 0: every byte digested in a first job; nothing more in a later one."""
-        return self.verify_bytes / self.rates.digest_rate
+        """Every byte digested in a first job, a share per node (the job waits for the largest);
+        nothing more in a later one."""
+        if not self.verify_bytes:
+            return 0.0
+        volumes = [(Path(str(v)), self.shape.volume_bytes(v)) for v in range(self.shape.volumes)]
+        shares = assign(volumes, range(max(1, self.nodes)))
+        sizes = {str(path): size for path, size in volumes}
+        largest = max(sum(sizes[name] for name in names) for names in shares.values())
+        return largest / self.rates.digest_rate
 
     @property
     def stamp_seconds(self) -> float:
@@ -254,6 +266,7 @@ class Startup:
             "job": "first" if self.first_job else "second",
             "stage": self.stage,
             "rank0_resolve_seconds": round(self.resolve_seconds, 3),
+            "verify_nodes": self.nodes if self.first_job else 0,
             "rank0_verify_seconds": round(self.verify_seconds, 3),
             "rank0_verify_bytes": self.verify_bytes,
             "rank0_stamp_seconds": round(self.stamp_seconds, 3),
