@@ -292,7 +292,7 @@ def test_paramedic_to_a_storage_site_on_another_host_over_a_shaped_link(cluster:
 
 
 def finished_work(journal: Path) -> bool:
-    """A fragment search or a report piece in the journal (paramedic.engine.journal's layout)."""
+    """A fragment search or a report piece in the journal (paramedic.engine.rank.journal's layout)."""
     kinds = [journal / "search", journal / "piece"]
     return any(p.is_file() and not p.name.startswith(".") for d in kinds if d.is_dir() for p in d.iterdir())
 

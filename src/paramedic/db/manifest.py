@@ -174,7 +174,7 @@ class Verification:
     and raises its refusal; `failed` looks without waiting.
 
     On `threads` threads of this process (default: every core), or in a child process of its own
-    (`child`): a local search starts it as soon as it knows its -db (paramedic.engine.launch), and the
+    (`child`): a local search starts it as soon as it knows its -db (paramedic.engine.runtime.launch), and the
     interpreter's imports and the job's checks (0.15-0.2 s) leave a core idle. `fragments=False`: the
     whole database's volume only, for a job that stages its fragments from --mirror replicas (each copy
     is verified on its own, and a damaged local fragment is then fetched from a mirror). A thread digests little
