@@ -123,8 +123,10 @@ def make_world(base: Path, seed: int) -> dict[str, Path]:
     fasta.write_text(
         "".join(f">sp|P{i:05d}|FUZZ{i} synthetic protein {i}\n{s}\n" for i, s in enumerate(sequences))
     )
+    # the earlier layout (a volume per fragment, its manifest.json), still served and mirrored: the replica
+    # and stage targets fuzz its protocol (a database in place is checked by BLAKE3 per volume instead)
     run = [str(BIN / "paramedic"), "format", "--in", str(fasta), "--dbtype", "prot", "--fragments", "2",
-           "--out", str(base / "db" / "fuzz"), "--quiet"]  # fmt: skip
+           "--layout", "fragments", "--out", str(base / "db" / "fuzz"), "--quiet"]  # fmt: skip
     subprocess.run(run, check=True, capture_output=True, timeout=300)
     keys = [str(BIN / "paramedic"), "keys", "--out", str(base / "keys"), "--server", "localhost",
             "--client", "compute-a", "--client", "compute-b"]  # fmt: skip
