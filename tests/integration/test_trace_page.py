@@ -63,6 +63,12 @@ def test_the_whole_run_is_drawn(page: Path, tmp_path: Path) -> None:
     overview_checks(loaded)
     assert loaded.charts["chart-2"]  # time per rank: bars
     assert loaded.dom.count("<td>8</td><td>1.000 ms</td>") == RANKS  # the period on every rank: 8 records
+    # the phases (an MPI_Allreduce half, then a computing half): numbered over the rows, rows to click
+    phases = data_of(page)["phases"]
+    assert len(phases) == 2
+    overview = loaded.dom.split('<div id="chart-1"', 1)[1].split('<div id="chart-2"', 1)[0]
+    assert re.findall(r'class="annotation-text"[^>]*data-unformatted="(\d+)"', overview) == ["1", "2"]
+    assert re.findall(r'<tr class="phase" data-phase="(\d+)"', loaded.dom) == ["0", "1"]
     assert (tmp_path / "page.png").stat().st_size > 30_000
 
 

@@ -274,6 +274,7 @@ section{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);p
 h2{font-size:17px;margin:4px 0 6px} .note{color:#555;font-size:14px;margin:0 0 8px}
 #legend span.key{display:inline-block;padding:1px 8px;margin:2px 6px 2px 0;border-radius:3px;font-size:13px}
 table{border-collapse:collapse;font-size:14px} td,th{padding:3px 12px 3px 0;text-align:left}
+tr.phase{cursor:pointer} tr.phase:hover{background:#eef3f8}
 """
 
 _SCRIPT = r"""
@@ -316,10 +317,15 @@ const rowPx = R <= 72 ? 22 : Math.max(2, Math.floor(1600 / R));
 const every = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000].find(k => k*rowPx >= 14) || 10000;
 const named = ranks.filter(r => r % every === 0);
 heat.ygap = inMpi.ygap = rowPx >= 8 ? 1 : 0;
-const layout = {template:'plotly_white', height:Math.max(260, 80 + rowPx*R), margin:{l:70, r:20, t:10, b:50},
+// the phases (table below): a dotted line where each begins, its number over the rows
+const bounds = D.phases.slice(1).map(p => ({type:'line', xref:'x', yref:'paper', x0:p[0], x1:p[0], y0:0, y1:1,
+  line:{color:'#1f3b57', width:1, dash:'dot'}}));
+const numbers = D.phases.map((p, i) => ({x:(p[0] + Math.min(p[1], D.span))/2, y:1, xref:'x', yref:'paper', yanchor:'bottom',
+  text:String(i+1), showarrow:false, font:{size:10, color:'#1f3b57'}, captureevents:false}));
+const layout = {template:'plotly_white', height:Math.max(270, 90 + rowPx*R), margin:{l:70, r:20, t:20, b:50},
   xaxis:{title:{text:'seconds since the first record'}, range:[0, D.span], rangemode:'tozero'},
   yaxis:{autorange:'reversed', tickvals:named, ticktext:named.map(r => 'rank '+r), fixedrange:true},
-  shapes:covered, showlegend:false, uirevision:'keep', dragmode:'zoom'};
+  shapes:covered.concat(bounds), annotations:numbers, showlegend:false, uirevision:'keep', dragmode:'zoom'};
 const div = document.getElementById('chart-1');
 const legend = document.getElementById('legend');
 function dark(css) {  // white text on a dark key
@@ -407,9 +413,14 @@ let h = '<table><tr><th>rank</th><th>period (records)</th><th>one period lasts</
 for (const [r, p] of Object.entries(D.periods)) h += '<tr><td>'+r+'</td><td>'+(p[0] ? p[0].toLocaleString() : 'none found')+'</td><td>'+(p[0] ? fmt(p[1]) : '')+'</td></tr>';
 h += '</table><p class="note">The trace codec\'s period: an FFT autocorrelation of each rank\'s first records\' kinds (the same records repeat every period).</p>';
 h += '<table><tr><th>phase</th><th>from</th><th>to</th><th>mostly</th><th>share</th><th>with</th></tr>';
-D.phases.forEach((p, i) => { h += '<tr><td>'+(i+1)+'</td><td>'+fmt(p[0])+'</td><td>'+fmt(Math.min(p[1], D.span))+'</td><td>'+esc(D.categories[p[2]][0])+'</td><td>'+Math.round(p[3]*100)+'%</td><td>'+
+D.phases.forEach((p, i) => { h += '<tr class="phase" data-phase="'+i+'" title="zoom to this phase"><td>'+(i+1)+'</td><td>'+fmt(p[0])+'</td><td>'+fmt(Math.min(p[1], D.span))+'</td><td>'+esc(D.categories[p[2]][0])+'</td><td>'+Math.round(p[3]*100)+'%</td><td>'+
   (p[4] || []).map(o => esc(D.categories[o[0]][0])+' '+Math.round(o[1]*100)+'%').join(', ')+'</td></tr>'; });
-h += '</table><p class="note">Phases: long stretches of the run (a 64th of it at least) of one mix of calls (and time outside MPI) over all ranks, cut where the mix changes by a fifth of the time or more.</p>';
+h += '</table><p class="note">Phases (numbered over the rows above; click one to zoom to it): long stretches of the run (a 64th of it at least) of one mix of calls (and time outside MPI) over all ranks, cut where the mix changes by a fifth of the time or more.</p>';
 document.getElementById('period').innerHTML = h;
+document.querySelectorAll('tr.phase').forEach(row => row.addEventListener('click', () => {
+  const p = D.phases[+row.dataset.phase];
+  Plotly.relayout(div, {'xaxis.range':[p[0], Math.min(p[1], D.span)]});
+  div.scrollIntoView();
+}));
 })();
 """
