@@ -5,9 +5,13 @@ order whatever order the sizes arrive in, the orders each strategy makes; and st
 from __future__ import annotations
 
 import random
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
+from paramedic.output import strategies
 from paramedic.output.stitch import AgreementCheck, Stitcher, stitch_alone
 from paramedic.output.strategies import (
     MASTER,
@@ -22,6 +26,35 @@ from paramedic.output.strategies import (
 def test_registry_lists_master_first() -> None:
     assert output_strategy_names() == (MASTER, "worker-individual", "worker-collective", "worker-merge")
     assert not output_strategy(MASTER).workers_write
+
+
+def test_a_strategy_in_a_module_of_its_own_is_one_line_in_plugins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/CONTRIBUTING.md "Add an output strategy": the module imports strategies (so strategies cannot
+    import it at its top: import-linter refuses the cycle); its line in PLUGINS has it imported, and so
+    registered, when the choices are first asked for."""
+    (tmp_path / "pairs_strategy.py").write_text(
+        textwrap.dedent(
+            """
+            from paramedic.output.strategies import OutputStrategy, register_output_strategy
+
+            @register_output_strategy
+            class Pairs(OutputStrategy):
+                name = "worker-pairs"
+                help = "a test's strategy"
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(strategies, "OUTPUT_STRATEGIES", dict(strategies.OUTPUT_STRATEGIES))
+    monkeypatch.setattr(strategies, "PLUGINS", ("pairs_strategy",))
+    try:
+        assert "pairs_strategy" not in sys.modules
+        assert output_strategy_names()[-1] == "worker-pairs"
+        assert output_strategy("worker-pairs").__module__ == "pairs_strategy"
+    finally:
+        sys.modules.pop("pairs_strategy", None)
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -23,6 +23,7 @@ paramedic.engine.rank.mpiio carries the orders out.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -150,6 +151,10 @@ class OutputStrategy:
 
 
 OUTPUT_STRATEGIES: dict[str, type[OutputStrategy]] = {}
+# The strategies in modules of their own (each imports this module for `OutputStrategy`, so this one cannot
+# import them at its top: a cycle), imported when the strategies are first asked for. A new strategy is its
+# module and one line here (docs/CONTRIBUTING.md, "Add an output strategy").
+PLUGINS: tuple[str, ...] = ()
 
 
 def register_output_strategy(cls: type[OutputStrategy]) -> type[OutputStrategy]:
@@ -159,12 +164,19 @@ def register_output_strategy(cls: type[OutputStrategy]) -> type[OutputStrategy]:
     return cls
 
 
+def _import_plugins() -> None:
+    for module in PLUGINS:
+        importlib.import_module(module)  # its import registers its strategy (once: imports are cached)
+
+
 def output_strategy_names() -> tuple[str, ...]:
     """The choices of `--output-strategy`, `master` first."""
+    _import_plugins()
     return tuple(OUTPUT_STRATEGIES)
 
 
 def output_strategy(name: str) -> type[OutputStrategy]:
+    _import_plugins()
     try:
         return OUTPUT_STRATEGIES[name]
     except KeyError:
