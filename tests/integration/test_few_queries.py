@@ -60,11 +60,16 @@ def test_defaults_choose_fragments_and_one_traceback(proteins: Path, outfmt: str
     )  # fmt: skip
     record = search(proteins, out, outfmt=outfmt)
     assert out.read_bytes() == expected.read_bytes()
-    # of the engine's plans auto's rule takes fragments; on one node one BLAST+ run is cheaper (issue 44)
+    # of the engine's plans auto's rule would take fragments (both are candidates: the database fits each
+    # worker); on one node one BLAST+ run is predicted cheaper (issue 44)
     assert record["strategy"] == "blast"
     reason = record["strategy_reason"]["reason"]
     assert "query segmentation would make 1 task for 2 workers" in reason and "2.00x" in reason
-    assert {p["plan"] for p in record["strategy_reason"]["plans"] if p["candidate"]} == {"blast", "fragments"}
+    assert {p["plan"] for p in record["strategy_reason"]["plans"] if p["candidate"]} == {
+        "blast",
+        "queries",
+        "fragments",
+    }
     out.unlink()
     record = search(proteins, out, "--strategy", "fragments", outfmt=outfmt)  # its traceback's default
     assert out.read_bytes() == expected.read_bytes()

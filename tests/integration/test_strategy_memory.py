@@ -114,11 +114,12 @@ def test_record_says_why_auto_chose(small_db: Path, runner: str, counted_from: s
     )
     why = reason(small_db)
     whole = sum(p.stat().st_size for p in (small_db / "db").glob("db.*") if p.suffix not in (".pal", ".json"))
-    # the database fits, but 3 queries are one BLAST+ batch: one task, one worker; of the engine's plans
-    # fragments use both; on one node one BLAST+ run with both cores is cheaper still (issue 44)
+    # the database fits, but 3 queries are one BLAST+ batch: one task, one worker (the rule's pick by
+    # balance: fragments); both engine plans are candidates, and on one node one BLAST+ run with both
+    # cores is predicted cheaper still (issue 44)
     assert (why["asked"], why["chosen"]) == ("auto", "blast")
     assert "query segmentation would make 1 task for 2 workers" in why["reason"]
-    assert {p["plan"] for p in why["plans"] if p["candidate"]} == {"blast", "fragments"}
+    assert {p["plan"] for p in why["plans"] if p["candidate"]} == {"blast", "queries", "fragments"}
     assert why["database_bytes"] == whole
     assert why["fragments"] == 4 and 0 < why["largest_fragment_bytes"] < whole
     assert why["workers_on_node"] == 2 and why["workers_on_node_from"] == counted_from

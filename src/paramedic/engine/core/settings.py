@@ -97,6 +97,27 @@ class SearchSettings:
         self._check_combinations()
         self._check_output_strategy()
 
+    def engine_asked(self) -> str | None:
+        """Why these settings ask for the engine itself, so that one BLAST+ run over the whole database
+        (`--strategy auto`'s "blast" plan on one node) would not do what they say (None: it may): its
+        shipping, metadata, staging, partitions, output strategies or task sizes, or a plan by name. Known
+        before the job is checked: the local runner starts the workers' fork servers only for a job the
+        engine will run (paramedic.engine.runtime.launch)."""
+        asked = [
+            (self.ship is not None, "--site ships the output to a storage site"),
+            (self.save_metadata is not None, "--metadata saves the merged hits, which only fragments make"),
+            (self.from_metadata is not None, "--from-metadata writes the report from saved metadata"),
+            (self.stage is not None, "--stage searches staged fragments"),
+            (self.partition_size is not None, "--partition-size asks for partitions of ranks"),
+            (self.replica_group_size is not None, "--replica-group-size places fragments on workers"),
+            (self.output_strategy != MASTER, f"--output-strategy {self.output_strategy} asks the workers to write"),
+            (self.traceback != "auto", f"--traceback {self.traceback} is how fragment searches align"),
+            (self.fragment_groups != "auto", f"--fragment-groups {self.fragment_groups} is how fragments are searched"),
+            (self.batch is not None, "--batch sizes the engine's search tasks"),
+            (self.piece_queries is not None, "--regen-batch sizes the engine's report pieces"),
+        ]  # fmt: skip
+        return next((why for given, why in asked if given), None)
+
     def _check_values(self) -> None:
         """Each option alone: counts at least 1, choices among their own."""
         for flag, value in (

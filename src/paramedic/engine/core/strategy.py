@@ -140,6 +140,9 @@ class StrategyChoice:
     plans: tuple[tuple[Prediction, str | None], ...] = ()
     threads: int = 1  # blast: -num_threads
     mt_mode: int = 0  # blast: -mt_mode
+    # auto: both engine plans would run this job exactly and in memory (the rule's choice between them,
+    # by balance alone, is then the cost model's: `weigh`)
+    both_engine_plans: bool = False
 
     @property
     def whole_blast(self) -> bool:
@@ -230,8 +233,10 @@ def decide(
     share = f"{QUERIES_MEMORY_SHARE:.0%} of the memory available per worker ({memory.describe()})"
     if database_bytes <= budget:
         if balance is not None and balance.ratio > QUERIES_BALANCE_LIMIT:
-            return choice("fragments", f"{whole} fits in {share}, but {balance.describe()}")
-        return choice("queries", f"{whole} fits in {share}: each worker searches it whole")
+            chosen = choice("fragments", f"{whole} fits in {share}, but {balance.describe()}")
+        else:
+            chosen = choice("queries", f"{whole} fits in {share}: each worker searches it whole")
+        return dataclasses.replace(chosen, both_engine_plans=True)
     if largest <= budget:
         return choice(
             "fragments",
@@ -252,10 +257,13 @@ BLAST_PLAN = "blast"  # one BLAST+ process over the whole database (paramedic.en
 def weigh(
     choice: StrategyChoice, shape: Shape, refused: str | None, costs: Costs | None = None
 ) -> StrategyChoice:
-    """`--strategy auto`: the plan the cost model predicts fastest (paramedic.engine.core.costs) among one
-    BLAST+ run over the whole database (unless `refused` says why its output would not be what the job
-    asks for) and the engine plan `decide`'s rule admits (the other engine plan is predicted and recorded
-    with why it was not a candidate). A strategy asked by name is kept as it is."""
+    """`--strategy auto`: the plan the cost model predicts fastest (paramedic.engine.core.costs) among its
+    candidates: one BLAST+ run over the whole database (unless `refused` says why its output would not be
+    what the job asks for), and the engine plans `decide`'s rule admits: both where the whole database
+    fits in a worker's memory and either is exact (`StrategyChoice.both_engine_plans`; the rule's own
+    pick between them, by balance alone, is then only a prediction's loser or winner), else the one it
+    chose. Every plan is predicted and recorded, with why it was not a candidate. A strategy asked by
+    name is kept as it is."""
     if choice.asked != "auto":
         return choice
     predictions = predict(shape) if costs is None else predict(shape, costs)
@@ -264,30 +272,37 @@ def weigh(
     why_not = {
         BLAST_PLAN: refused,
         engine: None,
-        other: f"auto's rule for the engine's own plans chose {engine} (see the reason)",
+        other: None
+        if choice.both_engine_plans
+        else f"auto's rule for the engine's own plans chose {engine} (see the reason)",
     }
-    candidates = [plan for plan in (BLAST_PLAN, engine) if why_not[plan] is None]
+    order = (BLAST_PLAN, engine, other)  # ties: one BLAST+ run, then the rule's own pick
+    candidates = [plan for plan in order if why_not[plan] is None]
     chosen = cheapest(predictions, candidates)
     plans = tuple((predictions[p], why_not[p]) for p in (BLAST_PLAN, "queries", "fragments"))
     blast = predictions[BLAST_PLAN]
     threads = max(1, shape.cores)
     mode = blast.mt_mode or 0
     run = f"one BLAST+ run (-num_threads {threads}, -mt_mode {mode})"
+    said = {BLAST_PLAN: run, "queries": "the queries strategy", "fragments": "the fragments strategy"}
+    weighed = ", ".join(
+        f"{said[p]} {predictions[p].seconds:.2f} s"
+        for p in sorted(candidates, key=lambda p: predictions[p].seconds)
+    )
     if chosen == BLAST_PLAN:
-        reason = (
-            f"the cost model predicts {run} {blast.seconds:.2f} s, the {engine} strategy "
-            f"{predictions[engine].seconds:.2f} s (the engine's plan: {choice.reason})"
-        )
+        reason = f"the cost model predicts {weighed} (the engine's plan: {choice.reason})"
         return dataclasses.replace(
             choice, strategy=BLAST_PLAN, reason=reason, plans=plans, threads=threads, mt_mode=mode
         )
-    if refused is None:
-        reason = (
-            f"{choice.reason}; the cost model predicts {predictions[engine].seconds:.2f} s, {run} "
-            f"{blast.seconds:.2f} s"
-        )
+    if chosen != engine:  # the other engine plan, predicted faster than the rule's pick
+        reason = f"the cost model predicts {weighed} (the rule's pick by balance: {choice.reason})"
+        return dataclasses.replace(choice, strategy=chosen, reason=reason, plans=plans)
+    if refused is None or len(candidates) > 1:
+        reason = f"{choice.reason}; the cost model predicts {weighed}"
     else:
-        reason = f"{choice.reason} (one BLAST+ run is not a candidate: {refused})"
+        reason = choice.reason
+    if refused is not None:
+        reason += f" (one BLAST+ run is not a candidate: {refused})"
     return dataclasses.replace(choice, reason=reason, plans=plans)
 
 
@@ -304,22 +319,9 @@ def blast_refusal(
     behaviours (shipping, staging, partitions, output strategies, a stopped run's journal to resume)."""
     if not one_node:
         return "the job's ranks are on several nodes"
-    asked = [
-        (settings.ship is not None, "--site ships the output to a storage site"),
-        (settings.save_metadata is not None, "--metadata saves the merged hits, which only fragments make"),
-        (settings.from_metadata is not None, "--from-metadata writes the report from saved metadata"),
-        (settings.stage is not None, "--stage searches staged fragments"),
-        (settings.partition_size is not None, "--partition-size asks for partitions of ranks"),
-        (settings.replica_group_size is not None, "--replica-group-size places fragments on workers"),
-        (settings.output_strategy != "master", f"--output-strategy {settings.output_strategy} asks the workers to write"),
-        (settings.traceback != "auto", f"--traceback {settings.traceback} is how fragment searches align"),
-        (settings.fragment_groups != "auto", f"--fragment-groups {settings.fragment_groups} is how fragments are searched"),
-        (settings.batch is not None, "--batch sizes the engine's search tasks"),
-        (settings.piece_queries is not None, "--regen-batch sizes the engine's report pieces"),
-    ]  # fmt: skip
-    for given, why in asked:
-        if given:
-            return why
+    asked = settings.engine_asked()
+    if asked is not None:
+        return asked
     if outfmt == 17:  # the engine writes the user's command line there (paramedic.blast.run)
         return "-outfmt 17's @PG line holds BLAST+'s command line, which one run here would not print as the user's"
     if journal is not None and journal.exists():
