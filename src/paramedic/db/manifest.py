@@ -209,7 +209,7 @@ class Verification:
         self._active = 0  # digesting threads
         self._failure: list[BaseException] = []
         self._done = threading.Event()
-        if child and hasattr(os, "fork"):
+        if child and hasattr(os, "fork") and self._todo:  # nothing to digest (in place): no child
             self._active = 1
             names, self._todo = list(reversed(self._todo)), []
             pid, reader = self._fork(names)  # here, not on a thread: the child needs no lock held

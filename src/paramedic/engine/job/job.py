@@ -25,15 +25,12 @@ from paramedic.blast.prelim import (
     query_batches,
     split_query,
 )
-from paramedic.blast.prelim_check import check_shim
 from paramedic.blast.programs import PROGRAMS, Program
-from paramedic.blast.render import can_render
 from paramedic.blast.run import NEGATIVE, Database
 from paramedic.blast.tools import startup_seconds, taxid_matching
 from paramedic.db.fasta import read_fasta
 from paramedic.db.locate import resolve_database
 from paramedic.db.manifest import Manifest, Stamp, Verification
-from paramedic.db.seqids import SeqIdTable
 from paramedic.db.subset import resolve_subset, restriction, with_absolute_lists
 from paramedic.durable import refused_target, stream_target
 from paramedic.engine.core.costs import Shape
@@ -207,6 +204,8 @@ def prepare_job(
     if request.repaired and stage is not None and len(stage.dropped_mirrors) == len(stage.mirrors):
         verified = Verification(db.directory, manifest)  # no mirror left to fetch a damaged fragment from
     if not query_segmentation and not strategy.whole_blast and settings.from_metadata is None:
+        from paramedic.blast.prelim_check import check_shim  # the engine's searches only
+
         check_shim()  # the shim that reads BLAST+'s preliminary list: built and checked now, or refused now
     plan_inputs, traceback_reason = _plan_inputs(settings, request, choice)
     identity = SearchIdentity.of(request.program.name, request.options, manifest.checksum(), request.queries)
@@ -395,11 +394,11 @@ def _plan_inputs(settings: SearchSettings, request: Request, choice: Choice) -> 
     traceback_once = traceback_once and not query_segmentation
     keep_alignments = (
         not query_segmentation
+        and not choice.strategy.whole_blast  # one BLAST+ run writes its own report
         and not traceback_once
         and not ships_metadata
         and settings.from_metadata is None
-        and can_render(program, options)
-        and (db.in_place or SeqIdTable.exists(db.directory))  # its subjects' own ids are at hand
+        and _renders(program, options, db)
     )
     inputs = PlanInputs(
         program=program,
@@ -421,6 +420,15 @@ def _plan_inputs(settings: SearchSettings, request: Request, choice: Choice) -> 
         and choice.strategy.fits_each_worker(),
     )
     return inputs, traceback_reason
+
+
+def _renders(program: str, options: BlastOptions, db: Database) -> bool:
+    """Whether blast_formatter can write the report from the fragment searches' alignments, with the
+    subjects' own ids at hand (imported here: the engine's plans only, not one BLAST+ run's start)."""
+    from paramedic.blast.render import can_render
+    from paramedic.db.seqids import SeqIdTable
+
+    return can_render(program, options) and (db.in_place or SeqIdTable.exists(db.directory))
 
 
 def _restricted(

@@ -41,6 +41,7 @@ from paramedic.engine.rank.staging import scheduling
 from paramedic.engine.rank.store import Store
 from paramedic.errors import ParamedicError
 from paramedic.report.progress import Progress
+from paramedic.report.publish import finish
 from paramedic.report.record import RankStats, RunRecord
 
 # Drives the master to the end with its workers; returns the workers' figures. Gets the master and the
@@ -202,23 +203,4 @@ def run_master(
 
 def conclude(record: RunRecord, job: Job, report: Path | None) -> None:
     """After the output is complete: the run record, the summary, and the page (--report)."""
-    if job.target.record is not None:
-        record.write(job.target.record)
-    if not job.quiet:
-        print(record.summary(), file=sys.stderr)
-    if report is not None:
-        _write_page(record, report, job.target.record, job.quiet)
-
-
-def _write_page(record: RunRecord, page: Path, source: Path | None, quiet: bool) -> None:
-    """--report: the page is drawn once the output is complete; a page that cannot be written is said,
-    and the search (whose output is whole) still succeeds."""
-    from paramedic.report.html import write_page
-
-    try:
-        size = write_page(record, page, str(source or ""))
-    except ParamedicError as exc:
-        print(f"paramedic: warning: no report page: {exc}", file=sys.stderr)
-        return
-    if not quiet:
-        print(f"  report page: {page} ({size / 1e6:.1f} MB, opens in a browser)", file=sys.stderr)
+    finish(record, job.target.record, job.quiet, report)

@@ -68,14 +68,16 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from paramedic.blast.hits import FragmentSearch
 from paramedic.durable import write_durably
-from paramedic.engine.core.master import Replay
 from paramedic.engine.core.scheduler import Plan, SearchTask
 from paramedic.engine.rank.store import LISTS_SUFFIX, RecordError, Store
 from paramedic.errors import OutputError, UsageError
+
+if TYPE_CHECKING:  # the master's module when a journal is replayed, not for `journal_path` (a job's checks)
+    from paramedic.engine.core.master import Replay
 
 KIND = "paramedic-journal"
 PIECE_MAGIC = b"paramedic-piece1"  # then the 32-byte tag, then the piece's bytes
@@ -246,6 +248,8 @@ class Journal:
         return self._agree(identity, plan)  # a new journal
 
     def _replay(self, plan: Plan) -> Replay:
+        from paramedic.engine.core.master import Replay
+
         searches = []
         for name in sorted(os.listdir(self.path / "search")):
             if name.endswith(LISTS_SUFFIX) and _search_task(name.removesuffix(LISTS_SUFFIX), plan):

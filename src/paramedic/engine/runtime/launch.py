@@ -174,13 +174,18 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
 
     try:
         with job_directory(JOB_ID_VARIABLE):  # TMPDIR is the job's from here, for every BLAST+ run
-            # the workers' fork servers and the database's digest start before the engine is imported:
-            # their own starts overlap the imports and the job's checks (docs/DESIGN.md, "The local runner")
-            prestart(settings.program, workers)
-            early = _early_digest(settings)
+            # BLAST+'s resolution of -db, the workers' fork servers and the database's digest start before
+            # the engine is imported: their own starts overlap the imports and the job's checks
+            # (docs/DESIGN.md, "The local runner"); the fork servers only for a job the engine will run
+            # (`--strategy auto` may run one BLAST+ instead, issue 44)
+            prefetched = _prefetch_info(settings)
+            if settings.strategy != "auto" or settings.engine_asked() is not None:
+                prestart(settings.program, workers)
+            # a database of the earlier layout: its digest starts in a child now, while the job's modules
+            # load; one in place is digested as it is resolved (its files' digests remembered), once -info
+            # has answered, and its modules load meanwhile
+            early = None if prefetched else _early_digest(settings)
             from paramedic.engine.job.job import prepare_job
-            from paramedic.engine.job.shell import conclude
-            from paramedic.engine.runtime.local import run_local_job
 
             os.environ[LOCAL_WORKERS_VARIABLE] = str(workers)
             # with worker threads the digest overlaps the first searches (their loop looks at it)
@@ -194,12 +199,17 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
             if job.strategy is not None and job.strategy.whole_blast:  # one BLAST+ run (issue 44)
                 from paramedic.blast.forkserver import close_fork_servers
                 from paramedic.engine.job.whole import run_whole
+                from paramedic.report.publish import finish
 
-                close_fork_servers()  # prestarted for worker threads that will not run
+                close_fork_servers()  # none, unless prestarted
                 record = run_whole(job, ["paramedic", *argv], settings.cwd)
+                finish(record, job.target.record, job.quiet, settings.report)
             else:
+                from paramedic.engine.job.shell import conclude
+                from paramedic.engine.runtime.local import run_local_job
+
                 record = run_local_job(job, workers, ["paramedic", *argv])
-            conclude(record, job, settings.report)
+                conclude(record, job, settings.report)
         return 0
     except BrokenPipeError:
         raise  # stdout's reader went away: quiet, exit 141 (paramedic.cli)
@@ -212,9 +222,28 @@ def run_local(settings: SearchSettings, workers: int, argv: list[str]) -> int:
         print(f"paramedic: {text}", file=sys.stderr)
     finally:
         os.environ.pop(LOCAL_WORKERS_VARIABLE, None)
+        from paramedic.db.blastdb import drop_prefetched
+
+        drop_prefetched()
     sys.stderr.flush()
     say_journal_kept(settings)
     return code
+
+
+def _prefetch_info(settings: SearchSettings) -> bool:
+    """`blastdbcmd -info` of the job's -db started now, for the job's checks to read when they resolve
+    it (paramedic.db.blastdb.prefetch_info); whether it was: not for a database in the layout of earlier
+    `paramedic format` versions (its manifest says what -info would; its digest is what starts early),
+    nor before the options name a -db."""
+    from paramedic.blast.options import typed_value
+    from paramedic.blast.programs import PROGRAMS
+    from paramedic.db.blastdb import prefetch_info
+
+    arg = typed_value(settings.blast_args, "db")
+    program = PROGRAMS.get(settings.program)
+    if not arg or program is None or (settings.cwd / arg / "manifest.json").is_file():
+        return False
+    return prefetch_info(arg, settings.cwd, program.db_type)
 
 
 def _early_digest(settings: SearchSettings) -> Verification | None:
