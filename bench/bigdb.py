@@ -165,8 +165,8 @@ def database(work: Path, shape: str, fragments: int) -> Path:
     program, name, make, _ = DATABASES[shape]
     dbtype = "prot" if program == "blastp" else "nucl"
     db = work / f"{name}-f{fragments}"
-    if (db / "manifest.json").is_file():
-        return db
+    if (db / "paramedic.json").is_file() or (db / "manifest.json").is_file():
+        return db  # `paramedic format`'s database, or one of an earlier layout kept in `work`
     fasta = work / f"{name}.fasta"
     if not fasta.is_file():
         print(f"building {fasta.name} ...", file=sys.stderr, flush=True)
@@ -238,7 +238,9 @@ def run_shape(
     db = database(work, shape, fragments)
     queries = work / f"{shape}-q{n}.fasta"
     DATABASES[shape][3](n, queries)
-    whole = db / "whole"
+    # BLAST+'s own -db: the alias `paramedic format` writes beside the database (the earlier layout's
+    # whole-database volume inside it)
+    whole = db / "whole" if (db / "manifest.json").is_file() else db
     blast_common: list[str | Path] = [program, "-query", queries, "-outfmt", "6", "-num_threads", str(cores)]
     paramedic: list[str | Path] = [BIN / "paramedic", "search", program, "-query", queries, "-db", db,
                                    "-outfmt", "6", "--np", str(cores), "--quiet"]  # fmt: skip

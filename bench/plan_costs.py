@@ -18,7 +18,9 @@ Shapes (real data from `make data`; kept in --work between runs):
   - p71x16k-0: 71 queries x the same database, -outfmt 0;
   - p20x20k-6: 20 queries x the 20,000 proteins, -outfmt 6;
   - p500x20k-6: the 500 queries x the 20,000 proteins, -outfmt 6 (-mt_mode 1's shape);
-  - n20-6: 20 pieces of 600 bp x the ragout-examples genomes and contigs (65 Mbp), -outfmt 6.
+  - n20-6: 20 pieces of 600 bp x the ragout-examples genomes and contigs (65 Mbp), -outfmt 6;
+  - n1-6, n20-0: 1 such piece, -outfmt 6; the 20 pieces, -outfmt 0 (pairwise);
+  - p1x20k-6: 1 query x the 20,000 proteins, -outfmt 6.
 
     .venv/bin/python bench/plan_costs.py --shapes p30x16k-0,p20x20k-6,n20-6 --rounds 2 [--calibrate]
 """
@@ -47,6 +49,9 @@ SHAPES = {  # name: (program, database, proteins in it or None, queries (start, 
     "p20x20k-6": ("blastp", "prot20k", None, (200, 20), "6"),
     "p500x20k-6": ("blastp", "prot20k", None, (0, 500), "6"),
     "n20-6": ("blastn", "nucl", None, (0, 20), "6"),
+    "n1-6": ("blastn", "nucl", None, (0, 1), "6"),
+    "n20-0": ("blastn", "nucl", None, (0, 20), "0"),
+    "p1x20k-6": ("blastp", "prot20k", None, (300, 1), "6"),
 }
 
 
@@ -140,7 +145,7 @@ def run_shape(work: Path, shape: str, rounds: int, cores: int) -> list[str]:
         chosen = reason["chosen"]
         predicted = {p["plan"]: p["predicted_seconds"] for p in reason.get("plans", [])}
     best = min(statistics.median(walls[k]) for k in runs if k.startswith("blast"))
-    line = [f"| {shape} | {program} |"]
+    line = [f"| {shape} | {program} | {os.getloadavg()[0]:.1f} |"]
     for key in ("blast0", "blast1", "auto", "fragments", "queries"):
         if key in runs:
             w = statistics.median(walls[key])
@@ -194,9 +199,9 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f}; medians of {args.rounds} rounds after a warm-up, ratios against the "
         "faster BLAST+ mode; every output byte-identical to BLAST+'s.",
         "",
-        "| shape | program | BLAST+ -mt_mode 0 | -mt_mode 1 | auto | --strategy fragments | --strategy queries "
-        "| auto chose | predicted s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| shape | program | load | BLAST+ -mt_mode 0 | -mt_mode 1 | auto | --strategy fragments "
+        "| --strategy queries | auto chose | predicted s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for shape in args.shapes.split(","):
         lines += run_shape(args.work, shape, args.rounds, args.cores)
