@@ -46,24 +46,26 @@ def test_simulate_predicts_32768_workers_from_a_real_record(databases: Databases
 
 
 def test_simulate_predicts_the_start_on_nr_first_and_second_job(databases: Databases, tmp_path: Path) -> None:
-    """Issue 42: a real pilot's record, then nr described by name (no nr here): the first job's rank 0
-    digests its 364 GB before any search, a second job only stamps; the same searches either way. A
-    database given by its size: verification doubles with twice the bytes, a second job's start does not
-    move. Bad descriptions: one line, exit 2."""
+    """Issue 42: a real pilot's record, then nr described by name (no nr here): the first job digests its
+    364 GB before any search (on one node, rank 0's node all of it; on 64, a share of 3 of its 176
+    volumes each), a second job only stamps; the same searches either way. A database given by its size:
+    verification doubles with twice the bytes, a second job's start does not move. Bad descriptions: one
+    line, exit 2."""
     databases.place(tmp_path, 1000, fragments=2)
     queries = databases.queries(tmp_path / "q.fasta", 6)
     paramedic(
         "search", "blastp", "-query", str(queries), "-db", "db/uni", "-out", "hits.txt", "-evalue", "1e-5",
         "--strategy", "fragments", "--np", "2", "--quiet", cwd=tmp_path,
     )  # fmt: skip
+    one_node = ["--node-ranks", "64"]
     base = ["simulate", "--record", "hits.txt.run.json", "--queries", "300", "--workers", "63", "--json"]
 
     def predicted(*extra: str) -> dict:
         return json.loads(paramedic(*base, *extra, cwd=tmp_path).stdout)
 
     first, second = (
-        predicted("--database-profile", "nr"),
-        predicted("--database-profile", "nr", "--second-job"),
+        predicted("--database-profile", "nr", *one_node),
+        predicted("--database-profile", "nr", "--second-job", *one_node),
     )
     assert first["startup"]["rank0_verify_bytes"] == 364 * 10**9 and first["startup"]["volumes"] == 176
     assert first["fragments"] == 176 and first["work_seconds"] == second["work_seconds"]
@@ -72,10 +74,13 @@ def test_simulate_predicts_the_start_on_nr_first_and_second_job(databases: Datab
     assert second["startup"]["rank0_verify_seconds"] == 0 and second["startup"]["rank0_seconds"] < 1
     assert first["wall_seconds"] - second["wall_seconds"] == pytest.approx(verify, abs=0.01)
     assert first["where"]["start: verification"]["share"] > 0
+    spread = predicted("--database-profile", "nr")["startup"]  # 64 ranks, one a node
+    assert spread["verify_nodes"] == 64 and spread["rank0_verify_bytes"] == 364 * 10**9
+    assert spread["rank0_verify_seconds"] == pytest.approx(3 * 364e9 / 176 / 2.1e9, rel=1e-3)
     assert second["where"]["start: verification"]["share"] == 0
 
     sized = ["--db-volumes", "176", "--db-residues", "200000000000"]
-    once, twice = predicted("--db-bytes", "364G", *sized), predicted("--db-bytes", "728G", *sized)
+    once, twice = (predicted("--db-bytes", size, *sized, *one_node) for size in ("364G", "728G"))
     assert twice["startup"]["rank0_verify_seconds"] == pytest.approx(
         2 * once["startup"]["rank0_verify_seconds"], rel=1e-4
     )
