@@ -24,7 +24,6 @@ import signal
 import stat
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,31 +33,10 @@ LOGS_NAME = re.compile(r"\..+\.ranks-[A-Za-z0-9_]+")  # run.mkdtemp's name besid
 HYDRA_TOPOLOGY = "hydra_hwloc_xmlfile_"  # MPICH's hydra writes it in /tmp; a killed mpiexec leaves it
 STOP_SECONDS = 10.0  # how long killed processes get to be gone before the files they map are removed
 _OLD_MARKER_SECONDS = 600.0  # a marker with no launcher noted yet is being made, unless this old
-_PR_SET_PDEATHSIG = 1
 
 
 class Interrupted(KeyboardInterrupt):
     """The launcher was stopped by a signal: the job is ended and its files removed."""
-
-
-def dies_with_launcher() -> Callable[[], None] | None:
-    """A `preexec_fn` that has mpiexec killed (SIGKILL) when this process dies, or None where that cannot
-    be asked. Why: killed outright, the launcher cannot stop the job; mpiexec ran on with its ranks,
-    writing their logs for nobody. The call is made ready before the fork: the child only calls it."""
-    import ctypes  # here: a search that imports the sweep starts no mpiexec (3 ms)
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def arm() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the launcher died before the request was made
-            os._exit(137)
-
-    return arm
 
 
 @dataclass

@@ -33,8 +33,9 @@ from types import FrameType
 
 from paramedic.durable import fsync_dir, open_stream, stream_target, umask
 from paramedic.errors import JobError, OutputError, UsageError
+from paramedic.orphans import dies_with_this_process
 from paramedic.trace import gaps, merge, native
-from paramedic.trace.job import Interrupted, TracedJob, dies_with_launcher
+from paramedic.trace.job import Interrupted, TracedJob
 
 POLL_SECONDS = 0.2  # how often the launcher looks at the job (a signal, the ranks' shared memory)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -178,7 +179,7 @@ def _supervise(command: list[str], job: TracedJob, signals: list[int]) -> int:
         command,
         env=dict(os.environ, **job.environment()),
         start_new_session=True,  # a terminal's Ctrl-C reaches the launcher alone: it stops the job
-        preexec_fn=dies_with_launcher(),
+        preexec_fn=dies_with_this_process(),
     )
     try:
         job.started_as(proc.pid)

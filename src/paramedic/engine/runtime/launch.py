@@ -338,7 +338,7 @@ def _supervise(
     """Run mpiexec in a session of its own (a terminal's Ctrl-C reaches only us; we stop the job). None
     when MPI did not start (`ranks` ranks out of MPI_Init) within `_mpi_start_seconds`: every process of
     the job is then killed, and what MPI made in /dev/shm removed."""
-    from paramedic.engine.runtime.leftovers import dies_with_this_process
+    from paramedic.orphans import dies_with_this_process
 
     proc = subprocess.Popen(
         command,

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -39,28 +38,6 @@ HYDRA_TOPOLOGY = "hydra_hwloc_xmlfile_"
 _OLD_JOB_SECONDS = 600.0
 _OLD_HYDRA_SECONDS = 60.0
 _MPI_PROGRAMS = ("mpiexec", "mpiexec.hydra", "hydra_pmi_proxy", "mpirun")
-_PR_SET_PDEATHSIG = 1
-
-
-def dies_with_this_process() -> Callable[[], None] | None:
-    """A `preexec_fn` that has the child killed (SIGKILL) when this process dies, or None where that
-    cannot be asked (not Linux). Why: mpiexec, a session of its own, ran on with its ranks after its
-    launcher was killed outright (a user's kill -9, the OOM killer), searching for nobody; killed, it
-    stops its ranks. The call is made ready here, before the fork: the child only makes the system call."""
-    import ctypes  # here: a local search, which starts no mpiexec, does not load it (3 ms)
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def arm() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the launcher died before the request was made
-            os._exit(137)
-
-    return arm
 
 
 def note_launcher(job_dir: Path) -> None:
