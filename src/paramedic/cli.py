@@ -394,6 +394,7 @@ def _keys(argv: list[str]) -> int:
 
 
 def _serve(argv: list[str]) -> int:
+    from paramedic.site.receivers import receivers
     from paramedic.site.server import ServeSettings, serve
     from paramedic.site.space import Quota
 
@@ -417,7 +418,10 @@ def _serve(argv: list[str]) -> int:
         "the inbox then also requires jobs signed by a compute site's certificate from that CA",
     )
     parser.add_argument("--io-workers", type=int, default=2, help="regeneration workers (default 2)")
-    parser.add_argument("--inbox", type=Path, help="also take jobs from this shared directory")
+    for receiver in receivers():  # the other transports' storage sides (site.receivers)
+        parser.add_argument(
+            receiver.option, type=receiver.parse, metavar=receiver.metavar, help=receiver.help
+        )
     parser.add_argument("--state", type=Path, help="job state directory (default <root>/.paramedic-state)")
     parser.add_argument(
         "--expire-after",
@@ -495,7 +499,7 @@ def _serve(argv: list[str]) -> int:
             args.listen,
             args.keys,
             args.io_workers,
-            args.inbox,
+            {r.name: getattr(args, r.name.replace("-", "_")) for r in receivers()},
             args.state,
             args.expire_after,
             quota=Quota(job_bytes=args.job_quota, peer_bytes=args.site_quota, reserve_bytes=args.reserve),

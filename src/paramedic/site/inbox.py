@@ -1,4 +1,5 @@
-"""`paramedic serve --inbox DIR`: take jobs from a shared directory as well as over TLS.
+"""`paramedic serve --inbox DIR`: take jobs from a shared directory as well as over TLS (a receiver plugin,
+`site.receivers`, registered at the end of this module).
 
 The inbox's protocol is described in `ship.inbox_client`. Everything read from the inbox is as untrusted
 as network input: names are checked, files are read only when they are regular files (no symbolic link,
@@ -40,6 +41,7 @@ from paramedic.errors import ParamedicError
 from paramedic.ship.inbox_dirs import GONE, remove_job_directory
 from paramedic.ship.wire import MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES, ProtocolError, field_int, loads_json
 from paramedic.site.jobs import JOB_ID, JobFailed, SiteJob
+from paramedic.site.receivers import Receiver, SiteContext, register_receiver
 from paramedic.site.store import DEFAULT_OPEN_IDLE_SECONDS, JobStore
 
 PEER = "inbox"  # the owner of unsigned inbox jobs; TLS clients are "tls:<name>", signed inbox jobs "inbox:<name>"
@@ -356,3 +358,27 @@ def _write(dfd: int, name: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+def _start(inbox: Path, site: SiteContext) -> InboxWatcher:
+    watcher = InboxWatcher(inbox, site.store, site.log, site.keys, site.open_idle_seconds)
+    watcher.start()
+    return watcher
+
+
+def _describe(inbox: Path, keys: Path | None) -> str:
+    signed = "signed jobs only" if keys is not None else "unsigned: trusts whoever can write it"
+    return f"watching inbox {inbox} ({signed})"
+
+
+register_receiver(
+    Receiver(
+        name="inbox",
+        metavar="DIR",
+        help="also take jobs from this shared directory (--site file:///DIR at the compute site); with "
+        "--keys only jobs signed by a compute site's certificate from the site's CA",
+        parse=Path,
+        describe=_describe,
+        start=_start,
+    )
+)

@@ -7,7 +7,8 @@ workers: for metadata, BLAST+ regenerates the report from the site's replica of 
 job is finished the output is made durable under --root and its digest is sent back.
 
 One thread per authenticated connection; requests on a connection are answered in order, so a client can keep several
-chunks in flight. With --inbox the same jobs also arrive as files through a shared directory (`site.inbox`).
+chunks in flight. Other transports' receivers take jobs into the same store (`site.receivers`: with --inbox
+they also arrive as files through a shared directory, `site.inbox`).
 The same connections also serve the replica's fragment volumes read-only to compute sites that mirror
 the database from here (`site.replica_reads`; off with --no-replica-reads).
 
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,14 @@ from paramedic.ship.wire import (
 )
 from paramedic.site.handshakes import HandshakeLoop
 from paramedic.site.jobs import JobFailed, SiteJob
+from paramedic.site.receivers import (
+    SiteContext,
+    Started,
+    check_receivers,
+    receivers,
+    start_receivers,
+    stop_receivers,
+)
 from paramedic.site.replica import DEFAULT_MAX_SETUP_BYTES, Replica
 from paramedic.site.replica_reads import READ_OPS, ReplicaReads
 from paramedic.site.space import Quota
@@ -89,9 +98,9 @@ class ServeSettings:
     replica: Path | None  # None: no BLAST metadata; traces and plain output only
     root: Path
     listen: str  # host:port
-    keys: Path | None  # None: only the --inbox transport, no TLS listener
+    keys: Path | None  # None: no TLS listener, only the receivers' transports (e.g. --inbox)
     io_workers: int = 2
-    inbox: Path | None = None
+    receivers: Mapping[str, Any] = field(default_factory=dict)  # a receiver's name -> its option's value
     state: Path | None = None  # default: <root>/.paramedic-state
     expire_hours: float = DEFAULT_EXPIRE_SECONDS / 3600
     limits: Limits = field(default_factory=Limits)
@@ -116,6 +125,7 @@ class ServeSettings:
         if self.trace_memory_bytes is not None and self.trace_memory_bytes < 2**20:
             raise UsageError("--trace-memory must be at least 1M")
         parse_listen(self.listen)
+        check_receivers(self.receivers)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -447,38 +457,30 @@ def _return_freed_memory_promptly() -> None:
 
 
 def serve(settings: ServeSettings) -> int:
-    if settings.keys is None and settings.inbox is None:
-        raise UsageError("paramedic serve needs --keys (TLS listener) or --inbox (shared directory), or both")
+    asked = {name: value for name, value in settings.receivers.items() if value is not None}
+    if settings.keys is None and not asked:
+        others = " or ".join(f"{r.option} {r.metavar}" for r in receivers())
+        raise UsageError(f"paramedic serve needs --keys (TLS listener) or {others}, or both")
     server = SiteServer(settings)
     _more_descriptors()
     _return_freed_memory_promptly()
-    inbox = None
-    if settings.inbox is not None:
-        from paramedic.site.inbox import InboxWatcher
-
-        inbox = InboxWatcher(settings.inbox, server.store, log, settings.keys, settings.open_idle_seconds)
-        inbox.start()
-        signed = "signed jobs only" if settings.keys is not None else "unsigned: trusts whoever can write it"
-        log(
-            f"watching inbox {settings.inbox} ({signed}), replica {settings.replica or 'none (traces and plain output only)'}"
-        )
+    replica = str(settings.replica or "none (traces and plain output only)")
+    site = SiteContext(server.store, log, settings.keys, settings.open_idle_seconds)
+    started: list[Started] = []
     try:
+        start_receivers(asked, site, replica, started)  # stopped in `finally`, whatever stops the site
         if settings.keys is not None:
             host, port = server.bind()
             reads = (
                 "serving its fragment volumes read-only" if server.reads is not None else "no replica reads"
             )
-            log(
-                f"listening on {host}:{port} (TLS 1.3, client certificates), replica {settings.replica or 'none (traces and plain output only)'} "
-                f"({reads})"
-            )
+            log(f"listening on {host}:{port} (TLS 1.3, client certificates), replica {replica} ({reads})")
             server.serve_forever()
         else:
             server.stopping.wait()
     except KeyboardInterrupt:
         log("stopping")
     finally:
-        if inbox is not None:
-            inbox.stop()
+        stop_receivers(started)
         server.stop()
     return 0
