@@ -65,9 +65,9 @@ def test_engine_and_blast_options_split():
     assert engine == ["--np", "4", "--quiet"]
     assert blast == ["-evalue", "1e-5", "-outfmt", "6 std"]
     # which options take a value comes from the search parser (declared once): every one of them
-    from paramedic.cli import _search_parser
+    from paramedic.cli.search_options import search_parser
 
-    valued = [a.option_strings[-1] for a in _search_parser()._actions if a.nargs != 0 and a.option_strings]
+    valued = [a.option_strings[-1] for a in search_parser()._actions if a.nargs != 0 and a.option_strings]
     assert {"--np", "--mirror", "--report", "--stage-limit", "--output-strategy"} <= set(valued)
     for option in valued:
         assert split_engine_options([option, "-x", "-evalue", "1"]) == ([option, "-x"], ["-evalue", "1"])
