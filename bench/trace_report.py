@@ -128,7 +128,7 @@ def main() -> int:
             "`.venv/bin/python bench/trace_report.py "
             + " ".join(sys.argv[1:])
             + "` on a 2-core machine shared "
-            "with other jobs. `paramedic report` (cli.py) streams the file as `trace.timeline.write` does, "
+            "with other jobs. `paramedic report` (cli/report.py) streams the file as `trace.timeline.write` does, "
             '32 MB at a time; "streamed" is that function alone, without the command\'s start.\n\n'
             + text
             + "\n"
