@@ -1,8 +1,10 @@
 """`paramedic serve`'s bounds as a user sets them (issue 11 items 3-4): bad values are refused with one
-line; --job-quota and --open-idle act on a real server (a real search over real TLS, real files)."""
+line; --job-quota and --open-idle act on a real server (a real search over real TLS, real files). SIGTERM
+stops a site as Ctrl-C does, whichever way in it has (issue 45)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 
@@ -84,5 +86,24 @@ def test_open_idle_expires_a_silent_job(base: Path, tmp_path: Path) -> None:
         site.wait_log(r"expired", timeout=20)
         assert not (tmp_path / "root" / "silent.txt").exists()
         assert not [p for p in (tmp_path / "root").iterdir() if p.name != ".paramedic-state"]
+    finally:
+        site.stop()
+
+
+@pytest.mark.parametrize("way_in", ["tls", "inbox"])
+def test_sigterm_stops_the_site_as_ctrl_c_does(base: Path, tmp_path: Path, way_in: str) -> None:
+    """A service manager stops a daemon with SIGTERM: the site logs that it stops, stops its receivers and
+    listener, and exits 0 (it used to die of the signal, its receivers never stopped). An inbox-only site
+    waits on no socket: its main thread must still see the signal, whichever thread took it."""
+    (tmp_path / "root").mkdir()
+    keys = base / "keys/server" if way_in == "tls" else None
+    inbox = tmp_path / "inbox" if way_in == "inbox" else None
+    site = StorageSite(base / "db/uni", tmp_path / "root", keys, tmp_path / "serve.log", inbox=inbox)
+    site.start()
+    try:
+        assert site.proc is not None
+        site.proc.send_signal(signal.SIGTERM)
+        assert site.proc.wait(timeout=20) == 0, site.log()
+        assert site.log().rstrip().endswith("stopping"), site.log()
     finally:
         site.stop()

@@ -15,6 +15,7 @@ from paramedic.ship import apps, registry
 from paramedic.ship.codecs import CODECS, CompressedCodec, DirectCodec
 from paramedic.ship.plugins import Registry
 from paramedic.ship.transport import PLUGINS, SCHEMES
+from paramedic.site.receivers import RECEIVERS
 
 
 def test_importing_the_registry_registers_every_codec_and_application() -> None:
@@ -42,11 +43,11 @@ def test_search_and_file_shipping_take_their_modes_and_codecs_from_the_applicati
         trace.codec_for("auto")
 
 
-def test_the_three_plugin_kinds_share_one_registry() -> None:
-    assert all(isinstance(r, Registry) for r in (CODECS, apps.APPS, SCHEMES))
+def test_the_plugin_kinds_share_one_registry() -> None:
+    assert all(isinstance(r, Registry) for r in (CODECS, apps.APPS, SCHEMES, RECEIVERS))
     for module in PLUGINS.values():  # schemes register when first needed (a search ships nothing)
         importlib.import_module(module)
-    assert set(PLUGINS) == {"tls", "grpcs", "file"} and set(PLUGINS) <= set(SCHEMES)
+    assert set(PLUGINS) >= {"tls", "grpcs", "file"} and set(PLUGINS) <= set(SCHEMES)
     with pytest.raises(ValueError, match="two codecs named 'direct'"):
         CODECS.add("direct", CompressedCodec)
     with pytest.raises(KeyError, match="unknown application 'nope' \\(known: blast, trace\\)"):

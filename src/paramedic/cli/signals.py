@@ -1,5 +1,5 @@
 """SIGTERM and SIGHUP as interrupts (Ctrl-C's KeyboardInterrupt, exit 130), for the commands that run
-long: search, trace and ship."""
+long: search, trace and ship; and as the storage site's stop (serve)."""
 
 from __future__ import annotations
 
@@ -20,4 +20,18 @@ def _interrupt_once(signum: int, _frame: object) -> None:
 
 
 def interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_site_on_signals() -> None:
+    """SIGTERM and SIGHUP stop `paramedic serve` as Ctrl-C does: it takes no more requests, stops its
+    receivers and its listener, and ends once the regenerations under way have finished. A second signal
+    ends it at once: its jobs are durable, and its next start takes them up."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop_site)
+
+
+def _stop_site(signum: int, _frame: object) -> None:
+    for again in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(again, signal.SIG_DFL)
     raise KeyboardInterrupt

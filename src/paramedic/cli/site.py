@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from paramedic.cli.parsing import byte_size, command_parser
+from paramedic.cli.signals import stop_site_on_signals
 
 
 def keys_command(argv: list[str]) -> int:
@@ -128,6 +129,7 @@ def serve_command(argv: list[str]) -> int:
         "compute site may read them, read-only, to mirror the database: search --mirror tls://...)",
     )
     args = parser.parse_args(argv)  # the settings check their own values (ServeSettings)
+    stop_site_on_signals()
     return serve(
         ServeSettings(
             args.replica,

@@ -135,7 +135,9 @@ def decide(
         estimates["x_subset_bytes"] = subset[0]
     if link is None:
         mode = METADATA
-        reason = "shared-directory transport: no link to measure; metadata is the least to write"
+        reason = (
+            "the transport has no link to measure (e.g. a shared directory); metadata is the least to write"
+        )
     else:
         D = estimates["D_compressed_bytes"]  # noqa: N806
         x = estimates["x_metadata_bytes"]

@@ -135,7 +135,7 @@ def _auto(
     if link is None:
         mode, reason = (
             METADATA,
-            "shared-directory transport: no link to measure; metadata is the least to write",
+            "the transport has no link to measure (e.g. a shared directory); metadata is the least to write",
         )
     else:
         bandwidth = link.bandwidth_bytes_per_second

@@ -23,6 +23,7 @@ from paramedic.errors import UsageError
 from paramedic.ship.plugins import Registry
 
 if TYPE_CHECKING:
+    from paramedic.site.requests import JobRequests
     from paramedic.site.store import JobStore
 
 
@@ -34,6 +35,8 @@ class SiteContext:
     log: Callable[[str], None]  # the site's log (stderr)
     keys: Path | None  # the site's keys (--keys): its CA authenticates peers; None: no TLS, no signatures
     open_idle_seconds: float  # an open job with no request this long expires (--open-idle)
+    # a frames transport's answers (`site.requests`): `requests.answer(owner, header, payload)` per request
+    requests: JobRequests
 
 
 class Started(Protocol):

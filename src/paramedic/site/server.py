@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,18 +42,14 @@ from paramedic.db.manifest import verify_volumes
 from paramedic.errors import DatabaseError, UsageError
 from paramedic.ship.tls import peer_name, server_context
 from paramedic.ship.wire import (
-    MAX_PAYLOAD_BYTES,
     ConnectionClosed,
     FrameDeadlines,
     FrameTimeout,
     ProtocolError,
-    field_int,
-    field_str,
     recv_frame,
     send_frame,
 )
 from paramedic.site.handshakes import HandshakeLoop
-from paramedic.site.jobs import JobFailed, SiteJob
 from paramedic.site.receivers import (
     SiteContext,
     Started,
@@ -64,6 +60,7 @@ from paramedic.site.receivers import (
 )
 from paramedic.site.replica import DEFAULT_MAX_SETUP_BYTES, Replica
 from paramedic.site.replica_reads import READ_OPS, ReplicaReads
+from paramedic.site.requests import JobRequests, Reply, answer_or_refuse
 from paramedic.site.space import Quota
 from paramedic.site.store import (
     DEFAULT_EXPIRE_SECONDS,
@@ -73,7 +70,6 @@ from paramedic.site.store import (
     JobStore,
 )
 
-PROTOCOL_VERSION = 1
 REFUSAL_LINES = 50  # refusals logged a minute at most
 TLS_OWNER = "tls:"  # a job opened over TLS belongs to "tls:<certificate CN>" (the inbox's jobs do not)
 
@@ -191,6 +187,8 @@ class SiteServer:
             settings.quota,
             settings.regen_seconds,
         )
+        manifest_sha256 = self.replica.manifest_sha256 if self.replica is not None else None
+        self.requests = JobRequests(self.store, log, manifest_sha256)
         self.limits = settings.limits
         self.count_lock = threading.Lock()
         self.connections: Counter[str] = Counter()  # compute site -> authenticated connections
@@ -321,114 +319,17 @@ class SiteServer:
             if reply["op"] == "error":
                 return
 
-    def _answer(
-        self, peer: str, header: dict[str, Any], payload: bytes
-    ) -> dict[str, Any] | tuple[dict[str, Any], bytes]:
-        """The reply to one request: its result, or a refusal whose message is bounded (it may quote the
-        request, and a reply must fit in a frame: 20,000 non-ASCII characters are 120 KB as JSON)."""
-        try:
-            return self._handle(peer, header, payload)
-        except JobFailed as exc:
-            return {"op": "error", "message": _bounded(exc), "fatal": True}
-        except ProtocolError as exc:
-            log(f"{peer}: refused request {str(header.get('op'))[:40]!r}: {_bounded(exc)}")
-            return {"op": "error", "message": _bounded(exc), "fatal": True}
-        except OSError as exc:  # e.g. the disk is full: the job cannot go on here
-            log(f"{peer}: request {str(header.get('op'))[:40]!r} failed: {_bounded(exc)}")
-            return {"op": "error", "message": f"storage site I/O error: {_bounded(exc)}", "fatal": True}
-        except Exception as exc:  # a bug: one line in the log, a clear error for the client
-            log(
-                f"{peer}: request {str(header.get('op'))[:40]!r} failed: internal error: {_bounded(repr(exc))}"
-            )
-            return {"op": "error", "message": "storage site internal error", "fatal": True}
+    def _answer(self, peer: str, header: dict[str, Any], payload: bytes) -> Reply:
+        """The reply to one request: a replica read (no job, `site.replica_reads`), or one about jobs,
+        answered for the owner "tls:<certificate CN>" (`site.requests`); a refusal included."""
+        if header["op"] in READ_OPS:  # a compute site reading the replica (--mirror tls://): read-only
+            return answer_or_refuse(peer, header, lambda: self._read(header), log)
+        return self.requests.answer(TLS_OWNER + peer, header, payload)
 
-    def _handle(
-        self, peer: str, header: dict[str, Any], payload: bytes
-    ) -> dict[str, Any] | tuple[dict[str, Any], bytes]:
-        """A request to its handler: a replica read (no job), a link's own (hello, ping, open), or one
-        about an open job of this peer's (`_JOB_OPS`), whose job is looked up first."""
-        op = header["op"]
-        if op in READ_OPS:  # a compute site reading the replica (--mirror tls://): read-only, no job
-            if self.reads is None:
-                raise ProtocolError("this storage site serves no replica reads (--no-replica-reads)")
-            return self.reads.answer(op, header)
-        if op == "hello":
-            return {
-                "op": "hello",
-                "version": PROTOCOL_VERSION,
-                "manifest_sha256": self.replica.manifest_sha256 if self.replica is not None else None,
-                "max_payload": MAX_PAYLOAD_BYTES,
-            }
-        if op == "ping":  # link measurement: the payload only tests the bandwidth
-            return {"op": "pong", "bytes": len(payload)}
-        if op == "open":
-            return self._open(TLS_OWNER + peer, header, payload)
-        job = self.store.get(TLS_OWNER + peer, field_str(header, "job", 32))
-        handler = _JOB_OPS.get(op)
-        if handler is None:
-            raise ProtocolError(
-                f"unknown request {op[:40]!r}"
-            )  # not all of it: the reply must fit in a frame
-        return handler(self, job, header, payload)
-
-    def _open(self, owner: str, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
-        has_setup = header.get("with_setup") is True
-        job = self.store.open(owner, header, payload if has_setup else None)
-        if job is None:
-            return {"op": "need_setup"}
-        if job.failure is not None:  # a stream reconnecting to a job that failed: it ends, with why
-            raise JobFailed(job.failure)
-        with job.lock:
-            acked = sorted(job.acked)
-        return {"op": "opened", "acked": acked}
-
-    def _chunk(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
-        index = field_int(header, "index", 0)
-        if self.store.put_chunk(job, header, payload):
-            return {"op": "ack", "index": index}
-        log(f"job {job.job_id}: chunk {index} failed its SHA-256 check; asking again")
-        return {"op": "nack", "index": index, "reason": "sha256 mismatch"}
-
-    def _keepalive(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
-        """A live compute site between chunks (the job does not expire)."""
-        if job.failure is not None:  # said now, not at finish: the search stops at once
-            raise JobFailed(job.failure)
-        return {"op": "alive"}
-
-    def _cancel(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
-        self.store.cancel(job)
-        return {"op": "cancelled"}
-
-    def _status(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
-        """A search run again after a kill: did its earlier job finish?"""
-        done = job.settled()
-        if done is not None:  # the output it published: the asking run checks it is its own
-            return {"op": "done", **done, "out": job.setup_header.get("out")}
-        return {"op": "status", "state": "failed" if job.failure is not None else "open"}
-
-    def _finish(self, job: SiteJob, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
-        done = self.store.finish(job, header)
-        if done is None:  # progress, so that a waiting client can tell a busy site from a stuck one
-            return {"op": "pending", "decoded": len(job.decoded), "running": job.running}
-        return {"op": "done", **done}
-
-
-# The requests about an open job, each answered by the server's method of the same name
-_JOB_OPS: dict[str, Callable[[SiteServer, SiteJob, dict[str, Any], bytes], dict[str, Any]]] = {
-    "chunk": SiteServer._chunk,
-    "keepalive": SiteServer._keepalive,
-    "cancel": SiteServer._cancel,
-    "status": SiteServer._status,
-    "finish": SiteServer._finish,
-}
-
-
-MAX_MESSAGE_CHARS = 1000
-
-
-def _bounded(message: object) -> str:
-    text = str(message)
-    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
+    def _read(self, header: dict[str, Any]) -> Reply:
+        if self.reads is None:
+            raise ProtocolError("this storage site serves no replica reads (--no-replica-reads)")
+        return self.reads.answer(header["op"], header)
 
 
 def _more_descriptors() -> None:
@@ -459,13 +360,15 @@ def _return_freed_memory_promptly() -> None:
 def serve(settings: ServeSettings) -> int:
     asked = {name: value for name, value in settings.receivers.items() if value is not None}
     if settings.keys is None and not asked:
-        others = " or ".join(f"{r.option} {r.metavar}" for r in receivers())
-        raise UsageError(f"paramedic serve needs --keys (TLS listener) or {others}, or both")
+        others = ", ".join(f"{r.option} {r.metavar}" for r in receivers())
+        raise UsageError(
+            f"paramedic serve needs --keys (its TLS listener) or another way in ({others}), or both"
+        )
     server = SiteServer(settings)
     _more_descriptors()
     _return_freed_memory_promptly()
     replica = str(settings.replica or "none (traces and plain output only)")
-    site = SiteContext(server.store, log, settings.keys, settings.open_idle_seconds)
+    site = SiteContext(server.store, log, settings.keys, settings.open_idle_seconds, server.requests)
     started: list[Started] = []
     try:
         start_receivers(asked, site, replica, started)  # stopped in `finally`, whatever stops the site
@@ -476,8 +379,9 @@ def serve(settings: ServeSettings) -> int:
             )
             log(f"listening on {host}:{port} (TLS 1.3, client certificates), replica {replica} ({reads})")
             server.serve_forever()
-        else:
-            server.stopping.wait()
+        else:  # a wait with a timeout: a signal taken by another thread reaches the handler within a second
+            while not server.stopping.wait(1.0):
+                pass
     except KeyboardInterrupt:
         log("stopping")
     finally:
