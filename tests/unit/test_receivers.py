@@ -83,7 +83,11 @@ def test_a_new_receiver_is_an_option_of_serve_from_its_one_line(
     taken: list[ServeSettings] = []
     monkeypatch.setattr(server, "serve", lambda settings: taken.append(settings) or 0)
     assert cli.main(["serve", "--root", str(tmp_path), "--memory", "far"]) == 0
-    assert taken[0].receivers == {"inbox": None, "memory": "far"} and taken[0].keys is None
+    asked = taken[0].receivers
+    assert asked["memory"] == "far" and taken[0].keys is None
+    assert set(asked) == {r.name for r in receivers()} and all(
+        v is None for n, v in asked.items() if n != "memory"
+    )
 
 
 def test_serve_starts_a_new_receiver_alone_and_stops_it(memory, tmp_path, monkeypatch) -> None:
