@@ -118,6 +118,37 @@ def test_a_receiver_that_fails_to_start_stops_those_started(memory, tmp_path) ->
     assert started.pop("near")["stopped"]
 
 
+class _Unstoppable:
+    def stop(self) -> None:
+        raise OSError("socket already gone")
+
+
+def test_a_receiver_whose_stop_fails_does_not_keep_the_others_running(memory, tmp_path, monkeypatch) -> None:
+    receivers()
+    started = sys.modules[MODULE].STARTED
+    unstoppable = Receiver(
+        "memory2",
+        "NAME",
+        "a receiver whose stop fails",
+        str,
+        lambda n, k: f"unstoppable {n}",
+        lambda n, s: _Unstoppable(),
+    )
+    RECEIVERS["memory2"] = (
+        unstoppable  # registered after the fixture's: started after "memory", stopped before
+    )
+    try:
+        log = _serve_until_logged(
+            _settings(tmp_path, memory="near", memory2="x"), monkeypatch, "unstoppable x"
+        )
+    finally:
+        RECEIVERS.pop("memory2")
+    assert started.pop("near")["stopped"]
+    assert "a receiver did not stop cleanly: OSError: socket already gone" in log and log[-1].startswith(
+        "a receiver"
+    )
+
+
 def _fail(name: str) -> Any:
     raise OSError(f"{name}: cannot start")
 

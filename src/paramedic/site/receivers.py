@@ -103,7 +103,11 @@ def start_receivers(
         site.log(f"{receiver.describe(value, site.keys)}, replica {replica}")
 
 
-def stop_receivers(started: list[Started]) -> None:
-    """Stop receivers in the reverse of their start."""
+def stop_receivers(started: list[Started], log: Callable[[str], None]) -> None:
+    """Stop receivers in the reverse of their start; one whose stop fails is logged, and the others are
+    stopped still (the site stops after them)."""
     for receiver in reversed(started):
-        receiver.stop()
+        try:
+            receiver.stop()
+        except Exception as exc:
+            log(f"a receiver did not stop cleanly: {type(exc).__name__}: {exc}")

@@ -385,6 +385,6 @@ def serve(settings: ServeSettings) -> int:
     except KeyboardInterrupt:
         log("stopping")
     finally:
-        stop_receivers(started)
+        stop_receivers(started, log)
         server.stop()
     return 0
