@@ -103,8 +103,9 @@ test-integration: setup slurm chromium mpi-trace otf2-view data
 # The MPI runners tested inside real ranks, as mpi4py tests itself (tests/mpi): the test process is every
 # rank, under mpiexec -n 2, 3 and 4, with line and branch coverage of those modules (about a minute). Each
 # rank gets a pytest root of its own (tests/mpi/conftest.py): sharing one, their clean-ups collided.
-MPI_RUNNERS := src/paramedic/engine/runtime/launch.py,src/paramedic/engine/runtime/ranks.py,src/paramedic/engine/runtime/partitions.py,\
-  src/paramedic/engine/runtime/roles.py,src/paramedic/engine/rank/mpiio.py,src/paramedic/engine/core/runner.py
+MPI_RUNNERS := src/paramedic/engine/runtime/launch.py,src/paramedic/engine/runtime/on_ranks.py,src/paramedic/engine/runtime/ranks.py,\
+  src/paramedic/engine/runtime/partitions.py,src/paramedic/engine/runtime/roles.py,src/paramedic/engine/rank/mpiio.py,\
+  src/paramedic/engine/core/runner.py
 .PHONY: test-mpi
 test-mpi: setup data
 	rm -f .coverage.mpi .coverage.mpi.*

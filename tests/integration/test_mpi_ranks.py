@@ -1,5 +1,5 @@
 """The in-rank tests (tests/mpi) under `mpiexec -n 2`, `-n 3` and `-n 4`: the test process is every rank
-of the job, so the MPI runners (launch's rank side, roles, ranks, partitions, mpiio) run in it, as
+of the job, so the MPI runners (on_ranks, roles, ranks, partitions, mpiio) run in it, as
 mpi4py tests itself. `make test-mpi` runs the same with coverage of those modules."""
 
 from __future__ import annotations

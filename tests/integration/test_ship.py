@@ -112,7 +112,7 @@ def sha256(data: bytes) -> str:
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, message: str) -> None:
     assert proc.returncode == code, proc.stderr
-    # Empty stderr with the right exit code: engine/runtime/launch.py prints the message in rank 0, then calls
+    # Empty stderr with the right exit code: engine/runtime/on_ranks.py prints the message in rank 0, then calls
     # comm.Abort, and mpiexec can tear the job down before it forwards the rank's stderr (intermittent).
     assert proc.stderr.strip(), f"exit {proc.returncode} without any message"
     errors = [line for line in proc.stderr.splitlines() if line.startswith("paramedic: ")]

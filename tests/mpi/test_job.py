@@ -1,4 +1,4 @@
-"""A whole search job run by the ranks of this very test process (launch.run_under_mpi, roles, ranks,
+"""A whole search job run by the ranks of this very test process (on_ranks.run_under_mpi, roles, ranks,
 partitions, mpiio), as `paramedic search` runs it under a user's own `mpiexec`: real BLAST+, a real
 small database, the output checked byte for byte against one BLAST+ run on the unsplit database.
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from paramedic.engine.runtime.launch import _Bar
+from paramedic.engine.runtime.relay import Bar
 from paramedic.report.html import render
 from paramedic.report.progress import Progress
 from paramedic.report.record import RankStats, RunRecord, TaskCost
@@ -125,7 +125,7 @@ def test_the_launchers_bar_is_not_drawn_again_after_close(
     """An update after close drew a second, bogus bar (30/30 at 1592773 query/s) below the summary."""
     progress = tmp_path / "progress"
     progress.write_text("3 6 task")
-    bar = _Bar(progress)
+    bar = Bar(progress)
     bar.update()
     assert bar.bar is not None and bar.bar.total == 6 and bar.bar.unit == "task"
     progress.write_text("6 6 task")

@@ -7,7 +7,7 @@ digests a share balanced by bytes (each node reads from the shared filesystem at
 on all its cores), and rank 0 takes each digest for the file as rank 0 sees it, only when the stamps
 agree (inode, size, mtime_ns, ctime_ns: a file changed in between is digested again by rank 0). A share
 that fails (an unreadable file) is digested by rank 0 again, which says why in one line. The MPI
-exchange is the runtime's (paramedic.engine.runtime.launch); this module only decides and digests.
+exchange is the runtime's (paramedic.engine.runtime.on_ranks); this module only decides and digests.
 """
 
 from __future__ import annotations
