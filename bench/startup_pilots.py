@@ -76,7 +76,7 @@ SHOWN = [
 
 
 def predict(args: argparse.Namespace) -> None:
-    from paramedic.engine.predict.simulate import CostModel
+    from paramedic.engine.predict.costs import CostModel
     from paramedic.report.record import RunRecord
 
     records = {"blastp": args.work / "blastp" / "hits.txt.run.json"}

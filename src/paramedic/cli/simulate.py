@@ -11,7 +11,9 @@ from paramedic.errors import UsageError
 
 
 def simulate_command(argv: list[str]) -> int:
-    from paramedic.engine.predict.simulate import OUTPUT_COSTS, SimulateSettings, run_simulate
+    from paramedic.engine.predict.costs import OUTPUT_COSTS  # importing it registers the output costs
+    from paramedic.engine.predict.settings import SimulateSettings
+    from paramedic.engine.predict.simulate import run_simulate
     from paramedic.engine.predict.startup import DATABASES, DatabaseShape, StartupRates, parse_bytes, profile
 
     parser = command_parser(

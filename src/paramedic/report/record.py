@@ -76,7 +76,7 @@ class StrategyReason(TypedDict):
 
 class TaskCost(NamedTuple):
     """One task a rank ran, as `RankStats.task_costs` keeps it (a JSON list in this column order): what the
-    predictor (paramedic.engine.predict.simulate) scales to other jobs."""
+    predictor (paramedic.engine.predict.costs) scales to other jobs."""
 
     kind: str  # "search" (a fragment search), "piece" (a report piece), "whole" (query segmentation)
     number: int  # the search batch, or the piece

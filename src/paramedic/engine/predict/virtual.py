@@ -5,7 +5,7 @@ not a copy of it, yet take no wall-clock time and give the same answer on a load
 result arrives when the task's virtual seconds are up, the earliest first (ties in the order sent); the
 result is made by a function of the task (the tests' made-up hits, the predictor's empty ones). The
 predictor's costs (a master's messages, its merge, its writes) are hooks of subclasses
-(paramedic.engine.predict.simulate).
+(paramedic.engine.predict.servers).
 
 `VirtualTransport`: one master, its loop run by `drive` (each wait pops the next result). A
 `VirtualNetwork`: many masters at once (rank 0's SegmentMaster and partition masters, or one master),
